@@ -1,0 +1,359 @@
+"""The build loop: articles in fixed-size shards -> masked contexts -> embeddings -> shard files -> manifest."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import islice
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from datastore_builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
+from datastore_builder.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
+from datastore_builder.format import (
+    REDIRECTS,
+    Counts,
+    DatastoreError,
+    Manifest,
+    ModelInfo,
+    ShardInfo,
+    SliceInfo,
+    SourceInfo,
+    atomic_write_json,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
+from datastore_builder.settings import BuildSettings
+from datastore_builder.targets import TargetSelector, load_stopwords, masked_ids, stopwords_sha256
+from datastore_builder.writer import ShardData, finished_shard, remove_stale_temp, write_shard
+
+logger = logging.getLogger(__name__)
+BUILD_STATE = "build.json"
+
+
+class BuildError(Exception):
+    """The build cannot go on; the message says why and what to do."""
+
+
+@dataclass
+class PreparedShard:
+    """Everything but the embeddings: made by worker processes while the model runs on the previous shard."""
+
+    index: int
+    articles: list[dict]
+    sentences: list[str]
+    inputs: list[MaskedInput]
+    labels: np.ndarray
+    sentence_ids: np.ndarray
+    spans: np.ndarray
+
+
+class ShardPreparer:
+    """Sentence splitting, target selection and masking for one shard's articles (no model needed)."""
+
+    def __init__(self, tokenizer_path: str, max_seq_len: int, stopwords: frozenset[str], min_sentence_chars: int):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=True)
+        self.inputs = ContextTokenizer(tokenizer, max_seq_len)
+        self.selector = TargetSelector(tokenizer, stopwords)
+        self.splitter = SentenceSplitter()
+        self.min_sentence_chars = min_sentence_chars
+
+    def prepare(self, index: int, articles: list[Article]) -> PreparedShard:
+        metas: list[dict] = []
+        sentences: list[str] = []
+        inputs: list[MaskedInput] = []
+        labels: list[int] = []
+        sent_ids: list[int] = []
+        spans: list[tuple[int, int]] = []
+        for art in articles:
+            sents = [s for s in self.splitter.split(art.text) if len(s) >= self.min_sentence_chars]
+            row_start, sent_start = len(labels), len(sentences)
+            for tok_sent in self.selector.select(sents):
+                sid = len(sentences)
+                sentences.append(tok_sent.text)
+                for target in tok_sent.targets:
+                    ids, pos = masked_ids(tok_sent, target, self.inputs.mask_id)
+                    inputs.append(self.inputs.masked_input(ids, pos))
+                    labels.append(target.token_id)
+                    sent_ids.append(sid)
+                    spans.append((target.char_start, target.char_end))
+            metas.append(
+                {
+                    "title": art.title,
+                    "id": art.id,
+                    "source": Path(art.source).name,
+                    "row_start": row_start,
+                    "row_end": len(labels),
+                    "sent_start": sent_start,
+                    "sent_end": len(sentences),
+                }
+            )
+        return PreparedShard(
+            index,
+            metas,
+            sentences,
+            inputs,
+            np.asarray(labels, dtype=np.int32),
+            np.asarray(sent_ids, dtype=np.int32),
+            np.asarray(spans, dtype=np.int32).reshape(-1, 2),
+        )
+
+
+_WORKER: ShardPreparer | None = None
+
+
+def _init_worker(*args: object) -> None:
+    global _WORKER
+    torch.set_num_threads(1)
+    _WORKER = ShardPreparer(*args)  # type: ignore[arg-type]
+
+
+def _prepare_in_worker(index: int, articles: list[Article]) -> PreparedShard:
+    assert _WORKER is not None
+    return _WORKER.prepare(index, articles)
+
+
+def embed_prepared(encoder: MaskedLMEncoder, prepared: PreparedShard, batch_size: int) -> np.ndarray:
+    """Embed every context of a shard in length-sorted batches; rows come back in the shard's order."""
+    n = len(prepared.inputs)
+    out = np.empty((n, encoder.hidden_size), dtype=np.float16)
+    order = sorted(range(n), key=lambda i: len(prepared.inputs[i].input_ids))
+    for start in range(0, n, batch_size):
+        idx = order[start : start + batch_size]
+        emb = encoder.encode([prepared.inputs[i] for i in idx]).embeddings
+        out[idx] = emb.astype(np.float16)
+    return out
+
+
+def iter_shard_chunks(settings: BuildSettings, stats: CorpusStats, counts: Counts) -> Iterator[tuple[int, list[Article]]]:
+    """Articles in corpus order, first title wins, cut into fixed-size chunks: chunk j is shard j."""
+    seen: set[str] = set()
+
+    def unique() -> Iterator[Article]:
+        for art in read_corpora(settings.corpus, stats):
+            if art.title in seen:
+                counts.skipped_duplicate_titles += 1
+                continue
+            seen.add(art.title)
+            yield art
+
+    stream = unique()
+    if settings.limit_articles is not None:
+        stream = islice(stream, settings.limit_articles)
+    index = 0
+    while chunk := list(islice(stream, settings.articles_per_shard)):
+        yield index, chunk
+        index += 1
+
+
+def _build_state(settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: str) -> dict:
+    """What a resumed build must share with the build it resumes."""
+    return {
+        "corpus": [str(Path(p).resolve()) for p in settings.corpus],
+        "model_sha256": encoder.weights_sha256,
+        "layer": encoder.layer,
+        "max_seq_len": settings.max_seq_len,
+        "articles_per_shard": settings.articles_per_shard,
+        "limit_articles": settings.limit_articles,
+        "min_sentence_chars": settings.min_sentence_chars,
+        "stopwords_sha256": stop_hash,
+        "num_shards": settings.num_shards,
+        "shard_index": settings.shard_index,
+    }
+
+
+def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Manifest:
+    """Build (or resume) a datastore as the settings say, and return its manifest."""
+    if not settings.corpus:
+        raise BuildError("no corpus given: pass --corpus FILE (JSONL or MediaWiki XML dump), repeatable")
+    for path in settings.corpus:
+        if not Path(path).is_file():
+            raise BuildError(f"{path}: no such corpus file")
+        detect_format(Path(path))
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    encoder = encoder or MaskedLMEncoder.load(
+        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype, max_seq_len=settings.max_seq_len
+    )
+    stopwords = load_stopwords(settings.stopwords)
+    stop_hash = stopwords_sha256(stopwords)
+    state = _build_state(settings, encoder, stop_hash)
+    state_path = out / BUILD_STATE
+    if state_path.is_file():
+        previous = json.loads(state_path.read_text())
+        if previous != state:
+            diff = sorted(k for k in state if previous.get(k) != state[k])
+            raise BuildError(
+                f"{out} holds a build made with other settings ({', '.join(diff)} differ); "
+                "use another --out, or delete the directory to start over"
+            )
+    else:
+        atomic_write_json(state_path, state)
+    remove_stale_temp(out)
+
+    stats = CorpusStats()
+    counts = Counts()
+    infos: list[ShardInfo] = []
+    mine = settings.num_shards == 1
+    t0 = time.perf_counter()
+    encode_seconds = 0.0
+    new_contexts = 0
+    bar = tqdm(desc="contexts", unit="ctx", dynamic_ncols=True, disable=None)
+
+    def chunks_to_build() -> Iterator[tuple[int, list[Article]]]:
+        for index, articles in iter_shard_chunks(settings, stats, counts):
+            if not mine and index % settings.num_shards != settings.shard_index:
+                continue
+            done = finished_shard(out, index)
+            if done is not None:
+                infos.append(done)
+                logger.info("shard %05d already complete, skipped (resume)", index)
+                continue
+            yield index, articles
+
+    tok_dir = tempfile.mkdtemp(prefix="bertknn-tok-")
+    try:
+        encoder.tokenizer.save_pretrained(tok_dir)
+        prep_args = (tok_dir, settings.max_seq_len, stopwords, settings.min_sentence_chars)
+        pool = (
+            ProcessPoolExecutor(settings.workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=prep_args)
+            if settings.workers > 0
+            else None
+        )
+        local = ShardPreparer(*prep_args) if pool is None else None
+        pending: list[Future[PreparedShard]] = []
+        source = chunks_to_build()
+        lookahead = max(1, settings.workers) + 1
+
+        def refill() -> None:
+            while len(pending) < lookahead:
+                nxt = next(source, None)
+                if nxt is None:
+                    return
+                assert pool is not None
+                pending.append(pool.submit(_prepare_in_worker, *nxt))
+
+        try:
+            while True:
+                if pool is not None:
+                    refill()
+                    if not pending:
+                        break
+                    prepared = pending.pop(0).result()
+                    refill()
+                else:
+                    nxt = next(source, None)
+                    if nxt is None:
+                        break
+                    assert local is not None
+                    prepared = local.prepare(*nxt)
+                t1 = time.perf_counter()
+                vectors = embed_prepared(encoder, prepared, settings.batch_size)
+                encode_seconds += time.perf_counter() - t1
+                info = write_shard(
+                    out,
+                    prepared.index,
+                    ShardData(vectors, prepared.labels, prepared.sentence_ids, prepared.spans, prepared.sentences, prepared.articles),
+                )
+                infos.append(info)
+                new_contexts += info.rows
+                bar.update(info.rows)
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+    finally:
+        bar.close()
+        import shutil
+
+        shutil.rmtree(tok_dir, ignore_errors=True)
+
+    infos.sort(key=lambda i: i.index)
+    counts.articles = sum(i.articles for i in infos)
+    counts.sentences = sum(i.sentences for i in infos)
+    counts.contexts = sum(i.rows for i in infos)
+    counts.skipped_pages = stats.skipped_pages
+    atomic_write_json(out / REDIRECTS, dict(sorted(stats.redirects.items())))
+    manifest = Manifest(
+        model=ModelInfo(
+            name=encoder.name,
+            weights_sha256=encoder.weights_sha256,
+            architecture=type(encoder.model).__name__,
+            num_layers=encoder.num_layers,
+            hidden_size=encoder.hidden_size,
+            vocab_size=encoder.vocab_size,
+        ),
+        layer=encoder.layer,
+        max_seq_len=settings.max_seq_len,
+        articles_per_shard=settings.articles_per_shard,
+        stopwords_sha256=stop_hash,
+        counts=counts,
+        sources=[
+            SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
+        ],
+        shards=infos,
+        slice=None if mine else SliceInfo(index=settings.shard_index, count=settings.num_shards),
+    )
+    if mine:
+        manifest.indexes.update(_build_indexes(out, settings, manifest))
+    manifest.datastore_id = manifest.compute_id()
+    write_manifest(out, manifest)
+    elapsed = time.perf_counter() - t0
+    disk = sum(f.bytes for i in infos for f in i.files.values())
+    summary = {
+        "articles": counts.articles,
+        "sentences": counts.sentences,
+        "contexts": counts.contexts,
+        "new_contexts": new_contexts,
+        "bytes_per_context": round(disk / max(1, counts.contexts), 1),
+        "contexts_per_s": round(new_contexts / elapsed, 1) if new_contexts else None,
+        "encode_contexts_per_s": round(new_contexts / encode_seconds, 1) if encode_seconds else None,
+        "seconds": round(elapsed, 2),
+    }
+    logger.info("build finished: %s", json.dumps(summary))
+    return manifest
+
+
+def _build_indexes(out: Path, settings: BuildSettings, manifest: Manifest) -> dict[str, str]:
+    """Sparse article indexes (and optionally IVF-PQ) over the finished shards."""
+    indexes: dict[str, str] = {}
+    if settings.sparse_indexes:
+        from datastore_builder.sparse_index import build_sparse_indexes
+
+        indexes.update(build_sparse_indexes(out, manifest))
+    if settings.ivfpq:
+        from datastore_builder.ivfpq import build_ivfpq
+
+        indexes.update(build_ivfpq(out, manifest))
+    return indexes
+
+
+def existing_manifest(out: Path) -> Manifest | None:
+    try:
+        return read_manifest(out)
+    except DatastoreError:
+        return None
+
+
+def cpu_quota_threads() -> int:
+    """CPUs this process may use (cgroup quota or affinity), for torch thread settings."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            return max(1, int(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return len(os.sched_getaffinity(0))

@@ -1,0 +1,452 @@
+"""The on-disk datastore contract: file names, the manifest model, validation and the memory-mapped reader.
+
+Layout of a datastore directory (all arrays are ``.npy``, opened with ``mmap_mode="r"``; no pickle anywhere)::
+
+    manifest.json                 written last, atomically; its presence marks a finished datastore
+    redirects.json                {normalised redirect title: normalised target title}
+    shards/shard-00000/
+        vectors.npy               float16 [rows, hidden]   [MASK] embedding at ``manifest.layer``
+        labels.npy                int32   [rows]           token id of the masked word, row-aligned
+        sentence_ids.npy          int32   [rows]           row -> sentence index within the shard
+        spans.npy                 int32   [rows, 2]        character span of the word in its sentence
+        sentences.txt             UTF-8 sentences, concatenated
+        sentence_offsets.npy      int64   [sentences + 1]  byte offsets of each sentence in sentences.txt
+        articles.json             [{"title", "id", "source", "row_start", "row_end", "sent_start", "sent_end"}]
+        SHARD.json                written last inside the shard: rows and sha256 of every file above
+    index/bm25/                   Lucene index (pyserini), one document per article, docid = title
+    index/tfidf/                  DrQA-style hashed TF-IDF (see ``datastore_builder.sparse_index``)
+    index/ivfpq.faiss             optional whole-datastore IVF-PQ index (the no-retrieval ablation)
+
+Rows of one article are contiguous inside one shard, so a search restricted to a few articles reads only
+their rows, whatever the datastore's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+REDIRECTS = "redirects.json"
+SHARDS_DIR = "shards"
+SHARD_MARKER = "SHARD.json"
+VECTORS = "vectors.npy"
+LABELS = "labels.npy"
+SENTENCE_IDS = "sentence_ids.npy"
+SPANS = "spans.npy"
+SENTENCES = "sentences.txt"
+SENTENCE_OFFSETS = "sentence_offsets.npy"
+ARTICLES = "articles.json"
+SHARD_FILES = (VECTORS, LABELS, SENTENCE_IDS, SPANS, SENTENCES, SENTENCE_OFFSETS, ARTICLES)
+INDEX_DIR = "index"
+BM25_DIR = "index/bm25"
+TFIDF_DIR = "index/tfidf"
+IVFPQ_FILE = "index/ivfpq.faiss"
+
+
+class DatastoreError(Exception):
+    """A datastore is missing, incomplete or inconsistent; the message names the file and what to do."""
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+class FileInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    bytes: int
+    sha256: str
+
+
+class ShardInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    index: int
+    rows: int
+    articles: int
+    sentences: int
+    files: dict[str, FileInfo]
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+    name: str
+    weights_sha256: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+
+class SourceInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    path: str
+    format: Literal["jsonl", "mediawiki-xml"]
+    sha256: str
+
+
+class Counts(BaseModel):
+    articles: int = 0
+    sentences: int = 0
+    contexts: int = 0
+    skipped_duplicate_titles: int = 0
+    skipped_pages: int = 0
+
+
+class SliceInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    index: int
+    count: int
+
+
+class Manifest(BaseModel):
+    """Everything a reader must know to trust and use a datastore."""
+
+    model_config = ConfigDict(protected_namespaces=())
+    format_version: int = FORMAT_VERSION
+    datastore_id: str = ""
+    version: int = 1
+    model: ModelInfo
+    layer: int
+    dtype: Literal["float16"] = "float16"
+    max_seq_len: int
+    articles_per_shard: int
+    stopwords_sha256: str
+    counts: Counts = Field(default_factory=Counts)
+    sources: list[SourceInfo] = Field(default_factory=list)
+    shards: list[ShardInfo] = Field(default_factory=list)
+    indexes: dict[str, str] = Field(default_factory=dict)
+    slice: SliceInfo | None = None
+
+    def compute_id(self) -> str:
+        """Content id: the model, the layer and every shard checksum (stable across identical builds)."""
+        h = hashlib.sha256()
+        h.update(self.model.weights_sha256.encode())
+        h.update(str(self.layer).encode())
+        for s in self.shards:
+            for name in sorted(s.files):
+                h.update(f"{s.name}/{name}:{s.files[name].sha256}".encode())
+        return h.hexdigest()[:16]
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write then fsync then rename, so a reader never sees a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: object) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, ensure_ascii=False, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_manifest(root: Path) -> Manifest:
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        raise DatastoreError(
+            f"{path}: no manifest. The build did not finish; re-run the same build command to resume it."
+        )
+    try:
+        return Manifest.model_validate_json(path.read_bytes())
+    except ValueError as exc:
+        raise DatastoreError(f"{path}: not a valid manifest ({exc}). Rebuild the datastore.") from exc
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    atomic_write_json(Path(root) / MANIFEST, manifest.model_dump(mode="json"))
+
+
+def read_shard_info(shard_dir: Path) -> ShardInfo | None:
+    marker = shard_dir / SHARD_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        return ShardInfo.model_validate_json(marker.read_bytes())
+    except ValueError:
+        return None
+
+
+def check_shard_files(shard_dir: Path, info: ShardInfo, *, hashes: bool) -> str | None:
+    """Return the first problem with a shard's files, or None. ``hashes=False`` checks sizes only."""
+    for name in SHARD_FILES:
+        path = shard_dir / name
+        expected = info.files.get(name)
+        if expected is None:
+            return f"{path}: not listed in {SHARD_MARKER}"
+        if not path.is_file():
+            return f"{path}: missing"
+        size = path.stat().st_size
+        if size != expected.bytes:
+            return f"{path}: {size} bytes, expected {expected.bytes} (truncated or rewritten)"
+        if hashes and sha256_file(path) != expected.sha256:
+            return f"{path}: sha256 mismatch (corrupted)"
+    return None
+
+
+@dataclass(frozen=True)
+class ArticleEntry:
+    title: str
+    id: str
+    source: str
+    shard: int
+    row_start: int
+    row_end: int
+    sent_start: int
+    sent_end: int
+
+    @property
+    def rows(self) -> int:
+        return self.row_end - self.row_start
+
+
+@dataclass(frozen=True)
+class ContextRef:
+    article: str
+    sentence: str
+    span: tuple[int, int]
+
+
+class Shard:
+    """One shard's arrays, memory-mapped on first use."""
+
+    def __init__(self, root: Path, info: ShardInfo):
+        self.dir = Path(root) / SHARDS_DIR / info.name
+        self.info = info
+
+    def _load(self, name: str) -> np.ndarray:
+        path = self.dir / name
+        try:
+            return np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise DatastoreError(f"{path}: cannot be read ({exc}); run `validate` and rebuild this shard") from exc
+
+    @cached_property
+    def vectors(self) -> np.ndarray:
+        return self._load(VECTORS)
+
+    @cached_property
+    def labels(self) -> np.ndarray:
+        return self._load(LABELS)
+
+    @cached_property
+    def sentence_ids(self) -> np.ndarray:
+        return self._load(SENTENCE_IDS)
+
+    @cached_property
+    def spans(self) -> np.ndarray:
+        return self._load(SPANS)
+
+    @cached_property
+    def sentence_offsets(self) -> np.ndarray:
+        return self._load(SENTENCE_OFFSETS)
+
+    @cached_property
+    def _sentences(self) -> np.memmap:
+        return np.memmap(self.dir / SENTENCES, dtype=np.uint8, mode="r")
+
+    def sentence(self, sentence_id: int) -> str:
+        a, b = int(self.sentence_offsets[sentence_id]), int(self.sentence_offsets[sentence_id + 1])
+        return bytes(self._sentences[a:b]).decode("utf-8")
+
+    def articles(self) -> list[dict]:
+        return json.loads((self.dir / ARTICLES).read_text(encoding="utf-8"))
+
+
+class Datastore:
+    """Read side of the contract, shared by the service, the evaluation and the builder's `validate`."""
+
+    def __init__(self, root: Path | str, manifest: Manifest | None = None):
+        self.root = Path(root)
+        self.manifest = manifest or read_manifest(self.root)
+        if self.manifest.format_version != FORMAT_VERSION:
+            raise DatastoreError(
+                f"{self.root / MANIFEST}: format version {self.manifest.format_version}, this code reads "
+                f"{FORMAT_VERSION}; rebuild the datastore with this version of the builder"
+            )
+        self.shards = [Shard(self.root, s) for s in self.manifest.shards]
+        offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        np.cumsum([s.info.rows for s in self.shards], out=offsets[1:])
+        self.shard_offsets = offsets  # global row id = shard_offsets[shard] + row
+        self.articles: dict[str, ArticleEntry] = {}
+        for shard in self.shards:
+            for a in shard.articles():
+                self.articles[a["title"]] = ArticleEntry(shard=shard.info.index, **a)
+        redirects_path = self.root / REDIRECTS
+        self.redirects: dict[str, str] = (
+            json.loads(redirects_path.read_text(encoding="utf-8")) if redirects_path.is_file() else {}
+        )
+
+    @property
+    def id(self) -> str:
+        return self.manifest.datastore_id
+
+    @property
+    def total_rows(self) -> int:
+        return int(self.shard_offsets[-1])
+
+    def shard_position(self, shard: int) -> int:
+        """Shard index (as in ShardInfo.index) -> position in ``self.shards``."""
+        return self._shard_positions[shard]
+
+    @cached_property
+    def _shard_positions(self) -> dict[int, int]:
+        return {s.info.index: i for i, s in enumerate(self.shards)}
+
+    def article_rows(self, titles: Iterable[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectors (float16), labels and global row ids of the given articles, reading only their rows."""
+        vecs, labels, ids = [], [], []
+        for title in titles:
+            entry = self.articles.get(title)
+            if entry is None or entry.rows == 0:
+                continue
+            pos = self.shard_position(entry.shard)
+            shard = self.shards[pos]
+            vecs.append(shard.vectors[entry.row_start : entry.row_end])
+            labels.append(shard.labels[entry.row_start : entry.row_end])
+            base = self.shard_offsets[pos]
+            ids.append(np.arange(base + entry.row_start, base + entry.row_end, dtype=np.int64))
+        if not vecs:
+            dim = self.manifest.model.hidden_size
+            return np.zeros((0, dim), np.float16), np.zeros(0, np.int32), np.zeros(0, np.int64)
+        return np.concatenate(vecs), np.concatenate(labels), np.concatenate(ids)
+
+    def iter_article_texts(self) -> Iterator[tuple[str, str]]:
+        """(title, text) per article, the text being its stored sentences: what the sparse indexes index."""
+        for shard in self.shards:
+            for a in shard.articles():
+                text = " ".join(shard.sentence(i) for i in range(a["sent_start"], a["sent_end"]))
+                yield a["title"], text
+
+    def locate(self, global_row: int) -> tuple[int, int]:
+        pos = int(np.searchsorted(self.shard_offsets, global_row, side="right") - 1)
+        return pos, int(global_row - self.shard_offsets[pos])
+
+    def labels_at(self, global_rows: np.ndarray) -> np.ndarray:
+        out = np.empty(len(global_rows), dtype=np.int32)
+        for i, g in enumerate(global_rows):
+            pos, row = self.locate(int(g))
+            out[i] = self.shards[pos].labels[row]
+        return out
+
+    @cached_property
+    def _row_to_article(self) -> list[tuple[np.ndarray, list[str]]]:
+        table = []
+        for shard in self.shards:
+            arts = sorted(shard.articles(), key=lambda a: a["row_start"])
+            starts = np.array([a["row_start"] for a in arts], dtype=np.int64)
+            table.append((starts, [a["title"] for a in arts]))
+        return table
+
+    def context(self, global_row: int) -> ContextRef:
+        """The article, sentence and word span behind one stored row."""
+        pos, row = self.locate(global_row)
+        shard = self.shards[pos]
+        starts, titles = self._row_to_article[pos]
+        article = titles[int(np.searchsorted(starts, row, side="right") - 1)]
+        span = shard.spans[row]
+        return ContextRef(article, shard.sentence(int(shard.sentence_ids[row])), (int(span[0]), int(span[1])))
+
+
+def validate_datastore(root: Path | str, *, hashes: bool = True) -> list[str]:
+    """Check manifest, files, checksums, row counts and id-map lengths. Returns problems (first one first)."""
+    root = Path(root)
+    try:
+        manifest = read_manifest(root)
+    except DatastoreError as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    if manifest.format_version != FORMAT_VERSION:
+        problems.append(f"{root / MANIFEST}: format version {manifest.format_version} != {FORMAT_VERSION}")
+    totals = Counts()
+    for info in manifest.shards:
+        shard_dir = root / SHARDS_DIR / info.name
+        on_disk = read_shard_info(shard_dir)
+        if on_disk is None:
+            problems.append(f"{shard_dir / SHARD_MARKER}: missing or unreadable")
+            continue
+        if on_disk != info:
+            problems.append(f"{shard_dir / SHARD_MARKER}: differs from the manifest's entry for {info.name}")
+        problem = check_shard_files(shard_dir, info, hashes=hashes)
+        if problem:
+            problems.append(problem)
+            continue
+        problems.extend(_check_shard_arrays(Shard(root, info), manifest))
+        totals.articles += info.articles
+        totals.sentences += info.sentences
+        totals.contexts += info.rows
+    if not problems:
+        c = manifest.counts
+        if (c.articles, c.sentences, c.contexts) != (totals.articles, totals.sentences, totals.contexts):
+            problems.append(
+                f"{root / MANIFEST}: counts {c.articles}/{c.sentences}/{c.contexts} (articles/sentences/contexts) "
+                f"do not match the shards' {totals.articles}/{totals.sentences}/{totals.contexts}"
+            )
+        if manifest.datastore_id != manifest.compute_id():
+            problems.append(f"{root / MANIFEST}: datastore_id does not match the shard checksums")
+    for name, rel in manifest.indexes.items():
+        if not (root / rel).exists():
+            problems.append(f"{root / rel}: {name} index listed in the manifest is missing")
+    return problems
+
+
+def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
+    d = shard.dir
+    rows = shard.info.rows
+    try:
+        vec, lab, sid, spans, offs = (
+            shard.vectors,
+            shard.labels,
+            shard.sentence_ids,
+            shard.spans,
+            shard.sentence_offsets,
+        )
+    except DatastoreError as exc:
+        return [str(exc)]
+    expect = {
+        VECTORS: (vec.shape, (rows, manifest.model.hidden_size), vec.dtype, np.float16),
+        LABELS: (lab.shape, (rows,), lab.dtype, np.int32),
+        SENTENCE_IDS: (sid.shape, (rows,), sid.dtype, np.int32),
+        SPANS: (spans.shape, (rows, 2), spans.dtype, np.int32),
+        SENTENCE_OFFSETS: (offs.shape, (shard.info.sentences + 1,), offs.dtype, np.int64),
+    }
+    for name, (shape, want_shape, dtype, want_dtype) in expect.items():
+        if shape != want_shape or dtype != want_dtype:
+            return [f"{d / name}: shape {shape} {dtype}, expected {want_shape} {np.dtype(want_dtype)}"]
+    if rows and (lab.min() < 0 or lab.max() >= manifest.model.vocab_size):
+        return [f"{d / LABELS}: label outside the vocabulary [0, {manifest.model.vocab_size})"]
+    if rows and (sid.min() < 0 or sid.max() >= shard.info.sentences):
+        return [f"{d / SENTENCE_IDS}: sentence id outside [0, {shard.info.sentences})"]
+    if offs[-1] != (d / SENTENCES).stat().st_size:
+        return [f"{d / SENTENCE_OFFSETS}: last offset {offs[-1]} != size of {SENTENCES}"]
+    arts = sorted(shard.articles(), key=lambda a: a["row_start"])
+    cursor = 0
+    for a in arts:
+        if a["row_start"] != cursor or a["row_end"] < a["row_start"]:
+            return [f"{d / ARTICLES}: article {a['title']!r} rows [{a['row_start']}, {a['row_end']}) are not contiguous"]
+        cursor = a["row_end"]
+    if cursor != rows:
+        return [f"{d / ARTICLES}: article rows cover {cursor} of {rows} rows"]
+    if len(arts) != shard.info.articles:
+        return [f"{d / ARTICLES}: {len(arts)} articles, {SHARD_MARKER} says {shard.info.articles}"]
+    return []

@@ -1,0 +1,39 @@
+"""Builder settings: CLI flags override environment variables (prefix ``BERTKNN_BUILD_``) override defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from datastore_builder.encoder import DeviceName, DtypeName
+
+
+class BuildSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BERTKNN_BUILD_", extra="forbid", protected_namespaces=())
+
+    corpus: list[Path] = Field(default_factory=list, description="corpus files (JSONL or MediaWiki XML dump)")
+    model: str = Field("bert-base-uncased", description="Hugging Face masked LM name or local directory")
+    out: Path = Field(Path("datastore"), description="output datastore directory")
+    layer: int = Field(-2, description="hidden_states index; negative counts from the end (-2 = second-to-last)")
+    device: DeviceName = "auto"
+    dtype: DtypeName = "auto"
+    batch_size: int = Field(128, ge=1, le=65536)
+    max_seq_len: int = Field(128, ge=8, le=4096)
+    shard_index: int = Field(0, ge=0)
+    num_shards: int = Field(1, ge=1)
+    limit_articles: int | None = Field(None, ge=1)
+    articles_per_shard: int = Field(500, ge=1)
+    stopwords: Path | None = None
+    min_sentence_chars: int = Field(10, ge=0)
+    sparse_indexes: bool = Field(True, description="build BM25 (Lucene) and TF-IDF article indexes")
+    ivfpq: bool = Field(False, description="also build the whole-datastore IVF-PQ index (no-retrieval ablation)")
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = the container's CPU quota")
+    workers: int = Field(1, ge=0, description="processes that split and tokenise ahead of the model; 0 = inline")
+
+    @model_validator(mode="after")
+    def _check(self) -> BuildSettings:
+        if self.shard_index >= self.num_shards:
+            raise ValueError(f"--shard-index {self.shard_index} must be < --num-shards {self.num_shards}")
+        return self
