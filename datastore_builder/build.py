@@ -158,11 +158,13 @@ def iter_shard_chunks(settings: BuildSettings, stats: CorpusStats, counts: Count
         index += 1
 
 
-def _build_state(settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: str) -> dict:
+def _build_state(settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: str, sources: list[SourceInfo]) -> dict:
     """What a resumed build must share with the build it resumes."""
     return {
         "corpus": [str(Path(p).resolve()) for p in settings.corpus],
+        "corpus_sha256": [s.sha256 for s in sources],
         "model_sha256": encoder.weights_sha256,
+        "dtype": str(encoder.dtype).removeprefix("torch."),
         "layer": encoder.layer,
         "max_seq_len": settings.max_seq_len,
         "articles_per_shard": settings.articles_per_shard,
@@ -184,14 +186,16 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         detect_format(Path(path))
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    torch.set_num_threads(settings.threads or cpu_quota_threads())
     encoder = encoder or MaskedLMEncoder.load(
         settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype, max_seq_len=settings.max_seq_len
     )
     stopwords = load_stopwords(settings.stopwords)
     stop_hash = stopwords_sha256(stopwords)
-    state = _build_state(settings, encoder, stop_hash)
+    sources = [
+        SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
+    ]
+    state = _build_state(settings, encoder, stop_hash, sources)
     state_path = out / BUILD_STATE
     if state_path.is_file():
         previous = json.loads(state_path.read_text())
@@ -208,7 +212,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     stats = CorpusStats()
     counts = Counts()
     infos: list[ShardInfo] = []
-    mine = settings.num_shards == 1
+    whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
     t0 = time.perf_counter()
     encode_seconds = 0.0
     new_contexts = 0
@@ -216,7 +220,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
 
     def chunks_to_build() -> Iterator[tuple[int, list[Article]]]:
         for index, articles in iter_shard_chunks(settings, stats, counts):
-            if not mine and index % settings.num_shards != settings.shard_index:
+            if not whole and index % settings.num_shards != settings.shard_index:
                 continue
             done = finished_shard(out, index)
             if done is not None:
@@ -301,13 +305,11 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         articles_per_shard=settings.articles_per_shard,
         stopwords_sha256=stop_hash,
         counts=counts,
-        sources=[
-            SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
-        ],
+        sources=sources,
         shards=infos,
-        slice=None if mine else SliceInfo(index=settings.shard_index, count=settings.num_shards),
+        slice=None if whole else SliceInfo(index=settings.shard_index, count=settings.num_shards),
     )
-    if mine:
+    if whole:
         manifest.indexes.update(_build_indexes(out, settings, manifest))
     manifest.datastore_id = manifest.compute_id()
     write_manifest(out, manifest)

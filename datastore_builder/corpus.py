@@ -25,6 +25,9 @@ _DISAMBIG_TEMPLATES = re.compile(
     r"\{\{\s*(disambiguation|disambig|dab|hndis|geodis|set index article|surname|given name)\b", re.IGNORECASE
 )
 _LIST_TITLE = re.compile(r"^(List|Lists|Index|Outline) of ", re.IGNORECASE)
+_HIDDEN_LINK = re.compile(r"^(file|image|media|category)\s*:", re.IGNORECASE)
+_INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
+_HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
 
 
 class CorpusError(Exception):
@@ -76,6 +79,8 @@ def read_jsonl(path: Path) -> Iterator[Article]:
                     obj = json.loads(raw)
                 except json.JSONDecodeError as exc:
                     raise CorpusError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                except UnicodeDecodeError as exc:
+                    raise CorpusError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason})") from exc
                 if not isinstance(obj, dict) or not isinstance(obj.get("title"), str) or not isinstance(
                     obj.get("text"), str
                 ):
@@ -92,9 +97,25 @@ def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
+def _is_hidden_link(link: mwparserfromhell.nodes.Wikilink) -> bool:
+    """Files, categories and interlanguage links render as no text; strip_code would keep their titles."""
+    title = str(link.title).strip()
+    return bool(_HIDDEN_LINK.match(title) or (link.text is None and _INTERLANGUAGE_LINK.match(title)))
+
+
 def wikitext_to_text(wikitext: str) -> str:
-    """Markup removed with mwparserfromhell; templates, refs, tables and files dropped."""
+    """Markup removed with mwparserfromhell; templates, refs, tables, headings, files and categories dropped."""
     code = mwparserfromhell.parse(wikitext)
+    hidden = [
+        *(n for n in code.filter_wikilinks(recursive=True) if _is_hidden_link(n)),
+        *(n for n in code.filter_tags(recursive=True) if str(n.tag).lower() in _HIDDEN_TAGS),
+        *code.filter_headings(recursive=True),
+    ]
+    for node in hidden:
+        try:
+            code.remove(node)
+        except ValueError:  # already gone with an enclosing node (a link inside a file caption)
+            pass
     text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
     text = re.sub(r"\n{2,}", "\n", text)
     return "\n".join(line.strip() for line in text.splitlines() if line.strip() and not line.startswith(("|", "{")))
@@ -108,9 +129,11 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
     """
     try:
         with _open(path) as f:
-            context = ET.iterparse(f, events=("end",))
-            for _, elem in context:
-                if _local(elem.tag) != "page":
+            root: ET.Element | None = None
+            for event, elem in ET.iterparse(f, events=("start", "end")):
+                if root is None:
+                    root = elem
+                if event != "end" or _local(elem.tag) != "page":
                     continue
                 fields = {_local(c.tag): c for c in elem}
                 title = normalize_title(fields["title"].text or "") if "title" in fields else ""
@@ -121,7 +144,9 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
                     text_el = next((c for c in rev if _local(c.tag) == "text"), None)
                 wikitext = (text_el.text or "") if text_el is not None else ""
                 redirect = fields.get("redirect")
-                elem.clear()
+                # Drop the finished page from the tree (clearing it alone would leave an empty element per page).
+                assert root is not None
+                root.clear()
                 if ns != "0" or not title:
                     continue
                 if redirect is not None or wikitext.lstrip().lower().startswith("#redirect"):

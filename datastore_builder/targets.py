@@ -63,8 +63,13 @@ class TargetSelector:
         """Tokenise a batch of sentences once (fast tokenizer, word alignment) and list their targets."""
         if not sentences:
             return []
+        # split_special_tokens: a literal "[MASK]" or "[CLS]" in corpus text is text, not a second mask.
         enc = self.tokenizer(
-            list(sentences), add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False
+            list(sentences),
+            add_special_tokens=False,
+            return_offsets_mapping=True,
+            return_attention_mask=False,
+            split_special_tokens=True,
         )
         out = []
         for b, text in enumerate(sentences):

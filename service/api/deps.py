@@ -1,0 +1,39 @@
+"""Dependencies: the heavy objects live in one `Resources` object built by the lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.api.errors import NotReady
+from service.metrics import Metrics
+from service.pipeline import AnswerPipeline
+from service.serving import AsyncAnswerer
+from service.settings import ServiceSettings
+
+
+@dataclass
+class Resources:
+    settings: ServiceSettings
+    metrics: Metrics = field(default_factory=Metrics)
+    pipeline: AnswerPipeline | None = None
+    answerer: AsyncAnswerer | None = None
+    ready: bool = False
+    draining: bool = False
+    error: str = ""
+
+
+def get_resources(request: Request) -> Resources:
+    return request.app.state.resources
+
+
+def get_answerer(resources: Annotated[Resources, Depends(get_resources)]) -> AsyncAnswerer:
+    if not resources.ready or resources.answerer is None:
+        raise NotReady(resources.error or "the service is starting or shutting down; retry shortly")
+    return resources.answerer
+
+
+ResourcesDep = Annotated[Resources, Depends(get_resources)]
+AnswererDep = Annotated[AsyncAnswerer, Depends(get_answerer)]

@@ -1,0 +1,144 @@
+"""HTTP routes: thin (schema in -> pipeline -> schema out)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.api.deps import AnswererDep, ResourcesDep
+from service.api.errors import BadRequest, Overloaded
+from service.api.schemas import (
+    BatchRequest,
+    BatchResponse,
+    CacheHealth,
+    ErrorBody,
+    HealthResponse,
+    PredictRequest,
+    PredictResponse,
+    ReadyResponse,
+)
+from service.batching import QueueFull
+from service.pipeline import Answer, Query
+from service.settings import ServiceSettings
+
+router = APIRouter()
+_ERRORS = {
+    413: {"model": ErrorBody, "description": "body too large"},
+    422: {"model": ErrorBody, "description": "invalid request or query (the message says what to fix)"},
+    503: {"model": ErrorBody, "description": "not ready, or overloaded (see Retry-After)"},
+}
+
+
+def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
+    d, lim = settings.defaults, settings.limits
+    q = Query(
+        text=req.text,
+        subject=req.subject,
+        top_k=req.top_k or d.top_k,
+        retriever=req.retriever or d.retriever,
+        num_articles=req.num_articles or d.num_articles,
+        k=req.k or d.k,
+        temperature=req.temperature if req.temperature is not None else d.temperature,
+        lambda_=req.lambda_ if req.lambda_ is not None else d.lambda_,
+        return_contexts=req.return_contexts,
+        contexts_per_answer=req.contexts_per_answer,
+    )
+    checks = [
+        ("text", len(q.text), lim.max_text_chars, "characters"),
+        ("top_k", q.top_k, lim.max_top_k, ""),
+        ("k", q.k, lim.max_k, ""),
+        ("num_articles", q.num_articles, lim.max_num_articles, ""),
+    ]
+    for name, value, limit, unit in checks:
+        if value > limit:
+            raise BadRequest(f"{name}: {value} {unit} exceeds this server's limit of {limit}".replace("  ", " "))
+    return q
+
+
+def to_response(answer: Answer, identity: dict) -> PredictResponse:
+    return PredictResponse.model_validate(
+        {
+            "predictions": [
+                {
+                    "token": p.token,
+                    "prob": p.prob,
+                    "p_mlm": p.p_mlm,
+                    "p_knn": p.p_knn,
+                    "contexts": [c.__dict__ for c in p.contexts],
+                }
+                for p in answer.predictions
+            ],
+            "mlm": [t.__dict__ for t in answer.mlm],
+            "knn": [t.__dict__ for t in answer.knn],
+            "articles": [a.__dict__ for a in answer.articles],
+            "lambda_used": answer.lambda_used,
+            "timings_ms": answer.timings_ms,
+            "cache": answer.cache,
+            **identity,
+        }
+    )
+
+
+@router.post("/predict", response_model=PredictResponse, responses=_ERRORS, summary="Answer one cloze question")
+async def predict(body: PredictRequest, answerer: AnswererDep, resources: ResourcesDep) -> PredictResponse:
+    query = to_query(body, resources.settings)
+    try:
+        answer = await answerer.answer(query)
+    except QueueFull as exc:
+        raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
+    return to_response(answer, answerer.pipeline.identity())
+
+
+@router.post("/predict/batch", response_model=BatchResponse, responses=_ERRORS, summary="Answer several questions")
+async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: ResourcesDep) -> BatchResponse:
+    limit = resources.settings.limits.max_batch_queries
+    if len(body.queries) > limit:
+        raise BadRequest(f"queries: {len(body.queries)} exceeds this server's limit of {limit} per batch")
+    queries = []
+    for i, req in enumerate(body.queries):
+        try:
+            q = to_query(req, resources.settings)
+            answerer.pipeline.check_query(q)
+        except (BadRequest, ValueError) as exc:
+            raise BadRequest(f"queries.{i}: {exc}") from exc
+        queries.append(q)
+    try:
+        answers = await answerer.answer_many(queries)
+    except QueueFull as exc:
+        raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
+    identity = answerer.pipeline.identity()
+    return BatchResponse(results=[to_response(a, identity) for a in answers])
+
+
+@router.get("/healthz", response_model=HealthResponse, summary="Liveness: the process answers")
+async def healthz() -> HealthResponse:
+    return HealthResponse()
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadyResponse,
+    responses={503: {"model": ReadyResponse, "description": "not ready"}},
+    summary="Readiness: model, indexes and datastore loaded; cache state",
+)
+async def readyz(resources: ResourcesDep) -> JSONResponse:
+    pipe = resources.pipeline
+    if not resources.ready or pipe is None or resources.draining:
+        detail = "draining" if resources.draining else (resources.error or "loading")
+        body = ReadyResponse(status="not_ready", detail=detail)
+        return JSONResponse(body.model_dump(), status_code=503)
+    status = pipe.cache.status()
+    body = ReadyResponse(
+        status="ready",
+        retrievers=sorted([*pipe.retrievers, *(["none"] if "ivfpq" in pipe.datastore.manifest.indexes else [])]),
+        cache=CacheHealth(backend=status.backend, state=status.state, detail=status.detail),
+        **pipe.identity(),
+    )
+    return JSONResponse(body.model_dump())
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(resources: ResourcesDep) -> Response:
+    resources.metrics.ready.set(1.0 if resources.ready and not resources.draining else 0.0)
+    return Response(generate_latest(resources.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,123 @@
+"""Request and response models: the public contract of the HTTP API (field names are stable)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RetrieverName = Literal["bm25", "tfidf", "none"]
+
+_EXAMPLE = {"text": "albert einstein was born in [MASK] .", "subject": "Albert Einstein", "top_k": 5}
+
+
+class PredictRequest(BaseModel):
+    """One cloze question with exactly one [MASK] (any case: `[mask]` is accepted)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, json_schema_extra={"examples": [_EXAMPLE]})
+
+    text: str = Field(..., min_length=1, max_length=2000, description="cloze question with exactly one [MASK]")
+    subject: str | None = Field(
+        None, min_length=1, max_length=300, description="the entity asked about; its own article is searched first"
+    )
+    top_k: int | None = Field(None, ge=1, le=100, description="answers returned (default 10)")
+    retriever: RetrieverName | None = Field(None, description="article ranker (default bm25); none = whole datastore")
+    num_articles: int | None = Field(None, ge=1, le=50, description="N articles searched (default 3)")
+    k: int | None = Field(None, ge=1, le=2048, description="neighbours (default 128)")
+    temperature: float | None = Field(None, gt=0, le=1000, description="l in softmax(-d/l) (default 6)")
+    lambda_: float | None = Field(None, ge=0, le=1, alias="lambda", description="kNN weight (default 0.3)")
+    return_contexts: bool = Field(True, description="include supporting contexts for each answer")
+    contexts_per_answer: int = Field(3, ge=0, le=20)
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"queries": [_EXAMPLE]}]})
+    queries: list[PredictRequest] = Field(..., min_length=1, max_length=64)
+
+
+class ContextOut(BaseModel):
+    article: str
+    sentence: str = Field(..., description="the stored sentence, the word marked as **word**")
+    distance: float
+    rank: int
+
+
+class PredictionOut(BaseModel):
+    token: str
+    prob: float
+    p_mlm: float
+    p_knn: float
+    contexts: list[ContextOut]
+
+
+class TokenProbOut(BaseModel):
+    token: str
+    prob: float
+
+
+class ArticleOut(BaseModel):
+    title: str
+    score: float | None = Field(..., description="ranker score; null when the subject rule picked the article")
+    rule: Literal["subject", "bm25", "tfidf", "none"]
+
+
+class ModelIdentity(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    name: str
+    weights_sha256: str
+    layer: int
+    num_layers: int
+
+
+class DatastoreIdentity(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    id: str
+    version: int
+    articles: int
+    contexts: int
+    model_name: str
+
+
+class PredictResponse(BaseModel):
+    predictions: list[PredictionOut]
+    mlm: list[TokenProbOut]
+    knn: list[TokenProbOut]
+    articles: list[ArticleOut]
+    lambda_used: float = Field(..., description="the kNN weight applied (0 when no neighbour was found)")
+    timings_ms: dict[str, float]
+    cache: dict[str, Literal["hit", "miss", "none"]]
+    model: ModelIdentity
+    datastore: DatastoreIdentity
+
+
+class BatchResponse(BaseModel):
+    results: list[PredictResponse]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    request_id: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class CacheHealth(BaseModel):
+    backend: Literal["redis", "memory", "none"]
+    state: Literal["ok", "degraded", "disabled"]
+    detail: str = ""
+
+
+class ReadyResponse(BaseModel):
+    status: Literal["ready", "not_ready"]
+    model: ModelIdentity | None = None
+    datastore: DatastoreIdentity | None = None
+    retrievers: list[str] = Field(default_factory=list)
+    cache: CacheHealth | None = None
+    detail: str = ""
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"

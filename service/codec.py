@@ -1,0 +1,100 @@
+"""Compact, self-checking byte encodings of cached values (no pickle): query encodings and retrieval results."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+_ENC_MAGIC = b"BKE1"
+_ENC_HEADER = struct.Struct("<4sIII")  # magic, hidden, n_top, vocab
+
+
+class CorruptValue(ValueError):
+    """A cached value failed its checks; it is treated as a miss."""
+
+
+@dataclass(frozen=True)
+class QueryEncoding:
+    """The expensive part of a query: its [MASK] embedding and the head of p_MLM (float16, top entries).
+
+    The answer is always computed from this compact form, whether it came from the model or the cache, so a
+    cached answer is identical to an uncached one.
+    """
+
+    embedding: np.ndarray  # float16 [hidden]
+    top_ids: np.ndarray  # int32 [n], most probable first
+    top_probs: np.ndarray  # float16 [n]
+    vocab_size: int
+
+    @classmethod
+    def from_log_probs(cls, embedding: np.ndarray, log_probs: np.ndarray, n_top: int) -> QueryEncoding:
+        n_top = min(n_top, len(log_probs))
+        idx = np.argpartition(-log_probs, n_top - 1)[:n_top]
+        idx = idx[np.lexsort((idx, -log_probs[idx]))]
+        return cls(
+            np.asarray(embedding, dtype=np.float16),
+            idx.astype(np.int32),
+            np.exp(log_probs[idx].astype(np.float64)).astype(np.float16),
+            len(log_probs),
+        )
+
+    def p_mlm(self) -> np.ndarray:
+        """The full distribution: stored entries exact, the remaining mass spread evenly over the rest."""
+        p = np.empty(self.vocab_size, dtype=np.float64)
+        top = self.top_probs.astype(np.float64)
+        rest = self.vocab_size - len(top)
+        fill = max(0.0, 1.0 - float(top.sum())) / rest if rest else 0.0
+        p.fill(fill)
+        p[self.top_ids] = top
+        return (p / p.sum()).astype(np.float32)
+
+    def to_bytes(self) -> bytes:
+        body = (
+            _ENC_HEADER.pack(_ENC_MAGIC, len(self.embedding), len(self.top_ids), self.vocab_size)
+            + self.embedding.astype("<f2").tobytes()
+            + self.top_ids.astype("<i4").tobytes()
+            + self.top_probs.astype("<f2").tobytes()
+        )
+        return body + struct.pack("<I", zlib.crc32(body))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, hidden: int, vocab_size: int) -> QueryEncoding:
+        if len(data) < _ENC_HEADER.size + 4:
+            raise CorruptValue("too short")
+        body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
+        if zlib.crc32(body) != crc:
+            raise CorruptValue("checksum mismatch")
+        magic, h, n, v = _ENC_HEADER.unpack_from(body)
+        if magic != _ENC_MAGIC or h != hidden or v != vocab_size or n > v:
+            raise CorruptValue("header does not fit this model")
+        if len(body) != _ENC_HEADER.size + 2 * h + 6 * n:
+            raise CorruptValue("length mismatch")
+        off = _ENC_HEADER.size
+        emb = np.frombuffer(body, "<f2", h, off).astype(np.float16)
+        ids = np.frombuffer(body, "<i4", n, off + 2 * h).astype(np.int32)
+        probs = np.frombuffer(body, "<f2", n, off + 2 * h + 4 * n).astype(np.float16)
+        if (ids < 0).any() or (ids >= v).any() or not np.isfinite(emb).all() or not np.isfinite(probs).all():
+            raise CorruptValue("values out of range")
+        return cls(emb, ids, probs, v)
+
+
+def encode_hits(hits: list[tuple[str, float | None, str]]) -> bytes:
+    body = json.dumps(hits, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def decode_hits(data: bytes) -> list[tuple[str, float | None, str]]:
+    if len(data) < 4:
+        raise CorruptValue("too short")
+    body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
+    if zlib.crc32(body) != crc:
+        raise CorruptValue("checksum mismatch")
+    try:
+        raw = json.loads(body)
+        return [(str(t), None if s is None else float(s), str(r)) for t, s, r in raw]
+    except (ValueError, TypeError) as exc:
+        raise CorruptValue("not a hit list") from exc

@@ -1,0 +1,175 @@
+"""create_app(settings) + lifespan: the only wiring code."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI, Request, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.deps import Resources
+from service.api.errors import error_response, install_error_handlers, request_id_var
+from service.api.routes import router
+from service.cache import Cache, InMemoryCache, RedisCache
+from service.pipeline import AnswerPipeline
+from service.serving import AsyncAnswerer
+from service.settings import ServiceSettings
+
+logger = logging.getLogger("service")
+_RID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def make_cache(settings: ServiceSettings) -> Cache:
+    c = settings.cache
+    if c.redis_url:
+        cache = RedisCache(c.redis_url, ttl_s=c.ttl_s, timeout_ms=c.timeout_ms)
+        if not cache.ping():
+            logger.warning("redis at start-up: unreachable; serving with the cache bypassed until it answers")
+        return cache
+    return InMemoryCache(c.lru_size)
+
+
+def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
+    if settings.model.threads:
+        torch.set_num_threads(settings.model.threads)
+    else:
+        from datastore_builder.build import cpu_quota_threads
+
+        torch.set_num_threads(cpu_quota_threads())
+    return AnswerPipeline.open(
+        settings.datastore,
+        model=settings.model.name,
+        device=settings.model.device,
+        dtype=settings.model.dtype,
+        cache=make_cache(settings),
+        key_prefix=settings.cache.key_prefix,
+        mlm_top_entries=settings.cache.mlm_top_entries,
+        verify_checksums=settings.verify_checksums,
+    )
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over ``max_bytes`` (by header, and while streaming) with 413."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        too_big = Response(
+            content=(
+                b'{"error":{"code":"payload_too_large","message":"request body over '
+                + str(self.max_bytes).encode()
+                + b' bytes","request_id":"-"}}'
+            ),
+            status_code=413,
+            media_type="application/json",
+        )
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await too_big(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return msg
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await too_big(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def create_app(
+    settings: ServiceSettings, *, pipeline_factory: Callable[[ServiceSettings], AnswerPipeline] | None = None
+) -> FastAPI:
+    resources = Resources(settings=settings)
+    factory = pipeline_factory or open_pipeline
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            pipeline = await asyncio.to_thread(factory, settings)
+        except Exception as exc:
+            logger.error("start-up failed: %s", exc)
+            raise
+        resources.pipeline = pipeline
+        resources.metrics.watch_cache(pipeline.cache)
+        resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics)
+        resources.answerer.start()
+        resources.ready = True
+        logger.info("ready: %s", pipeline.identity())
+        try:
+            yield
+        finally:
+            resources.ready = False
+            resources.draining = True
+            await resources.answerer.stop()
+            pipeline.close()
+            logger.info("stopped")
+
+    app = FastAPI(
+        title="BERT-kNN",
+        version="0.1.0",
+        description="Cloze question answering: a masked LM interpolated with kNN over an embedded Wikipedia "
+        "(Kassner & Schütze 2020).",
+        lifespan=lifespan,
+    )
+    app.state.resources = resources
+    install_error_handlers(app)
+    app.include_router(router)
+
+    @app.middleware("http")
+    async def request_context(request: Request, call_next: Callable) -> Response:
+        incoming = request.headers.get("x-request-id", "")
+        rid = incoming if _RID_OK.match(incoming) else uuid.uuid4().hex[:16]
+        token = request_id_var.set(rid)
+        t0 = time.perf_counter()
+        try:
+            try:
+                response = await call_next(request)
+            except Exception:  # errors escaping the handlers still get the one body shape
+                logger.exception("unhandled error (request %s)", rid)
+                response = error_response(500, "internal", "internal error; the request id identifies it in the log")
+            elapsed = time.perf_counter() - t0
+            response.headers["X-Request-ID"] = rid
+            path = request.scope.get("route").path if request.scope.get("route") else "unmatched"
+            resources.metrics.requests.labels(path, str(response.status_code)).inc()
+            resources.metrics.latency.labels(path).observe(elapsed)
+            if response.status_code >= 400:
+                resources.metrics.errors.labels(str(response.status_code)).inc()
+            logger.info(
+                "request id=%s method=%s path=%s status=%d latency_ms=%.1f",
+                rid,
+                request.method,
+                request.url.path,
+                response.status_code,
+                elapsed * 1000,
+            )
+            return response
+        finally:
+            request_id_var.reset(token)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)  # type: ignore[arg-type]
+    return app

@@ -1,0 +1,463 @@
+"""AnswerPipeline: retrieval -> one forward pass (embedding + p_MLM) -> restricted kNN -> interpolation.
+
+No HTTP and no Redis in here: the cache is injected behind the `Cache` protocol, and the web layer decides
+how work is batched and which thread runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from datastore_builder.encoder import MaskedInput, MaskedLMEncoder, ModelLoadError, QueryError
+from datastore_builder.format import Datastore, DatastoreError, validate_datastore
+from service.cache import Cache, InMemoryCache, cache_key
+from service.codec import CorruptValue, QueryEncoding, decode_hits, encode_hits
+from service.interpolate import interpolate, knn_distribution, top_k
+from service.retrieval.knn import EMPTY, Neighbours, RestrictedKnn
+
+logger = logging.getLogger(__name__)
+
+RetrieverName = Literal["bm25", "tfidf", "none"]
+_MASK_RE = re.compile(r"\[\s*mask\s*\]", re.IGNORECASE)
+_SPACES = re.compile(r"\s+")
+
+
+class RetrieverUnavailable(Exception):
+    """The requested retriever has no index in this datastore; the message says how to build it."""
+
+
+@dataclass(frozen=True)
+class Query:
+    text: str
+    subject: str | None = None
+    top_k: int = 10
+    retriever: RetrieverName = "bm25"
+    num_articles: int = 3
+    k: int = 128
+    temperature: float = 6.0
+    lambda_: float = 0.3
+    return_contexts: bool = True
+    contexts_per_answer: int = 3
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    token: str
+    prob: float
+
+
+@dataclass(frozen=True)
+class Context:
+    article: str
+    sentence: str  # the word is marked as **word**
+    distance: float
+    rank: int  # 1-based rank of this neighbour among the k
+
+
+@dataclass(frozen=True)
+class Prediction:
+    token: str
+    token_id: int
+    prob: float
+    p_mlm: float
+    p_knn: float
+    contexts: list[Context]
+
+
+@dataclass(frozen=True)
+class ArticleHit:
+    title: str
+    score: float | None
+    rule: Literal["subject", "bm25", "tfidf", "none"]
+
+
+@dataclass(frozen=True)
+class Distributions:
+    p_mlm: np.ndarray
+    p_knn: np.ndarray
+    p: np.ndarray
+
+
+@dataclass(frozen=True)
+class Answer:
+    predictions: list[Prediction]
+    mlm: list[TokenProb]
+    knn: list[TokenProb]
+    articles: list[ArticleHit]
+    lambda_used: float
+    timings_ms: dict[str, float]
+    cache: dict[str, str]
+    distributions: Distributions | None = None
+
+
+@dataclass
+class Stage:
+    """Wall time of the pipeline's stages, in milliseconds."""
+
+    times: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.times[name] = self.times.get(name, 0.0) + seconds * 1000.0
+
+
+def retrieval_text(text: str) -> str:
+    """Query text for the sparse retrievers: the cloze question without [MASK], whitespace collapsed."""
+    return _SPACES.sub(" ", _MASK_RE.sub(" ", text)).strip()
+
+
+class AnswerPipeline:
+    def __init__(
+        self,
+        encoder: MaskedLMEncoder,
+        datastore: Datastore,
+        *,
+        cache: Cache | None = None,
+        key_prefix: str = "bertknn",
+        mlm_top_entries: int = 2048,
+        retrievers: dict[str, object] | None = None,
+        subjects: object | None = None,
+        global_knn_factory: Callable[[], object] | None = None,
+    ):
+        check_compatible(encoder, datastore)
+        self.encoder = encoder
+        self.datastore = datastore
+        self.cache: Cache = cache if cache is not None else InMemoryCache()
+        self.key_prefix = key_prefix
+        self.mlm_top_entries = mlm_top_entries
+        self.knn = RestrictedKnn(datastore)
+        self.retrievers = retrievers if retrievers is not None else open_retrievers(datastore)
+        if subjects is None:
+            from service.retrieval.subject import SubjectResolver
+
+            subjects = SubjectResolver(datastore)
+        self.subjects = subjects
+        self._global_knn_factory = global_knn_factory or (lambda: _open_global_knn(datastore))
+        self._global_knn: object | None = None
+        self._id_to_token = encoder.tokenizer.convert_ids_to_tokens(list(range(encoder.vocab_size)))
+
+    @classmethod
+    def open(
+        cls,
+        datastore_dir: Path | str,
+        *,
+        model: str | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        cache: Cache | None = None,
+        key_prefix: str = "bertknn",
+        mlm_top_entries: int = 2048,
+        verify_checksums: bool = False,
+    ) -> AnswerPipeline:
+        """Load and check everything once: datastore (validated), model (hash-checked), indexes, JVM."""
+        problems = validate_datastore(datastore_dir, hashes=verify_checksums)
+        if problems:
+            raise DatastoreError(f"datastore failed validation: {problems[0]}")
+        datastore = Datastore(datastore_dir)
+        man = datastore.manifest
+        name = model or man.model.name
+        encoder = MaskedLMEncoder.load(name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len)
+        return cls(encoder, datastore, cache=cache, key_prefix=key_prefix, mlm_top_entries=mlm_top_entries)
+
+    # ---- identity -----------------------------------------------------------------------------------------
+
+    def identity(self) -> dict[str, dict[str, object]]:
+        man = self.datastore.manifest
+        return {
+            "model": {
+                "name": self.encoder.name,
+                "weights_sha256": self.encoder.weights_sha256,
+                "layer": self.encoder.layer,
+                "num_layers": self.encoder.num_layers,
+            },
+            "datastore": {
+                "id": man.datastore_id,
+                "version": man.version,
+                "articles": man.counts.articles,
+                "contexts": man.counts.contexts,
+                "model_name": man.model.name,
+            },
+        }
+
+    def token(self, token_id: int) -> str:
+        return self._id_to_token[token_id]
+
+    # ---- stage 0: validation ------------------------------------------------------------------------------
+
+    def check_query(self, query: Query) -> MaskedInput:
+        """Tokenise and check one query; `QueryError` says what to fix."""
+        return self.encoder.query_input(query.text)
+
+    # ---- stage 1: the forward pass (cached) ---------------------------------------------------------------
+
+    def _enc_key(self, inp: MaskedInput) -> str:
+        return cache_key(self.key_prefix, "enc", self.encoder.weights_sha256, self.encoder.layer, inp.input_ids)
+
+    def encode(self, inputs: Sequence[MaskedInput]) -> tuple[list[QueryEncoding], list[bool]]:
+        """Embeddings and p_MLM heads for a batch: cache first, one batched forward pass for the misses."""
+        keys = [self._enc_key(x) for x in inputs]
+        cached = self.cache.get_many(keys)
+        out: list[QueryEncoding | None] = [None] * len(inputs)
+        hits = [False] * len(inputs)
+        for i, raw in enumerate(cached):
+            if raw is None:
+                continue
+            try:
+                out[i] = QueryEncoding.from_bytes(raw, hidden=self.encoder.hidden_size, vocab_size=self.encoder.vocab_size)
+                hits[i] = True
+            except CorruptValue as exc:
+                _count_corrupt(self.cache)
+                logger.warning("corrupt cache value ignored (%s)", exc)
+        todo = [i for i, enc in enumerate(out) if enc is None]
+        if todo:
+            result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True)
+            assert result.mlm_log_probs is not None
+            log_probs = result.mlm_log_probs.numpy()
+            fresh: dict[str, bytes] = {}
+            for j, i in enumerate(todo):
+                enc = QueryEncoding.from_log_probs(result.embeddings[j], log_probs[j], self.mlm_top_entries)
+                out[i] = enc
+                fresh[keys[i]] = enc.to_bytes()
+            self.cache.set_many(fresh)
+        _count_hits(self.cache, sum(hits), len(hits) - sum(hits))
+        return [e for e in out if e is not None], hits
+
+    # ---- stage 2: article retrieval (cached) -------------------------------------------------------------
+
+    def retrieve(self, query: Query) -> tuple[list[ArticleHit], str]:
+        """The articles to search: the subject's own article first (if it has one), then the ranker's."""
+        if query.retriever == "none":
+            return [], "none"
+        ranker = self.retrievers.get(query.retriever)
+        if ranker is None:
+            raise RetrieverUnavailable(
+                f"retriever {query.retriever!r} has no index in this datastore; rebuild it with sparse indexes"
+            )
+        text = retrieval_text(query.text)
+        key = cache_key(
+            self.key_prefix, "ret", query.retriever, self.datastore.id, text.casefold(), query.subject, query.num_articles
+        )
+        raw = self.cache.get_many([key])[0]
+        if raw is not None:
+            try:
+                return [ArticleHit(t, s, r) for t, s, r in decode_hits(raw)], "hit"  # type: ignore[arg-type]
+            except CorruptValue as exc:
+                _count_corrupt(self.cache)
+                logger.warning("corrupt cache value ignored (%s)", exc)
+        hits: list[ArticleHit] = []
+        if query.subject:
+            title = self.subjects.resolve(query.subject)  # type: ignore[attr-defined]
+            if title is not None:
+                hits.append(ArticleHit(title, None, "subject"))
+        if len(hits) < query.num_articles and text:
+            seen = {h.title for h in hits}
+            for title, score in ranker.top_articles(text, query.num_articles + len(hits)):  # type: ignore[attr-defined]
+                if title not in seen and len(hits) < query.num_articles:
+                    hits.append(ArticleHit(title, float(score), query.retriever))
+                    seen.add(title)
+        self.cache.set_many({key: encode_hits([(h.title, h.score, h.rule) for h in hits])})
+        return hits, "miss"
+
+    # ---- stage 3+4: kNN and interpolation -----------------------------------------------------------------
+
+    def neighbours(self, query: Query, enc: QueryEncoding, articles: list[ArticleHit]) -> Neighbours:
+        vec = enc.embedding.astype(np.float32)
+        if query.retriever == "none":
+            return self._global_search(vec, query.k)
+        if not articles:
+            return EMPTY
+        return self.knn.search(vec, [a.title for a in articles], query.k)
+
+    def _global_search(self, vec: np.ndarray, k: int) -> Neighbours:
+        if self._global_knn is None:
+            self._global_knn = self._global_knn_factory()
+        dist, rows = self._global_knn.search(vec, k)  # type: ignore[attr-defined]
+        keep = rows >= 0
+        rows = rows[keep]
+        if len(rows) == 0:
+            return EMPTY
+        # Re-rank the candidates with their exact float16 vectors: p_kNN sees true distances, not PQ estimates.
+        vectors = np.stack([self._row_vector(int(r)) for r in rows]).astype(np.float32)
+        exact = ((vectors - vec[None, :]) ** 2).sum(axis=1)
+        order = np.argsort(exact, kind="stable")
+        rows = rows[order]
+        return Neighbours(exact[order].astype(np.float32), rows, self.datastore.labels_at(rows))
+
+    def _row_vector(self, global_row: int) -> np.ndarray:
+        pos, row = self.datastore.locate(global_row)
+        return np.asarray(self.datastore.shards[pos].vectors[row])
+
+    def answer(
+        self,
+        query: Query,
+        enc: QueryEncoding,
+        articles: list[ArticleHit],
+        nbrs: Neighbours,
+        *,
+        with_distributions: bool = False,
+    ) -> tuple[list[Prediction], list[TokenProb], list[TokenProb], float, Distributions | None, list[ArticleHit]]:
+        vocab = self.encoder.vocab_size
+        p_mlm = enc.p_mlm()
+        p_knn = knn_distribution(nbrs.distances, nbrs.labels, vocab, query.temperature)
+        lam = query.lambda_ if len(nbrs) else 0.0
+        p = interpolate(p_knn, p_mlm, lam)
+        preds = []
+        for token_id, prob in top_k(p, query.top_k):
+            contexts = self._contexts(nbrs, token_id, query.contexts_per_answer) if query.return_contexts else []
+            preds.append(
+                Prediction(self.token(token_id), token_id, prob, float(p_mlm[token_id]), float(p_knn[token_id]), contexts)
+            )
+        mlm = [TokenProb(self.token(i), pr) for i, pr in top_k(p_mlm, query.top_k)]
+        knn = [TokenProb(self.token(i), pr) for i, pr in top_k(p_knn, query.top_k, nonzero=True)]
+        if query.retriever == "none" and len(nbrs):
+            counts: dict[str, int] = {}
+            for r in nbrs.rows[: query.k]:
+                title = self.datastore.context(int(r)).article
+                counts[title] = counts.get(title, 0) + 1
+            articles = [ArticleHit(t, float(c), "none") for t, c in sorted(counts.items(), key=lambda x: -x[1])]
+        dists = Distributions(p_mlm, p_knn, p) if with_distributions else None
+        return preds, mlm, knn, lam, dists, articles
+
+    def _contexts(self, nbrs: Neighbours, token_id: int, limit: int) -> list[Context]:
+        out = []
+        for rank in np.flatnonzero(nbrs.labels == token_id)[:limit]:
+            ref = self.datastore.context(int(nbrs.rows[rank]))
+            a, b = ref.span
+            marked = f"{ref.sentence[:a]}**{ref.sentence[a:b]}**{ref.sentence[b:]}"
+            out.append(Context(ref.article, marked, float(nbrs.distances[rank]), int(rank) + 1))
+        return out
+
+    # ---- the whole thing, synchronously (evaluation, CLI) --------------------------------------------------
+
+    def predict_batch(self, queries: Sequence[Query], *, with_distributions: bool = False) -> list[Answer]:
+        """Answer several queries with one batched forward pass. Raises `QueryError` naming the bad query."""
+        t0 = time.perf_counter()
+        inputs = []
+        for i, q in enumerate(queries):
+            try:
+                inputs.append(self.check_query(q))
+            except QueryError as exc:
+                raise QueryError(f"query {i}: {exc}") if len(queries) > 1 else exc from None
+        t1 = time.perf_counter()
+        encs, hits = self.encode(inputs)
+        embed_s = time.perf_counter() - t1
+        answers = []
+        for q, enc, hit in zip(queries, encs, hits, strict=True):
+            stage = Stage()
+            stage.add("embedding", embed_s / max(1, len(queries)))
+            answers.append(self.finish(q, enc, "hit" if hit else "miss", stage, with_distributions=with_distributions))
+        logger.debug("batch of %d answered in %.1f ms", len(queries), (time.perf_counter() - t0) * 1000)
+        return answers
+
+    def predict(self, query: Query, *, with_distributions: bool = False) -> Answer:
+        return self.predict_batch([query], with_distributions=with_distributions)[0]
+
+    def finish(
+        self,
+        query: Query,
+        enc: QueryEncoding,
+        enc_cache: str,
+        stage: Stage,
+        *,
+        articles: tuple[list[ArticleHit], str] | None = None,
+        with_distributions: bool = False,
+    ) -> Answer:
+        """Everything after the forward pass (retrieval too, unless the caller already ran it)."""
+        t = time.perf_counter()
+        if articles is None:
+            articles = self.retrieve(query)
+            stage.add("retrieval", time.perf_counter() - t)
+        hits, ret_cache = articles
+        t = time.perf_counter()
+        nbrs = self.neighbours(query, enc, hits)
+        stage.add("knn", time.perf_counter() - t)
+        t = time.perf_counter()
+        preds, mlm, knn, lam, dists, hits = self.answer(query, enc, hits, nbrs, with_distributions=with_distributions)
+        stage.add("interpolation", time.perf_counter() - t)
+        for name in ("retrieval", "embedding", "knn", "interpolation"):
+            stage.times.setdefault(name, 0.0)
+        stage.times["total"] = sum(v for k, v in stage.times.items() if k != "total")
+        return Answer(
+            preds,
+            mlm,
+            knn,
+            hits,
+            lam,
+            {k: round(v, 3) for k, v in stage.times.items()},
+            {"encoding": enc_cache, "retrieval": ret_cache},
+            dists,
+        )
+
+    def close(self) -> None:
+        for r in self.retrievers.values():
+            close = getattr(r, "close", None)
+            if close:
+                close()
+        self.cache.close()
+
+
+def check_compatible(encoder: MaskedLMEncoder, datastore: Datastore) -> None:
+    """Refuse a model that is not the one the datastore was built with, or a layer it does not have."""
+    man = datastore.manifest
+    if man.model.weights_sha256 != encoder.weights_sha256:
+        raise ModelLoadError(
+            f"model {encoder.name!r} (weights sha256 {encoder.weights_sha256[:12]}...) is not the model this datastore "
+            f"was built with: {man.model.name!r} ({man.model.weights_sha256[:12]}...). Serve it with that model, or "
+            "rebuild the datastore with this one."
+        )
+    if man.model.name != encoder.name:
+        logger.warning(
+            "model loaded as %r, manifest names %r: same weights (sha256 match), accepted", encoder.name, man.model.name
+        )
+    if not 0 <= man.layer <= encoder.num_layers:
+        raise ModelLoadError(f"datastore layer {man.layer} is out of range for a {encoder.num_layers}-layer model")
+    if encoder.layer != man.layer:
+        raise ModelLoadError(f"encoder layer {encoder.layer} != datastore layer {man.layer}")
+    if man.model.hidden_size != encoder.hidden_size or man.model.vocab_size != encoder.vocab_size:
+        raise ModelLoadError("model hidden size or vocabulary differs from the datastore's")
+
+
+def open_retrievers(datastore: Datastore) -> dict[str, object]:
+    """The sparse retrievers whose indexes this datastore has (the JVM starts here, once per process)."""
+    out: dict[str, object] = {}
+    idx = datastore.manifest.indexes
+    if "bm25" in idx:
+        from service.retrieval.sparse import Bm25Retriever
+
+        out["bm25"] = Bm25Retriever(datastore.root / idx["bm25"])
+    if "tfidf" in idx:
+        from service.retrieval.sparse import TfidfRetriever
+
+        out["tfidf"] = TfidfRetriever(datastore.root / idx["tfidf"])
+    return out
+
+
+def _open_global_knn(datastore: Datastore) -> object:
+    if "ivfpq" not in datastore.manifest.indexes:
+        raise RetrieverUnavailable(
+            "retriever 'none' needs the whole-datastore IVF-PQ index; build it with "
+            f"`python -m datastore_builder ivfpq {datastore.root}`"
+        )
+    from service.retrieval.global_knn import IvfPqKnn
+
+    return IvfPqKnn(datastore)
+
+
+def _count_hits(cache: Cache, hits: int, misses: int) -> None:
+    stats = getattr(cache, "stats", None)
+    if stats is not None:
+        stats.hits += hits
+        stats.misses += misses
+
+
+def _count_corrupt(cache: Cache) -> None:
+    stats = getattr(cache, "stats", None)
+    if stats is not None:
+        stats.corrupt += 1

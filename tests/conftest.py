@@ -1,0 +1,108 @@
+"""Shared fixtures: a tiny BERT built in the test session (no download) and a tiny corpus about made-up facts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OPENAI_API_KEY", "unused")  # pyserini asks for it at import
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+SHARED_DATA = SHARED / "data"
+PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
+
+# Made-up entities, so that no model could know these facts: only the datastore can.
+TINY_ARTICLES = [
+    {"id": "1", "title": "Zorblat", "text": "Zorblat was born in quimby. Zorblat wrote many songs about rivers. "
+     "He later moved to the city of plonk."},
+    {"id": "2", "title": "Quimby", "text": "Quimby is a small town near the sea. Quimby is known for fishing and "
+     "boats. Many poets live in quimby."},
+    {"id": "3", "title": "Frelle Dax", "text": "Frelle Dax was born in vostok. Frelle Dax is a painter of "
+     "mountains. She studied in plonk."},
+    {"id": "4", "title": "Plonk", "text": "Plonk is a large city with a famous bridge. The bridge of plonk is red. "
+     "Plonk has a big market."},
+    {"id": "5", "title": "Vostok", "text": "Vostok is a cold village in the north. Vostok has long winters and "
+     "deep snow."},
+    {"id": "6", "title": "Émile Grusk", "text": "Émile Grusk was born in plonk. Émile Grusk plays the trumpet "
+     "in a band."},
+]
+
+
+def corpus_words(articles: list[dict]) -> list[str]:
+    words: set[str] = set()
+    for a in articles:
+        for text in (a["title"], a["text"]):
+            import unicodedata
+
+            folded = "".join(
+                c for c in unicodedata.normalize("NFKD", text.lower()) if not unicodedata.combining(c)
+            )
+            words.update(re.findall(r"[a-z0-9]+", folded))
+    return sorted(words)
+
+
+def make_tiny_bert(directory: Path, words: list[str], *, layers: int = 2, seed: int = 0) -> Path:
+    """The STYLE.md recipe: vocab from the corpus, hidden 32, saved with save_pretrained (safetensors)."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    punct = [".", ",", "'", "-", "(", ")", ":", ";", "!", "?", '"']
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *punct, *words, "##s", "##ing"]
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    cfg = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(seed)
+    BertForMaskedLM(cfg).eval().save_pretrained(directory)
+    BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True).save_pretrained(directory)
+    return directory
+
+
+def write_jsonl(path: Path, articles: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(a, ensure_ascii=False) + "\n" for a in articles), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), corpus_words(TINY_ARTICLES))
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("corpus") / "tiny.jsonl", TINY_ARTICLES)
+
+
+@pytest.fixture(scope="session")
+def tiny_datastore(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_corpus: Path) -> Path:
+    """A complete datastore (shards + BM25 + TF-IDF) over the tiny corpus, built by the real builder."""
+    from datastore_builder.build import build
+    from datastore_builder.settings import BuildSettings
+
+    out = tmp_path_factory.mktemp("ds") / "tiny"
+    build(
+        BuildSettings(
+            corpus=[tiny_corpus],
+            model=str(tiny_model_dir),
+            out=out,
+            device="cpu",
+            articles_per_shard=2,
+            workers=0,
+            batch_size=16,
+            max_seq_len=64,
+        )
+    )
+    return out
