@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("slices", nargs="+", type=Path)
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--ivfpq", action="store_true")
+    m.add_argument("--no-sparse-indexes", dest="sparse_indexes", action="store_false")
 
     i = sub.add_parser("ivfpq", help="build the whole-datastore IVF-PQ index (no-retrieval ablation)")
     i.add_argument("datastore", type=Path)
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "merge":
             from datastore_builder.merge import merge_slices
 
-            manifest = merge_slices(args.slices, args.out, ivfpq=args.ivfpq)
+            manifest = merge_slices(args.slices, args.out, ivfpq=args.ivfpq, sparse_indexes=args.sparse_indexes)
             print(json.dumps({"datastore": str(args.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
             return 0
         if args.command == "ivfpq":

@@ -1,0 +1,172 @@
+"""Builder -> datastore on disk -> app through TestClient (lifespan runs) with a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from datastore_builder.encoder import ModelLoadError
+from datastore_builder.format import DatastoreError
+from service.main import create_app
+from service.pipeline import AnswerPipeline, Query
+from service.settings import ServiceSettings
+
+from tests.conftest import TINY_ARTICLES, corpus_words, make_tiny_bert
+
+QUESTION = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}
+
+
+def _settings(ds: Path, **cache) -> ServiceSettings:
+    return ServiceSettings(datastore=ds, model={"device": "cpu"}, cache=cache, batching={"max_wait_ms": 1})
+
+
+@pytest.fixture(scope="module")
+def client(tiny_datastore):
+    with TestClient(create_app(_settings(tiny_datastore))) as c:
+        yield c
+
+
+def test_knn_makes_the_stored_fact_win_where_the_mlm_alone_does_not(client):
+    r = client.post("/predict", json=QUESTION)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["predictions"][0]["token"] == "quimby"
+    assert body["knn"][0]["token"] == "quimby"
+    assert body["mlm"][0]["token"] != "quimby"
+    # the MLM alone (lambda 0) does not answer quimby: the kNN path does real work
+    alone = client.post("/predict", json={**QUESTION, "lambda": 0.0}).json()
+    assert alone["predictions"][0]["token"] != "quimby"
+    top = body["predictions"][0]
+    assert top["prob"] == pytest.approx(0.3 * top["p_knn"] + 0.7 * top["p_mlm"], rel=1e-4)
+    ctx = top["contexts"][0]
+    assert ctx["article"] == "Zorblat" and "**quimby**" in ctx["sentence"] and ctx["rank"] == 1
+    assert body["articles"][0] == {"title": "Zorblat", "score": None, "rule": "subject"}
+    assert {"retrieval", "embedding", "knn", "interpolation", "total"} <= body["timings_ms"].keys()
+    assert body["model"]["layer"] == 1 and body["datastore"]["id"]
+
+
+def test_subject_lookup_ignores_case_and_accents(client):
+    body = client.post(
+        "/predict", json={"text": "emile grusk was born in [mask] .", "subject": "emile grusk"}
+    ).json()
+    assert body["articles"][0]["title"] == "Émile Grusk" and body["articles"][0]["rule"] == "subject"
+    assert body["predictions"][0]["token"] == "plonk"
+
+
+def test_unknown_subject_falls_back_to_the_ranker_and_says_so(client):
+    body = client.post("/predict", json={**QUESTION, "subject": "nobody at all"}).json()
+    assert body["articles"] and all(a["rule"] == "bm25" for a in body["articles"])
+    tfidf = client.post("/predict", json={**QUESTION, "subject": None, "retriever": "tfidf"}).json()
+    assert all(a["rule"] == "tfidf" for a in tfidf["articles"])
+
+
+@pytest.mark.parametrize(
+    ("payload", "code", "needle"),
+    [
+        ({"text": "zorblat was born in quimby ."}, "invalid_query", "exactly one [MASK]"),
+        ({"text": "[MASK] was born in [MASK] ."}, "invalid_query", "found 2"),
+        ({"text": ""}, "invalid_request", "text"),
+        ({"text": "[MASK]"}, "invalid_query", "nothing but [MASK]"),
+        ({"text": "a " * 1500 + "[MASK]"}, "invalid_request", "text"),
+        ({"text": "x [MASK]", "retriever": "google"}, "invalid_request", "retriever"),
+        ({"text": "x [MASK]", "k": 0}, "invalid_request", "k"),
+        ({"text": "x [MASK]", "lambda": 1.5}, "invalid_request", "lambda"),
+        ({"text": "x [MASK]", "top_k": 1000}, "invalid_request", "top_k"),
+        ({"text": "x [MASK]", "num_articles": 0}, "invalid_request", "num_articles"),
+        ({"text": "x [MASK]", "temperature": -1}, "invalid_request", "temperature"),
+        ({"text": 5}, "invalid_request", "text"),
+        ({"text": "x [MASK]", "colour": "red"}, "invalid_request", "colour"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(client, payload, code, needle):
+    r = client.post("/predict", json=payload)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and needle in err["message"] and err["request_id"] == r.headers["x-request-id"]
+    assert "Traceback" not in r.text
+
+
+def test_retriever_none_without_ivfpq_index_is_a_clear_error(client):
+    r = client.post("/predict", json={**QUESTION, "retriever": "none"})
+    assert r.status_code == 422 and "ivfpq" in r.json()["error"]["message"]
+
+
+def test_batch_answers_like_single(client):
+    single = client.post("/predict", json=QUESTION).json()
+    r = client.post("/predict/batch", json={"queries": [QUESTION, {"text": "frelle dax was born in [MASK] ."}]})
+    assert r.status_code == 200
+    res = r.json()["results"]
+    assert [p["token"] for p in res[0]["predictions"]] == [p["token"] for p in single["predictions"]]
+    bad = client.post("/predict/batch", json={"queries": [QUESTION, {"text": "no mask"}]})
+    assert bad.status_code == 422 and bad.json()["error"]["message"].startswith("queries.1")
+
+
+def test_health_ready_metrics_and_unknown_route(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz").json()
+    assert ready["status"] == "ready" and ready["cache"]["backend"] == "memory"
+    assert {"bm25", "tfidf"} <= set(ready["retrievers"])
+    metrics = client.get("/metrics").text
+    assert "bertknn_requests_total" in metrics and "bertknn_stage_seconds_bucket" in metrics
+    missing = client.get("/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_probabilities_sum_to_one(tiny_datastore):
+    pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
+    try:
+        ans = pipe.predict(Query(QUESTION["text"], subject="zorblat"), with_distributions=True)
+        d = ans.distributions
+        assert d is not None
+        for p in (d.p_mlm, d.p_knn, d.p):
+            assert float(np.sum(p, dtype=np.float64)) == pytest.approx(1.0, abs=1e-5)
+        assert np.allclose(d.p, 0.3 * d.p_knn + 0.7 * d.p_mlm, atol=1e-7)
+    finally:
+        pipe.close()
+
+
+def test_redis_cache_hit_then_redis_killed_answers_stay_correct(tiny_datastore, redis_server):
+    settings = _settings(tiny_datastore, redis_url=redis_server.url, key_prefix="t1")
+    with TestClient(create_app(settings)) as c:
+        first = c.post("/predict", json=QUESTION).json()
+        second = c.post("/predict", json=QUESTION).json()
+        assert first["cache"] == {"encoding": "miss", "retrieval": "miss"}
+        assert second["cache"] == {"encoding": "hit", "retrieval": "hit"}
+        assert second["predictions"] == first["predictions"]
+        assert c.get("/readyz").json()["cache"] == {"backend": "redis", "state": "ok", "detail": ""}
+        redis_server.stop()
+        third = c.post("/predict", json=QUESTION).json()
+        assert third["predictions"] == first["predictions"] and third["cache"]["encoding"] == "miss"
+        ready = c.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["cache"]["state"] == "degraded"
+        assert 'bertknn_cache_events_total{event="errors"}' in c.get("/metrics").text
+
+
+def test_refuses_another_model(tiny_datastore, tmp_path):
+    other = make_tiny_bert(tmp_path / "other", corpus_words(TINY_ARTICLES), seed=1)
+    with pytest.raises(ModelLoadError, match="not the model this datastore was built with"):
+        AnswerPipeline.open(tiny_datastore, model=str(other), device="cpu")
+    app = create_app(ServiceSettings(datastore=tiny_datastore, model={"name": str(other), "device": "cpu"}))
+    with pytest.raises(ModelLoadError), TestClient(app):
+        pass
+
+
+def test_refuses_bad_layer_and_invalid_datastore(tiny_datastore, tmp_path):
+    bad_layer = tmp_path / "layer"
+    shutil.copytree(tiny_datastore, bad_layer)
+    man = json.loads((bad_layer / "manifest.json").read_text())
+    man["layer"] = 7
+    (bad_layer / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ModelLoadError, match="layer 7 is out of range"):
+        AnswerPipeline.open(bad_layer, device="cpu")
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_datastore, broken)
+    vec = broken / "shards" / "shard-00000" / "vectors.npy"
+    vec.write_bytes(vec.read_bytes()[:-10])
+    with pytest.raises(DatastoreError, match="vectors.npy"):
+        AnswerPipeline.open(broken, device="cpu")
