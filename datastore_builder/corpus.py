@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import json
 import logging
@@ -112,10 +113,8 @@ def wikitext_to_text(wikitext: str) -> str:
         *code.filter_headings(recursive=True),
     ]
     for node in hidden:
-        try:
+        with contextlib.suppress(ValueError):  # already gone with an enclosing node (a link in a file caption)
             code.remove(node)
-        except ValueError:  # already gone with an enclosing node (a link inside a file caption)
-            pass
     text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
     text = re.sub(r"\n{2,}", "\n", text)
     return "\n".join(line.strip() for line in text.splitlines() if line.strip() and not line.startswith(("|", "{")))

@@ -1,0 +1,128 @@
+"""Shared helpers for the benchmarks: datastores, LAMA-template queries, a service subprocess, percentiles."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
+RUNS = REPO / "runs"
+RESULTS = REPO / "bench" / "results"
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    a = np.asarray(samples, dtype=np.float64)
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": len(a)}
+
+
+def machine() -> dict[str, object]:
+    import torch
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def lama_queries(n: int, *, seed: int = 0, lama: Path | None = None) -> list[tuple[str, str]]:
+    """Distinct (query text, subject) pairs from the T-REx templates and subjects, deterministic."""
+    lama = lama or SHARED / "data" / "lama"
+    templates = {}
+    for line in (lama / "relations.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        templates[r["relation"]] = r["template"]
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    files = sorted((lama / "TREx").glob("P*.jsonl"))
+    per_file = [[json.loads(line) for line in f.read_text().splitlines()[:400]] for f in files]
+    rng = np.random.default_rng(seed)
+    while len(out) < n:
+        i = int(rng.integers(len(files)))
+        facts = per_file[i]
+        fact = facts[int(rng.integers(len(facts)))]
+        tmpl = templates.get(files[i].stem)
+        if not tmpl:
+            continue
+        text = tmpl.replace("[X]", fact["sub_label"]).replace("[Y]", "[MASK]").lower().replace("[mask]", "[MASK]")
+        if text not in seen:
+            seen.add(text)
+            out.append((text, fact["sub_label"]))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_service(datastore: Path, *, env: dict[str, str] | None = None, timeout_s: float = 300) -> Iterator[str]:
+    """Start ``python -m service`` on a free loopback port; yield its URL; stop it."""
+    import httpx
+
+    port = free_port()
+    full_env = {**os.environ, "OPENAI_API_KEY": "unused", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"],
+        env=full_env,
+        cwd=REPO,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"service exited with {proc.returncode}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("service did not become ready")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def build_datastore(corpus: list[Path], out: Path, model: Path | str, *, limit: int | None = None, ivfpq: bool = False) -> Path:
+    """Build once (resumable, reused when the manifest exists)."""
+    if (out / "manifest.json").is_file():
+        return out
+    cmd = [sys.executable, "-m", "datastore_builder", "build", "--model", str(model), "--out", str(out), "--device", "cpu"]
+    for c in corpus:
+        cmd += ["--corpus", str(c)]
+    if limit:
+        cmd += ["--limit-articles", str(limit)]
+    if ivfpq:
+        cmd += ["--ivfpq"]
+    subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "OPENAI_API_KEY": "unused"})
+    return out
+
+
+def write_result(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path

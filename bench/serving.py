@@ -1,0 +1,215 @@
+"""Serving benchmark: /predict latency and throughput over HTTP as ratios to the bare model forward, and
+latency on datastores 10x and 100x larger (synthetic extra articles). One command::
+
+    python -m bench.serving [--model DIR] [--articles 150] [--queries 80]
+
+Prints a table and writes bench/results/serving.json. All ratios are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+from bench.common import (
+    PROXY_MODEL,
+    REPO,
+    RUNS,
+    build_datastore,
+    lama_queries,
+    machine,
+    percentiles,
+    running_service,
+    write_result,
+)
+from datastore_builder.build import cpu_quota_threads
+from datastore_builder.encoder import MaskedLMEncoder
+from datastore_builder.format import Datastore, write_manifest
+from datastore_builder.writer import ShardData, write_shard
+
+
+def bare_forward(enc: MaskedLMEncoder, texts: list[str], batch: int = 1) -> list[float]:
+    """Seconds per call of the model alone (embedding + p_MLM at [MASK]) on the same queries."""
+    inputs = [enc.query_input(t) for t in texts]
+    times = []
+    for i in range(0, len(inputs), batch):
+        chunk = inputs[i : i + batch]
+        t = time.perf_counter()
+        enc.encode(chunk, with_mlm=True)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def http_latencies(url: str, queries: list[tuple[str, str]]) -> tuple[list[float], list[dict]]:
+    out, bodies = [], []
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for text, subject in queries:
+            t = time.perf_counter()
+            r = c.post("/predict", json={"text": text, "subject": subject, "return_contexts": True})
+            out.append(time.perf_counter() - t)
+            r.raise_for_status()
+            bodies.append(r.json())
+    return out, bodies
+
+
+async def _load(url: str, queries: list[tuple[str, str]], concurrency: int) -> tuple[float, int, int]:
+    """Every query once, `concurrency` clients at a time; returns (seconds, ok, errors)."""
+    it = iter(queries)
+    ok = err = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal ok, err
+        for text, subject in it:
+            r = await client.post("/predict", json={"text": text, "subject": subject})
+            if r.status_code == 200:
+                ok += 1
+            else:
+                err += 1
+
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        t = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        return time.perf_counter() - t, ok, err
+
+
+def scaled_copy(base: Path, factor: int, out: Path, seed: int = 0) -> Path:
+    """A copy of ``base`` (shards hard-linked) plus synthetic articles making it ``factor`` times larger."""
+    if (out / "manifest.json").is_file():
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(base, out, copy_function=lambda s, d: Path(d).hardlink_to(s))
+    ds = Datastore(out)
+    man = ds.manifest.model_copy(deep=True)
+    rows_base = man.counts.contexts
+    extra_rows = rows_base * (factor - 1)
+    per_article = max(1, rows_base // max(1, man.counts.articles))
+    per_shard_articles = man.articles_per_shard
+    rng = np.random.default_rng(seed)
+    base_vecs = np.concatenate([np.asarray(s.vectors) for s in ds.shards]).astype(np.float32)
+    mu, sd = base_vecs.mean(0), base_vecs.std(0)
+    next_index = max(s.index for s in man.shards) + 1
+    article_no = 0
+    while extra_rows > 0:
+        arts, sent, rows = [], [], 0
+        for _ in range(per_shard_articles):
+            n = min(per_article, extra_rows)
+            if n <= 0:
+                break
+            arts.append({"title": f"Synthetic article {article_no:07d}", "id": f"syn-{article_no}", "source": "synthetic",
+                         "row_start": rows, "row_end": rows + n, "sent_start": len(sent), "sent_end": len(sent) + 1})
+            sent.append(f"Synthetic sentence {article_no}.")
+            rows += n
+            extra_rows -= n
+            article_no += 1
+        vec = (rng.standard_normal((rows, len(mu))) * sd + mu).astype(np.float16)
+        sids = np.repeat(np.arange(len(arts), dtype=np.int32), [a["row_end"] - a["row_start"] for a in arts])
+        data = ShardData(vec, rng.integers(1000, man.model.vocab_size, rows).astype(np.int32), sids,
+                         np.zeros((rows, 2), np.int32), sent, arts)
+        man.shards.append(write_shard(out, next_index, data))
+        next_index += 1
+    man.counts.articles = sum(s.articles for s in man.shards)
+    man.counts.sentences = sum(s.sentences for s in man.shards)
+    man.counts.contexts = sum(s.rows for s in man.shards)
+    man.datastore_id = man.compute_id()
+    write_manifest(out, man)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__)
+    p.add_argument("--model", default=str(PROXY_MODEL))
+    p.add_argument("--corpus", type=Path, default=REPO / "data" / "sample_wiki.jsonl")
+    p.add_argument("--articles", type=int, default=150)
+    p.add_argument("--queries", type=int, default=80, help="distinct queries for the latency runs")
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--scale", default="10,100", help="datastore size factors ('' to skip)")
+    p.add_argument("--work", type=Path, default=RUNS / "bench-serving")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(cpu_quota_threads())
+    ds = build_datastore([args.corpus], args.work / "ds", args.model, limit=args.articles)
+    man = Datastore(ds).manifest
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    pool = lama_queries(args.queries * 3 + sum(max(32, 4 * c) for c in levels) + 64, seed=1)
+    lat_q, scale_q, rest = pool[: args.queries], pool[args.queries : 2 * args.queries], pool[2 * args.queries :]
+
+    enc = MaskedLMEncoder.load(args.model, layer=man.layer, device="cpu", dtype="float32", max_seq_len=man.max_seq_len)
+    bare_forward(enc, [t for t, _ in lat_q[:5]])  # warm-up
+    bare = percentiles(bare_forward(enc, [t for t, _ in lat_q]))
+    bare_tput = {}
+    for c in levels:
+        texts = [t for t, _ in rest[: max(32, 4 * c)]]
+        secs = sum(bare_forward(enc, texts, batch=c))
+        bare_tput[c] = len(texts) / secs
+    result: dict = {"model": Path(args.model).name, "machine": machine(), "datastore": {
+        "articles": man.counts.articles, "contexts": man.counts.contexts}, "bare_forward_ms": {
+        k: v * 1000 if k != "n" else v for k, v in bare.items()}}
+
+    with running_service(ds) as url:
+        http_latencies(url, lama_queries(8, seed=99))  # warm-up (distinct from the measured queries)
+        unc, bodies = http_latencies(url, lat_q)
+        cached, bodies2 = http_latencies(url, lat_q)
+        assert all(b["cache"]["encoding"] == "hit" for b in bodies2)
+        assert [b["predictions"] for b in bodies] == [b["predictions"] for b in bodies2]
+        unc_p, cached_p = percentiles(unc), percentiles(cached)
+        tput = {}
+        offset = 0
+        for c in levels:
+            n = max(32, 4 * c)
+            qs = rest[offset : offset + n]
+            offset += n
+            secs, ok, err = asyncio.run(_load(url, qs, c))
+            tput[c] = {"requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput[c],
+                       "ratio": (ok / secs) / bare_tput[c]}
+    result["uncached_ms"] = {k: v * 1000 if k != "n" else v for k, v in unc_p.items()}
+    result["cached_ms"] = {k: v * 1000 if k != "n" else v for k, v in cached_p.items()}
+    result["uncached_p50_over_bare_p50"] = unc_p["p50"] / bare["p50"]
+    result["uncached_p99_over_bare_p50"] = unc_p["p99"] / bare["p50"]
+    result["throughput"] = tput
+
+    factors = [int(f) for f in args.scale.split(",") if f]
+    if factors:
+        scale: dict = {}
+        with running_service(ds) as url:
+            http_latencies(url, lama_queries(8, seed=98))
+            base_p50 = percentiles(http_latencies(url, scale_q)[0])["p50"]
+        scale["base_p50_ms"] = base_p50 * 1000
+        for i, f in enumerate(factors):
+            big = scaled_copy(ds, f, args.work / f"ds-x{f}")
+            with running_service(big) as url:
+                http_latencies(url, lama_queries(8, seed=97 + i))
+                # the same queries as the base run, uncached in this fresh process
+                p50 = percentiles(http_latencies(url, scale_q)[0])["p50"]
+            scale[f"x{f}"] = {"contexts": Datastore(big).manifest.counts.contexts, "p50_ms": p50 * 1000,
+                              "ratio": p50 / base_p50}
+        result["scale"] = scale
+
+    path = write_result("serving", result)
+    print(f"model {result['model']}, {result['datastore']['contexts']} contexts, machine {result['machine']}")
+    print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms")
+    print(f"/predict uncached p50 {result['uncached_ms']['p50']:.1f} ms p99 {result['uncached_ms']['p99']:.1f} ms "
+          f"-> p50 ratio {result['uncached_p50_over_bare_p50']:.2f}x, p99 ratio {result['uncached_p99_over_bare_p50']:.2f}x")
+    print(f"/predict cached p50 {result['cached_ms']['p50']:.2f} ms p99 {result['cached_ms']['p99']:.2f} ms")
+    for c, t in tput.items():
+        print(f"clients {c:>3}: {t['requests_per_s']:.1f} req/s vs bare batched {t['bare_batched_per_s']:.1f}/s "
+              f"-> {t['ratio']:.2f}x ({t['errors']} errors)")
+    for k, v in result.get("scale", {}).items():
+        if k.startswith("x"):
+            print(f"datastore {k} ({v['contexts']} contexts): p50 {v['p50_ms']:.1f} ms -> {v['ratio']:.2f}x")
+    print(f"wrote {path}")
+    print(json.dumps({k: result[k] for k in ("uncached_p50_over_bare_p50",)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
