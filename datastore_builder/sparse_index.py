@@ -1,0 +1,459 @@
+"""Sparse article indexes over a datastore's articles: Lucene BM25 (pyserini) and DrQA-style hashed TF-IDF.
+
+Both index the same documents: one per article, the normalised title (``titles.normalize_title``) followed by
+the article's stored sentences (``Datastore.iter_article_texts``). Both are written into temporary
+directories and renamed into place, and both carry the fingerprint of what they index, so a resumed build
+that finds matching indexes keeps them instead of rebuilding.
+
+``index/bm25/`` -- a Lucene index written by Anserini's ``IndexCollection`` (pyserini 0.25, Lucene 9):
+    one document per article, ``docid`` = the normalised title itself (Lucene stores it as an exact string;
+    spaces, accents, NFC and astral characters round-trip unchanged), ``contents`` = title + newline + text,
+    analysed by Anserini's default English analyzer (Porter stemming, stopwords removed). The sidecar
+    ``bertknn-bm25.json`` records ``{"format", "version", "fingerprint", "documents", "pyserini"}``; Lucene
+    ignores files that are not its own.
+
+``index/tfidf/`` -- DrQA's TF-IDF (Chen et al. 2017, ``drqa/retriever``), stored without pickle:
+    ``params.json``  ``{"format": "bertknn-tfidf", "version", "fingerprint", "n_docs", "n_buckets",
+                      "n_features": 2**24, "ngram": 2, "stopwords": [...], "token_pattern", "fold", "tf", "idf"}``
+    ``titles.json``  list of titles; column ``j`` of the postings is ``titles[j]``
+    ``buckets.npy``  int64 [n_buckets], sorted: the hash buckets that occur in at least one document
+    ``idf.npy``      float32 [n_buckets], the idf of each bucket (row-aligned with ``buckets.npy``)
+    ``postings.npz`` ``scipy.sparse`` CSR float32 [n_buckets, n_docs] (``save_npz``, uncompressed; read with
+                     ``load_npz``, which never unpickles): row ``i`` holds ``log(1 + tf) * idf`` of bucket
+                     ``buckets[i]`` in every document that contains it -- an inverted index, so a query reads
+                     only the postings of its own buckets.
+    Text -> features (:class:`NgramHasher`, shared with the service): Unicode NFKD with combining marks dropped,
+    ``casefold`` (so "Émile" and "emile" match), tokens ``\\w+`` or single non-space symbols, unigrams and
+    bigrams joined by a space; an n-gram is dropped when *all* its tokens are stopwords (the bundled English
+    list, stored in ``params.json``) or punctuation. Each n-gram is hashed by scikit-learn's
+    ``HashingVectorizer`` (signed 32-bit MurmurHash3, seed 0, ``abs(h) % 2**24``, no alternating sign).
+    ``tf`` is the n-gram's count in the document, ``df`` the number of documents holding the bucket,
+    ``idf = max(0, log((N - df + 0.5) / (df + 0.5)))`` (DrQA's formula). A query is hashed the same way and
+    weighted ``log(1 + tf_query) * idf``; a document's score is the dot product (DrQA does not normalise).
+
+Lucene indexing runs in a child process (``python -m pyserini.index.lucene``): the JVM and pyserini's imports
+(seconds, ~750 MB) then never enter the builder process, whose memory goes to the model and the shards; a JVM
+cannot be unloaded once started, and a JVM crash or out-of-memory stays in the child and is reported with
+its log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import unicodedata
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import islice
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.feature_extraction.text import HashingVectorizer
+
+from datastore_builder.format import (
+    BM25_DIR,
+    INDEX_DIR,
+    TFIDF_DIR,
+    Datastore,
+    DatastoreError,
+    Manifest,
+    atomic_write_json,
+)
+from datastore_builder.targets import is_punctuation, load_stopwords
+
+logger = logging.getLogger(__name__)
+
+SPARSE_FORMAT_VERSION = 1
+BM25_META = "bertknn-bm25.json"
+TFIDF_PARAMS = "params.json"
+TFIDF_TITLES = "titles.json"
+TFIDF_BUCKETS = "buckets.npy"
+TFIDF_IDF = "idf.npy"
+TFIDF_POSTINGS = "postings.npz"
+N_FEATURES = 2**24
+TOKEN_PATTERN = r"\w+|[^\w\s]"
+FOLD = "NFKD, combining marks removed, casefold"
+_TOKEN = re.compile(TOKEN_PATTERN)
+_CHUNK = 2048  # articles hashed per HashingVectorizer call
+_DOCS_PER_FILE = 50_000  # JSONL files given to Lucene; one file is read by one indexing thread
+
+
+class SparseIndexError(DatastoreError):
+    """A sparse index cannot be built or read; the message says what to install or rebuild."""
+
+
+def fold_text(text: str) -> str:
+    """Case- and accent-insensitive form of a text, as both TF-IDF sides see it."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
+
+
+@dataclass(frozen=True)
+class NgramHasher:
+    """DrQA's n-gram features, hashed into ``n_features`` buckets: the one definition builder and service share."""
+
+    stopwords: frozenset[str]
+    ngram: int = 2
+    n_features: int = N_FEATURES
+
+    def ngrams(self, text: str) -> list[str]:
+        """Folded unigrams..``ngram``-grams of ``text``, without those made only of stopwords and punctuation."""
+        tokens = _TOKEN.findall(fold_text(text))
+        skip = [t in self.stopwords or is_punctuation(t) for t in tokens]
+        grams = [t for t, s in zip(tokens, skip, strict=True) if not s]
+        for n in range(2, self.ngram + 1):
+            grams.extend(
+                " ".join(tokens[i : i + n]) for i in range(len(tokens) - n + 1) if not all(skip[i : i + n])
+            )
+        return grams
+
+    @cached_property
+    def _vectorizer(self) -> HashingVectorizer:
+        return HashingVectorizer(
+            analyzer=self.ngrams,
+            n_features=self.n_features,
+            alternate_sign=False,
+            norm=None,
+            dtype=np.float32,
+        )
+
+    def counts(self, texts: Iterable[str]) -> sp.csr_array:
+        """Raw n-gram counts, documents x buckets (CSR, float32, duplicates summed, indices sorted)."""
+        m = sp.csr_array(self._vectorizer.transform(texts))
+        m.sum_duplicates()
+        return m
+
+    def to_params(self) -> dict[str, object]:
+        return {
+            "n_features": self.n_features,
+            "ngram": self.ngram,
+            "stopwords": sorted(self.stopwords),
+            "token_pattern": TOKEN_PATTERN,
+            "fold": FOLD,
+        }
+
+    @classmethod
+    def from_params(cls, params: dict, where: Path) -> NgramHasher:
+        """The hasher an index was built with; refuses an index whose text processing this code does not do."""
+        if params.get("token_pattern") != TOKEN_PATTERN or params.get("fold") != FOLD:
+            raise SparseIndexError(
+                f"{where}: built with another tokenisation ({params.get('token_pattern')!r}, {params.get('fold')!r}); "
+                "rebuild the datastore's sparse indexes with this version of the builder"
+            )
+        return cls(frozenset(params["stopwords"]), int(params["ngram"]), int(params["n_features"]))
+
+
+def default_hasher() -> NgramHasher:
+    return NgramHasher(load_stopwords(None))
+
+
+def drqa_idf(df: np.ndarray, n_docs: int) -> np.ndarray:
+    """``max(0, log((N - df + 0.5) / (df + 0.5)))`` per bucket, float32."""
+    df = df.astype(np.float64)
+    return np.maximum(np.log((n_docs - df + 0.5) / (df + 0.5)), 0.0).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class TfidfTables:
+    """What ``index/tfidf/`` holds, in memory."""
+
+    buckets: np.ndarray  # int64 [B], sorted
+    idf: np.ndarray  # float32 [B]
+    postings: sp.csr_array  # float32 [B, n_docs]
+
+
+def tfidf_tables(counts: sp.csr_array) -> TfidfTables:
+    """Counts (documents x 2**24) -> the inverted, compacted ``log(1 + tf) * idf`` tables.
+
+    Only buckets that occur are kept (``np.unique``), so the stored matrix has ``n_used`` rows instead of
+    2**24 and no 128 MB row-pointer array.
+    """
+    n_docs = counts.shape[0]
+    buckets, inverse = np.unique(counts.indices, return_inverse=True)
+    df = np.bincount(inverse, minlength=len(buckets))  # indices are unique within a row after sum_duplicates
+    idf = drqa_idf(df, n_docs)
+    weights = np.log1p(counts.data).astype(np.float32) * idf[inverse]
+    by_doc = sp.csr_array((weights, inverse, counts.indptr), shape=(n_docs, len(buckets)))
+    postings = sp.csr_array(by_doc.T.tocsr())
+    postings.eliminate_zeros()  # buckets with idf 0 (in half the documents or more) score nothing
+    postings.sort_indices()
+    return TfidfTables(buckets.astype(np.int64), idf, postings)
+
+
+# ---- building --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Collected:
+    titles: list[str] = field(default_factory=list)
+    count_chunks: list[sp.csr_array] = field(default_factory=list)
+    content: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+
+def _batched(items: Iterable[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def _fingerprint(content_id: str, hasher: NgramHasher) -> str:
+    spec = json.dumps({"content": content_id, "version": SPARSE_FORMAT_VERSION, **hasher.to_params()}, sort_keys=True)
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def sparse_indexes_current(root: Path, fingerprint: str) -> bool:
+    """True when both indexes exist and were built from exactly this content with these parameters."""
+    bm25 = _read_json(Path(root) / BM25_DIR / BM25_META)
+    tfidf = _read_json(Path(root) / TFIDF_DIR / TFIDF_PARAMS)
+    return (
+        bm25.get("fingerprint") == fingerprint
+        and tfidf.get("fingerprint") == fingerprint
+        and all((Path(root) / TFIDF_DIR / name).is_file() for name in (TFIDF_TITLES, TFIDF_BUCKETS, TFIDF_IDF, TFIDF_POSTINGS))
+    )
+
+
+def build_sparse_indexes(out: Path, manifest: Manifest) -> dict[str, str]:
+    """Build ``index/bm25`` and ``index/tfidf`` over a datastore's finished shards.
+
+    Called by the build (and merge) after the shards are written and before the manifest; safe to re-run.
+
+    Returns:
+        ``{"bm25": "index/bm25", "tfidf": "index/tfidf"}``, paths relative to ``out``, for ``Manifest.indexes``.
+    """
+    datastore = Datastore(out, manifest)
+    # The shard checksums identify the articles and their sentences; the model in compute_id is harmless extra.
+    return write_sparse_indexes(out, datastore.iter_article_texts(), content_id=manifest.compute_id())
+
+
+def write_sparse_indexes(
+    root: Path,
+    articles: Iterable[tuple[str, str]],
+    *,
+    content_id: str | None = None,
+    hasher: NgramHasher | None = None,
+    threads: int | None = None,
+) -> dict[str, str]:
+    """Index ``(title, text)`` pairs into ``root/index/bm25`` and ``root/index/tfidf``.
+
+    Args:
+        root: the datastore (or any) directory; the indexes go to its ``index/`` folder.
+        articles: normalised, unique titles and their text.
+        content_id: identifies ``articles``; when given and the indexes on disk were built from the same id with
+            the same parameters, they are kept and ``articles`` is not read. Without it the indexes are rebuilt
+            and fingerprinted with a hash of the text.
+        hasher: the TF-IDF features (default: the bundled stopwords, unigrams + bigrams, 2**24 buckets).
+        threads: Lucene indexing threads (default: up to 4, within the CPU quota).
+
+    Returns:
+        ``{"bm25": "index/bm25", "tfidf": "index/tfidf"}``.
+    """
+    root = Path(root)
+    hasher = hasher or default_hasher()
+    index_dir = root / INDEX_DIR
+    index_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale(index_dir)
+    result = {"bm25": BM25_DIR, "tfidf": TFIDF_DIR}
+    if content_id is not None:
+        fingerprint = _fingerprint(content_id, hasher)
+        if sparse_indexes_current(root, fingerprint):
+            logger.info("sparse indexes in %s are current (fingerprint %s), kept", index_dir, fingerprint)
+            return result
+
+    t0 = time.perf_counter()
+    pid = os.getpid()
+    docs_dir = index_dir / f".docs.tmp-{pid}"
+    bm25_tmp = index_dir / f".bm25.tmp-{pid}"
+    tfidf_tmp = index_dir / f".tfidf.tmp-{pid}"
+    try:
+        docs_dir.mkdir()
+        tfidf_tmp.mkdir()
+        collected = _collect(articles, hasher, docs_dir)
+        if content_id is None:
+            fingerprint = _fingerprint(collected.content.hexdigest(), hasher)
+        n_docs = len(collected.titles)
+        t1 = time.perf_counter()
+        _run_lucene_indexer(docs_dir, bm25_tmp, n_docs, threads or _indexing_threads())
+        atomic_write_json(
+            bm25_tmp / BM25_META,
+            {
+                "format": "bertknn-bm25",
+                "version": SPARSE_FORMAT_VERSION,
+                "fingerprint": fingerprint,
+                "documents": n_docs,
+                "pyserini": _pyserini_version(),
+            },
+        )
+        t2 = time.perf_counter()
+        _write_tfidf(tfidf_tmp, collected, hasher, fingerprint)
+        t3 = time.perf_counter()
+        _install(bm25_tmp, root / BM25_DIR)
+        _install(tfidf_tmp, root / TFIDF_DIR)
+    finally:
+        for tmp in (docs_dir, bm25_tmp, tfidf_tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    logger.info(
+        "sparse indexes: %s",
+        json.dumps(
+            {
+                "articles": n_docs,
+                "read_and_hash_s": round(t1 - t0, 2),
+                "lucene_s": round(t2 - t1, 2),
+                "tfidf_s": round(t3 - t2, 2),
+                "fingerprint": fingerprint,
+            }
+        ),
+    )
+    return result
+
+
+def _collect(articles: Iterable[tuple[str, str]], hasher: NgramHasher, docs_dir: Path) -> _Collected:
+    """One pass over the articles: Lucene's JSONL input files, the TF-IDF counts, the titles, a content hash."""
+    out = _Collected()
+    seen: set[str] = set()
+    file_docs = _DOCS_PER_FILE
+    f: IO[str] | None = None
+    try:
+        for chunk in _batched(articles, _CHUNK):
+            texts = []
+            for title, text in chunk:
+                if title in seen:
+                    raise SparseIndexError(f"article title {title!r} occurs twice; titles must be unique document ids")
+                seen.add(title)
+                contents = f"{title}\n{text}"
+                texts.append(contents)
+                if file_docs >= _DOCS_PER_FILE:
+                    if f is not None:
+                        f.close()
+                    f = open(docs_dir / f"docs-{len(out.titles):09d}.jsonl", "w", encoding="utf-8")
+                    file_docs = 0
+                assert f is not None
+                line = json.dumps({"id": title, "contents": contents}, ensure_ascii=False) + "\n"
+                f.write(line)
+                file_docs += 1
+                out.content.update(line.encode("utf-8"))
+                out.titles.append(title)
+            out.count_chunks.append(hasher.counts(texts))
+    finally:
+        if f is not None:
+            f.close()
+    return out
+
+
+def _write_tfidf(directory: Path, collected: _Collected, hasher: NgramHasher, fingerprint: str) -> None:
+    n_docs = len(collected.titles)
+    counts = (
+        sp.csr_array(sp.vstack(collected.count_chunks, format="csr"))
+        if collected.count_chunks
+        else sp.csr_array((0, hasher.n_features), dtype=np.float32)
+    )
+    tables = tfidf_tables(counts)
+    sp.save_npz(directory / TFIDF_POSTINGS, tables.postings, compressed=False)
+    np.save(directory / TFIDF_BUCKETS, tables.buckets, allow_pickle=False)
+    np.save(directory / TFIDF_IDF, tables.idf, allow_pickle=False)
+    (directory / TFIDF_TITLES).write_text(json.dumps(collected.titles, ensure_ascii=False), encoding="utf-8")
+    atomic_write_json(
+        directory / TFIDF_PARAMS,
+        {
+            "format": "bertknn-tfidf",
+            "version": SPARSE_FORMAT_VERSION,
+            "fingerprint": fingerprint,
+            "n_docs": n_docs,
+            "n_buckets": int(len(tables.buckets)),
+            "tf": "log1p(count)",
+            "idf": "max(0, log((N - df + 0.5) / (df + 0.5)))",
+            "hash": "sklearn HashingVectorizer: murmurhash3_32(ngram, seed=0), abs() % n_features, no alternate sign",
+            **hasher.to_params(),
+        },
+    )
+
+
+def _run_lucene_indexer(docs_dir: Path, index_dir: Path, n_docs: int, threads: int) -> None:
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise SparseIndexError(
+            "Lucene indexing needs a Java 17 runtime for pyserini 0.25 (Debian/Ubuntu: apt-get install "
+            "openjdk-17-jdk-headless, or set JAVA_HOME); or build without sparse indexes (--no-sparse-indexes)"
+        )
+    cmd = [
+        sys.executable, "-m", "pyserini.index.lucene",
+        "-collection", "JsonCollection",
+        "-generator", "DefaultLuceneDocumentGenerator",
+        "-input", str(docs_dir),
+        "-index", str(index_dir),
+        "-threads", str(threads),
+        "-memoryBuffer", "512",
+        "-optimize",
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env.setdefault("OPENAI_API_KEY", "unused")  # pyserini 0.25 builds an OpenAI client at import
+    logger.info("Lucene: indexing %d articles with %d threads", n_docs, threads)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, errors="replace", check=False)
+    log = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        tail = "\n".join(log.splitlines()[-15:])
+        hint = ""
+        if "UnsupportedClassVersionError" in log or "jdk.incubator.vector" in log:
+            hint = " (this pyserini needs a newer Java: pyserini 0.25 runs on JDK 17, 0.35+ needs JDK 21)"
+        elif "No module named" in log:
+            hint = " (install pyserini==0.25.0 and its Lucene path dependencies: see pyproject.toml)"
+        raise SparseIndexError(f"Lucene indexing failed with exit code {proc.returncode}{hint}:\n{tail}")
+    logger.debug("Lucene indexer output:\n%s", log)
+    m = re.search(r"Total ([\d,]+) documents? indexed", log)
+    if m is not None and int(m.group(1).replace(",", "")) != n_docs:
+        raise SparseIndexError(
+            f"Lucene indexed {m.group(1)} documents of {n_docs}; see its log:\n" + "\n".join(log.splitlines()[-15:])
+        )
+
+
+def _indexing_threads() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
+
+
+def _pyserini_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pyserini")
+    except PackageNotFoundError:
+        return None
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Swap a finished directory into place: the old one is renamed away first, then deleted."""
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_stale(index_dir: Path) -> None:
+    """Temporary directories left by an interrupted build (any process id)."""
+    for p in index_dir.iterdir():
+        if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name) and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
