@@ -51,7 +51,7 @@ def corpus_words(articles: list[dict]) -> list[str]:
 def make_tiny_bert(directory: Path, words: list[str], *, layers: int = 2, seed: int = 0) -> Path:
     """The STYLE.md recipe: vocab from the corpus, hidden 32, saved with save_pretrained (safetensors)."""
     import torch
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizer
 
     directory.mkdir(parents=True, exist_ok=True)
     punct = [".", ",", "'", "-", "(", ")", ":", ";", "!", "?", '"']
@@ -67,7 +67,10 @@ def make_tiny_bert(directory: Path, words: list[str], *, layers: int = 2, seed: 
     )
     torch.manual_seed(seed)
     BertForMaskedLM(cfg).eval().save_pretrained(directory)
-    BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True).save_pretrained(directory)
+    # transformers 5 ignores a `vocab_file=` argument (every word would map to [UNK]); `vocab=` loads the file.
+    tokenizer = BertTokenizer(vocab=str(directory / "vocab.txt"), do_lower_case=True)
+    assert len(tokenizer) == len(vocab), "the tokenizer did not load the vocabulary"
+    tokenizer.save_pretrained(directory)
     return directory
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from datastore_builder.encoder import ModelLoadError
-from datastore_builder.format import DatastoreError
+from datastore_builder.format import DatastoreError, read_manifest, write_manifest
 from service.main import create_app
 from service.pipeline import AnswerPipeline, Query
 from service.settings import ServiceSettings
@@ -159,9 +158,10 @@ def test_refuses_another_model(tiny_datastore, tmp_path):
 def test_refuses_bad_layer_and_invalid_datastore(tiny_datastore, tmp_path):
     bad_layer = tmp_path / "layer"
     shutil.copytree(tiny_datastore, bad_layer)
-    man = json.loads((bad_layer / "manifest.json").read_text())
-    man["layer"] = 7
-    (bad_layer / "manifest.json").write_text(json.dumps(man))
+    man = read_manifest(bad_layer)
+    man.layer = 7
+    man.datastore_id = man.compute_id()  # a consistent manifest, only the layer is impossible
+    write_manifest(bad_layer, man)
     with pytest.raises(ModelLoadError, match="layer 7 is out of range"):
         AnswerPipeline.open(bad_layer, device="cpu")
     broken = tmp_path / "broken"

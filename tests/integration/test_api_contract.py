@@ -1,0 +1,118 @@
+"""The running service against its own OpenAPI schema (schemathesis) and arbitrary JSON (hypothesis): never a 500."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.conftest import REPO, free_port
+
+
+@pytest.fixture(scope="module")
+def live_url(tiny_datastore):
+    """The real service (`python -m service`) on a loopback port."""
+    port = free_port()
+    env = {**os.environ, "BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_LIMITS__MAX_BODY_BYTES": "20000"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--datastore", str(tiny_datastore), "--port", str(port), "--log-level", "warning"],
+        cwd=REPO,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            if proc.poll() is not None:
+                pytest.fail(f"service exited with {proc.returncode}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture
+def api_schema(live_url):
+    return schemathesis.openapi.from_url(f"{live_url}/openapi.json")
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+def test_schema_conformance_and_no_server_errors(case):
+    # positive_data_acceptance is left out on purpose: "exactly one [MASK]" is a rule about the text that the
+    # schema cannot state, and such texts get a documented 422.
+    case.call_and_validate(
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+            negative_data_rejection,
+        ]
+    )
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+texts = st.one_of(
+    st.text(max_size=60),
+    st.builds(
+        lambda a, m, b: f"{a}{m}{b}",
+        st.text(max_size=40),
+        st.sampled_from(["[MASK]", "[mask]", "[ Mask ]", "[MASK] [MASK]", "[MA\u200bSK]", "\u0301[MASK]\u200d"]),
+        st.text(max_size=40),
+    ),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    payload=st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {"text": texts},
+            optional={"subject": st.one_of(st.text(max_size=30), json_values), "top_k": json_values, "k": json_values,
+                      "retriever": json_values, "lambda": json_values, "num_articles": json_values},
+        ),
+    )
+)
+def test_arbitrary_json_gets_4xx_or_a_valid_answer(live_url, payload):
+    r = httpx.post(f"{live_url}/predict", json=payload, timeout=30)
+    assert r.status_code in (200, 422), r.text
+    body = r.json()
+    if r.status_code == 200:
+        assert body["predictions"] and abs(sum(p["prob"] for p in body["predictions"])) <= 1.0 + 1e-6
+    else:
+        assert set(body["error"]) == {"code", "message", "request_id"} and body["error"]["message"]
+
+
+def test_body_size_limit_and_malformed_json(live_url):
+    big = httpx.post(f"{live_url}/predict", content=b'{"text": "' + b"a" * 30000 + b' [MASK]"}',
+                     headers={"content-type": "application/json"})
+    assert big.status_code == 413 and big.json()["error"]["code"] == "payload_too_large"
+    bad = httpx.post(f"{live_url}/predict", content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"

@@ -1,0 +1,166 @@
+"""Failing parts: Redis down / killed / restarted / slow / corrupted, and graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from service.settings import ServiceSettings
+from tests.conftest import REPO, RedisServer, free_port
+
+Q = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}
+Q2 = {"text": "frelle dax was born in [MASK] .", "subject": "frelle dax"}
+
+
+def _app(ds, url, prefix):
+    return create_app(
+        ServiceSettings(
+            datastore=ds,
+            model={"device": "cpu"},
+            cache={"redis_url": url, "key_prefix": prefix, "timeout_ms": 100},
+            batching={"max_wait_ms": 1},
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_datastore):
+    """Answers with no cache involved at all: what every faulty-cache answer must equal."""
+    with TestClient(create_app(ServiceSettings(datastore=tiny_datastore, model={"device": "cpu"}, cache={"lru_size": 0}))) as c:
+        return {q["text"]: c.post("/predict", json=q).json()["predictions"] for q in (Q, Q2)}
+
+
+def _same(body, reference, q):
+    assert body["predictions"] == reference[q["text"]]
+
+
+def test_redis_down_at_start_then_started(tiny_datastore, reference):
+    server = RedisServer(password="pw")
+    with TestClient(_app(tiny_datastore, server.url, "down")) as c:
+        r = c.post("/predict", json=Q)
+        assert r.status_code == 200
+        _same(r.json(), reference, Q)
+        ready = c.get("/readyz").json()
+        assert ready["status"] == "ready" and ready["cache"]["state"] == "degraded"
+        server.start()  # Redis comes up: after the back-off the cache is used again
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                body = c.post("/predict", json=Q).json()
+                _same(body, reference, Q)
+                if body["cache"]["encoding"] == "hit":
+                    break
+                time.sleep(0.3)
+            assert body["cache"]["encoding"] == "hit"
+            assert c.get("/readyz").json()["cache"]["state"] == "ok"
+        finally:
+            server.stop()
+
+
+def test_redis_killed_and_restarted_mid_run(tiny_datastore, reference):
+    server = RedisServer(password="pw").start()
+    try:
+        with TestClient(_app(tiny_datastore, server.url, "restart")) as c:
+            _same(c.post("/predict", json=Q).json(), reference, Q)
+            server.stop()
+            for _ in range(5):
+                _same(c.post("/predict", json=Q).json(), reference, Q)
+                _same(c.post("/predict", json=Q2).json(), reference, Q2)
+            assert c.get("/readyz").json()["cache"]["state"] == "degraded"
+            server.start()  # empty Redis on the same port
+            deadline = time.monotonic() + 30
+            state = "degraded"
+            while time.monotonic() < deadline and state != "ok":
+                _same(c.post("/predict", json=Q2).json(), reference, Q2)
+                state = c.get("/readyz").json()["cache"]["state"]
+                time.sleep(0.3)
+            assert state == "ok"
+    finally:
+        server.stop()
+
+
+def test_slow_redis_costs_at_most_a_timeout(tiny_datastore, reference):
+    server = RedisServer(password="pw").start()
+    try:
+        with TestClient(_app(tiny_datastore, server.url, "slow")) as c:
+            _same(c.post("/predict", json=Q).json(), reference, Q)
+            admin = redis.Redis.from_url(server.url)
+            blocker = threading.Thread(target=lambda: admin.execute_command("DEBUG", "SLEEP", "2"))
+            blocker.start()
+            time.sleep(0.1)
+            t = time.perf_counter()
+            body = c.post("/predict", json=Q).json()
+            elapsed = time.perf_counter() - t
+            _same(body, reference, Q)
+            assert body["cache"]["encoding"] == "miss"  # bypassed, recomputed
+            assert elapsed < 1.5, "a slow Redis must not hold the request for its whole stall"
+            blocker.join()
+    finally:
+        server.stop()
+
+
+def test_corrupted_cache_values_are_detected_and_recomputed(tiny_datastore, reference):
+    server = RedisServer(password="pw").start()
+    try:
+        with TestClient(_app(tiny_datastore, server.url, "corrupt")) as c:
+            _same(c.post("/predict", json=Q).json(), reference, Q)
+            admin = redis.Redis.from_url(server.url)
+            keys = admin.keys("corrupt:*")
+            assert len(keys) == 2  # one encoding, one retrieval result
+            for i, key in enumerate(keys):
+                value = admin.get(key)
+                admin.set(key, value[:-5] + b"xxxxx" if i % 2 else b"garbage")
+            body = c.post("/predict", json=Q).json()
+            _same(body, reference, Q)
+            assert body["cache"] == {"encoding": "miss", "retrieval": "miss"}
+            assert 'bertknn_cache_events_total{event="corrupt"} 2.0' in c.get("/metrics").text
+            assert c.post("/predict", json=Q).json()["cache"]["encoding"] == "hit"  # healed
+    finally:
+        server.stop()
+
+
+def test_sigterm_finishes_in_flight_requests_and_readiness_goes_false_first(tiny_datastore):
+    port = free_port()
+    env = {**os.environ, "BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_SHUTDOWN_DELAY_S": "2"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--datastore", str(tiny_datastore), "--port", str(port), "--log-level", "warning"],
+        cwd=REPO,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.25)
+        results: list[int] = []
+        batch = {"queries": [Q, Q2] * 32}
+
+        def slow_request():
+            results.append(httpx.post(f"{url}/predict/batch", json=batch, timeout=60).status_code)
+
+        t = threading.Thread(target=slow_request)
+        t.start()
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        assert httpx.get(f"{url}/readyz", timeout=5).status_code == 503  # not ready while draining
+        assert httpx.post(f"{url}/predict", json=Q, timeout=30).status_code == 200  # still answering
+        t.join(60)
+        assert results == [200]
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
