@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             original(sig, frame)
 
     server.handle_exit = handle_exit  # type: ignore[method-assign]
+    # uvicorn re-raises the signal after a graceful shutdown; a no-op handler makes that a clean exit (0)
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         server.run()
     except SystemExit as exc:

@@ -424,11 +424,22 @@ def check_compatible(encoder: MaskedLMEncoder, datastore: Datastore) -> None:
         raise ModelLoadError("model hidden size or vocabulary differs from the datastore's")
 
 
+def reduce_jvm_signals() -> None:
+    """Start the JVM with -Xrs so that it leaves SIGTERM/SIGINT to Python (graceful shutdown needs them)."""
+    try:
+        import jnius_config
+    except ImportError:
+        return
+    if not jnius_config.vm_running and "-Xrs" not in jnius_config.get_options():
+        jnius_config.add_options("-Xrs")
+
+
 def open_retrievers(datastore: Datastore) -> dict[str, object]:
     """The sparse retrievers whose indexes this datastore has (the JVM starts here, once per process)."""
     out: dict[str, object] = {}
     idx = datastore.manifest.indexes
     if "bm25" in idx:
+        reduce_jvm_signals()
         from service.retrieval.sparse import Bm25Retriever
 
         out["bm25"] = Bm25Retriever(datastore.root / idx["bm25"])

@@ -142,7 +142,8 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:
             pytest.fail("redis-server is not installed (scripts/bootstrap.sh installs it)")
-        cmd = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        cmd = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+               "--enable-debug-command", "local"]  # DEBUG SLEEP simulates a stalled Redis
         if self.password:
             cmd += ["--requirepass", self.password]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -98,7 +98,7 @@ class Bm25Retriever:
         meta = json.loads((self.index_dir / BM25_META).read_text(encoding="utf-8"))
         searcher_class = _lucene_searcher_class()
         try:
-            self._searcher = searcher_class(str(self.index_dir))
+            self._searcher: Any = searcher_class(str(self.index_dir))
         except Exception as exc:  # a Java exception (corrupt or foreign index) arrives as JavaException
             raise SparseIndexError(
                 f"{self.index_dir}: Lucene cannot open the index ({exc}); rebuild it"
@@ -117,6 +117,8 @@ class Bm25Retriever:
         if n <= 0 or not _WORD.search(text):
             return []
         with self._lock:
+            if self._searcher is None:
+                raise SparseIndexError(f"{self.index_dir}: this BM25 retriever was closed")
             hits = self._searcher.search(text, k=n)
             return [(str(h.docid), float(h.score)) for h in hits]
 
