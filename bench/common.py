@@ -51,7 +51,9 @@ def lama_queries(n: int, *, seed: int = 0, lama: Path | None = None) -> list[tup
     files = sorted((lama / "TREx").glob("P*.jsonl"))
     per_file = [[json.loads(line) for line in f.read_text().splitlines()[:400]] for f in files]
     rng = np.random.default_rng(seed)
-    while len(out) < n:
+    attempts = 0
+    while len(out) < n and attempts < 100 * n:
+        attempts += 1
         i = int(rng.integers(len(files)))
         facts = per_file[i]
         fact = facts[int(rng.integers(len(facts)))]

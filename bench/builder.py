@@ -1,0 +1,173 @@
+"""Builder throughput: contexts/s of the whole build vs the bare model forward on the same batches.
+
+    python -m bench.builder            # proxy model, first 200 vital articles, CPU, 2 runs
+
+The build runs in this process with the real pipeline (corpus reading, sentence splitting, target selection in a
+worker process, embedding, shard writing with checksums, manifest). The bare forward then re-runs only
+``MaskedLMEncoder.encode`` over exactly the batches the build embedded (the encoder handed to ``build`` records
+them), with nothing else running. Their ratio is the share of the model's speed the pipeline keeps.
+Model loading is outside both timings; the sparse article indexes are not built (a separate stage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from itertools import islice
+from pathlib import Path
+
+import torch
+
+from bench.common import PROXY_MODEL, RESULTS, SHARED, machine
+from datastore_builder.build import build, cpu_quota_threads
+from datastore_builder.encoder import EncoderOutput, MaskedInput, MaskedLMEncoder
+from datastore_builder.format import read_manifest
+from datastore_builder.settings import BuildSettings
+
+VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
+
+
+class RecordingEncoder:
+    """Delegates to the real encoder and keeps every batch it is asked to embed (and the time spent)."""
+
+    def __init__(self, inner: MaskedLMEncoder):
+        self._inner = inner
+        self.batches: list[list[MaskedInput]] = []
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def encode(self, items: Sequence[MaskedInput], *, with_mlm: bool = False) -> EncoderOutput:
+        self.batches.append(list(items))
+        t = time.perf_counter()
+        out = self._inner.encode(items, with_mlm=with_mlm)
+        self.seconds += time.perf_counter() - t
+        return out
+
+
+def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace) -> dict[str, object]:
+    out = Path(tempfile.mkdtemp(prefix="bench-builder-"))
+    try:
+        recorder = RecordingEncoder(encoder)
+        settings = BuildSettings(
+            corpus=[corpus],
+            model=str(args.model),
+            out=out,
+            device=args.device,
+            batch_size=args.batch_size,
+            max_seq_len=args.max_seq_len,
+            articles_per_shard=args.articles_per_shard,
+            workers=args.workers,
+            sparse_indexes=False,
+        )
+        t = time.perf_counter()
+        build(settings, encoder=recorder)  # type: ignore[arg-type]
+        build_s = time.perf_counter() - t
+        manifest = read_manifest(out)
+        contexts = manifest.counts.contexts
+        shard_bytes = sum(f.bytes for s in manifest.shards for f in s.files.values())
+        all_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+
+        # The bare forward: the same batches, in the same order, nothing else running.
+        forward_s = 0.0
+        for batch in recorder.batches:
+            t = time.perf_counter()
+            encoder.encode(batch)
+            forward_s += time.perf_counter() - t
+        assert sum(len(b) for b in recorder.batches) == contexts
+        return {
+            "articles": manifest.counts.articles,
+            "sentences": manifest.counts.sentences,
+            "contexts": contexts,
+            "shards": len(manifest.shards),
+            "batches": len(recorder.batches),
+            "build_s": round(build_s, 2),
+            "build_ctx_per_s": round(contexts / build_s, 1),
+            "forward_in_build_ctx_per_s": round(contexts / recorder.seconds, 1),
+            "bare_forward_s": round(forward_s, 2),
+            "bare_forward_ctx_per_s": round(contexts / forward_s, 1),
+            "build_over_forward": round((contexts / build_s) / (contexts / forward_s), 3),
+            "bytes_per_context_shards": round(shard_bytes / contexts, 1),
+            "bytes_per_context_dir": round(all_bytes / contexts, 1),
+            "vector_bytes_per_context": manifest.model.hidden_size * 2,
+        }
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.builder", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, default=PROXY_MODEL)
+    p.add_argument("--corpus", type=Path, default=VITAL)
+    p.add_argument("--articles", type=int, default=200, help="the first N articles of the corpus")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--articles-per-shard", type=int, default=25, help="small, so the worker prepares ahead")
+    p.add_argument("--workers", type=int, default=1, help="tokenising worker processes (the build's default)")
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--out", type=Path, default=RESULTS / "builder.json")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-corpus-"))
+    corpus = tmp / f"first{args.articles}.jsonl"
+    with open(args.corpus, encoding="utf-8") as f:
+        corpus.write_text("".join(islice(f, args.articles)), encoding="utf-8")
+    torch.set_num_threads(cpu_quota_threads())
+    encoder = MaskedLMEncoder.load(str(args.model), device=args.device, dtype="auto", max_seq_len=args.max_seq_len)
+    runs = [one_run(encoder, corpus, args) for _ in range(args.runs)]
+    shutil.rmtree(tmp, ignore_errors=True)
+    rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    result = {
+        "benchmark": "builder",
+        "model": args.model.name,
+        "layer": encoder.layer,
+        "device": str(encoder.device),
+        "dtype": str(encoder.dtype).removeprefix("torch."),
+        "corpus": f"{args.corpus.name} first {args.articles}",
+        "settings": {
+            "batch_size": args.batch_size,
+            "max_seq_len": args.max_seq_len,
+            "articles_per_shard": args.articles_per_shard,
+            "workers": args.workers,
+            "sparse_indexes": False,
+        },
+        "machine": machine(),
+        "runs": runs,
+        "peak_rss_mib": round(rss_self / 1024, 1),
+        "peak_rss_worker_mib": round(rss_children / 1024, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+    keys = [
+        ("contexts", "contexts"),
+        ("build ctx/s", "build_ctx_per_s"),
+        ("bare forward ctx/s", "bare_forward_ctx_per_s"),
+        ("forward ctx/s inside build", "forward_in_build_ctx_per_s"),
+        ("build / bare forward", "build_over_forward"),
+        ("bytes/context (shard files)", "bytes_per_context_shards"),
+        ("bytes/context (whole dir)", "bytes_per_context_dir"),
+    ]
+    lines = [f"{'':30}" + "".join(f"{'run ' + str(i + 1):>12}" for i in range(len(runs)))]
+    lines += [f"{label:30}" + "".join(f"{r[key]!s:>12}" for r in runs) for label, key in keys]
+    lines.append(f"{'peak RSS MiB (main / worker)':30}{result['peak_rss_mib']:>12}{result['peak_rss_worker_mib']:>12}")
+    sys.stdout.write(
+        f"builder: {args.model.name}, layer {encoder.layer}, {result['device']} {result['dtype']}, "
+        f"{torch.get_num_threads()} threads, {result['corpus']}\n" + "\n".join(lines) + f"\nwrote {args.out}\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Bounded load test (loopback only; it stops by itself): many concurrent clients against a running service with
+Redis. Reports errors (other than deliberate 503s from the full queue), p50/p99, RSS over time, and checks every
+answer against the single-client answer for the same query. One command::
+
+    python -m bench.load [--clients 64] [--duration 60] [--datastore DIR]
+
+Writes bench/results/load.json. Exit status 1 when an answer differs, an unexpected error occurs or memory grows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.common import (
+    PROXY_MODEL,
+    REPO,
+    RUNS,
+    build_datastore,
+    free_port,
+    lama_queries,
+    machine,
+    write_result,
+)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--requirepass", "load-test", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"],
+                            stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        yield f"redis://:load-test@127.0.0.1:{port}/0"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _key(body: dict) -> list:
+    return [(p["token"], round(p["prob"], 6)) for p in body["predictions"]]
+
+
+async def _run(url: str, queries: list[dict], reference: dict[str, list], clients: int, duration: float, pid: int) -> dict:
+    stats = {"ok": 0, "overloaded_503": 0, "errors": 0, "mismatches": 0}
+    latencies: list[float] = []
+    rss: list[tuple[float, float]] = []
+    t_end = time.monotonic() + duration
+
+    async def client(i: int, http: httpx.AsyncClient) -> None:
+        n = i
+        while time.monotonic() < t_end:
+            q = queries[n % len(queries)]
+            n += clients
+            t = time.perf_counter()
+            try:
+                r = await http.post("/predict", json=q)
+            except httpx.HTTPError:
+                stats["errors"] += 1
+                continue
+            latencies.append(time.perf_counter() - t)
+            if r.status_code == 200:
+                stats["ok"] += 1
+                if _key(r.json()) != reference[q["text"]]:
+                    stats["mismatches"] += 1
+            elif r.status_code == 503 and r.headers.get("retry-after"):
+                stats["overloaded_503"] += 1
+                await asyncio.sleep(float(r.headers["retry-after"]) / 10)
+            else:
+                stats["errors"] += 1
+
+    async def sampler() -> None:
+        t0 = time.monotonic()
+        while time.monotonic() < t_end:
+            rss.append((time.monotonic() - t0, rss_mb(pid)))
+            await asyncio.sleep(1.0)
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        await asyncio.gather(sampler(), *(client(i, http) for i in range(clients)))
+    lat = np.asarray(latencies) * 1000
+    mem = np.asarray([m for _, m in rss])
+    quarter = max(1, len(mem) // 4)
+    return {
+        **stats,
+        "requests": len(latencies),
+        "requests_per_s": len(latencies) / duration,
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
+        "rss_mb_first_quarter": float(mem[:quarter].mean()) if len(mem) else None,
+        "rss_mb_last_quarter": float(mem[-quarter:].mean()) if len(mem) else None,
+        "rss_samples": [(round(t, 1), round(m, 1)) for t, m in rss],
+    }
+
+
+def run_load(datastore: Path, *, clients: int, duration: float, n_queries: int = 40, max_queue: int = 32,
+             lama: Path | None = None) -> dict:
+    """Start Redis and the service, take single-client reference answers, then load it; return the figures."""
+    queries = [{"text": t, "subject": s} for t, s in lama_queries(n_queries, seed=3, lama=lama)]
+    port = free_port()
+    with redis_server() as redis_url:
+        env = {**os.environ, "OPENAI_API_KEY": "unused", "BERTKNN_MODEL__DEVICE": "cpu",
+               "BERTKNN_BATCHING__MAX_QUEUE": str(max_queue)}
+        proc = subprocess.Popen([sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port),
+                                 "--redis-url", redis_url, "--log-level", "warning"], cwd=REPO, env=env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(600):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"service exited with {proc.returncode}")
+                try:
+                    if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.5)
+            with httpx.Client(base_url=url, timeout=60) as http:
+                reference = {q["text"]: _key(http.post("/predict", json=q).json()) for q in queries}
+            result = asyncio.run(_run(url, queries, reference, clients, duration, proc.pid))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    first, last = result["rss_mb_first_quarter"], result["rss_mb_last_quarter"]
+    result["rss_growth"] = (last / first - 1.0) if first else None
+    result.update({"clients": clients, "duration_s": duration, "max_queue": max_queue, "queries": len(queries)})
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__)
+    p.add_argument("--datastore", type=Path)
+    p.add_argument("--model", default=str(PROXY_MODEL))
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--max-queue", type=int, default=32)
+    args = p.parse_args(argv)
+    ds = args.datastore or build_datastore([REPO / "data" / "sample_wiki.jsonl"], RUNS / "bench-serving" / "ds", args.model,
+                                           limit=150)
+    r = run_load(ds, clients=args.clients, duration=args.duration, max_queue=args.max_queue)
+    r["machine"] = machine()
+    r["datastore"] = str(ds)
+    path = write_result("load", r)
+    print(f"{args.clients} clients for {args.duration:.0f}s: {r['requests']} requests ({r['requests_per_s']:.1f}/s), "
+          f"ok {r['ok']}, 503 overloaded {r['overloaded_503']}, errors {r['errors']}, answers differing {r['mismatches']}")
+    print(f"latency p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms; RSS {r['rss_mb_first_quarter']:.0f} -> "
+          f"{r['rss_mb_last_quarter']:.0f} MB ({100 * r['rss_growth']:+.1f}%)")
+    print(f"wrote {path}")
+    bad = r["errors"] or r["mismatches"] or (r["rss_growth"] is not None and r["rss_growth"] > 0.05)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

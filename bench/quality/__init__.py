@@ -1,0 +1,1 @@
+"""The real-data quality benchmark: ``python -m bench.quality`` (corpus -> datastore -> LAMA, with and without retrieval)."""

@@ -1,0 +1,154 @@
+"""The benchmark corpus: Wikipedia articles plus, for T-REx, the probe's evidence sentences as subject articles.
+
+One JSON line per article (``{"id", "title", "text"}``), the builder's JSONL input:
+
+- ``wiki/vital_articles.jsonl`` (Wikipedia lead sections) and ``wiki/google_re_articles.jsonl`` (the Wikipedia
+  snippets behind the Google-RE facts, titled by their URL);
+- for T-REx, every evidence sentence of the probe (``masked_sentence`` with ``[MASK]`` replaced by ``obj_surface``,
+  i.e. the Wikipedia sentence that states the fact), grouped into one article per subject, titled with the
+  subject label, sentences in file order, duplicates dropped.
+
+Titles are compared after ``normalize_title`` (the builder keeps the first article of a title and drops the
+others), so an evidence article whose subject already has a Wikipedia article is appended to that article.
+
+A subset (the default of the benchmark) keeps the subject articles of the evaluated facts only, plus a fixed
+sample of the vital articles as distractors for the article ranker: the first ``distractors`` by sha256 of the
+title, a deterministic sample independent of file order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+from datastore_builder.titles import normalize_title
+
+logger = logging.getLogger(__name__)
+
+_MASK_RE = re.compile(r"\[\s*mask\s*\]", re.IGNORECASE)
+_SPACES = re.compile(r"\s+")
+
+
+@dataclass
+class CorpusStats:
+    articles: int = 0
+    sentences_added: int = 0
+    chars: int = 0
+    by_source: dict[str, int] = field(default_factory=dict)
+    merged_titles: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def _jsonl(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def evidence_sentence(evidence: dict) -> str | None:
+    """A T-REx evidence's Wikipedia sentence: its masked sentence with the object's surface form put back."""
+    masked, surface = evidence.get("masked_sentence"), evidence.get("obj_surface")
+    if not isinstance(masked, str) or not isinstance(surface, str) or not _MASK_RE.search(masked):
+        return None
+    text = _SPACES.sub(" ", _MASK_RE.sub(lambda _: surface, masked)).strip()
+    return text or None
+
+
+def trex_evidence_articles(trex_dir: Path, subjects: set[str] | None = None) -> dict[str, list[str]]:
+    """Subject label -> its evidence sentences over every T-REx relation file (all subjects when None)."""
+    out: dict[str, list[str]] = {}
+    seen: dict[str, set[str]] = {}
+    for path in sorted(trex_dir.glob("P*.jsonl")):
+        for fact in _jsonl(path):
+            subject = fact.get("sub_label")
+            if not isinstance(subject, str) or not subject.strip():
+                continue
+            if subjects is not None and subject not in subjects:
+                continue
+            for ev in fact.get("evidences") or []:
+                sentence = evidence_sentence(ev)
+                if sentence is None or sentence in seen.setdefault(subject, set()):
+                    continue
+                seen[subject].add(sentence)
+                out.setdefault(subject, []).append(sentence)
+    return out
+
+
+def google_re_titles(google_re_dir: Path, uids: set[str] | None = None) -> set[str]:
+    """Normalised titles of the Wikipedia articles behind the given Google-RE facts (their evidence URLs)."""
+    titles: set[str] = set()
+    for path in sorted(google_re_dir.glob("*_test.jsonl")):
+        for fact in _jsonl(path):
+            if uids is not None and str(fact.get("uuid")) not in uids:
+                continue
+            for ev in fact.get("evidences") or []:
+                url = ev.get("url")
+                if isinstance(url, str) and "/wiki/" in url:
+                    titles.add(normalize_title(unquote(url.rsplit("/wiki/", 1)[1])))
+    return titles
+
+
+def sample_by_hash(articles: Iterable[dict], n: int | None) -> list[dict]:
+    """The first ``n`` articles by sha256 of their title (all, in file order, when ``n`` is None)."""
+    items = list(articles)
+    if n is None:
+        return items
+    keyed = sorted(items, key=lambda a: hashlib.sha256(str(a["title"]).encode("utf-8")).hexdigest())
+    chosen = {id(a) for a in keyed[:n]}
+    return [a for a in items if id(a) in chosen]
+
+
+def write_corpus(
+    out: Path,
+    *,
+    wiki_dir: Path,
+    lama_dir: Path,
+    trex_subjects: set[str] | None,
+    google_re_uids: set[str] | None,
+    distractors: int | None,
+) -> CorpusStats:
+    """Write the benchmark corpus to ``out``; ``None`` for a selection means everything."""
+    stats = CorpusStats()
+    merged: dict[str, dict] = {}
+
+    def add(source: str, title: str, text: str, art_id: str) -> None:
+        key = normalize_title(title)
+        if not key or not text.strip():
+            return
+        if key in merged:
+            merged[key]["text"] += "\n" + text
+            stats.merged_titles += 1
+        else:
+            merged[key] = {"id": art_id, "title": key, "text": text}
+        stats.by_source[source] = stats.by_source.get(source, 0) + 1
+
+    for art in sample_by_hash(_jsonl(wiki_dir / "vital_articles.jsonl"), distractors):
+        add("vital", art["title"], art["text"], f"vital-{art['id']}")
+    wanted = None if google_re_uids is None else google_re_titles(lama_dir / "Google_RE", google_re_uids)
+    for art in _jsonl(wiki_dir / "google_re_articles.jsonl"):
+        if wanted is None or normalize_title(art["title"]) in wanted:
+            add("google_re", art["title"], art["text"], str(art["id"]))
+    evidence = trex_evidence_articles(lama_dir / "TREx", trex_subjects)
+    for i, (subject, sentences) in enumerate(evidence.items()):
+        stats.sentences_added += len(sentences)
+        add("trex_evidence", subject, "\n".join(sentences), f"trex-{i}")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for art in merged.values():
+            f.write(json.dumps(art, ensure_ascii=False) + "\n")
+            stats.chars += len(art["text"])
+    tmp.replace(out)
+    stats.articles = len(merged)
+    logger.info("corpus %s: %s", out, json.dumps(stats.as_dict()))
+    return stats

@@ -1,0 +1,37 @@
+"""The bounded load test (bench/load.py): a short run in the suite, the 64-client 60-second run behind `slow`."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.load import run_load
+from tests.conftest import TINY_ARTICLES
+
+
+def _tiny_lama(tmp_path):
+    """A LAMA-shaped directory whose facts are the tiny corpus's, so the queries make sense to the tiny model."""
+    import json
+
+    lama = tmp_path / "lama"
+    (lama / "TREx").mkdir(parents=True)
+    (lama / "relations.jsonl").write_text(json.dumps({"relation": "P19", "template": "[X] was born in [Y] ."}) + "\n")
+    facts = [{"sub_label": a["title"], "obj_label": "x"} for a in TINY_ARTICLES]
+    (lama / "TREx" / "P19.jsonl").write_text("".join(json.dumps(f) + "\n" for f in facts))
+    return lama
+
+
+def _check(r):
+    assert r["errors"] == 0 and r["mismatches"] == 0
+    assert r["ok"] > 0 and r["ok"] + r["overloaded_503"] == r["requests"]
+
+
+def test_short_load_no_errors_same_answers(tiny_datastore, tmp_path):
+    r = run_load(tiny_datastore, clients=16, duration=6, n_queries=6, max_queue=8, lama=_tiny_lama(tmp_path))
+    _check(r)
+
+
+@pytest.mark.slow
+def test_long_load_64_clients_60s_memory_flat(tiny_datastore, tmp_path):
+    r = run_load(tiny_datastore, clients=64, duration=60, n_queries=6, max_queue=32, lama=_tiny_lama(tmp_path))
+    _check(r)
+    assert r["rss_growth"] < 0.05
