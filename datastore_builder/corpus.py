@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Literal, cast
 
 import mwparserfromhell
 import pysbd
@@ -63,9 +63,9 @@ def detect_format(path: Path) -> CorpusFormat:
 
 def _open(path: Path) -> IO[bytes]:
     if path.suffix == ".bz2":
-        return bz2.open(path, "rb")
+        return cast(IO[bytes], bz2.open(path, "rb"))
     if path.suffix == ".gz":
-        return gzip.open(path, "rb")
+        return cast(IO[bytes], gzip.open(path, "rb"))
     return open(path, "rb")
 
 

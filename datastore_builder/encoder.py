@@ -11,7 +11,7 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -140,8 +140,9 @@ class MaskedLMEncoder:
             raise ModelLoadError(f"{name}: a fast (Rust) tokenizer is required for word alignment")
         self.name = name
         self.tokenizer = tokenizer
-        self.config = model.config
-        self.num_layers = int(model.config.num_hidden_layers)
+        config: Any = model.config
+        self.config = config
+        self.num_layers = int(config.num_hidden_layers)
         self.layer = self.num_layers - 1 if layer is None else (layer if layer >= 0 else self.num_layers + 1 + layer)
         if not 0 <= self.layer <= self.num_layers:
             raise ModelLoadError(
@@ -157,12 +158,12 @@ class MaskedLMEncoder:
         self.dtype = dtype
         model = model.to(self.device, dtype).eval()
         self.model = model
-        self.base = model.base_model
+        self.base: torch.nn.Module = cast(torch.nn.Module, model.base_model)
         heads = [m for n, m in model.named_children() if n != model.base_model_prefix]
         # BERT-like models have exactly one head module (``cls``); it is applied at the [MASK] row only.
-        self.head = heads[0] if len(heads) == 1 else None
-        self.vocab_size = int(model.config.vocab_size)
-        self.hidden_size = int(model.config.hidden_size)
+        self.head: torch.nn.Module | None = heads[0] if len(heads) == 1 else None
+        self.vocab_size = int(config.vocab_size)
+        self.hidden_size = int(config.hidden_size)
 
     @classmethod
     def load(
@@ -219,6 +220,8 @@ class MaskedLMEncoder:
         rows = torch.arange(len(items))
         mask_pos = torch.tensor([x.mask_pos for x in items])
         non_blocking = self.device.type == "cuda"
+        if non_blocking:  # pinned host memory makes the copies asynchronous
+            ids, attn = ids.pin_memory(), attn.pin_memory()
         ids = ids.to(self.device, non_blocking=non_blocking)
         attn = attn.to(self.device, non_blocking=non_blocking)
         need_all = with_mlm and self.head is None

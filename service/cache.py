@@ -197,5 +197,5 @@ class RedisCache:
         return CacheStatus("redis", "ok")
 
     def close(self) -> None:
-        with contextlib.suppress(self._redis_errors):
+        with contextlib.suppress(*self._redis_errors):
             self._client.close()

@@ -154,7 +154,8 @@ def create_app(
                 response = error_response(500, "internal", "internal error; the request id identifies it in the log")
             elapsed = time.perf_counter() - t0
             response.headers["X-Request-ID"] = rid
-            path = request.scope.get("route").path if request.scope.get("route") else "unmatched"
+            route = request.scope.get("route")
+            path = getattr(route, "path", "unmatched")
             resources.metrics.requests.labels(path, str(response.status_code)).inc()
             resources.metrics.latency.labels(path).observe(elapsed)
             if response.status_code >= 400:

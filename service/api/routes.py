@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -23,7 +25,7 @@ from service.pipeline import Answer, Query
 from service.settings import ServiceSettings
 
 router = APIRouter()
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "body too large"},
     422: {"model": ErrorBody, "description": "invalid request or query (the message says what to fix)"},
     503: {"model": ErrorBody, "description": "not ready, or overloaded (see Retry-After)"},
@@ -129,11 +131,13 @@ async def readyz(resources: ResourcesDep) -> JSONResponse:
         body = ReadyResponse(status="not_ready", detail=detail)
         return JSONResponse(body.model_dump(), status_code=503)
     status = pipe.cache.status()
-    body = ReadyResponse(
-        status="ready",
-        retrievers=sorted([*pipe.retrievers, *(["none"] if "ivfpq" in pipe.datastore.manifest.indexes else [])]),
-        cache=CacheHealth(backend=status.backend, state=status.state, detail=status.detail),
-        **pipe.identity(),
+    body = ReadyResponse.model_validate(
+        {
+            "status": "ready",
+            "retrievers": sorted([*pipe.retrievers, *(["none"] if "ivfpq" in pipe.datastore.manifest.indexes else [])]),
+            "cache": CacheHealth(backend=status.backend, state=status.state, detail=status.detail),
+            **pipe.identity(),
+        }
     )
     return JSONResponse(body.model_dump())
 

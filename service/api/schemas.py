@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 RetrieverName = Literal["bm25", "tfidf", "none"]
 
-_EXAMPLE = {"text": "albert einstein was born in [MASK] .", "subject": "Albert Einstein", "top_k": 5}
+_EXAMPLE: Any = {"text": "albert einstein was born in [MASK] .", "subject": "Albert Einstein", "top_k": 5}
 
 
 class PredictRequest(BaseModel):
