@@ -74,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--num-articles", type=int, default=3, help="articles retrieved per query (the paper's N=3)"
     )
-    p.add_argument("--threads", type=int, default=0, help="torch threads for the forward pass; 0 = CPU quota")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for the forward pass (default 1, like the retrievers; 0 = the CPU quota)",
+    )
     p.add_argument(
         "--rebuild", action="store_true", help="rebuild the indexes even if the cached ones are current"
     )
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     payload = {
         "benchmark": "retrieval",
-        "command": "python -m bench.retrieval " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python -m bench.retrieval", *(argv if argv is not None else sys.argv[1:])]),
         "conditions": {
             **machine(),
             "queries": len(texts),

@@ -207,7 +207,9 @@ def _batched(items: Iterable[tuple[str, str]], size: int) -> Iterator[list[tuple
 
 
 def _fingerprint(content_id: str, hasher: NgramHasher) -> str:
-    spec = json.dumps({"content": content_id, "version": SPARSE_FORMAT_VERSION, **hasher.to_params()}, sort_keys=True)
+    spec = json.dumps(
+        {"content": content_id, "version": SPARSE_FORMAT_VERSION, **hasher.to_params()}, sort_keys=True
+    )
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
@@ -225,7 +227,10 @@ def sparse_indexes_current(root: Path, fingerprint: str) -> bool:
     return (
         bm25.get("fingerprint") == fingerprint
         and tfidf.get("fingerprint") == fingerprint
-        and all((Path(root) / TFIDF_DIR / name).is_file() for name in (TFIDF_TITLES, TFIDF_BUCKETS, TFIDF_IDF, TFIDF_POSTINGS))
+        and all(
+            (Path(root) / TFIDF_DIR / name).is_file()
+            for name in (TFIDF_TITLES, TFIDF_BUCKETS, TFIDF_IDF, TFIDF_POSTINGS)
+        )
     )
 
 
@@ -323,36 +328,55 @@ def write_sparse_indexes(
     return result
 
 
+class _RollingJsonl:
+    """JSON lines split over files of ``per_file`` lines (Lucene gives each input file to one thread)."""
+
+    def __init__(self, directory: Path, per_file: int):
+        self.directory = directory
+        self.per_file = per_file
+        self.lines = 0
+        self._file: IO[str] | None = None
+
+    def write(self, line: str) -> None:
+        if self.lines % self.per_file == 0:
+            self.close()
+            self._file = open(self.directory / f"docs-{self.lines:09d}.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        assert self._file is not None
+        self._file.write(line)
+        self.lines += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> _RollingJsonl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _collect(articles: Iterable[tuple[str, str]], hasher: NgramHasher, docs_dir: Path) -> _Collected:
     """One pass over the articles: Lucene's JSONL input files, the TF-IDF counts, the titles, a content hash."""
     out = _Collected()
     seen: set[str] = set()
-    file_docs = _DOCS_PER_FILE
-    f: IO[str] | None = None
-    try:
+    with _RollingJsonl(docs_dir, _DOCS_PER_FILE) as docs:
         for chunk in _batched(articles, _CHUNK):
             texts = []
             for title, text in chunk:
                 if title in seen:
-                    raise SparseIndexError(f"article title {title!r} occurs twice; titles must be unique document ids")
+                    raise SparseIndexError(
+                        f"article title {title!r} occurs twice; titles must be unique document ids"
+                    )
                 seen.add(title)
                 contents = f"{title}\n{text}"
                 texts.append(contents)
-                if file_docs >= _DOCS_PER_FILE:
-                    if f is not None:
-                        f.close()
-                    f = open(docs_dir / f"docs-{len(out.titles):09d}.jsonl", "w", encoding="utf-8")
-                    file_docs = 0
-                assert f is not None
                 line = json.dumps({"id": title, "contents": contents}, ensure_ascii=False) + "\n"
-                f.write(line)
-                file_docs += 1
+                docs.write(line)
                 out.content.update(line.encode("utf-8"))
                 out.titles.append(title)
             out.count_chunks.append(hasher.counts(texts))
-    finally:
-        if f is not None:
-            f.close()
     return out
 
 
@@ -417,7 +441,8 @@ def _run_lucene_indexer(docs_dir: Path, index_dir: Path, n_docs: int, threads: i
     m = re.search(r"Total ([\d,]+) documents? indexed", log)
     if m is not None and int(m.group(1).replace(",", "")) != n_docs:
         raise SparseIndexError(
-            f"Lucene indexed {m.group(1)} documents of {n_docs}; see its log:\n" + "\n".join(log.splitlines()[-15:])
+            f"Lucene indexed {m.group(1)} documents of {n_docs}; see its log:\n"
+            + "\n".join(log.splitlines()[-15:])
         )
 
 

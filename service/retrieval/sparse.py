@@ -83,8 +83,10 @@ def _lucene_searcher_class() -> Any:
 class Bm25Retriever:
     """BM25 (Anserini's defaults, k1 = 0.9, b = 0.4) over ``index/bm25``; Lucene docids are the titles.
 
-    Searches are serialised by a lock: pyjnius holds the GIL during Java calls anyway, so a lock costs no
-    parallelism, and it keeps us off the thread-safety of Anserini's ``SimpleSearcher`` wrapper.
+    Searches are serialised by a lock. Java code runs without the GIL, so unlocked searches could overlap,
+    but one takes about a millisecond against tens for the model's forward pass, so serialising them costs
+    nothing measurable, and correctness then does not rest on the undocumented thread-safety of Anserini's
+    ``SimpleSearcher``. Any thread may call ``top_articles`` (pyjnius attaches it to the JVM).
     """
 
     name = "bm25"
@@ -110,6 +112,7 @@ class Bm25Retriever:
                 f"{meta.get('documents')}; rebuild the sparse indexes"
             )
         self._lock = threading.Lock()
+        self._searcher.search("warm up", k=1)  # the first search loads Lucene's classes: not on a request
         logger.info("bm25: %s opened, %d articles", self.index_dir, self.num_docs)
 
     def top_articles(self, query: str, n: int) -> list[tuple[str, float]]:
