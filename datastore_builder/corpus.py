@@ -37,10 +37,19 @@ class CorpusError(Exception):
 
 @dataclass(frozen=True)
 class Article:
+    """One article. A dump page keeps its raw wikitext and is converted to text on first use of ``text``: in the
+    worker that prepares the article's shard, not in the reader, which every slice of a parallel build runs over
+    the whole corpus."""
+
     id: str
     title: str  # normalised with titles.normalize_title
-    text: str
+    raw: str
     source: str
+    markup: Literal["text", "wikitext"] = "text"
+
+    @property
+    def text(self) -> str:
+        return wikitext_to_text(self.raw) if self.markup == "wikitext" else self.raw
 
 
 @dataclass
@@ -164,7 +173,7 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
                     stats.skipped_pages += 1
                     continue
                 page_id = fields["id"].text if "id" in fields else title
-                yield Article(str(page_id), title, wikitext_to_text(wikitext), str(path))
+                yield Article(str(page_id), title, wikitext, str(path), markup="wikitext")
     except ET.ParseError as exc:
         raise CorpusError(f"{path}: malformed XML ({exc})") from exc
     except OSError as exc:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 from datastore_builder.format import (
@@ -79,7 +80,7 @@ def merge_slices(
         raise MergeError("no slices given: pass the output directory of every `build --shard-index i` worker")
     manifests = [read_manifest(s) for s in slices]
     by_index = _check_slices(slices, manifests)
-    first_dir, first = by_index[0]
+    first = by_index[0][1]
     resolved_out = out.resolve()
     for s in slices:
         if s.resolve() == resolved_out:
@@ -94,7 +95,7 @@ def merge_slices(
     indexes = [info.index for _, info in shards]
     if indexes != list(range(len(indexes))):
         missing = sorted(set(range(max(indexes, default=-1) + 1)) - set(indexes))
-        dupes = sorted({j for j in indexes if indexes.count(j) > 1})
+        dupes = sorted(j for j, k in Counter(indexes).items() if k > 1)
         raise MergeError(
             f"the slices' shards do not form shard-00000..shard-{len(indexes) - 1:05d}: "
             f"missing {missing[:10]}, duplicated {dupes[:10]}; rebuild the slices that own the missing shards "

@@ -14,7 +14,6 @@ from datastore_builder.format import DatastoreError, read_manifest, write_manife
 from service.main import create_app
 from service.pipeline import AnswerPipeline, Query
 from service.settings import ServiceSettings
-
 from tests.conftest import TINY_ARTICLES, corpus_words, make_tiny_bert
 
 QUESTION = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}

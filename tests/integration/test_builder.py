@@ -1,0 +1,514 @@
+"""The builder end to end on real Wikipedia text.
+
+A tiny BERT with the real bert-base-uncased vocabulary (so real text tokenises as it would for bert-base)
+builds datastores from a JSONL slice of ../shared/data/wiki and from an XML dump written here. The tests check
+that they validate, that every row lines up with its sentence, word and label and re-encodes to its vector, that
+a build killed with SIGKILL resumes to the same bytes as a clean build, and that slices built by separate
+workers merge into the same bytes as one build.
+"""
+
+from __future__ import annotations
+
+import bz2
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    PreTrainedTokenizerBase,
+)
+
+from datastore_builder.__main__ import main
+from datastore_builder.build import build
+from datastore_builder.corpus import CorpusStats, SentenceSplitter, read_corpora
+from datastore_builder.encoder import MaskedLMEncoder
+from datastore_builder.format import (
+    MANIFEST,
+    REDIRECTS,
+    SHARDS_DIR,
+    Datastore,
+    read_manifest,
+    validate_datastore,
+)
+from datastore_builder.merge import MergeError, merge_slices
+from datastore_builder.settings import BuildSettings
+from datastore_builder.targets import TargetSelector, load_stopwords, masked_ids
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DATA = REPO.parent / "shared" / "data"
+VITAL = SHARED_DATA / "wiki" / "vital_articles.jsonl"
+BERT_TOKENIZER = SHARED_DATA / "tokenizer" / "bert-base-uncased"
+MIN_SENTENCE_CHARS = 10  # BuildSettings' default
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Builds set torch's global thread count; give the rest of the session its own back."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def bert_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """STYLE.md's tiny BERT (hidden 32, 2 layers), but with the real 30,522-entry bert-base-uncased tokenizer."""
+    directory = tmp_path_factory.mktemp("tiny-bert-real-vocab")
+    tokenizer = AutoTokenizer.from_pretrained(str(BERT_TOKENIZER), use_fast=True)
+    cfg = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    BertForMaskedLM(cfg).eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tokenizer(bert_vocab_model: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(str(bert_vocab_model), use_fast=True)
+
+
+def vital_slice(path: Path, start: int, stop: int) -> Path:
+    with open(VITAL, encoding="utf-8") as f:
+        lines = [line for i, line in enumerate(f) if start <= i < stop]
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def vital30(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return vital_slice(tmp_path_factory.mktemp("corpus") / "vital30.jsonl", 0, 30)
+
+
+@pytest.fixture(scope="module")
+def vital120(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return vital_slice(tmp_path_factory.mktemp("corpus") / "vital120.jsonl", 0, 120)
+
+
+def settings(corpus: list[Path], model: Path, out: Path, **overrides: object) -> BuildSettings:
+    values: dict[str, object] = dict(
+        corpus=corpus,
+        model=str(model),
+        out=out,
+        device="cpu",
+        workers=0,
+        threads=1,
+        batch_size=32,
+        articles_per_shard=8,
+        sparse_indexes=False,  # the BM25/TF-IDF indexes are another module's, tested there
+    )
+    values.update(overrides)
+    return BuildSettings(**values)  # type: ignore[arg-type]
+
+
+# ---- alignment ----------------------------------------------------------------------------------------------
+
+
+def check_alignment(root: Path, corpus: list[Path], tokenizer: PreTrainedTokenizerBase, model_dir: Path) -> int:
+    """Every article's rows against the corpus, re-derived independently; vectors of sampled rows re-encoded.
+
+    Returns the number of rows checked against a direct forward pass.
+    """
+    store = Datastore(root)
+    texts: dict[str, str] = {}
+    for art in read_corpora(corpus, CorpusStats()):
+        texts.setdefault(art.title, art.text)  # first title wins, as in the build
+    assert set(store.articles) <= set(texts)
+    splitter = SentenceSplitter()
+    selector = TargetSelector(tokenizer, load_stopwords())
+    for title, entry in store.articles.items():
+        shard = store.shards[store.shard_position(entry.shard)]
+        sentences = [shard.sentence(i) for i in range(entry.sent_start, entry.sent_end)]
+        assert sentences == [s for s in splitter.split(texts[title]) if len(s) >= MIN_SENTENCE_CHARS], title
+        rows = range(entry.row_start, entry.row_end)
+        expected = [
+            (entry.sent_start + k, t.token_id, t.char_start, t.char_end)
+            for k, ts in enumerate(selector.select(sentences))
+            for t in ts.targets
+        ]
+        got = [
+            (int(shard.sentence_ids[r]), int(shard.labels[r]), int(shard.spans[r][0]), int(shard.spans[r][1])) for r in rows
+        ]
+        assert got == expected, title
+        for sid, label, a, b in got:
+            word = shard.sentence(sid)[a:b]
+            assert tokenizer(word, add_special_tokens=False)["input_ids"] == [label], (title, word)
+
+    # Vectors: hidden_states[manifest.layer] at the mask, computed with plain transformers on one unpadded sentence.
+    model = AutoModelForMaskedLM.from_pretrained(str(model_dir)).eval()
+    encoder = MaskedLMEncoder.load(str(model_dir), device="cpu", dtype="float32", max_seq_len=store.manifest.max_seq_len)
+    assert encoder.layer == store.manifest.layer == 1  # -2 of a 2-layer model
+    rng = random.Random(0)
+    checked = 0
+    for g in rng.sample(range(store.total_rows), min(60, store.total_rows)):
+        pos, row = store.locate(g)
+        shard = store.shards[pos]
+        sentence = shard.sentence(int(shard.sentence_ids[row]))
+        (ts,) = selector.select([sentence])
+        target = next(t for t in ts.targets if (t.char_start, t.char_end) == tuple(shard.spans[row]))
+        ids, mask_pos = masked_ids(ts, target, tokenizer.mask_token_id)
+        stored = shard.vectors[row].astype(np.float32)
+        fresh = encoder.encode([encoder.masked_input(ids, mask_pos)]).embeddings[0]
+        np.testing.assert_allclose(stored, fresh, rtol=2e-3, atol=2e-3)
+        if len(ids) + 2 <= store.manifest.max_seq_len:  # no window: the direct input is the whole sentence
+            with torch.no_grad():
+                out = model(input_ids=torch.tensor([[tokenizer.cls_token_id, *ids, tokenizer.sep_token_id]]),
+                            output_hidden_states=True)
+            direct = out.hidden_states[store.manifest.layer][0, mask_pos + 1].numpy()
+            np.testing.assert_allclose(stored, direct, rtol=2e-3, atol=2e-3)
+            checked += 1
+    return checked
+
+
+@pytest.fixture(scope="module")
+def jsonl_store(tmp_path_factory: pytest.TempPathFactory, bert_vocab_model: Path, vital30: Path) -> Path:
+    out = tmp_path_factory.mktemp("jsonl") / "ds"
+    with torch_threads(1):
+        build(settings([vital30], bert_vocab_model, out))
+    return out
+
+
+def test_jsonl_build_validates(jsonl_store: Path) -> None:
+    assert validate_datastore(jsonl_store) == []
+    m = read_manifest(jsonl_store)
+    assert m.counts.articles == 30
+    assert len(m.shards) == 4  # 30 articles, 8 per shard
+    assert m.counts.contexts == sum(s.rows for s in m.shards) > 1000
+    assert m.layer == 1 and m.dtype == "float16" and m.slice is None
+    assert [(s.path, s.format) for s in m.sources] == [("vital30.jsonl", "jsonl")]
+
+
+def test_jsonl_rows_align_with_sentences_labels_and_vectors(
+    jsonl_store: Path, vital30: Path, tokenizer: PreTrainedTokenizerBase, bert_vocab_model: Path
+) -> None:
+    assert check_alignment(jsonl_store, [vital30], tokenizer, bert_vocab_model) >= 40
+
+
+# ---- XML dump -----------------------------------------------------------------------------------------------
+
+
+def wiki_page(title: str, text: str, page_id: int, *, redirect: str | None = None) -> str:
+    redirect_el = f"<redirect title={quoteattr(redirect)} />" if redirect else ""
+    return (
+        f"<page><title>{escape(title)}</title><ns>0</ns><id>{page_id}</id>{redirect_el}<revision><id>{page_id}0</id>"
+        f'<text xml:space="preserve">{escape(text)}</text></revision></page>\n'
+    )
+
+
+def as_wikitext(title: str, text: str) -> str:
+    """A lead section dressed in the markup a real dump has around it."""
+    first, _, rest = text.partition(" ")
+    return (
+        f"{{{{Short description|{title}}}}}\n{{{{Infobox thing|name={title}}}}}\n"
+        f"'''{first}''' {rest}<ref>{{{{cite web|title=Source}}}}</ref>\n"
+        f"[[File:{title}.jpg|thumb|A picture of [[{title}]]]]\n[[Category:{title}]]\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def xml_dump(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    with open(VITAL, encoding="utf-8") as f:
+        rows = [json.loads(line) for _, line in zip(range(36), f, strict=False)][30:36]
+    pages = [wiki_page(r["title"], as_wikitext(r["title"], r["text"]), 100 + i) for i, r in enumerate(rows)]
+    pages += [
+        wiki_page("Numero zero", "#REDIRECT [[0]]", 200, redirect="0"),
+        wiki_page("Mercury", "'''Mercury''' may refer to:\n* [[Mercury (planet)]]\n{{Disambiguation}}", 201),
+        wiki_page("List of numbers", "This is a list of numbers such as one and two.", 202),
+    ]
+    xml = (
+        '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
+        "<siteinfo><sitename>Wikipedia</sitename></siteinfo>\n" + "".join(pages) + "</mediawiki>\n"
+    )
+    path = tmp_path_factory.mktemp("xml") / "enwiki-20240101-pages-articles1.xml.bz2"
+    path.write_bytes(bz2.compress(xml.encode("utf-8")))
+    return path, [r["title"] for r in rows]
+
+
+def test_xml_dump_and_jsonl_build_together(
+    tmp_path: Path,
+    bert_vocab_model: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    xml_dump: tuple[Path, list[str]],
+) -> None:
+    dump_path, xml_titles = xml_dump
+    jsonl = vital_slice(tmp_path / "first3.jsonl", 0, 3)
+    # The dump repeats the JSONL's first title: the first corpus wins, the repeat is counted.
+    with open(VITAL, encoding="utf-8") as f:
+        first = json.loads(f.readline())
+    dump_with_dupe = tmp_path / "enwiki-dupe-pages-articles.xml.bz2"
+    xml = bz2.decompress(dump_path.read_bytes()).decode()
+    xml = xml.replace("</mediawiki>", wiki_page(first["title"], "A different text about zero. It is long enough.", 300)
+                      + "</mediawiki>")
+    dump_with_dupe.write_bytes(bz2.compress(xml.encode()))
+    out = tmp_path / "ds"
+    with torch_threads(1):
+        m = build(settings([jsonl, dump_with_dupe], bert_vocab_model, out, articles_per_shard=4))
+    assert validate_datastore(out) == []
+    store = Datastore(out)
+    with open(VITAL, encoding="utf-8") as f:
+        jsonl_titles = [json.loads(line)["title"] for _, line in zip(range(3), f, strict=False)]
+    assert sorted(store.articles) == sorted(jsonl_titles + xml_titles)
+    assert m.counts.skipped_duplicate_titles == 1
+    assert m.counts.skipped_pages == 2  # the disambiguation page and the list page
+    assert json.loads((out / REDIRECTS).read_text()) == {"Numero zero": "0"}
+    assert [s.format for s in m.sources] == ["jsonl", "mediawiki-xml"]
+    for title in xml_titles:
+        text = " ".join(s for s in (store.shards[store.shard_position(store.articles[title].shard)].sentence(i)
+                                    for i in range(store.articles[title].sent_start, store.articles[title].sent_end)))
+        assert text
+        for residue in ("[[", "{{", "'''", "<ref", "cite web", "thumb", "Category:", "Infobox"):
+            assert residue not in text, (title, residue)
+    assert check_alignment(out, [jsonl, dump_with_dupe], tokenizer, bert_vocab_model) >= 20
+
+
+# ---- kill and resume ----------------------------------------------------------------------------------------
+
+
+def cli_args(corpus: Path, model: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "build",
+        "--corpus", str(corpus),
+        "--model", str(model),
+        "--out", str(out),
+        "--device", "cpu",
+        "--articles-per-shard", "2",
+        "--batch-size", "32",
+        "--threads", "1",
+        "--no-sparse-indexes",
+        *extra,
+    ]  # fmt: skip
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, bert_vocab_model: Path, vital120: Path) -> Path:
+    """An uninterrupted build (in this process, tokenising inline: --workers 0)."""
+    out = tmp_path_factory.mktemp("reference") / "ds"
+    with torch_threads(1):
+        assert main(cli_args(vital120, bert_vocab_model, out, "--workers", "0")) == 0
+    assert validate_datastore(out) == []
+    assert len(read_manifest(out).shards) == 60
+    return out
+
+
+def test_sigkilled_build_resumes_to_the_same_bytes(
+    tmp_path: Path, bert_vocab_model: Path, vital120: Path, reference: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "killed"
+    # The default path: a worker process splits and tokenises ahead of the model.
+    argv = cli_args(vital120, bert_vocab_model, out, "--workers", "1")
+    command = [sys.executable, "-m", "datastore_builder", *argv]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    log = tmp_path / "killed.log"
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        first_shard = out / SHARDS_DIR / "shard-00000"
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and not first_shard.exists() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the builder and its tokenising worker, as a pod kill would
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"the build was not killed midway:\n{log.read_text()[-3000:]}"
+    assert not (out / MANIFEST).exists()
+    done = sorted(p.name for p in (out / SHARDS_DIR).glob("shard-*"))
+    assert 1 <= len(done) < 60, done
+    first_inode = (first_shard / "vectors.npy").stat().st_ino
+    # Debris of the kind a crash leaves: an unfinished temp dir, which must never be trusted.
+    (out / SHARDS_DIR / ".tmp-shard-00059-999999").mkdir()
+    (out / SHARDS_DIR / ".tmp-shard-00059-999999" / "vectors.npy").write_bytes(b"partial")
+
+    # Resuming with different settings is refused, naming what differs.
+    capsys.readouterr()
+    assert main(cli_args(vital120, bert_vocab_model, out, "--workers", "0", "--layer", "-1")) == 1
+    err = capsys.readouterr().err
+    assert "holds a build made with other settings" in err and "layer" in err
+    assert main([*cli_args(vital120, bert_vocab_model, out, "--workers", "0"), "--articles-per-shard", "3"]) == 1
+    assert "articles_per_shard" in capsys.readouterr().err
+
+    # The same command again finishes the build.
+    resumed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "shard 00000 already complete, skipped (resume)" in resumed.stderr
+    assert (first_shard / "vectors.npy").stat().st_ino == first_inode  # kept, not rebuilt
+    assert not list((out / SHARDS_DIR).glob(".tmp-*"))
+
+    assert validate_datastore(out) == []
+    got, want = tree_bytes(out / SHARDS_DIR), tree_bytes(reference / SHARDS_DIR)
+    assert sorted(got) == sorted(want)
+    assert [name for name in want if got[name] != want[name]] == []
+    assert (out / MANIFEST).read_bytes() == (reference / MANIFEST).read_bytes()
+    assert (out / REDIRECTS).read_bytes() == (reference / REDIRECTS).read_bytes()
+
+
+# ---- parallel slices and merge -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slices(tmp_path_factory: pytest.TempPathFactory, bert_vocab_model: Path, vital120: Path) -> list[Path]:
+    root = tmp_path_factory.mktemp("slices")
+    outs = []
+    with torch_threads(1):
+        for i in range(2):
+            out = root / f"slice{i}"
+            argv = cli_args(vital120, bert_vocab_model, out, "--workers", "0", "--shard-index", str(i), "--num-shards", "2")
+            assert main(argv) == 0
+            outs.append(out)
+    return outs
+
+
+def test_slices_hold_alternate_shards(slices: list[Path]) -> None:
+    for i, s in enumerate(slices):
+        m = read_manifest(s)
+        assert m.slice is not None and (m.slice.index, m.slice.count) == (i, 2)
+        assert [info.index for info in m.shards] == list(range(i, 60, 2))
+        assert validate_datastore(s) == []
+
+
+def test_merged_slices_equal_a_single_build(slices: list[Path], reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "merged"
+    m = merge_slices(list(reversed(slices)), out, sparse_indexes=False)
+    assert validate_datastore(out) == []
+    assert m.slice is None and m.counts == read_manifest(reference).counts
+    got, want = tree_bytes(out / SHARDS_DIR), tree_bytes(reference / SHARDS_DIR)
+    assert sorted(got) == sorted(want)
+    assert [name for name in want if got[name] != want[name]] == []
+    assert (out / MANIFEST).read_bytes() == (reference / MANIFEST).read_bytes()
+    assert (out / REDIRECTS).read_bytes() == (reference / REDIRECTS).read_bytes()
+    # Same filesystem: the shard files are hard links, not copies.
+    assert (out / SHARDS_DIR / "shard-00001" / "vectors.npy").stat().st_ino == (
+        slices[1] / SHARDS_DIR / "shard-00001" / "vectors.npy"
+    ).stat().st_ino
+
+
+def test_interrupted_merge_resumes(slices: list[Path], reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "merged"
+    merge_slices(slices, out, sparse_indexes=False)
+    # As if killed before the manifest: one shard not yet in place, another half-copied in a temp dir.
+    (out / MANIFEST).unlink()
+    shutil.rmtree(out / SHARDS_DIR / "shard-00004")
+    partial = out / SHARDS_DIR / ".tmp-shard-00004-999999"
+    partial.mkdir()
+    (partial / "vectors.npy").write_bytes(b"partial")
+    merge_slices(slices, out, sparse_indexes=False)
+    assert validate_datastore(out) == []
+    assert not list((out / SHARDS_DIR).glob(".tmp-*"))
+    assert (out / MANIFEST).read_bytes() == (reference / MANIFEST).read_bytes()
+    assert tree_bytes(out / SHARDS_DIR) == tree_bytes(reference / SHARDS_DIR)
+
+
+def test_cli_merge_with_indexes(
+    slices: list[Path], reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI merge also builds the BM25, TF-IDF and IVF-PQ indexes (through build._build_indexes)."""
+    out = tmp_path / "merged"
+    assert main(["merge", *map(str, slices), "--out", str(out), "--ivfpq"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["id"] == read_manifest(reference).datastore_id
+    assert main(["validate", str(out)]) == 0
+    m = read_manifest(out)
+    assert m.indexes == {"bm25": "index/bm25", "tfidf": "index/tfidf", "ivfpq": "index/ivfpq.faiss"}
+    want = read_manifest(reference).model_dump(exclude={"indexes"})
+    assert m.model_dump(exclude={"indexes"}) == want
+    assert sorted(json.loads((out / "index" / "tfidf" / "titles.json").read_text())) == sorted(Datastore(out).articles)
+    # A finished merge is not overwritten.
+    assert main(["merge", *map(str, slices), "--out", str(out), "--no-sparse-indexes"]) == 1
+    assert "already holds a finished datastore" in capsys.readouterr().err
+
+
+def edit_manifest(root: Path, **changes: object) -> None:
+    data = json.loads((root / MANIFEST).read_text())
+    data.update(changes)
+    (root / MANIFEST).write_text(json.dumps(data))
+
+
+def test_merge_refuses_slices_that_do_not_belong_together(slices: list[Path], reference: Path, tmp_path: Path) -> None:
+    with pytest.raises(MergeError, match=r"slices \[1\] of 2 are missing"):
+        merge_slices([slices[0]], tmp_path / "a", sparse_indexes=False)
+    with pytest.raises(MergeError, match="both slice 0 of 2"):
+        merge_slices([slices[0], slices[0], slices[1]], tmp_path / "b", sparse_indexes=False)
+    with pytest.raises(MergeError, match="not a slice"):
+        merge_slices([slices[0], reference], tmp_path / "c", sparse_indexes=False)
+
+    other = Path(shutil.copytree(slices[1], tmp_path / "other-layer"))
+    edit_manifest(other, layer=2)
+    with pytest.raises(MergeError, match=r"other-layer: layer is 2, but .*slice0 has 1"):
+        merge_slices([slices[0], other], tmp_path / "d", sparse_indexes=False)
+
+    settings_differ = Path(shutil.copytree(slices[1], tmp_path / "other-limit"))
+    state = json.loads((settings_differ / "build.json").read_text())
+    (settings_differ / "build.json").write_text(json.dumps({**state, "limit_articles": 100}))
+    with pytest.raises(MergeError, match=r"limit_articles differ"):
+        merge_slices([slices[0], settings_differ], tmp_path / "e", sparse_indexes=False)
+
+    gap = Path(shutil.copytree(slices[1], tmp_path / "gap"))
+    data = json.loads((gap / MANIFEST).read_text())
+    data["shards"] = [s for s in data["shards"] if s["index"] != 7]
+    (gap / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(MergeError, match=r"missing \[7\]"):
+        merge_slices([slices[0], gap], tmp_path / "f", sparse_indexes=False)
+
+    corrupt = Path(shutil.copytree(slices[1], tmp_path / "corrupt"))
+    vectors = corrupt / SHARDS_DIR / "shard-00003" / "vectors.npy"
+    data_bytes = bytearray(vectors.read_bytes())
+    data_bytes[-1] ^= 0xFF
+    vectors.write_bytes(bytes(data_bytes))
+    with pytest.raises(MergeError, match=r"shard-00003/vectors\.npy: sha256 mismatch"):
+        merge_slices([slices[0], corrupt], tmp_path / "g", sparse_indexes=False)
+    assert not (tmp_path / "g" / MANIFEST).exists()
+
+
+# ---- CLI errors ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (["--shard-index", "3", "--num-shards", "2"], 2, "--shard-index 3 must be < --num-shards 2"),
+        (["--batch-size", "0"], 2, "--batch-size"),
+        (["--corpus", "{tmp}/absent.jsonl"], 1, "absent.jsonl: no such corpus file"),
+        (["--corpus", "{tmp}/notes.txt"], 1, "notes.txt: unknown corpus format"),
+    ],
+)
+def test_cli_build_refuses_bad_flags_naming_the_problem(
+    tmp_path: Path, vital30: Path, capsys: pytest.CaptureFixture[str], extra: list[str], code: int, message: str
+) -> None:
+    (tmp_path / "notes.txt").write_text("not a corpus")
+    extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
+    argv = ["build", "--out", str(tmp_path / "ds"), "--device", "cpu"]
+    argv += extra if "--corpus" in extra else ["--corpus", str(vital30), *extra]
+    assert main(argv) == code
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "ds" / MANIFEST).exists()
+
+
+def test_cli_merge_of_an_unfinished_slice_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "s0").mkdir()
+    assert main(["merge", str(tmp_path / "s0"), "--out", str(tmp_path / "m")]) == 1
+    assert "no manifest" in capsys.readouterr().err

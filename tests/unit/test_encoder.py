@@ -1,0 +1,151 @@
+"""The [MASK] embedding: the layer index, the query path and windowing, against the model computed directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM
+
+from datastore_builder.encoder import MaskedInput, MaskedLMEncoder, ModelLoadError, QueryError, resolve_device
+from datastore_builder.targets import TargetSelector, load_stopwords, masked_ids
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model_dir: Path) -> MaskedLMEncoder:
+    return MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32)
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_model_dir: Path) -> torch.nn.Module:
+    """The same weights loaded independently, used as the plain Hugging Face forward."""
+    return AutoModelForMaskedLM.from_pretrained(str(tiny_model_dir)).eval()
+
+
+def direct(model: torch.nn.Module, item: MaskedInput, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """hidden_states[layer] and log-softmax(logits) at the mask, one unpadded sequence, no encoder code."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([item.input_ids]), output_hidden_states=True)
+    return (
+        out.hidden_states[layer][0, item.mask_pos].numpy(),
+        torch.log_softmax(out.logits[0, item.mask_pos], dim=-1).numpy(),
+    )
+
+
+@pytest.mark.parametrize("layer", [-2, -1, 0, 1])
+def test_embedding_is_hidden_state_of_the_layer_at_the_mask(
+    tiny_model_dir: Path, reference_model: torch.nn.Module, layer: int
+) -> None:
+    enc = MaskedLMEncoder.load(str(tiny_model_dir), layer=layer, device="cpu", dtype="float32")
+    items = [
+        enc.query_input("zorblat was born in [MASK] ."),
+        enc.query_input("[MASK] is a large city with a famous bridge near the sea ."),  # longer: padding in batch
+        enc.query_input("the bridge of plonk is [MASK]"),
+    ]
+    out = enc.encode(items, with_mlm=True)
+    assert out.embeddings.shape == (3, 32)
+    assert out.mlm_log_probs is not None
+    for i, item in enumerate(items):
+        want_emb, want_logp = direct(reference_model, item, layer)
+        np.testing.assert_allclose(out.embeddings[i], want_emb, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out.mlm_log_probs[i].numpy(), want_logp, rtol=1e-5, atol=1e-5)
+    # Different layers give different vectors: the index really selects a layer.
+    other = MaskedLMEncoder.load(str(tiny_model_dir), layer=0 if layer != 0 else -1, device="cpu")
+    assert not np.allclose(other.encode(items).embeddings, out.embeddings)
+
+
+def test_default_layer_is_second_to_last(tiny_model_dir: Path, encoder: MaskedLMEncoder) -> None:
+    assert encoder.num_layers == 2
+    assert encoder.layer == 1  # hidden_states has 3 entries (embeddings + 2 layers); -2 is index 1
+    assert MaskedLMEncoder.load(str(tiny_model_dir), layer=-2, device="cpu").layer == 1
+    assert MaskedLMEncoder.load(str(tiny_model_dir), layer=-3, device="cpu").layer == 0
+
+
+@pytest.mark.parametrize("layer", [3, -4, 100])
+def test_layer_out_of_range_is_refused(tiny_model_dir: Path, layer: int) -> None:
+    with pytest.raises(ModelLoadError, match=r"layer .* out of range.*hidden_states\[0\.\.2\]"):
+        MaskedLMEncoder.load(str(tiny_model_dir), layer=layer, device="cpu")
+
+
+def test_max_seq_len_beyond_the_model_is_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(ModelLoadError, match="max_seq_len=1000"):
+        MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", max_seq_len=1000)
+
+
+def test_unloadable_model_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="no-such-model"):
+        MaskedLMEncoder.load(str(tmp_path / "no-such-model"), device="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when CUDA is absent")
+def test_cuda_without_a_gpu_is_refused() -> None:
+    with pytest.raises(ModelLoadError, match="--device cpu"):
+        resolve_device("cuda")
+
+
+@pytest.mark.parametrize("spelling", ["[MASK]", "[mask]", "[ MASK ]", "[ Mask]", "[\tmask  ]"])
+def test_query_mask_spellings_become_the_mask_token(encoder: MaskedLMEncoder, spelling: str) -> None:
+    assert encoder.inputs.normalize_query(f"zorblat was born in {spelling} .") == "zorblat was born in [MASK] ."
+    assert encoder.query_input(f"zorblat was born in {spelling} .") == encoder.query_input("zorblat was born in [MASK] .")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("zorblat was born in quimby .", "exactly one"),
+        ("[MASK] was born in [mask] .", "exactly one"),
+        ("  [MASK] ", "nothing but"),
+    ],
+)
+def test_queries_without_exactly_one_mask_are_refused(encoder: MaskedLMEncoder, text: str, message: str) -> None:
+    with pytest.raises(QueryError, match=message):
+        encoder.query_input(text)
+
+
+@pytest.mark.parametrize("mask_pos", [0, 1, 15, 150, 298, 299])
+def test_long_contexts_are_windowed_around_the_mask(encoder: MaskedLMEncoder, mask_pos: int) -> None:
+    ids = list(range(100, 400))  # 300 ids, max_seq_len 32
+    ids[mask_pos] = encoder.inputs.mask_id
+    item = encoder.masked_input(ids, mask_pos)
+    tok = encoder.tokenizer
+    assert len(item.input_ids) == 32
+    assert item.input_ids[0] == tok.cls_token_id and item.input_ids[-1] == tok.sep_token_id
+    assert item.input_ids[item.mask_pos] == encoder.inputs.mask_id
+    body = list(item.input_ids[1:-1])
+    start = ids.index(body[0]) if body[0] != encoder.inputs.mask_id else mask_pos
+    assert body == ids[start : start + 30]  # one contiguous window of the original ids
+    assert start <= mask_pos < start + 30
+
+
+def test_long_query_is_windowed_by_the_same_function(encoder: MaskedLMEncoder) -> None:
+    text = "quimby is a small town near the sea . " * 20 + "zorblat was born in [MASK] ."
+    item = encoder.query_input(text)
+    assert len(item.input_ids) == 32
+    assert item.input_ids[item.mask_pos] == encoder.inputs.mask_id
+    assert encoder.encode([item]).embeddings.shape == (1, 32)
+
+
+def test_query_and_datastore_context_share_one_input_and_one_embedding(encoder: MaskedLMEncoder) -> None:
+    """A datastore context (sentence with its target masked) and the same cloze query embed identically."""
+    selector = TargetSelector(encoder.tokenizer, load_stopwords())
+    (sentence,) = selector.select(["Zorblat was born in quimby."])
+    target = next(t for t in sentence.targets if sentence.text[t.char_start : t.char_end] == "quimby")
+    context = encoder.masked_input(*masked_ids(sentence, target, encoder.inputs.mask_id))
+    query = encoder.query_input("Zorblat was born in [MASK].")
+    assert context == query
+    a, b = encoder.encode([context]).embeddings, encoder.encode([query]).embeddings
+    np.testing.assert_array_equal(a, b)
+
+
+def test_encode_of_nothing_is_empty(encoder: MaskedLMEncoder) -> None:
+    out = encoder.encode([])
+    assert out.embeddings.shape == (0, 32)
+
+
+def test_tiny_model_tokenises_its_corpus_words(encoder: MaskedLMEncoder) -> None:
+    """Guards the fixture: a tokenizer that maps everything to [UNK] would make every test here vacuous."""
+    ids = encoder.tokenizer("Zorblat was born in quimby.", add_special_tokens=False)["input_ids"]
+    assert encoder.tokenizer.unk_token_id not in ids
+    assert encoder.tokenizer.convert_ids_to_tokens(ids) == ["zorblat", "was", "born", "in", "quimby", "."]

@@ -1,0 +1,168 @@
+"""`validate` names the file behind each kind of damage; the article table is contiguous; the reader reads rows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from datastore_builder.__main__ import main
+from datastore_builder.build import build
+from datastore_builder.format import (
+    ARTICLES,
+    LABELS,
+    MANIFEST,
+    SHARD_MARKER,
+    SHARDS_DIR,
+    SPANS,
+    VECTORS,
+    Datastore,
+    FileInfo,
+    read_manifest,
+    sha256_file,
+    validate_datastore,
+    write_manifest,
+)
+from datastore_builder.settings import BuildSettings
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_corpus: Path) -> Path:
+    out = tmp_path_factory.mktemp("format") / "ds"
+    build(
+        BuildSettings(
+            corpus=[tiny_corpus],
+            model=str(tiny_model_dir),
+            out=out,
+            device="cpu",
+            articles_per_shard=2,
+            workers=0,
+            batch_size=8,
+            max_seq_len=64,
+            sparse_indexes=False,
+        )
+    )
+    return out
+
+
+@pytest.fixture
+def ds(built: Path, tmp_path: Path) -> Path:
+    """A private copy to damage."""
+    return Path(shutil.copytree(built, tmp_path / "ds"))
+
+
+def shard_dir(root: Path, n: int = 1) -> Path:
+    return root / SHARDS_DIR / f"shard-{n:05d}"
+
+
+def test_a_fresh_build_validates(ds: Path) -> None:
+    m = read_manifest(ds)
+    assert validate_datastore(ds) == []
+    assert len(m.shards) == 3 and m.counts.articles == 6
+    assert m.counts.contexts > 20  # the tiny tokenizer knows the corpus words: real targets were found
+
+
+def test_truncated_vectors_are_named(ds: Path) -> None:
+    path = shard_dir(ds) / VECTORS
+    path.write_bytes(path.read_bytes()[:-10])
+    problems = validate_datastore(ds)
+    assert problems[0].startswith(f"{path}: ")
+    assert "truncated" in problems[0]
+    assert validate_datastore(ds, hashes=False)[0].startswith(f"{path}: ")
+
+
+def test_a_corrupted_byte_is_named(ds: Path) -> None:
+    path = shard_dir(ds) / LABELS
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01  # same size, one bit flipped in the data
+    path.write_bytes(bytes(data))
+    problems = validate_datastore(ds)
+    assert problems[0] == f"{path}: sha256 mismatch (corrupted)"
+
+
+def test_a_missing_file_is_named(ds: Path) -> None:
+    path = shard_dir(ds, 2) / SPANS
+    path.unlink()
+    assert validate_datastore(ds)[0] == f"{path}: missing"
+
+
+def test_a_missing_shard_marker_is_named(ds: Path) -> None:
+    path = shard_dir(ds, 0) / SHARD_MARKER
+    path.unlink()
+    assert validate_datastore(ds)[0].startswith(f"{path}: missing")
+
+
+def test_wrong_manifest_counts_are_named(ds: Path) -> None:
+    m = read_manifest(ds)
+    m.counts.contexts += 1
+    write_manifest(ds, m)
+    problems = validate_datastore(ds)
+    assert problems[0].startswith(f"{ds / MANIFEST}: counts ")
+    assert "do not match" in problems[0]
+
+
+def test_a_missing_manifest_says_the_build_did_not_finish(ds: Path) -> None:
+    (ds / MANIFEST).unlink()
+    (problem,) = validate_datastore(ds)
+    assert problem.startswith(f"{ds / MANIFEST}: no manifest")
+    assert "re-run the same build command" in problem
+
+
+def test_article_rows_are_contiguous_and_cover_each_shard(built: Path) -> None:
+    store = Datastore(built)
+    for shard in store.shards:
+        arts = sorted(shard.articles(), key=lambda a: a["row_start"])
+        assert arts[0]["row_start"] == 0 and arts[-1]["row_end"] == shard.info.rows
+        for a, b in zip(arts, arts[1:], strict=False):
+            assert a["row_end"] == b["row_start"]
+        for a in arts:
+            # Every row of the article points into the article's own sentences.
+            sids = shard.sentence_ids[a["row_start"] : a["row_end"]]
+            assert np.all((sids >= a["sent_start"]) & (sids < a["sent_end"]))
+
+
+def test_non_contiguous_article_rows_are_named(ds: Path) -> None:
+    """Damage the article table consistently (checksums re-sealed) so only the contiguity check can catch it."""
+    sd = shard_dir(ds)
+    arts = json.loads((sd / ARTICLES).read_text(encoding="utf-8"))
+    arts[1]["row_start"] += 1  # a gap of one row between the two articles
+    (sd / ARTICLES).write_text(json.dumps(arts, ensure_ascii=False, sort_keys=True), encoding="utf-8")
+    m = read_manifest(ds)
+    entry = m.shards[1]
+    files = {**entry.files, ARTICLES: FileInfo(bytes=(sd / ARTICLES).stat().st_size, sha256=sha256_file(sd / ARTICLES))}
+    m.shards[1] = entry.model_copy(update={"files": files})
+    (sd / SHARD_MARKER).write_text(m.shards[1].model_dump_json(indent=1))
+    m.datastore_id = m.compute_id()
+    write_manifest(ds, m)
+    problems = validate_datastore(ds)
+    assert problems[0].startswith(f"{sd / ARTICLES}: article ")
+    assert "not contiguous" in problems[0]
+
+
+def test_cli_validate_reports_the_first_problem(ds: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(ds)]) == 0
+    assert f"OK: {ds}" in capsys.readouterr().out
+    path = shard_dir(ds) / VECTORS
+    path.write_bytes(path.read_bytes()[:-2])
+    assert main(["validate", str(ds)]) == 1
+    assert f"INVALID: {path}: " in capsys.readouterr().err
+
+
+def test_reader_returns_the_rows_of_the_given_articles(built: Path, tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    store = Datastore(built)
+    vecs, labels, ids = store.article_rows(["Plonk", "No such article", "Zorblat"])
+    plonk, zorblat = store.articles["Plonk"], store.articles["Zorblat"]
+    assert len(ids) == plonk.rows + zorblat.rows
+    pos = store.shard_position(plonk.shard)
+    np.testing.assert_array_equal(vecs[: plonk.rows], store.shards[pos].vectors[plonk.row_start : plonk.row_end])
+    np.testing.assert_array_equal(labels, store.labels_at(ids))
+    for g, label in zip(ids[: plonk.rows], labels[: plonk.rows], strict=True):
+        ref = store.context(int(g))
+        assert ref.article == "Plonk"
+        word = ref.sentence[ref.span[0] : ref.span[1]]
+        assert tokenizer(word, add_special_tokens=False)["input_ids"] == [int(label)]
