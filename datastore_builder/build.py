@@ -8,7 +8,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from multiprocessing import get_context
@@ -251,6 +251,17 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
                 assert pool is not None
                 pending.append(pool.submit(_prepare_in_worker, *nxt))
 
+        writer = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
+        writing: list[Future[ShardInfo]] = []
+
+        def finish_write() -> None:
+            nonlocal new_contexts
+            while writing:
+                info = writing.pop(0).result()
+                infos.append(info)
+                new_contexts += info.rows
+                bar.update(info.rows)
+
         try:
             while True:
                 if pool is not None:
@@ -268,15 +279,15 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
                 t1 = time.perf_counter()
                 vectors = embed_prepared(encoder, prepared, settings.batch_size)
                 encode_seconds += time.perf_counter() - t1
-                info = write_shard(
-                    out,
-                    prepared.index,
-                    ShardData(vectors, prepared.labels, prepared.sentence_ids, prepared.spans, prepared.sentences, prepared.articles),
+                # the previous shard's write (fsyncs, checksums) ran while this one was embedded
+                finish_write()
+                data = ShardData(
+                    vectors, prepared.labels, prepared.sentence_ids, prepared.spans, prepared.sentences, prepared.articles
                 )
-                infos.append(info)
-                new_contexts += info.rows
-                bar.update(info.rows)
+                writing.append(writer.submit(write_shard, out, prepared.index, data))
+            finish_write()
         finally:
+            writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
     finally:
