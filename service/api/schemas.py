@@ -18,7 +18,7 @@ class PredictRequest(BaseModel):
 
     text: str = Field(..., min_length=1, max_length=2000, description="cloze question with exactly one [MASK]")
     subject: str | None = Field(
-        None, min_length=1, max_length=300, description="the entity asked about; its own article is searched first"
+        None, min_length=1, max_length=300, description="the entity asked about; its own article is searched (alone) when it has one"
     )
     top_k: int | None = Field(None, ge=1, le=100, description="answers returned (default 10)")
     retriever: RetrieverName | None = Field(None, description="article ranker (default bm25); none = whole datastore")

@@ -219,7 +219,10 @@ def test_the_subject_rule_wins_over_the_ranker(
     )
     pipeline = AnswerPipeline(encoder, datastore, retrievers={"bm25": bm25})
     hits, _ = pipeline.retrieve(Query(text=text, subject="frelle dax", retriever="bm25", num_articles=2))
-    assert [(h.title, h.rule) for h in hits] == [("Frelle Dax", "subject"), ("Zorblat", "bm25")]
+    # the subject's own article alone (the paper's rule), although BM25 ranks another article first
+    assert [(h.title, h.rule) for h in hits] == [("Frelle Dax", "subject")]
+    unknown, _ = pipeline.retrieve(Query(text=text, subject="nobody", retriever="bm25", num_articles=2))
+    assert [h.rule for h in unknown] == ["bm25", "bm25"] and unknown[0].title == "Zorblat"
 
 
 # ---- rebuilds -----------------------------------------------------------------------------------------------
