@@ -1,16 +1,20 @@
 """Real-data quality benchmark, one command: ``python -m bench.quality`` (``--help`` for the options).
 
 1. Queries: the LAMA probe (T-REx relations that have evidence files, Google-RE, SQuAD) built as
-   ``python -m evaluation lama`` builds them, the first ``--limit`` facts per relation (default 50).
+   ``python -m evaluation lama`` builds them, the first ``--limit`` facts per relation (default 40).
 2. Corpus (``bench/quality/corpus.py``): the subject articles of those facts (T-REx evidence sentences grouped
    per subject; the Google-RE Wikipedia snippets of those facts) plus ``--distractors`` vital Wikipedia articles
-   (default 2000, a fixed sample by title hash) for the article ranker to choose among. ``--full`` takes every
+   (default 500, a fixed sample by title hash) as distractors for BM25 and the whole-datastore kNN. ``--full`` takes every
    article of ``wiki/`` and every T-REx subject instead (hours on 2 CPU cores).
 3. Datastore: built with the real builder (``--model``, default the proxy MiniLM MLM), BM25 + TF-IDF + IVF-PQ
    indexes; reused when the corpus and model are unchanged (``--rebuild`` forces a new build).
-4. Evaluation: one in-process pipeline, MLM vs kNN vs interpolation, with retrieval (BM25, N=3, subject article
-   first) and without (kNN over the whole datastore, IVF-PQ); full vocabulary, and LAMA's common vocabulary.
-   Settings are the service defaults (k=128, l=6, lambda=0.3).
+4. Evaluation, one in-process pipeline (each query's forward pass runs once for all runs), service defaults
+   (k=128, l=6, lambda=0.3) unless said otherwise:
+   - ``retrieval``: the service's article choice: the subject's own article alone when it has one (T-REx,
+     Google-RE), else the BM25 top N=3 (SQuAD);
+   - ``no_retrieval``: kNN over the whole datastore (IVF-PQ);
+   each with the full vocabulary and with LAMA's common vocabulary; then a grid search on the dev split (20 %,
+   by hash of the fact id) with the best setting evaluated on the rest (``tuned``; ``--no-grid`` skips it).
 
 Writes ``bench/results/quality.json`` (every report in the ``--out`` format of ``python -m evaluation lama``,
 with the subset, corpus, datastore and wall times) and ``bench/results/quality.md`` (the table).
@@ -48,8 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--work", type=Path, default=REPO / "runs" / "bench-quality", help="corpus and datastore go here"
     )
     p.add_argument("--results", type=Path, default=REPO / "bench" / "results", help="reports go here")
-    p.add_argument("--limit", type=int, default=50, help="facts per relation (first N kept, file order)")
-    p.add_argument("--distractors", type=int, default=2000, help="vital articles added as distractors")
+    p.add_argument("--limit", type=int, default=40, help="facts per relation (first N kept, file order)")
+    p.add_argument("--distractors", type=int, default=500, help="vital articles added as distractors")
+    p.add_argument(
+        "--fact-sentences", type=int, default=3, help="evidence sentences kept per evaluated T-REx fact"
+    )
+    p.add_argument(
+        "--other-sentences",
+        type=int,
+        default=5,
+        help="per T-REx subject article, evidence sentences of facts not evaluated kept at most",
+    )
     p.add_argument("--full", action="store_true", help="every article and every fact (hours on 2 CPU cores)")
     p.add_argument(
         "--vocab", type=Path, help="LAMA common vocabulary (default lama/common_vocab_lowercased.txt)"
@@ -58,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
     p.add_argument("--batch-size", type=int, default=32, help="evaluation batch size")
     p.add_argument("--rebuild", action="store_true", help="build the datastore again even if it is current")
+    p.add_argument(
+        "--no-grid", dest="grid", action="store_false", help="skip the grid search on the dev split"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -72,52 +88,71 @@ def _datastore_is_current(ds: Path, corpus_sha: str, model_sha: str) -> bool:
     return same and {"bm25", "ivfpq"} <= set(man.indexes) and not validate_datastore(ds, hashes=False)
 
 
+RUN_LABELS = {
+    "retrieval": "subject article (no subject: BM25 top 3)",
+    "no_retrieval": "none: whole datastore (IVF-PQ)",
+    "tuned": "grid-tuned on dev, test split",
+}
+NAMES = {"mlm": "MLM", "knn": "kNN", "bert_knn": "BERT-kNN"}
+
+
 def _markdown(runs: dict[str, dict], meta: dict) -> str:
     cols = ("mlm", "knn", "bert_knn")
-    names = {"mlm": "MLM", "knn": "kNN", "bert_knn": "BERT-kNN"}
+    t = meta["timings_s"]
     lines = [
         "# Quality benchmark (LAMA)",
         "",
-        f"Model: `{meta['model']}`; datastore: {meta['datastore']['articles']} articles, "
-        f"{meta['datastore']['contexts']} contexts (layer {meta['datastore']['layer']}); "
-        f"subset: {meta['subset']['description']}.",
-        f"Settings: N=3 articles (subject article first, then BM25), k=128, l=6, lambda=0.3; no retrieval = kNN over "
-        f"the whole datastore (IVF-PQ, nprobe 64, re-ranked exactly). Wall time: {meta['timings_s']['total']:.0f} s "
-        f"({', '.join(f'{k} {v:.0f} s' for k, v in meta['timings_s'].items() if k != 'total')}) on "
-        f"{meta['machine']['cores']} CPU cores.",
-        "Macro P@k (%): per relation first, then the mean over relations; 'overall' is the mean over all relations of "
-        "all datasets.",
-        "",
+        f"- Model: `{Path(meta['model']).name}` ({meta['model']}); datastore: {meta['datastore']['articles']} "
+        f"articles, {meta['datastore']['contexts']} contexts, layer {meta['datastore']['layer']}.",
+        f"- Subset: {meta['subset']['description']}.",
+        "- Settings: k=128, l=6, lambda=0.3 (service defaults) unless the row says otherwise; no retrieval = kNN over "
+        "the whole datastore (IVF-PQ, nprobe 64, candidates re-ranked with exact distances).",
+        f"- Wall time: {t['total']:.0f} s on {meta['machine']['cores']} CPU cores "
+        f"({', '.join(f'{k} {v:.0f} s' for k, v in t.items() if k != 'total')}).",
+        "- Macro P@k (%): per relation first, then the mean over relations; 'overall' is the mean over all relations of "
+        "all datasets (each relation weighs the same).",
     ]
-    for vocab_name in ("full", "common"):
-        subset = {k: v for k, v in runs.items() if k.endswith(vocab_name)}
+    if "tuned" in runs:
+        g = runs["tuned"]["settings"]["grid"]
+        b = g["best"]
+        lines.append(
+            f"- Grid (N 1-5, lambda 0.2-0.8, k 64/128/512, l 5-12) on the dev split ({g['dev_queries']} queries): "
+            f"best N={b['num_articles']}, lambda={b['lambda']}, k={b['k']}, l={b['temperature']} "
+            f"(dev macro P@1 {g['best_dev_macro_bert_knn']['p@1']:.1f}); the 'tuned' rows are on the other 80 %."
+        )
+    lines.append("")
+    for vocab_name, title in (
+        ("full", "Full vocabulary"),
+        ("common", "LAMA common vocabulary (ranking and facts)"),
+    ):
+        subset = {k: v for k, v in runs.items() if v["settings"]["vocab_name"] == vocab_name}
         if not subset:
             continue
-        title = (
-            "full vocabulary"
-            if vocab_name == "full"
-            else "LAMA common vocabulary (ranking and facts restricted)"
-        )
         lines += [f"## {title}", ""]
         lines.append(
-            "| dataset | relations | facts | retrieval | "
-            + " | ".join(f"{names[c]} P@1" for c in cols)
+            "| dataset | rel. | facts | retrieval | "
+            + " | ".join(f"{NAMES[c]} P@1" for c in cols)
             + " | "
-            + " | ".join(f"{names[c]} P@10" for c in cols)
+            + " | ".join(f"{NAMES[c]} P@10" for c in cols)
             + " |"
         )
         lines.append("|---|---:|---:|---|" + "---:|" * (2 * len(cols)))
-        first = next(iter(subset.values()))
-        rows = [(d, v["relations"], v["facts"]) for d, v in first["datasets"].items()]
-        rows.append(
-            ("overall", len(first["relations"]), sum(r["facts"] for r in first["relations"].values()))
-        )
-        for ds, nrel, nfacts in rows:
+        datasets = list(next(iter(subset.values()))["datasets"])
+        for ds in [*datasets, "overall"]:
             for run_name, rep in subset.items():
-                block = rep["macro"] if ds == "overall" else rep["datasets"][ds]
-                retr = "BM25 + subject" if run_name.startswith("bm25") else "none (whole datastore)"
+                if ds == "overall":
+                    block = rep["macro"]
+                    nrel, nfacts = len(rep["relations"]), sum(r["facts"] for r in rep["relations"].values())
+                else:
+                    block = rep["datasets"][ds]
+                    nrel, nfacts = block["relations"], block["facts"]
                 cells = [f"{block[c]['p@1']:.1f}" for c in cols] + [f"{block[c]['p@10']:.1f}" for c in cols]
-                lines.append(f"| {ds} | {nrel} | {nfacts} | {retr} | " + " | ".join(cells) + " |")
+                name = f"**{ds}**" if ds == "overall" else ds
+                lines.append(
+                    f"| {name} | {nrel} | {nfacts} | {RUN_LABELS[run_name.rsplit('_', 1)[0]]} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -134,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from datastore_builder.encoder import MaskedLMEncoder
     from datastore_builder.format import Datastore, read_manifest, sha256_file
     from datastore_builder.settings import BuildSettings
+    from evaluation.grid import grid_search
     from evaluation.lama import (
+        DEV_PERCENT,
         GOOGLE_RE,
         TREX,
         ObjectVocabulary,
@@ -160,7 +197,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     relations = discover_relations(lama_dir, trex="evidence")
     probe = load_probe(relations, ObjectVocabulary(tokenizer), limit=limit)
     trex_subjects = {q.subject for q in probe.queries if q.dataset == TREX and q.subject}
+    trex_uids = {q.uid for q in probe.queries if q.dataset == TREX}
     gre_uids = {q.uid for q in probe.queries if q.dataset == GOOGLE_RE}
+    vocab_path = args.vocab or lama_dir / "common_vocab_lowercased.txt"
+    common = ObjectVocabulary(tokenizer, load_vocab_file(vocab_path))
+    # the same facts (their subject articles are in the corpus), minus those whose object is outside the common
+    # vocabulary: here the limit applies before that filter
+    allowed_tokens = common.restrict or frozenset()
+    common_queries = [q for q in probe.queries if q.obj in allowed_tokens]
 
     # 2. corpus
     t = time.perf_counter()
@@ -171,8 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         wiki_dir=wiki_dir,
         lama_dir=lama_dir,
         trex_subjects=None if args.full else trex_subjects,
+        trex_uids=None if args.full else trex_uids,
         google_re_uids=None if args.full else gre_uids,
         distractors=distractors,
+        max_fact_sentences=None if args.full else args.fact_sentences,
+        max_other_sentences=None if args.full else args.other_sentences,
     )
     timings["corpus"] = time.perf_counter() - t
 
@@ -196,48 +243,74 @@ def main(argv: Sequence[str] | None = None) -> int:
     man = read_manifest(ds)
     logger.info("datastore %s: %s%s", ds, man.counts.model_dump(), " (reused)" if reused else "")
 
-    # 4. evaluation: one pipeline, so the forward pass and retrieval of each query run once across the runs
+    # 4. evaluation: one pipeline, so each query's forward pass (and retrieval) is computed once for all runs
     pipeline = AnswerPipeline(encoder, Datastore(ds), cache=InMemoryCache(1 << 18))
-    vocab_path = args.vocab or lama_dir / "common_vocab_lowercased.txt"
-    common = ObjectVocabulary(tokenizer, load_vocab_file(vocab_path))
-    common_probe = load_probe(relations, common, limit=limit)
     runs: dict[str, dict] = {}
+    base = RunSettings(batch_size=args.batch_size)
+    plan = [("retrieval", base), ("no_retrieval", base.with_(retriever="none"))]
+
+    def run(
+        name: str, vocab_name: str, queries: list, settings: RunSettings, extra: dict | None = None
+    ) -> None:
+        allowed = common.allowed_ids() if vocab_name == "common" else None
+        runner = PipelineRunner(pipeline, allowed_ids=allowed, progress=not args.quiet)
+        t0 = time.perf_counter()
+        summary = summarize(runner.run(queries, settings))
+        elapsed = time.perf_counter() - t0
+        timings[f"eval {name} {vocab_name}"] = elapsed
+        runs[f"{name}_{vocab_name}"] = report_dict(
+            summary,
+            {
+                "model": args.model,
+                "datastore": str(ds),
+                "run": RUN_LABELS[name],
+                "retriever": settings.retriever,
+                "num_articles": None if settings.retriever == "none" else settings.num_articles,
+                "k": settings.k,
+                "temperature": settings.temperature,
+                "lambda": settings.lambda_,
+                "vocab_name": vocab_name,
+                "vocab": str(vocab_path) if vocab_name == "common" else None,
+                "limit": limit,
+                "queries": len(queries),
+                "wall_s": round(elapsed, 1),
+                "averages": "macro: per relation first, then mean over relations; 'macro' = mean over all "
+                "relations of all datasets",
+                **(extra or {}),
+            },
+        )
+        print(
+            format_table(summary, title=f"\n{RUN_LABELS[name]}, {vocab_name} vocabulary: P@1/P@5/P@10 in %")
+        )
+
     try:
-        for vocab_name, vocab, queries in (
-            ("full", None, probe.queries),
-            ("common", common, common_probe.queries),
-        ):
-            runner = PipelineRunner(
-                pipeline, allowed_ids=None if vocab is None else vocab.allowed_ids(), progress=not args.quiet
+        for vocab_name, queries in (("full", probe.queries), ("common", common_queries)):
+            for name, settings in plan:
+                run(name, vocab_name, queries, settings)
+        if args.grid:
+            t = time.perf_counter()
+            result = grid_search(
+                pipeline, probe.for_split("dev"), batch_size=args.batch_size, progress=not args.quiet
             )
-            for retriever in ("bm25", "none"):
-                t = time.perf_counter()
-                settings = RunSettings(retriever=retriever, batch_size=args.batch_size)  # type: ignore[arg-type]
-                results = runner.run(queries, settings)
-                elapsed = time.perf_counter() - t
-                timings[f"eval {retriever} {vocab_name}"] = elapsed
-                summary = summarize(results)
-                name = f"{retriever}_{vocab_name}"
-                runs[name] = report_dict(
-                    summary,
-                    {
-                        "model": args.model,
-                        "datastore": str(ds),
-                        "retriever": retriever,
-                        "num_articles": None if retriever == "none" else settings.num_articles,
-                        "k": settings.k,
-                        "temperature": settings.temperature,
-                        "lambda": settings.lambda_,
-                        "vocab": None if vocab is None else str(vocab_path),
-                        "limit": limit,
-                        "queries": len(queries),
-                        "wall_s": round(elapsed, 1),
-                        "averages": "macro: per relation first, then mean over relations; 'macro' = mean over all "
-                        "relations of all datasets",
-                    },
-                )
-                label = "no retrieval" if retriever == "none" else "BM25 + subject article"
-                print(format_table(summary, title=f"\n{label}, {vocab_name} vocabulary: P@1/P@5/P@10 in %"))
+            timings["grid"] = time.perf_counter() - t
+            print(result.format())
+            grid_info = {
+                "dev_split": f"sha256(fact id) mod 100 < {DEV_PERCENT}",
+                "dev_queries": result.queries,
+                "best": result.best.as_dict(),
+                "best_dev_macro_bert_knn": {k: round(v, 2) for k, v in result.ranking[0][1].items()},
+                "top10": [
+                    {**pt.as_dict(), **{k: round(v, 2) for k, v in p.items()}}
+                    for pt, p in result.ranking[:10]
+                ],
+            }
+            run(
+                "tuned",
+                "full",
+                probe.for_split("test"),
+                result.best.apply(base),
+                {"split": "test", "grid": grid_info},
+            )
     finally:
         pipeline.close()
     timings["total"] = time.perf_counter() - t_start
@@ -249,15 +322,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             "full": bool(args.full),
             "limit_per_relation": limit,
             "distractor_vital_articles": distractors,
+            "evidence_sentences_per_fact": None if args.full else args.fact_sentences,
+            "other_sentences_per_subject": None if args.full else args.other_sentences,
             "relations": n_rel,
             "queries_full_vocab": len(probe.queries),
-            "queries_common_vocab": len(common_probe.queries),
+            "queries_common_vocab": len(common_queries),
             "description": (
                 "every fact, every article"
                 if args.full
-                else f"first {limit} facts per relation of T-REx (22 relations with evidence files), Google-RE (2) and "
-                f"SQuAD ({len(probe.queries)} queries, {n_rel} relations); corpus = their subject articles + "
-                f"{distractors} vital Wikipedia articles"
+                else f"the first {limit} facts per relation of T-REx (the 22 relations with evidence files), "
+                f"Google-RE (2) and SQuAD: {len(probe.queries)} queries, {n_rel} relations "
+                f"({len(common_queries)} with the common vocabulary); corpus = their subject articles (T-REx: the "
+                f"first {args.fact_sentences} evidence sentences of each evaluated fact + at most "
+                f"{args.other_sentences} sentences of other facts per subject; Google-RE: the facts' Wikipedia "
+                f"snippets) + {distractors} vital Wikipedia articles"
             ),
         },
         "corpus": corpus_stats.as_dict(),
@@ -278,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.results / "quality.md").write_text(md)
     print("\n" + md)
     print(
-        f"wall time {timings['total']:.0f} s; reports in {args.results / 'quality.json'} and {args.results / 'quality.md'}"
+        f"wall time {timings['total']:.0f} s; reports: {args.results / 'quality.json'}, {args.results / 'quality.md'}"
     )
     return 0
 

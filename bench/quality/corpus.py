@@ -6,7 +6,8 @@ One JSON line per article (``{"id", "title", "text"}``), the builder's JSONL inp
   snippets behind the Google-RE facts, titled by their URL);
 - for T-REx, every evidence sentence of the probe (``masked_sentence`` with ``[MASK]`` replaced by ``obj_surface``,
   i.e. the Wikipedia sentence that states the fact), grouped into one article per subject, titled with the
-  subject label, sentences in file order, duplicates dropped.
+  subject label, sentences in file order, duplicates dropped (a subset caps the sentences of facts it does not
+  evaluate, see `trex_evidence_articles`).
 
 Titles are compared after ``normalize_title`` (the builder keeps the first article of a title and drops the
 others), so an evidence article whose subject already has a Wikipedia article is appended to that article.
@@ -63,9 +64,23 @@ def evidence_sentence(evidence: dict) -> str | None:
     return text or None
 
 
-def trex_evidence_articles(trex_dir: Path, subjects: set[str] | None = None) -> dict[str, list[str]]:
-    """Subject label -> its evidence sentences over every T-REx relation file (all subjects when None)."""
-    out: dict[str, list[str]] = {}
+def trex_evidence_articles(
+    trex_dir: Path,
+    subjects: set[str] | None = None,
+    *,
+    keep_uids: set[str] | None = None,
+    max_fact_sentences: int | None = None,
+    max_other_sentences: int | None = None,
+) -> dict[str, list[str]]:
+    """Subject label -> its evidence sentences over every T-REx relation file (all subjects when None).
+
+    The sentences of the facts in ``keep_uids`` come first (at most ``max_fact_sentences`` per fact); at most
+    ``max_other_sentences`` sentences of other facts follow (None: no cap). A few subjects are heavy-tailed
+    (one fact about Germany has ~2,800 evidences), and the caps keep a subset benchmark's datastore proportional
+    to its number of facts.
+    """
+    first: dict[str, list[str]] = {}
+    other: dict[str, list[str]] = {}
     seen: dict[str, set[str]] = {}
     for path in sorted(trex_dir.glob("P*.jsonl")):
         for fact in _jsonl(path):
@@ -74,12 +89,24 @@ def trex_evidence_articles(trex_dir: Path, subjects: set[str] | None = None) -> 
                 continue
             if subjects is not None and subject not in subjects:
                 continue
+            evaluated = keep_uids is not None and str(fact.get("uuid")) in keep_uids
+            bucket = first if evaluated else other
+            taken = 0
             for ev in fact.get("evidences") or []:
+                if evaluated and max_fact_sentences is not None and taken >= max_fact_sentences:
+                    break
                 sentence = evidence_sentence(ev)
                 if sentence is None or sentence in seen.setdefault(subject, set()):
                     continue
                 seen[subject].add(sentence)
-                out.setdefault(subject, []).append(sentence)
+                bucket.setdefault(subject, []).append(sentence)
+                taken += 1
+    out: dict[str, list[str]] = {}
+    for subject in [*first, *(s for s in other if s not in first)]:
+        extra = other.get(subject, [])
+        if max_other_sentences is not None:
+            extra = extra[:max_other_sentences]
+        out[subject] = first.get(subject, []) + extra
     return out
 
 
@@ -113,8 +140,11 @@ def write_corpus(
     wiki_dir: Path,
     lama_dir: Path,
     trex_subjects: set[str] | None,
+    trex_uids: set[str] | None,
     google_re_uids: set[str] | None,
     distractors: int | None,
+    max_fact_sentences: int | None = None,
+    max_other_sentences: int | None = None,
 ) -> CorpusStats:
     """Write the benchmark corpus to ``out``; ``None`` for a selection means everything."""
     stats = CorpusStats()
@@ -137,7 +167,13 @@ def write_corpus(
     for art in _jsonl(wiki_dir / "google_re_articles.jsonl"):
         if wanted is None or normalize_title(art["title"]) in wanted:
             add("google_re", art["title"], art["text"], str(art["id"]))
-    evidence = trex_evidence_articles(lama_dir / "TREx", trex_subjects)
+    evidence = trex_evidence_articles(
+        lama_dir / "TREx",
+        trex_subjects,
+        keep_uids=trex_uids,
+        max_fact_sentences=max_fact_sentences,
+        max_other_sentences=max_other_sentences,
+    )
     for i, (subject, sentences) in enumerate(evidence.items()):
         stats.sentences_added += len(sentences)
         add("trex_evidence", subject, "\n".join(sentences), f"trex-{i}")
