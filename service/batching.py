@@ -79,6 +79,8 @@ class MicroBatcher(Generic[T, R]):
             first = await self._queue.get()
             self._busy = True
             batch = [first]
+            # Continuous batching: whatever queued up while the model was busy joins this batch at once; an
+            # idle model starts immediately unless max_wait_ms asks it to wait for company.
             deadline = loop.time() + self.max_wait_s
             while len(batch) < self.max_batch_size:
                 timeout = deadline - loop.time()

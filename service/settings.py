@@ -34,7 +34,10 @@ class CacheSettings(BaseModel):
 
 class BatchingSettings(BaseModel):
     max_batch_size: int = Field(32, ge=1, le=1024)
-    max_wait_ms: float = Field(2.0, ge=0, le=1000)
+    max_wait_ms: float = Field(
+        0.0, ge=0, le=1000, description="extra wait for company when the model is idle (requests that arrive while "
+        "it is busy are batched anyway)"
+    )
     max_queue: int = Field(256, ge=1, description="queued queries before 503 + Retry-After")
 
 
