@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import sys
@@ -104,9 +105,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        where = exc.filename or getattr(args, "out", None) or getattr(args, "datastore", None) or ""
+        print(f"error: {where}: {_os_error_message(exc)}", file=sys.stderr)
         return 1
     return 2
+
+
+_OUT_OF_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _os_error_message(exc: OSError) -> str:
+    """One line; running out of space says so and what to do (finished shards are kept, so a re-run resumes)."""
+    reason = exc.strerror or str(exc)
+    if exc.errno not in _OUT_OF_SPACE:
+        return reason
+    if exc.errno == errno.EFBIG:
+        what = f"the file outgrew the file-size limit ({reason}: ulimit -f, or the filesystem's largest file)"
+    else:
+        what = f"the disk is full ({reason})"
+    return (
+        f"out of space: {what}; free some space or choose another --out, then run the same command again "
+        "(finished shards are kept)"
+    )
 
 
 if __name__ == "__main__":

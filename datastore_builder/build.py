@@ -182,8 +182,14 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         raise BuildError("no corpus given: pass --corpus FILE (JSONL or MediaWiki XML dump), repeatable")
     for path in settings.corpus:
         if not Path(path).is_file():
-            raise BuildError(f"{path}: no such corpus file")
+            what = "not a regular file" if Path(path).exists() else "no such corpus file"
+            raise BuildError(f"{path}: {what}")
         detect_format(Path(path))
+        try:  # before the model loads: an unreadable corpus fails in a second, not after minutes
+            with open(path, "rb") as f:
+                f.read(1)
+        except OSError as exc:
+            raise BuildError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from exc
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads or cpu_quota_threads())

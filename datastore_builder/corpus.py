@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import xml.etree.ElementTree as ET
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,8 +79,14 @@ def _open(path: Path) -> IO[bytes]:
     return open(path, "rb")
 
 
+def _truncated(exc: Exception) -> str:
+    """bz2 and gzip report a cut-off stream as EOFError (zlib.error for garbage), which is not an OSError."""
+    return f"the compressed data is truncated or corrupt ({exc}); download or compress the file again"
+
+
 def read_jsonl(path: Path) -> Iterator[Article]:
     """``{"id", "title", "text"}`` per line, as WikiExtractor and most Wikipedia tools emit."""
+    lineno = 0
     try:
         with _open(path) as f:
             for lineno, raw in enumerate(f, 1):
@@ -99,6 +106,9 @@ def read_jsonl(path: Path) -> Iterator[Article]:
                 if not title:
                     raise CorpusError(f"{path}:{lineno}: empty title")
                 yield Article(str(obj.get("id", lineno)), title, obj["text"], str(path))
+    except (EOFError, zlib.error) as exc:
+        where = f" after line {lineno}" if lineno else ""
+        raise CorpusError(f"{path}: {_truncated(exc)}{where}") from exc
     except OSError as exc:
         raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
 
@@ -176,6 +186,8 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
                 yield Article(str(page_id), title, wikitext, str(path), markup="wikitext")
     except ET.ParseError as exc:
         raise CorpusError(f"{path}: malformed XML ({exc})") from exc
+    except (EOFError, zlib.error) as exc:
+        raise CorpusError(f"{path}: {_truncated(exc)}") from exc
     except OSError as exc:
         raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
 

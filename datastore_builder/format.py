@@ -27,10 +27,11 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -147,14 +148,48 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+@contextmanager
+def naming_write_errors(path: Path | str) -> Iterator[None]:
+    """Give an OSError without a file name (a failed ``write``, ``flush`` or ``fsync``: ENOSPC, EFBIG, EIO) the
+    name of the file or directory being written, so that the CLI's one-line error says where."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
+        raise
+
+
+class _PlainWrites:
+    """A file numpy does not recognise as one: ``np.save`` on a real file calls ``ndarray.tofile``, whose failure on
+    a full disk says only "N requested and M written" (no errno); through ``write`` it goes in 16 MiB chunks
+    and ENOSPC / EFBIG arrive as the OSError they are. The bytes written are the same."""
+
+    def __init__(self, f: BinaryIO):
+        self.write = f.write
+
+
+def save_npy(path: Path, array: np.ndarray, *, fsync: bool = False) -> None:
+    """``np.save`` (never pickling) with a write error that names ``path`` and keeps its errno."""
+    with naming_write_errors(path), open(path, "wb") as f:
+        np.save(_PlainWrites(f), array, allow_pickle=False)  # type: ignore[arg-type]
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write then fsync then rename, so a reader never sees a half-written file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with naming_write_errors(tmp), open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a half-written temp file frees its space now, not on the next run
+        raise
 
 
 def atomic_write_json(path: Path, obj: object) -> None:

@@ -45,6 +45,7 @@ from datastore_builder.format import (
     DatastoreError,
     Manifest,
     atomic_write_json,
+    naming_write_errors,
     read_manifest,
     validate_datastore,
     write_manifest,
@@ -164,8 +165,11 @@ def build_ivfpq(out: Path, manifest: Manifest, *, plan: IvfPqPlan | None = None)
     (out / INDEX_DIR).mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
-        faiss.write_index(index, str(tmp))
-        with open(tmp, "rb+") as f:
+        # Through a Python file object, not faiss.write_index(index, path): a full disk then raises an OSError
+        # with its errno (ENOSPC, EFBIG) that the CLI reports in one line, not a faiss RuntimeError.
+        with naming_write_errors(tmp), open(tmp, "wb") as f:
+            faiss.write_index(index, faiss.PyCallbackIOWriter(f.write))  # type: ignore[attr-defined]
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
     finally:

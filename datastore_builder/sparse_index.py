@@ -39,6 +39,7 @@ its log.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -68,6 +69,8 @@ from datastore_builder.format import (
     DatastoreError,
     Manifest,
     atomic_write_json,
+    naming_write_errors,
+    save_npy,
 )
 from datastore_builder.targets import is_punctuation, load_stopwords
 
@@ -287,29 +290,30 @@ def write_sparse_indexes(
     bm25_tmp = index_dir / f".bm25.tmp-{pid}"
     tfidf_tmp = index_dir / f".tfidf.tmp-{pid}"
     try:
-        docs_dir.mkdir()
-        tfidf_tmp.mkdir()
-        collected = _collect(articles, hasher, docs_dir)
-        if content_id is None:
-            fingerprint = _fingerprint(collected.content.hexdigest(), hasher)
-        n_docs = len(collected.titles)
-        t1 = time.perf_counter()
-        _run_lucene_indexer(docs_dir, bm25_tmp, n_docs, threads or _indexing_threads())
-        atomic_write_json(
-            bm25_tmp / BM25_META,
-            {
-                "format": "bertknn-bm25",
-                "version": SPARSE_FORMAT_VERSION,
-                "fingerprint": fingerprint,
-                "documents": n_docs,
-                "pyserini": _pyserini_version(),
-            },
-        )
-        t2 = time.perf_counter()
-        _write_tfidf(tfidf_tmp, collected, hasher, fingerprint)
-        t3 = time.perf_counter()
-        _install(bm25_tmp, root / BM25_DIR)
-        _install(tfidf_tmp, root / TFIDF_DIR)
+        with naming_write_errors(index_dir):
+            docs_dir.mkdir()
+            tfidf_tmp.mkdir()
+            collected = _collect(articles, hasher, docs_dir)
+            if content_id is None:
+                fingerprint = _fingerprint(collected.content.hexdigest(), hasher)
+            n_docs = len(collected.titles)
+            t1 = time.perf_counter()
+            _run_lucene_indexer(docs_dir, bm25_tmp, n_docs, threads or _indexing_threads())
+            atomic_write_json(
+                bm25_tmp / BM25_META,
+                {
+                    "format": "bertknn-bm25",
+                    "version": SPARSE_FORMAT_VERSION,
+                    "fingerprint": fingerprint,
+                    "documents": n_docs,
+                    "pyserini": _pyserini_version(),
+                },
+            )
+            t2 = time.perf_counter()
+            _write_tfidf(tfidf_tmp, collected, hasher, fingerprint)
+            t3 = time.perf_counter()
+            _install(bm25_tmp, root / BM25_DIR)
+            _install(tfidf_tmp, root / TFIDF_DIR)
     finally:
         for tmp in (docs_dir, bm25_tmp, tfidf_tmp):
             shutil.rmtree(tmp, ignore_errors=True)
@@ -389,8 +393,8 @@ def _write_tfidf(directory: Path, collected: _Collected, hasher: NgramHasher, fi
     )
     tables = tfidf_tables(counts)
     sp.save_npz(directory / TFIDF_POSTINGS, tables.postings, compressed=False)
-    np.save(directory / TFIDF_BUCKETS, tables.buckets, allow_pickle=False)
-    np.save(directory / TFIDF_IDF, tables.idf, allow_pickle=False)
+    save_npy(directory / TFIDF_BUCKETS, tables.buckets)
+    save_npy(directory / TFIDF_IDF, tables.idf)
     (directory / TFIDF_TITLES).write_text(json.dumps(collected.titles, ensure_ascii=False), encoding="utf-8")
     atomic_write_json(
         directory / TFIDF_PARAMS,
@@ -429,7 +433,16 @@ def _run_lucene_indexer(docs_dir: Path, index_dir: Path, n_docs: int, threads: i
     logger.info("Lucene: indexing %d articles with %d threads", n_docs, threads)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, errors="replace", check=False)
     log = (proc.stdout + proc.stderr).strip()
-    if proc.returncode != 0:
+    # Anserini logs an IOException while writing the index (a full disk) as an ERROR line and still exits 0
+    # with "Total N documents indexed", leaving a directory without a segments file: look at the log too.
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    if proc.returncode != 0 or errors:
+        if "No space left on device" in log or "Disk quota exceeded" in log or "File too large" in log:
+            # The JVM's IOException names the errno only in text; report it as the disk-full OSError it is.
+            code = errno.EDQUOT if "Disk quota" in log else errno.EFBIG if "File too large" in log else errno.ENOSPC
+            raise OSError(code, os.strerror(code), str(index_dir))
+        if proc.returncode == 0:
+            raise SparseIndexError(f"Lucene indexing into {index_dir} reported an error: {errors[0]}")
         tail = "\n".join(log.splitlines()[-15:])
         hint = ""
         if "UnsupportedClassVersionError" in log or "jdk.incubator.vector" in log:
@@ -438,6 +451,8 @@ def _run_lucene_indexer(docs_dir: Path, index_dir: Path, n_docs: int, threads: i
             hint = " (install pyserini==0.25.0 and its Lucene path dependencies: see pyproject.toml)"
         raise SparseIndexError(f"Lucene indexing failed with exit code {proc.returncode}{hint}:\n{tail}")
     logger.debug("Lucene indexer output:\n%s", log)
+    if not any(index_dir.glob("segments_*")):
+        raise SparseIndexError(f"Lucene indexing left no segments file in {index_dir}; see its log:\n{log[-2000:]}")
     m = re.search(r"Total ([\d,]+) documents? indexed", log)
     if m is not None and int(m.group(1).replace(",", "")) != n_docs:
         raise SparseIndexError(

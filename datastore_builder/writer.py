@@ -12,6 +12,7 @@ import numpy as np
 
 from datastore_builder.format import (
     ARTICLES,
+    INDEX_DIR,
     LABELS,
     SENTENCE_IDS,
     SENTENCE_OFFSETS,
@@ -24,7 +25,9 @@ from datastore_builder.format import (
     FileInfo,
     ShardInfo,
     check_shard_files,
+    naming_write_errors,
     read_shard_info,
+    save_npy,
     sha256_file,
     shard_name,
 )
@@ -41,14 +44,11 @@ class ShardData:
 
 
 def _fsync_save(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.save(f, np.ascontiguousarray(array), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
+    save_npy(path, np.ascontiguousarray(array), fsync=True)
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
+    with naming_write_errors(path), open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -72,6 +72,14 @@ def write_shard(root: Path, index: int, data: ShardData) -> ShardInfo:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    try:
+        return _write_shard_files(tmp, final, index, data)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # never trusted anyway; a full disk gets its space back now
+        raise
+
+
+def _write_shard_files(tmp: Path, final: Path, index: int, data: ShardData) -> ShardInfo:
     encoded = [s.encode("utf-8") for s in data.sentences]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
@@ -96,7 +104,7 @@ def write_shard(root: Path, index: int, data: ShardData) -> ShardInfo:
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    dir_fd = os.open(shards, os.O_RDONLY)
+    dir_fd = os.open(final.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -112,3 +120,13 @@ def remove_stale_temp(root: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
     for p in Path(root).glob(".*.tmp-*"):
         p.unlink(missing_ok=True)
+    # A build killed while writing an index leaves `.ivfpq.faiss.tmp-PID` (possibly gigabytes), `.ivfpq.json.tmp-PID`,
+    # or a directory a sparse-index swap renamed away; nothing else ever deletes them.
+    index_dir = Path(root) / INDEX_DIR
+    if index_dir.is_dir():
+        for p in index_dir.iterdir():
+            if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
