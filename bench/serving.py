@@ -30,7 +30,6 @@ from bench.common import (
     running_service,
     write_result,
 )
-from datastore_builder.build import cpu_quota_threads
 from datastore_builder.encoder import MaskedLMEncoder
 from datastore_builder.format import Datastore, write_manifest
 from datastore_builder.writer import ShardData, write_shard
@@ -134,9 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--scale", default="10,100", help="datastore size factors ('' to skip)")
     p.add_argument("--work", type=Path, default=RUNS / "bench-serving")
+    p.add_argument("--threads", type=int, default=0, help="torch threads for the bare forward and the service (0 = "
+                   "the service's default)")
     args = p.parse_args(argv)
 
-    torch.set_num_threads(cpu_quota_threads())
+    from service.main import default_threads
+
+    threads = args.threads or default_threads()
+    torch.set_num_threads(threads)
+    env = {"BERTKNN_MODEL__THREADS": str(threads)}
     ds = build_datastore([args.corpus], args.work / "ds", args.model, limit=args.articles)
     man = Datastore(ds).manifest
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "bare_forward_ms": {
         k: v * 1000 if k != "n" else v for k, v in bare.items()}}
 
-    with running_service(ds) as url:
+    with running_service(ds, env=env) as url:
         http_latencies(url, lama_queries(8, seed=99))  # warm-up (distinct from the measured queries)
         unc, bodies = http_latencies(url, lat_q)
         cached, bodies2 = http_latencies(url, lat_q)
@@ -180,13 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     factors = [int(f) for f in args.scale.split(",") if f]
     if factors:
         scale: dict = {}
-        with running_service(ds) as url:
+        with running_service(ds, env=env) as url:
             http_latencies(url, lama_queries(8, seed=98))
             base_p50 = percentiles(http_latencies(url, scale_q)[0])["p50"]
         scale["base_p50_ms"] = base_p50 * 1000
         for i, f in enumerate(factors):
             big = scaled_copy(ds, f, args.work / f"ds-x{f}")
-            with running_service(big) as url:
+            with running_service(big, env=env) as url:
                 http_latencies(url, lama_queries(8, seed=97 + i))
                 # the same queries as the base run, uncached in this fresh process
                 p50 = percentiles(http_latencies(url, scale_q)[0])["p50"]

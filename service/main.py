@@ -8,6 +8,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 import torch
@@ -36,13 +37,15 @@ def make_cache(settings: ServiceSettings) -> Cache:
     return InMemoryCache(c.lru_size)
 
 
-def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
-    if settings.model.threads:
-        torch.set_num_threads(settings.model.threads)
-    else:
-        from datastore_builder.build import cpu_quota_threads
+def default_threads() -> int:
+    """torch threads when none are set: the container's CPU quota (bench/serving.py --threads compares others)."""
+    from datastore_builder.build import cpu_quota_threads
 
-        torch.set_num_threads(cpu_quota_threads())
+    return cpu_quota_threads()
+
+
+def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
+    torch.set_num_threads(settings.model.threads or default_threads())
     return AnswerPipeline.open(
         settings.datastore,
         model=settings.model.name,
@@ -109,14 +112,17 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
         try:
-            pipeline = await asyncio.to_thread(factory, settings)
+            # loaded on the thread that will run every forward pass (one OpenMP team; see AsyncAnswerer)
+            pipeline = await asyncio.get_running_loop().run_in_executor(model_thread, factory, settings)
         except Exception as exc:
+            model_thread.shutdown(wait=False)
             logger.error("start-up failed: %s", exc)
             raise
         resources.pipeline = pipeline
         resources.metrics.watch_cache(pipeline.cache)
-        resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics)
+        resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics, model_thread=model_thread)
         resources.answerer.start()
         resources.ready = True
         logger.info("ready: %s", pipeline.identity())

@@ -23,10 +23,19 @@ class AsyncAnswerer:
     awaits.
     """
 
-    def __init__(self, pipeline: AnswerPipeline, batching: BatchingSettings, metrics: Metrics):
+    def __init__(
+        self,
+        pipeline: AnswerPipeline,
+        batching: BatchingSettings,
+        metrics: Metrics,
+        *,
+        model_thread: ThreadPoolExecutor | None = None,
+    ):
         self.pipeline = pipeline
         self.metrics = metrics
-        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+        # Every torch call must come from this one thread (the model was loaded on it too): each OS thread that
+        # calls torch gets its own OpenMP team, and two spinning teams on few cores halve the forward's speed.
+        self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="model")
         self._retrieval_thread = ThreadPoolExecutor(1, thread_name_prefix="retrieval")
         self._cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="knn")
         self.batcher: MicroBatcher[MaskedInput, tuple[QueryEncoding, bool]] = MicroBatcher(
@@ -64,6 +73,7 @@ class AsyncAnswerer:
             stage.add("retrieval", time.perf_counter() - t)
             return out
 
+        # retrieval (Lucene, its own thread) overlaps the queue wait and the forward pass
         (enc, hit), articles = await asyncio.gather(embed(), loop.run_in_executor(self._retrieval_thread, retrieve))
         answer = await loop.run_in_executor(
             self._cpu_pool,
