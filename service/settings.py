@@ -6,11 +6,12 @@ Examples: ``BERTKNN_DATASTORE=/data/ds``, ``BERTKNN_CACHE__REDIS_URL=redis://:pw
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 RetrieverName = Literal["bm25", "tfidf", "none"]
 
@@ -73,11 +74,20 @@ class ServiceSettings(BaseSettings):
     verify_checksums: bool = Field(False, description="hash every shard file at start-up (slow on big datastores)")
     shutdown_delay_s: float = Field(0.0, ge=0, le=60, description="after SIGTERM, report not-ready this long first")
     admin_token: str | None = Field(None, description="bearer token for /admin endpoints; unset disables them")
-    model: ModelSettings = Field(default_factory=ModelSettings)
+    # BERTKNN_MODEL may be a plain name or path (as the quick start and the builder use it) or a JSON object
+    model: Annotated[ModelSettings, NoDecode] = Field(default_factory=ModelSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     batching: BatchingSettings = Field(default_factory=BatchingSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     defaults: DefaultsSettings = Field(default_factory=DefaultsSettings)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("{") else {"name": text}
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> ServiceSettings:
