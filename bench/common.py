@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -73,18 +74,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class ServiceProcess:
+    url: str
+    proc: subprocess.Popen
+
+
 @contextlib.contextmanager
-def running_service(datastore: Path, *, env: dict[str, str] | None = None, timeout_s: float = 300) -> Iterator[str]:
-    """Start ``python -m service`` on a free loopback port; yield its URL; stop it."""
+def service_process(
+    datastore: Path, *, env: dict[str, str] | None = None, timeout_s: float = 300, args: tuple[str, ...] = ()
+) -> Iterator[ServiceProcess]:
+    """Start ``python -m service`` on a free loopback port and wait until /readyz answers 200; stop it after."""
     import httpx
 
     port = free_port()
     full_env = {**os.environ, "OPENAI_API_KEY": "unused", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"],
-        env=full_env,
-        cwd=REPO,
-    )
+    cmd = [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
@@ -96,16 +102,24 @@ def running_service(datastore: Path, *, env: dict[str, str] | None = None, timeo
                     break
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.25)
         else:
             raise RuntimeError("service did not become ready")
-        yield url
+        yield ServiceProcess(url, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextlib.contextmanager
+def running_service(datastore: Path, *, env: dict[str, str] | None = None, timeout_s: float = 300) -> Iterator[str]:
+    """`service_process`, yielding only its URL."""
+    with service_process(datastore, env=env, timeout_s=timeout_s) as svc:
+        yield svc.url
 
 
 def build_datastore(corpus: list[Path], out: Path, model: Path | str, *, limit: int | None = None, ivfpq: bool = False) -> Path:

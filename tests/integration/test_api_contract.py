@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
 import httpx
 import pytest
 import schemathesis
@@ -20,33 +15,15 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import REPO, free_port
+from bench.common import service_process
 
 
 @pytest.fixture(scope="module")
 def live_url(tiny_datastore):
     """The real service (`python -m service`) on a loopback port."""
-    port = free_port()
-    env = {**os.environ, "BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_LIMITS__MAX_BODY_BYTES": "20000"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--datastore", str(tiny_datastore), "--port", str(port), "--log-level", "warning"],
-        cwd=REPO,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                pytest.fail(f"service exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.25)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    env = {"BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_LIMITS__MAX_BODY_BYTES": "20000"}
+    with service_process(tiny_datastore, env=env) as svc:
+        yield svc.url
 
 
 def test_schema_conformance_and_no_server_errors(live_url):

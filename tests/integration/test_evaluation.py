@@ -7,18 +7,13 @@ must find them and the (random) tiny MLM must not.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from bench.common import service_process
 from evaluation.__main__ import main
-from tests.conftest import REPO, free_port
 
 RELATIONS = [
     {"relation": "P19", "template": "[X] was born in [Y] .", "label": "place of birth"},
@@ -233,34 +228,9 @@ def test_bad_arguments_fail_with_a_message(tiny_lama, tiny_datastore, tmp_path, 
 
 
 def test_http_mode_gives_the_in_process_numbers(tiny_lama, tiny_datastore, tiny_model_dir, report, tmp_path):
-    port = free_port()
-    env = {**os.environ, "BERTKNN_MODEL__DEVICE": "cpu"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "service",
-            "--datastore",
-            str(tiny_datastore),
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=REPO,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(480):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
+    with service_process(tiny_datastore, env={"BERTKNN_MODEL__DEVICE": "cpu"}) as svc:
         out = tmp_path / "http.json"
-        assert _run("--data", tiny_lama, "--url", url, "--model", tiny_model_dir, "--out", out) == 0
+        assert _run("--data", tiny_lama, "--url", svc.url, "--model", tiny_model_dir, "--out", out) == 0
         body = json.loads(out.read_text())
         assert body["settings"]["mode"] == "http"
         for part in ("datasets", "relations"):
@@ -268,6 +238,3 @@ def test_http_mode_gives_the_in_process_numbers(tiny_lama, tiny_datastore, tiny_
             got = {k: {c: v[c] for c in ("mlm", "knn", "bert_knn")} for k, v in body[part].items()}
             assert got == want, part
         assert body["macro"] == report["macro"]
-    finally:
-        proc.terminate()
-        proc.wait(30)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -14,9 +11,10 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from bench.common import service_process
 from service.main import create_app
 from service.settings import ServiceSettings
-from tests.conftest import REPO, RedisServer, free_port
+from tests.conftest import RedisServer
 
 Q = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}
 Q2 = {"text": "frelle dax was born in [MASK] .", "subject": "frelle dax"}
@@ -130,21 +128,9 @@ def test_corrupted_cache_values_are_detected_and_recomputed(tiny_datastore, refe
 
 
 def test_sigterm_finishes_in_flight_requests_and_readiness_goes_false_first(tiny_datastore):
-    port = free_port()
-    env = {**os.environ, "BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_SHUTDOWN_DELAY_S": "2"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--datastore", str(tiny_datastore), "--port", str(port), "--log-level", "warning"],
-        cwd=REPO,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.25)
+    env = {"BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_SHUTDOWN_DELAY_S": "2"}
+    with service_process(tiny_datastore, env=env) as svc:
+        url, proc = svc.url, svc.proc
         results: list[int] = []
         batch = {"queries": [Q, Q2] * 32}
 
@@ -161,6 +147,3 @@ def test_sigterm_finishes_in_flight_requests_and_readiness_goes_false_first(tiny
         t.join(60)
         assert results == [200]
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
