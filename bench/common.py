@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -120,6 +121,49 @@ def running_service(datastore: Path, *, env: dict[str, str] | None = None, timeo
     """`service_process`, yielding only its URL."""
     with service_process(datastore, env=env, timeout_s=timeout_s) as svc:
         yield svc.url
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, owned by the test."""
+
+    def __init__(self, port: int | None = None, password: str | None = None, maxmemory: str | None = None):
+        self.port = port or free_port()
+        self.password = password
+        self.maxmemory = maxmemory
+        self.proc = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        import redis
+
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (scripts/bootstrap.sh installs it)")
+        cmd = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+               "--enable-debug-command", "local"]  # DEBUG SLEEP simulates a stalled Redis
+        if self.password:
+            cmd += ["--requirepass", self.password]
+        if self.maxmemory:
+            cmd += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        for _ in range(100):
+            try:
+                if client.ping():
+                    return self
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
 
 
 def build_datastore(corpus: list[Path], out: Path, model: Path | str, *, limit: int | None = None, ivfpq: bool = False) -> Path:

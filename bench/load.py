@@ -11,13 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,29 +21,13 @@ from bench.common import (
     PROXY_MODEL,
     REPO,
     RUNS,
+    RedisServer,
     build_datastore,
-    free_port,
     lama_queries,
     machine,
+    service_process,
     write_result,
 )
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise RuntimeError("redis-server is not installed")
-    port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--requirepass", "load-test", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"],
-                            stdout=subprocess.DEVNULL)
-    try:
-        time.sleep(0.3)
-        yield f"redis://:load-test@127.0.0.1:{port}/0"
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def rss_mb(pid: int) -> float:
@@ -119,28 +97,15 @@ def run_load(datastore: Path, *, clients: int, duration: float, n_queries: int =
              lama: Path | None = None) -> dict:
     """Start Redis and the service, take single-client reference answers, then load it; return the figures."""
     queries = [{"text": t, "subject": s} for t, s in lama_queries(n_queries, seed=3, lama=lama)]
-    port = free_port()
-    with redis_server() as redis_url:
-        env = {**os.environ, "OPENAI_API_KEY": "unused", "BERTKNN_MODEL__DEVICE": "cpu",
-               "BERTKNN_BATCHING__MAX_QUEUE": str(max_queue)}
-        proc = subprocess.Popen([sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port),
-                                 "--redis-url", redis_url, "--log-level", "warning"], cwd=REPO, env=env)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(600):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"service exited with {proc.returncode}")
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.5)
-            with httpx.Client(base_url=url, timeout=60) as http:
+    redis = RedisServer(password="load-test", maxmemory="256mb").start()
+    try:
+        env = {"BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_BATCHING__MAX_QUEUE": str(max_queue)}
+        with service_process(datastore, env=env, args=("--redis-url", redis.url)) as svc:
+            with httpx.Client(base_url=svc.url, timeout=60) as http:
                 reference = {q["text"]: _key(http.post("/predict", json=q).json()) for q in queries}
-            result = asyncio.run(_run(url, queries, reference, clients, duration, proc.pid))
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            result = asyncio.run(_run(svc.url, queries, reference, clients, duration, svc.proc.pid))
+    finally:
+        redis.stop()
     first, last = result["rss_mb_first_quarter"], result["rss_mb_last_quarter"]
     result["rss_growth"] = (last / first - 1.0) if first else None
     result.update({"clients": clients, "duration_s": duration, "max_queue": max_queue, "queries": len(queries)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -298,8 +299,6 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
                 pool.shutdown(cancel_futures=True)
     finally:
         bar.close()
-        import shutil
-
         shutil.rmtree(tok_dir, ignore_errors=True)
 
     infos.sort(key=lambda i: i.index)

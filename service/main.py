@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 import torch
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.deps import Resources
@@ -71,17 +72,8 @@ class BodyLimitMiddleware:
             return
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
-        too_big = Response(
-            content=(
-                b'{"error":{"code":"payload_too_large","message":"request body over '
-                + str(self.max_bytes).encode()
-                + b' bytes","request_id":"-"}}'
-            ),
-            status_code=413,
-            media_type="application/json",
-        )
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await too_big(scope, receive, send)
+            await self._too_big(scope, receive, send)
             return
         seen = 0
 
@@ -97,7 +89,12 @@ class BodyLimitMiddleware:
         try:
             await self.app(scope, limited, send)
         except _BodyTooLarge:
-            await too_big(scope, receive, send)
+            await self._too_big(scope, receive, send)
+
+    async def _too_big(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = {"error": {"code": "payload_too_large", "message": f"request body over {self.max_bytes} bytes",
+                          "request_id": "-"}}
+        await JSONResponse(body, status_code=413)(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):

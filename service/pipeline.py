@@ -344,7 +344,9 @@ class AnswerPipeline:
             try:
                 inputs.append(self.check_query(q))
             except QueryError as exc:
-                raise QueryError(f"query {i}: {exc}") if len(queries) > 1 else exc from None
+                if len(queries) == 1:
+                    raise
+                raise QueryError(f"query {i}: {exc}") from None
         t1 = time.perf_counter()
         encs, hits = self.encode(inputs)
         embed_s = time.perf_counter() - t1

@@ -54,9 +54,11 @@ class AsyncAnswerer:
     def start(self) -> None:
         self.batcher.start()
 
-    async def answer(self, query: Query) -> Answer:
+    async def answer(self, query: Query, inp: MaskedInput | None = None) -> Answer:
+        """Answer one query; ``inp`` is its tokenised form when the caller already checked it."""
         loop = asyncio.get_running_loop()
-        inp = self.pipeline.check_query(query)  # fast tokenisation; raises QueryError before queueing
+        if inp is None:
+            inp = self.pipeline.check_query(query)  # fast tokenisation; raises QueryError before queueing
         stage = Stage()
         t0 = time.perf_counter()
 
@@ -86,8 +88,8 @@ class AsyncAnswerer:
                 self.metrics.stage.labels(name).observe(ms / 1000.0)
         return answer
 
-    async def answer_many(self, queries: Sequence[Query]) -> list[Answer]:
-        return list(await asyncio.gather(*(self.answer(q) for q in queries)))
+    async def answer_many(self, queries: Sequence[Query], inputs: Sequence[MaskedInput]) -> list[Answer]:
+        return list(await asyncio.gather(*(self.answer(q, x) for q, x in zip(queries, inputs, strict=True))))
 
     async def stop(self) -> None:
         await self.batcher.stop()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import RedisServer, free_port  # noqa: F401  (re-exported for the tests)
+
 os.environ.setdefault("OPENAI_API_KEY", "unused")  # pyserini asks for it at import
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -92,75 +94,20 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_datastore(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_corpus: Path) -> Path:
     """A complete datastore (shards + BM25 + TF-IDF) over the tiny corpus, built by the real builder."""
+    return build_tiny(tmp_path_factory.mktemp("ds") / "tiny", [tiny_corpus], tiny_model_dir)
+
+
+def build_tiny(out: Path, corpus: list[Path], model: Path, **overrides: object) -> Path:
+    """Build a datastore with the real builder and small-test settings (CPU, inline tokenising)."""
     from datastore_builder.build import build
     from datastore_builder.settings import BuildSettings
 
-    out = tmp_path_factory.mktemp("ds") / "tiny"
-    build(
-        BuildSettings(
-            corpus=[tiny_corpus],
-            model=str(tiny_model_dir),
-            out=out,
-            device="cpu",
-            articles_per_shard=2,
-            workers=0,
-            batch_size=16,
-            max_seq_len=64,
-        )
+    values: dict[str, object] = dict(
+        corpus=corpus, model=str(model), out=out, device="cpu", articles_per_shard=2, workers=0, batch_size=16,
+        max_seq_len=64,
     )
+    build(BuildSettings(**{**values, **overrides}))  # type: ignore[arg-type]
     return out
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A real redis-server on a free loopback port, owned by the test."""
-
-    def __init__(self, port: int | None = None, password: str | None = None):
-        self.port = port or free_port()
-        self.password = password
-        self.proc = None
-
-    @property
-    def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        import shutil
-        import subprocess
-        import time
-
-        import redis
-
-        exe = shutil.which("redis-server")
-        if exe is None:
-            pytest.fail("redis-server is not installed (scripts/bootstrap.sh installs it)")
-        cmd = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--enable-debug-command", "local"]  # DEBUG SLEEP simulates a stalled Redis
-        if self.password:
-            cmd += ["--requirepass", self.password]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url)
-        for _ in range(100):
-            try:
-                if client.ping():
-                    return self
-            except redis.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
 
 @pytest.fixture

@@ -97,16 +97,16 @@ async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: Re
     limit = resources.settings.limits.max_batch_queries
     if len(body.queries) > limit:
         raise BadRequest(f"queries: {len(body.queries)} exceeds this server's limit of {limit} per batch")
-    queries = []
+    queries, inputs = [], []
     for i, req in enumerate(body.queries):
         try:
             q = to_query(req, resources.settings)
-            answerer.pipeline.check_query(q)
+            inputs.append(answerer.pipeline.check_query(q))
         except (BadRequest, ValueError) as exc:
             raise BadRequest(f"queries.{i}: {exc}") from exc
         queries.append(q)
     try:
-        answers = await answerer.answer_many(queries)
+        answers = await answerer.answer_many(queries, inputs)
     except QueueFull as exc:
         raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
     identity = answerer.pipeline.identity()

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datastore_builder.build import build
 from datastore_builder.format import (
     BM25_DIR,
     IVFPQ_FILE,
@@ -20,12 +19,11 @@ from datastore_builder.format import (
     validate_datastore,
 )
 from datastore_builder.ivfpq import add_ivfpq, read_ivfpq_meta
-from datastore_builder.settings import BuildSettings
 from datastore_builder.sparse_index import TFIDF_POSTINGS, build_sparse_indexes, write_sparse_indexes
 from service.retrieval.global_knn import IvfPqKnn
 from service.retrieval.sparse import Bm25Retriever, Retriever, TfidfRetriever
 from service.retrieval.subject import SubjectResolver
-from tests.conftest import TINY_ARTICLES, write_jsonl
+from tests.conftest import TINY_ARTICLES, build_tiny, write_jsonl
 
 HARBOUR = "Ōtaru Harbour 🚢"  # accents, NFC and an astral character in a Lucene docid
 EXTRA_ARTICLES = [
@@ -64,20 +62,7 @@ def datastore_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
     jsonl = write_jsonl(tmp / "articles.jsonl", TINY_ARTICLES + EXTRA_ARTICLES)
     dump = tmp / "dump.xml"
     dump.write_text(DUMP, encoding="utf-8")
-    out = tmp / "ds"
-    build(
-        BuildSettings(
-            corpus=[jsonl, dump],
-            model=str(tiny_model_dir),
-            out=out,
-            device="cpu",
-            articles_per_shard=3,
-            workers=0,
-            batch_size=16,
-            max_seq_len=64,
-        )
-    )
-    return out
+    return build_tiny(tmp / "ds", [jsonl, dump], tiny_model_dir, articles_per_shard=3)
 
 
 @pytest.fixture(scope="module")

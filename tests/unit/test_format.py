@@ -11,7 +11,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from datastore_builder.__main__ import main
-from datastore_builder.build import build
 from datastore_builder.format import (
     ARTICLES,
     LABELS,
@@ -27,26 +26,13 @@ from datastore_builder.format import (
     validate_datastore,
     write_manifest,
 )
-from datastore_builder.settings import BuildSettings
+from tests.conftest import build_tiny
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_corpus: Path) -> Path:
     out = tmp_path_factory.mktemp("format") / "ds"
-    build(
-        BuildSettings(
-            corpus=[tiny_corpus],
-            model=str(tiny_model_dir),
-            out=out,
-            device="cpu",
-            articles_per_shard=2,
-            workers=0,
-            batch_size=8,
-            max_seq_len=64,
-            sparse_indexes=False,
-        )
-    )
-    return out
+    return build_tiny(out, [tiny_corpus], tiny_model_dir, batch_size=8, sparse_indexes=False)
 
 
 @pytest.fixture
