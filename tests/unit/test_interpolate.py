@@ -57,3 +57,17 @@ def test_top_k_and_rank():
     assert [i for i, _ in top_k(p, 3)] == [1, 3, 0]  # ties broken by the lower id
     assert rank_of(p, 1) == 1 and rank_of(p, 3) == 2 and rank_of(p, 0) == 3 and rank_of(p, 4) == 5
     assert top_k(np.array([0.0, 0.5, 0.5]), 3, nonzero=True) == [(1, 0.5), (2, 0.5)]
+
+
+def test_fp16_search_matches_exact_float32_distances() -> None:
+    from service.retrieval.knn import fp16_search
+
+    rng = np.random.default_rng(3)
+    rows = (rng.standard_normal((257, 24)) * 3).astype(np.float16)
+    q = rng.standard_normal(24).astype(np.float32)
+    exact = ((rows.astype(np.float32) - q[None, :]) ** 2).sum(axis=1)
+    d, idx = fp16_search(rows, q, 10)
+    assert list(idx) == list(np.argsort(exact, kind="stable")[:10])
+    np.testing.assert_allclose(d, exact[idx], rtol=1e-5)
+    d_all, idx_all = fp16_search(rows[:5], q, 10)  # k larger than the rows: all of them, nearest first
+    assert sorted(idx_all.tolist()) == [0, 1, 2, 3, 4] and np.all(np.diff(d_all) >= 0)
