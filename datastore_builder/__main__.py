@@ -1,4 +1,4 @@
-"""CLI: ``python -m datastore_builder build | validate | merge | ivfpq``."""
+"""CLI: ``python -m datastore_builder build | add | validate | merge | ivfpq``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--ivfpq", action="store_const", const=True, help="also build the whole-datastore IVF-PQ index")
     b.add_argument("--threads", type=int, help="torch CPU threads (0 = CPU quota)")
     b.add_argument("--workers", type=int, help="tokenising worker processes (0 = inline)")
+    b.add_argument(
+        "--targets",
+        choices=["single-piece", "whole-word"],
+        help="single-piece: words of one wordpiece, labels are token ids (default, the paper's rule); whole-word: "
+        "words of up to 8 wordpieces, each masked by ONE [MASK], labels index the shard's words.json",
+    )
 
     v = sub.add_parser("validate", help="check a datastore and name the first problem")
     v.add_argument("datastore", type=Path)
@@ -52,7 +58,35 @@ def _parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("ivfpq", help="build the whole-datastore IVF-PQ index (no-retrieval ablation)")
     i.add_argument("datastore", type=Path)
+
+    a = sub.add_parser(
+        "add",
+        help="embed new or changed articles into new shards of a datastore and bump its version (live update)",
+    )
+    a.add_argument("--datastore", type=Path, required=True, help="the datastore directory to update")
+    a.add_argument("--corpus", action="append", type=Path, help="JSONL or MediaWiki XML(.bz2) file; repeatable")
+    a.add_argument("--model", help="default: the model the manifest names (other weights are refused)")
+    a.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    a.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
+    a.add_argument("--batch-size", type=int)
+    a.add_argument("--articles-per-shard", type=int, help="default: the manifest's")
+    a.add_argument("--stopwords", type=Path, help="the build's stopword file, if it was not the bundled list")
+    a.add_argument("--min-sentence-chars", type=int, help="default: the build's")
+    a.add_argument("--threads", type=int, help="torch CPU threads (0 = CPU quota)")
+    a.add_argument("--workers", type=int, help="tokenising worker processes (default 0 = inline)")
     return p
+
+
+def _settings_or_errors(cls: type, args: argparse.Namespace) -> object | None:
+    """Settings from the flags given (the rest from BERTKNN_* variables and defaults); errors printed per flag."""
+    overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = "--" + "-".join(str(x) for x in err["loc"]).replace("_", "-") if err["loc"] else "settings"
+            print(f"error: {loc}: {err['msg']}", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
 
             manifest = build(settings)
             print(json.dumps({"datastore": str(settings.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
+            return 0
+        if args.command == "add":
+            from datastore_builder.settings import AddSettings
+            from datastore_builder.update import add_articles
+
+            add_settings = _settings_or_errors(AddSettings, args)
+            if add_settings is None:
+                return 2
+            result = add_articles(add_settings)  # type: ignore[arg-type]
+            print(json.dumps({"datastore": str(args.datastore), **result.summary()}))
             return 0
         if args.command == "validate":
             from datastore_builder.format import validate_datastore

@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -37,7 +37,8 @@ from datastore_builder.format import (
     write_manifest,
 )
 from datastore_builder.settings import BuildSettings
-from datastore_builder.targets import TargetSelector, load_stopwords, masked_ids, stopwords_sha256
+from datastore_builder.targets import TargetMode, TargetSelector, load_stopwords, masked_ids, stopwords_sha256
+from datastore_builder.words import WordTable, WordTableBuilder
 from datastore_builder.writer import ShardData, finished_shard, remove_stale_temp, write_shard
 
 logger = logging.getLogger(__name__)
@@ -59,15 +60,24 @@ class PreparedShard:
     labels: np.ndarray
     sentence_ids: np.ndarray
     spans: np.ndarray
+    words: WordTable | None = None  # whole-word targets: the shard's word table (labels index it)
 
 
 class ShardPreparer:
     """Sentence splitting, target selection and masking for one shard's articles (no model needed)."""
 
-    def __init__(self, tokenizer_path: str, max_seq_len: int, stopwords: frozenset[str], min_sentence_chars: int):
+    def __init__(
+        self,
+        tokenizer_path: str,
+        max_seq_len: int,
+        stopwords: frozenset[str],
+        min_sentence_chars: int,
+        targets: TargetMode = "single-piece",
+    ):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=True)
+        self.tokenizer = tokenizer
         self.inputs = ContextTokenizer(tokenizer, max_seq_len)
-        self.selector = TargetSelector(tokenizer, stopwords)
+        self.selector = TargetSelector(tokenizer, stopwords, targets)
         self.splitter = SentenceSplitter()
         self.min_sentence_chars = min_sentence_chars
 
@@ -78,6 +88,7 @@ class ShardPreparer:
         labels: list[int] = []
         sent_ids: list[int] = []
         spans: list[tuple[int, int]] = []
+        words = WordTableBuilder(self.tokenizer) if self.selector.mode == "whole-word" else None
         for art in articles:
             sents = [s for s in self.splitter.split(art.text) if len(s) >= self.min_sentence_chars]
             row_start, sent_start = len(labels), len(sentences)
@@ -87,7 +98,7 @@ class ShardPreparer:
                 for target in tok_sent.targets:
                     ids, pos = masked_ids(tok_sent, target, self.inputs.mask_id)
                     inputs.append(self.inputs.masked_input(ids, pos))
-                    labels.append(target.token_id)
+                    labels.append(target.token_id if words is None else words.add(target.pieces))
                     sent_ids.append(sid)
                     spans.append((target.char_start, target.char_end))
             metas.append(
@@ -109,6 +120,7 @@ class ShardPreparer:
             np.asarray(labels, dtype=np.int32),
             np.asarray(sent_ids, dtype=np.int32),
             np.asarray(spans, dtype=np.int32).reshape(-1, 2),
+            None if words is None else words.table(),
         )
 
 
@@ -174,24 +186,130 @@ def _build_state(settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: s
         "stopwords_sha256": stop_hash,
         "num_shards": settings.num_shards,
         "shard_index": settings.shard_index,
+        # only when not the default, so that a build started before this setting existed still resumes
+        **({"targets": settings.targets} if settings.targets != "single-piece" else {}),
     }
 
 
-def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Manifest:
-    """Build (or resume) a datastore as the settings say, and return its manifest."""
-    if not settings.corpus:
+@dataclass(frozen=True)
+class ShardOptions:
+    """How articles become shard rows: the same for a build and for an ``add`` to the datastore it made."""
+
+    max_seq_len: int
+    stopwords: frozenset[str]
+    min_sentence_chars: int
+    targets: TargetMode
+    batch_size: int
+    workers: int
+
+
+def embed_shards(
+    out: Path,
+    chunks: Iterator[tuple[int, list[Article]]],
+    encoder: MaskedLMEncoder,
+    options: ShardOptions,
+    written: Callable[[ShardInfo], None],
+) -> float:
+    """Prepare (worker processes), embed and write one shard per ``(index, articles)`` chunk, in order.
+
+    Each finished shard is renamed into ``out/shards/`` atomically and reported to ``written``; returns the
+    seconds spent in the model.
+    """
+    encode_seconds = 0.0
+    tok_dir = tempfile.mkdtemp(prefix="bertknn-tok-")
+    try:
+        encoder.tokenizer.save_pretrained(tok_dir)
+        prep_args = (tok_dir, options.max_seq_len, options.stopwords, options.min_sentence_chars, options.targets)
+        pool = (
+            ProcessPoolExecutor(options.workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=prep_args)
+            if options.workers > 0
+            else None
+        )
+        local = ShardPreparer(*prep_args) if pool is None else None
+        pending: list[Future[PreparedShard]] = []
+        lookahead = max(1, options.workers) + 1
+
+        def refill() -> None:
+            while len(pending) < lookahead:
+                nxt = next(chunks, None)
+                if nxt is None:
+                    return
+                assert pool is not None
+                pending.append(pool.submit(_prepare_in_worker, *nxt))
+
+        writer = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
+        writing: list[Future[ShardInfo]] = []
+
+        def finish_write() -> None:
+            while writing:
+                written(writing.pop(0).result())
+
+        try:
+            while True:
+                if pool is not None:
+                    refill()
+                    if not pending:
+                        break
+                    prepared = pending.pop(0).result()
+                    refill()
+                else:
+                    nxt = next(chunks, None)
+                    if nxt is None:
+                        break
+                    assert local is not None
+                    prepared = local.prepare(*nxt)
+                t1 = time.perf_counter()
+                vectors = embed_prepared(encoder, prepared, options.batch_size)
+                encode_seconds += time.perf_counter() - t1
+                # the previous shard's write (fsyncs, checksums) ran while this one was embedded
+                finish_write()
+                data = ShardData(
+                    vectors,
+                    prepared.labels,
+                    prepared.sentence_ids,
+                    prepared.spans,
+                    prepared.sentences,
+                    prepared.articles,
+                    prepared.words,
+                )
+                writing.append(writer.submit(write_shard, out, prepared.index, data))
+            finish_write()
+        finally:
+            writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+    finally:
+        shutil.rmtree(tok_dir, ignore_errors=True)
+    return encode_seconds
+
+
+def check_corpus_files(paths: list[Path]) -> None:
+    """Every corpus file exists, has a known format and can be read: checked before the model loads, so a bad
+    path fails in a second, not after minutes."""
+    if not paths:
         raise BuildError("no corpus given: pass --corpus FILE (JSONL or MediaWiki XML dump), repeatable")
-    for path in settings.corpus:
+    for path in paths:
         if not Path(path).is_file():
             what = "not a regular file" if Path(path).exists() else "no such corpus file"
             raise BuildError(f"{path}: {what}")
         detect_format(Path(path))
-        try:  # before the model loads: an unreadable corpus fails in a second, not after minutes
+        try:
             with open(path, "rb") as f:
                 f.read(1)
         except OSError as exc:
             raise BuildError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from exc
+
+
+def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Manifest:
+    """Build (or resume) a datastore as the settings say, and return its manifest."""
+    check_corpus_files(settings.corpus)
     out = Path(settings.out)
+    updated = existing_manifest(out)
+    if updated is not None and updated.updates:
+        raise BuildError(
+            f"{out} holds version {updated.version} of a datastore that `add` updated; building into it again would "
+            "drop what was added. Use `python -m datastore_builder add` to update it, or another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads or cpu_quota_threads())
     encoder = encoder or MaskedLMEncoder.load(
@@ -207,7 +325,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     if state_path.is_file():
         previous = json.loads(state_path.read_text())
         if previous != state:
-            diff = sorted(k for k in state if previous.get(k) != state[k])
+            diff = sorted(k for k in {*state, *previous} if previous.get(k) != state.get(k))
             raise BuildError(
                 f"{out} holds a build made with other settings ({', '.join(diff)} differ); "
                 "use another --out, or delete the directory to start over"
@@ -221,7 +339,6 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     infos: list[ShardInfo] = []
     whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
     t0 = time.perf_counter()
-    encode_seconds = 0.0
     new_contexts = 0
     bar = tqdm(desc="contexts", unit="ctx", dynamic_ncols=True, disable=None)
 
@@ -236,70 +353,20 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
                 continue
             yield index, articles
 
-    tok_dir = tempfile.mkdtemp(prefix="bertknn-tok-")
+    def written(info: ShardInfo) -> None:
+        nonlocal new_contexts
+        infos.append(info)
+        new_contexts += info.rows
+        bar.update(info.rows)
+
+    options = ShardOptions(
+        settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
+        settings.workers,
+    )
     try:
-        encoder.tokenizer.save_pretrained(tok_dir)
-        prep_args = (tok_dir, settings.max_seq_len, stopwords, settings.min_sentence_chars)
-        pool = (
-            ProcessPoolExecutor(settings.workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=prep_args)
-            if settings.workers > 0
-            else None
-        )
-        local = ShardPreparer(*prep_args) if pool is None else None
-        pending: list[Future[PreparedShard]] = []
-        source = chunks_to_build()
-        lookahead = max(1, settings.workers) + 1
-
-        def refill() -> None:
-            while len(pending) < lookahead:
-                nxt = next(source, None)
-                if nxt is None:
-                    return
-                assert pool is not None
-                pending.append(pool.submit(_prepare_in_worker, *nxt))
-
-        writer = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
-        writing: list[Future[ShardInfo]] = []
-
-        def finish_write() -> None:
-            nonlocal new_contexts
-            while writing:
-                info = writing.pop(0).result()
-                infos.append(info)
-                new_contexts += info.rows
-                bar.update(info.rows)
-
-        try:
-            while True:
-                if pool is not None:
-                    refill()
-                    if not pending:
-                        break
-                    prepared = pending.pop(0).result()
-                    refill()
-                else:
-                    nxt = next(source, None)
-                    if nxt is None:
-                        break
-                    assert local is not None
-                    prepared = local.prepare(*nxt)
-                t1 = time.perf_counter()
-                vectors = embed_prepared(encoder, prepared, settings.batch_size)
-                encode_seconds += time.perf_counter() - t1
-                # the previous shard's write (fsyncs, checksums) ran while this one was embedded
-                finish_write()
-                data = ShardData(
-                    vectors, prepared.labels, prepared.sentence_ids, prepared.spans, prepared.sentences, prepared.articles
-                )
-                writing.append(writer.submit(write_shard, out, prepared.index, data))
-            finish_write()
-        finally:
-            writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
+        encode_seconds = embed_shards(out, chunks_to_build(), encoder, options, written)
     finally:
         bar.close()
-        shutil.rmtree(tok_dir, ignore_errors=True)
 
     infos.sort(key=lambda i: i.index)
     counts.articles = sum(i.articles for i in infos)
@@ -324,6 +391,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         sources=sources,
         shards=infos,
         slice=None if whole else SliceInfo(index=settings.shard_index, count=settings.num_shards),
+        targets=settings.targets,
     )
     if whole:
         manifest.indexes.update(_build_indexes(out, settings, manifest))

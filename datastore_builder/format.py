@@ -7,18 +7,36 @@ Layout of a datastore directory (all arrays are ``.npy``, opened with ``mmap_mod
     shards/shard-00000/
         vectors.npy               float16 [rows, hidden]   [MASK] embedding at ``manifest.layer``
         labels.npy                int32   [rows]           token id of the masked word, row-aligned
+                                                           (whole-word datastores: id into words.json)
         sentence_ids.npy          int32   [rows]           row -> sentence index within the shard
         spans.npy                 int32   [rows, 2]        character span of the word in its sentence
         sentences.txt             UTF-8 sentences, concatenated
         sentence_offsets.npy      int64   [sentences + 1]  byte offsets of each sentence in sentences.txt
         articles.json             [{"title", "id", "source", "row_start", "row_end", "sent_start", "sent_end"}]
+        words.json                whole-word datastores only: [[word text, [piece ids]], ...], the shard's words
         SHARD.json                written last inside the shard: rows and sha256 of every file above
     index/bm25/                   Lucene index (pyserini), one document per article, docid = title
     index/tfidf/                  DrQA-style hashed TF-IDF (see ``datastore_builder.sparse_index``)
     index/ivfpq.faiss             optional whole-datastore IVF-PQ index (the no-retrieval ablation)
+    index/v2/ ...                 the indexes of version 2, 3, ... (``add``); ``manifest.indexes`` names the current
 
 Rows of one article are contiguous inside one shard, so a search restricted to a few articles reads only
 their rows, whatever the datastore's size.
+
+Versions: ``python -m datastore_builder add`` (``datastore_builder.update``) appends shards and writes manifest
+version N+1 with an ``updates`` record naming them. An article of a later shard replaces the same title in
+earlier shards: the old rows stay on disk (shards are immutable) but are no longer reachable, and the manifest
+counts them as ``superseded_*``. Only shards an ``add`` made may repeat a title (``validate`` checks it).
+
+``manifest.targets`` says which words are stored (absent in older manifests: ``single-piece``):
+
+- ``single-piece`` (the paper's rule): whole words that are exactly one wordpiece; the word replaced by one
+  [MASK]; ``labels.npy`` holds the token id.
+- ``whole-word``: whole words of 1 to ``words.MAX_WORD_PIECES`` wordpieces; ALL the word's wordpieces are
+  replaced by ONE [MASK] (a query has one [MASK] too, whatever the answer's length); ``spans.npy`` covers the
+  whole word; ``labels.npy`` holds ids into the shard's own ``words.json`` (one-piece words included, so every
+  label means a word). Per-shard tables keep shards self-contained (resume, merge by hard links); a word is
+  identified by its text across shards. See ``datastore_builder.words``.
 """
 
 from __future__ import annotations
@@ -36,6 +54,8 @@ from typing import BinaryIO, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from datastore_builder.words import WordEntry, WordTable, check_word_table, read_word_table
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 REDIRECTS = "redirects.json"
@@ -49,6 +69,8 @@ SENTENCES = "sentences.txt"
 SENTENCE_OFFSETS = "sentence_offsets.npy"
 ARTICLES = "articles.json"
 SHARD_FILES = (VECTORS, LABELS, SENTENCE_IDS, SPANS, SENTENCES, SENTENCE_OFFSETS, ARTICLES)
+WORDS = "words.json"  # whole-word datastores only
+OPTIONAL_SHARD_FILES = (WORDS,)
 INDEX_DIR = "index"
 BM25_DIR = "index/bm25"
 TFIDF_DIR = "index/tfidf"
@@ -97,11 +119,29 @@ class SourceInfo(BaseModel):
 
 
 class Counts(BaseModel):
+    """``articles``/``sentences``/``contexts``: what readers can reach; ``superseded_*``: rows of articles that a
+    later ``add`` replaced, still in their (immutable) shards but never read. The two sum to the shards' totals."""
+
     articles: int = 0
     sentences: int = 0
     contexts: int = 0
     skipped_duplicate_titles: int = 0
     skipped_pages: int = 0
+    superseded_articles: int = 0
+    superseded_sentences: int = 0
+    superseded_contexts: int = 0
+
+
+class UpdateInfo(BaseModel):
+    """One ``python -m datastore_builder add``: the version it made and the shards it appended."""
+
+    model_config = ConfigDict(frozen=True)
+    version: int
+    shards: list[str]
+    added: int  # articles whose title was new
+    replaced: int  # articles whose title existed with other text: their old rows are superseded
+    unchanged: int  # articles given again with the same stored sentences: skipped
+    sources: list[SourceInfo] = Field(default_factory=list)
 
 
 class SliceInfo(BaseModel):
@@ -128,6 +168,8 @@ class Manifest(BaseModel):
     shards: list[ShardInfo] = Field(default_factory=list)
     indexes: dict[str, str] = Field(default_factory=dict)
     slice: SliceInfo | None = None
+    targets: Literal["single-piece", "whole-word"] = "single-piece"
+    updates: list[UpdateInfo] = Field(default_factory=list)  # one per `add`, oldest first
 
     def compute_id(self) -> str:
         """Content id: the model, the layer and every shard checksum (stable across identical builds)."""
@@ -224,7 +266,7 @@ def read_shard_info(shard_dir: Path) -> ShardInfo | None:
 
 def check_shard_files(shard_dir: Path, info: ShardInfo, *, hashes: bool) -> str | None:
     """Return the first problem with a shard's files, or None. ``hashes=False`` checks sizes only."""
-    for name in SHARD_FILES:
+    for name in shard_file_names(info):
         path = shard_dir / name
         expected = info.files.get(name)
         if expected is None:
@@ -237,6 +279,11 @@ def check_shard_files(shard_dir: Path, info: ShardInfo, *, hashes: bool) -> str 
         if hashes and sha256_file(path) != expected.sha256:
             return f"{path}: sha256 mismatch (corrupted)"
     return None
+
+
+def shard_file_names(info: ShardInfo) -> tuple[str, ...]:
+    """The files a shard must have: the fixed ones, plus the optional ones its SHARD.json lists."""
+    return (*SHARD_FILES, *(n for n in OPTIONAL_SHARD_FILES if n in info.files))
 
 
 @dataclass(frozen=True)
@@ -307,6 +354,15 @@ class Shard:
     def articles(self) -> list[dict]:
         return json.loads((self.dir / ARTICLES).read_text(encoding="utf-8"))
 
+    @cached_property
+    def words(self) -> WordTable:
+        """The shard's word table (whole-word datastores)."""
+        path = self.dir / WORDS
+        try:
+            return read_word_table(path)
+        except (OSError, ValueError) as exc:
+            raise DatastoreError(f"{path}: cannot be read ({exc}); run `validate` and rebuild this shard") from exc
+
 
 class Datastore:
     """Read side of the contract, shared by the service, the evaluation and the builder's `validate`."""
@@ -323,10 +379,18 @@ class Datastore:
         offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum([s.info.rows for s in self.shards], out=offsets[1:])
         self.shard_offsets = offsets  # global row id = shard_offsets[shard] + row
+        # `add` appends shards; an article in a later shard replaces the same title in earlier ones. The old rows
+        # stay in their immutable shard but become unreachable: not in `articles` (restricted kNN, subject
+        # lookup), not in `iter_article_texts` (sparse indexes), and in `superseded_rows` (whole-datastore kNN).
         self.articles: dict[str, ArticleEntry] = {}
+        self.superseded: list[ArticleEntry] = []
         for shard in self.shards:
             for a in shard.articles():
-                self.articles[a["title"]] = ArticleEntry(shard=shard.info.index, **a)
+                entry = ArticleEntry(shard=shard.info.index, **a)
+                previous = self.articles.get(entry.title)
+                if previous is not None:
+                    self.superseded.append(previous)
+                self.articles[entry.title] = entry
         redirects_path = self.root / REDIRECTS
         self.redirects: dict[str, str] = (
             json.loads(redirects_path.read_text(encoding="utf-8")) if redirects_path.is_file() else {}
@@ -335,6 +399,19 @@ class Datastore:
     @property
     def id(self) -> str:
         return self.manifest.datastore_id
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @cached_property
+    def superseded_rows(self) -> np.ndarray:
+        """Sorted global row ids of the articles a later shard replaced: a whole-datastore search skips them."""
+        parts = [np.zeros(0, np.int64)]
+        for e in self.superseded:
+            base = self.shard_offsets[self.shard_position(e.shard)]
+            parts.append(np.arange(base + e.row_start, base + e.row_end, dtype=np.int64))
+        return np.sort(np.concatenate(parts))
 
     @property
     def total_rows(self) -> int:
@@ -370,12 +447,32 @@ class Datastore:
         """(title, text) per article, the text being its stored sentences: what the sparse indexes index."""
         for shard in self.shards:
             for a in shard.articles():
-                text = " ".join(shard.sentence(i) for i in range(a["sent_start"], a["sent_end"]))
-                yield a["title"], text
+                if self.articles[a["title"]].shard != shard.info.index:
+                    continue  # superseded by a later shard
+                yield a["title"], self.article_text(a["title"])
+
+    def article_sentences(self, title: str) -> list[str]:
+        """The stored sentences of an article (its current version)."""
+        entry = self.articles[title]
+        shard = self.shards[self.shard_position(entry.shard)]
+        return [shard.sentence(i) for i in range(entry.sent_start, entry.sent_end)]
+
+    def article_text(self, title: str) -> str:
+        return " ".join(self.article_sentences(title))
 
     def locate(self, global_row: int) -> tuple[int, int]:
         pos = int(np.searchsorted(self.shard_offsets, global_row, side="right") - 1)
         return pos, int(global_row - self.shard_offsets[pos])
+
+    @property
+    def whole_words(self) -> bool:
+        return self.manifest.targets == "whole-word"
+
+    def word_at(self, global_row: int) -> WordEntry:
+        """The word stored at one row of a whole-word datastore."""
+        pos, row = self.locate(global_row)
+        shard = self.shards[pos]
+        return shard.words[int(shard.labels[row])]
 
     def labels_at(self, global_rows: np.ndarray) -> np.ndarray:
         out = np.empty(len(global_rows), dtype=np.int32)
@@ -403,13 +500,17 @@ class Datastore:
         return ContextRef(article, shard.sentence(int(shard.sentence_ids[row])), (int(span[0]), int(span[1])))
 
 
-def validate_datastore(root: Path | str, *, hashes: bool = True) -> list[str]:
-    """Check manifest, files, checksums, row counts and id-map lengths. Returns problems (first one first)."""
+def validate_datastore(root: Path | str, *, hashes: bool = True, manifest: Manifest | None = None) -> list[str]:
+    """Check manifest, files, checksums, row counts and id-map lengths. Returns problems (first one first).
+
+    ``manifest``: check this manifest (one about to be written, e.g. by ``add``) instead of the one on disk.
+    """
     root = Path(root)
-    try:
-        manifest = read_manifest(root)
-    except DatastoreError as exc:
-        return [str(exc)]
+    if manifest is None:
+        try:
+            manifest = read_manifest(root)
+        except DatastoreError as exc:
+            return [str(exc)]
     problems: list[str] = []
     if manifest.format_version != FORMAT_VERSION:
         problems.append(f"{root / MANIFEST}: format version {manifest.format_version} != {FORMAT_VERSION}")
@@ -431,11 +532,25 @@ def validate_datastore(root: Path | str, *, hashes: bool = True) -> list[str]:
         totals.sentences += info.sentences
         totals.contexts += info.rows
     if not problems:
+        problems.extend(_check_updates(root, manifest))
+    if not problems:
+        superseded = _superseded_totals(root, manifest, problems)
+        live = (
+            totals.articles - superseded.articles,
+            totals.sentences - superseded.sentences,
+            totals.contexts - superseded.contexts,
+        )
         c = manifest.counts
-        if (c.articles, c.sentences, c.contexts) != (totals.articles, totals.sentences, totals.contexts):
+        if not problems and (c.articles, c.sentences, c.contexts) != live:
             problems.append(
                 f"{root / MANIFEST}: counts {c.articles}/{c.sentences}/{c.contexts} (articles/sentences/contexts) "
-                f"do not match the shards' {totals.articles}/{totals.sentences}/{totals.contexts}"
+                f"do not match the shards' {live[0]}/{live[1]}/{live[2]}"
+            )
+        got = (c.superseded_articles, c.superseded_sentences, c.superseded_contexts)
+        if not problems and got != (superseded.articles, superseded.sentences, superseded.contexts):
+            problems.append(
+                f"{root / MANIFEST}: superseded counts {got[0]}/{got[1]}/{got[2]} do not match the shards' "
+                f"{superseded.articles}/{superseded.sentences}/{superseded.contexts}"
             )
         if manifest.datastore_id != manifest.compute_id():
             problems.append(f"{root / MANIFEST}: datastore_id does not match the shard checksums")
@@ -443,6 +558,52 @@ def validate_datastore(root: Path | str, *, hashes: bool = True) -> list[str]:
         if not (root / rel).exists():
             problems.append(f"{root / rel}: {name} index listed in the manifest is missing")
     return problems
+
+
+def _check_updates(root: Path, manifest: Manifest) -> list[str]:
+    """The update records name shards of this manifest and count up to its version."""
+    names = {s.name for s in manifest.shards}
+    last = 1
+    for u in manifest.updates:
+        if u.version <= last:
+            return [f"{root / MANIFEST}: update versions must increase from 2 (found {u.version} after {last})"]
+        missing = [n for n in u.shards if n not in names]
+        if missing:
+            return [f"{root / MANIFEST}: update {u.version} names shards that are not in the manifest: {missing[:3]}"]
+        last = u.version
+    if manifest.updates and manifest.version != last:
+        return [f"{root / MANIFEST}: version {manifest.version}, but the last update made version {last}"]
+    return []
+
+
+def _superseded_totals(root: Path, manifest: Manifest, problems: list[str]) -> Counts:
+    """Articles, sentences and rows that a later shard replaced (by title). Only shards an ``add`` appended may
+    repeat a title; a title twice in one shard, or in two built shards, is a problem."""
+    added = {name for u in manifest.updates for name in u.shards}
+    latest: dict[str, tuple[str, dict]] = {}
+    out = Counts()
+    for info in manifest.shards:
+        path = root / SHARDS_DIR / info.name / ARTICLES
+        here: set[str] = set()
+        for a in Shard(root, info).articles():
+            title = a["title"]
+            if title in here:
+                problems.append(f"{path}: title {title!r} occurs twice")
+                return out
+            here.add(title)
+            previous = latest.get(title)
+            if previous is not None:
+                if info.name not in added:
+                    problems.append(
+                        f"{path}: title {title!r} is also in {previous[0]}, and no `add` made {info.name}; rebuild"
+                    )
+                    return out
+                old = previous[1]
+                out.articles += 1
+                out.sentences += old["sent_end"] - old["sent_start"]
+                out.contexts += old["row_end"] - old["row_start"]
+            latest[title] = (info.name, a)
+    return out
 
 
 def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
@@ -468,7 +629,21 @@ def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
     for name, (shape, want_shape, dtype, want_dtype) in expect.items():
         if shape != want_shape or dtype != want_dtype:
             return [f"{d / name}: shape {shape} {dtype}, expected {want_shape} {np.dtype(want_dtype)}"]
-    if rows and (lab.min() < 0 or lab.max() >= manifest.model.vocab_size):
+    whole = manifest.targets == "whole-word"
+    if whole != (WORDS in shard.info.files):
+        what = "has no" if whole else "has a"
+        return [f"{d}: {what} {WORDS} but the manifest says targets={manifest.targets}; rebuild the datastore"]
+    if whole:
+        try:
+            words = shard.words
+        except DatastoreError as exc:
+            return [str(exc)]
+        problem = check_word_table(words, manifest.model.vocab_size)
+        if problem:
+            return [f"{d / WORDS}: {problem}"]
+        if rows and (lab.min() < 0 or lab.max() >= len(words)):
+            return [f"{d / LABELS}: label outside the word table [0, {len(words)})"]
+    elif rows and (lab.min() < 0 or lab.max() >= manifest.model.vocab_size):
         return [f"{d / LABELS}: label outside the vocabulary [0, {manifest.model.vocab_size})"]
     if rows and (sid.min() < 0 or sid.max() >= shard.info.sentences):
         return [f"{d / SENTENCE_IDS}: sentence id outside [0, {shard.info.sentences})"]

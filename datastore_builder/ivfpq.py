@@ -39,7 +39,6 @@ import numpy as np
 from tqdm import tqdm
 
 from datastore_builder.format import (
-    INDEX_DIR,
     IVFPQ_FILE,
     Datastore,
     DatastoreError,
@@ -136,8 +135,13 @@ def _meta(manifest: Manifest, plan: IvfPqPlan) -> dict:
     return {"content_id": manifest.compute_id(), "plan": asdict(plan), "faiss": faiss.__version__}
 
 
-def read_ivfpq_meta(root: Path) -> dict:
-    path = Path(root) / IVFPQ_META
+def ivfpq_meta_path(index_rel: str) -> str:
+    """The sidecar of an index file: ``index/ivfpq.faiss`` -> ``index/ivfpq.json`` (also under ``index/vN/``)."""
+    return str(Path(index_rel).with_suffix(".json"))
+
+
+def read_ivfpq_meta(root: Path, index_rel: str = IVFPQ_FILE) -> dict:
+    path = Path(root) / ivfpq_meta_path(index_rel)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -162,7 +166,14 @@ def build_ivfpq(out: Path, manifest: Manifest, *, plan: IvfPqPlan | None = None)
     logger.info("IVF-PQ plan: %s (%d bytes per vector)", json.dumps(asdict(plan)), plan.code_bytes)
     t0 = time.perf_counter()
     index = train_and_fill(datastore, plan)
-    (out / INDEX_DIR).mkdir(parents=True, exist_ok=True)
+    _write_index(out, IVFPQ_FILE, index, meta, t0)
+    return {"ivfpq": IVFPQ_FILE}
+
+
+def _write_index(root: Path, rel: str, index: faiss.Index, meta: dict, t0: float) -> None:
+    """The index file (temp file, fsync, rename), then its sidecar."""
+    final = root / rel
+    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
         # Through a Python file object, not faiss.write_index(index, path): a full disk then raises an OSError
@@ -174,13 +185,52 @@ def build_ivfpq(out: Path, manifest: Manifest, *, plan: IvfPqPlan | None = None)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
-    atomic_write_json(out / IVFPQ_META, meta)
+    atomic_write_json(root / ivfpq_meta_path(rel), meta)
     logger.info(
         "IVF-PQ index written: %s",
         json.dumps({"path": str(final), "rows": int(index.ntotal), "bytes": final.stat().st_size,
                     "seconds": round(time.perf_counter() - t0, 2)}),
     )  # fmt: skip
-    return {"ivfpq": IVFPQ_FILE}
+
+
+def extend_ivfpq(root: Path, old: Manifest, new: Manifest, rel: str) -> dict[str, str]:
+    """Write ``rel``: the old manifest's index plus the rows of the shards ``new`` appends (for ``add``).
+
+    The coarse quantizer and PQ codebooks stay as trained (re-run ``python -m datastore_builder ivfpq`` to
+    retrain after large updates); rows keep their global ids because new shards come last. Superseded rows stay
+    in the index and are skipped at search time (``Datastore.superseded_rows``). The old index file is not
+    touched, so the old manifest stays valid until the new one replaces it. An old index that does not match
+    its manifest is rebuilt instead.
+    """
+    root = Path(root)
+    t0 = time.perf_counter()
+    old_rel = old.indexes.get("ivfpq", IVFPQ_FILE)
+    old_meta = read_ivfpq_meta(root, old_rel)
+    datastore = Datastore(root, new)
+    old_rows = sum(s.rows for s in old.shards)
+    index = None
+    if old_meta.get("content_id") == old.compute_id() and (root / old_rel).is_file():
+        try:
+            index = faiss.read_index(str(root / old_rel))
+        except RuntimeError as exc:
+            logger.warning("IVF-PQ index %s unreadable (%s); rebuilding it", root / old_rel, exc)
+    if index is None or index.ntotal != old_rows:
+        plan = plan_ivfpq(datastore.total_rows, new.model.hidden_size)
+        logger.info("IVF-PQ index of version %d is not current; rebuilding it for version %d", old.version, new.version)
+        _write_index(root, rel, train_and_fill(datastore, plan), _meta(new, plan), t0)
+        return {"ivfpq": rel}
+    known = {s.name for s in old.shards}
+    for pos, shard in enumerate(datastore.shards):
+        if shard.info.name in known:
+            continue
+        assert index.ntotal == datastore.shard_offsets[pos], "appended shards must come last"
+        for start in range(0, shard.info.rows, _ADD_BATCH):
+            index.add(np.asarray(shard.vectors[start : start + _ADD_BATCH], dtype=np.float32))
+    if index.ntotal != datastore.total_rows:
+        raise DatastoreError(f"IVF-PQ index holds {index.ntotal} rows, the datastore {datastore.total_rows}")
+    meta = {**old_meta, "content_id": new.compute_id(), "appended_rows": int(old_meta.get("appended_rows", 0)) + int(index.ntotal) - old_rows}
+    _write_index(root, rel, index, meta, t0)
+    return {"ivfpq": rel}
 
 
 def add_ivfpq(root: Path) -> Manifest:

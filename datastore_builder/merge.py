@@ -20,7 +20,6 @@ from datastore_builder.format import (
     FORMAT_VERSION,
     MANIFEST,
     REDIRECTS,
-    SHARD_FILES,
     SHARD_MARKER,
     SHARDS_DIR,
     Counts,
@@ -31,6 +30,7 @@ from datastore_builder.format import (
     check_shard_files,
     read_manifest,
     read_shard_info,
+    shard_file_names,
     write_manifest,
 )
 
@@ -49,6 +49,7 @@ _SHARED_BUILD_STATE = (
     "min_sentence_chars",
     "stopwords_sha256",
     "num_shards",
+    "targets",
 )
 
 
@@ -138,6 +139,7 @@ def merge_slices(
         sources=first.sources,
         shards=[info for _, info in shards],
         slice=None,
+        targets=first.targets,
     )
     from datastore_builder.build import _build_indexes
     from datastore_builder.settings import BuildSettings
@@ -173,6 +175,7 @@ def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[P
         "max_seq_len": lambda m: m.max_seq_len,
         "articles_per_shard": lambda m: m.articles_per_shard,
         "stopwords (sha256)": lambda m: m.stopwords_sha256,
+        "targets": lambda m: m.targets,
         "num_shards": lambda m: m.slice.count if m.slice else None,
         "corpus sources": lambda m: [s.model_dump() for s in m.sources],
         "skipped duplicate titles": lambda m: m.counts.skipped_duplicate_titles,
@@ -245,7 +248,7 @@ def _take_shard(src: Path, dst: Path, info: ShardInfo, *, verify: bool) -> tuple
         shutil.rmtree(tmp)
     tmp.mkdir()
     linked = copied = 0
-    for name in (*SHARD_FILES, SHARD_MARKER):
+    for name in (*shard_file_names(info), SHARD_MARKER):
         # Shard files are never modified in place (a rebuild writes a new directory and renames it), so a
         # hard link is as safe as a copy and costs no space.
         try:

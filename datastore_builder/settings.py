@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from datastore_builder.encoder import DeviceName, DtypeName
+from datastore_builder.targets import TargetMode
 
 
 class BuildSettings(BaseSettings):
@@ -31,9 +32,32 @@ class BuildSettings(BaseSettings):
     ivfpq: bool = Field(False, description="also build the whole-datastore IVF-PQ index (no-retrieval ablation)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = the container's CPU quota")
     workers: int = Field(1, ge=0, description="processes that split and tokenise ahead of the model; 0 = inline")
+    targets: TargetMode = Field(
+        "single-piece",
+        description="single-piece: words of one wordpiece (the paper); whole-word: words of any number of pieces",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> BuildSettings:
         if self.shard_index >= self.num_shards:
             raise ValueError(f"--shard-index {self.shard_index} must be < --num-shards {self.num_shards}")
         return self
+
+
+class AddSettings(BaseSettings):
+    """``add``: new or changed articles into an existing datastore. What shapes the rows (model, layer,
+    max_seq_len, stopwords, targets) comes from its manifest; these are the knobs of the run itself."""
+
+    model_config = SettingsConfigDict(env_prefix="BERTKNN_ADD_", extra="forbid", protected_namespaces=())
+
+    datastore: Path = Field(description="the datastore to update (a finished build, merge or earlier add)")
+    corpus: list[Path] = Field(default_factory=list, description="corpus files (JSONL or MediaWiki XML dump)")
+    model: str | None = Field(None, description="model name or directory; default: the manifest's. Must be the same weights")
+    device: DeviceName = "auto"
+    dtype: DtypeName = "auto"
+    batch_size: int = Field(128, ge=1, le=65536)
+    articles_per_shard: int | None = Field(None, ge=1, description="default: the manifest's")
+    stopwords: Path | None = Field(None, description="the build's stopword file, when it was not the bundled list")
+    min_sentence_chars: int | None = Field(None, ge=0, description="default: the build's (build.json), else 10")
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = the container's CPU quota")
+    workers: int = Field(0, ge=0, description="processes that split and tokenise ahead of the model; 0 = inline")

@@ -62,9 +62,7 @@ import scipy.sparse as sp
 from sklearn.feature_extraction.text import HashingVectorizer
 
 from datastore_builder.format import (
-    BM25_DIR,
     INDEX_DIR,
-    TFIDF_DIR,
     Datastore,
     DatastoreError,
     Manifest,
@@ -223,15 +221,15 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def sparse_indexes_current(root: Path, fingerprint: str) -> bool:
+def sparse_indexes_current(root: Path, fingerprint: str, index_dir: str = INDEX_DIR) -> bool:
     """True when both indexes exist and were built from exactly this content with these parameters."""
-    bm25 = _read_json(Path(root) / BM25_DIR / BM25_META)
-    tfidf = _read_json(Path(root) / TFIDF_DIR / TFIDF_PARAMS)
+    bm25 = _read_json(Path(root) / index_dir / "bm25" / BM25_META)
+    tfidf = _read_json(Path(root) / index_dir / "tfidf" / TFIDF_PARAMS)
     return (
         bm25.get("fingerprint") == fingerprint
         and tfidf.get("fingerprint") == fingerprint
         and all(
-            (Path(root) / TFIDF_DIR / name).is_file()
+            (Path(root) / index_dir / "tfidf" / name).is_file()
             for name in (TFIDF_TITLES, TFIDF_BUCKETS, TFIDF_IDF, TFIDF_POSTINGS)
         )
     )
@@ -257,6 +255,7 @@ def write_sparse_indexes(
     content_id: str | None = None,
     hasher: NgramHasher | None = None,
     threads: int | None = None,
+    index_dir: str = INDEX_DIR,
 ) -> dict[str, str]:
     """Index ``(title, text)`` pairs into ``root/index/bm25`` and ``root/index/tfidf``.
 
@@ -268,29 +267,31 @@ def write_sparse_indexes(
             and fingerprinted with a hash of the text.
         hasher: the TF-IDF features (default: the bundled stopwords, unigrams + bigrams, 2**24 buckets).
         threads: Lucene indexing threads (default: up to 4, within the CPU quota).
+        index_dir: the folder under ``root`` that receives ``bm25/`` and ``tfidf/`` (``add`` writes each datastore
+            version's indexes to their own ``index/vN``, so the previous version's stay intact).
 
     Returns:
-        ``{"bm25": "index/bm25", "tfidf": "index/tfidf"}``.
+        ``{"bm25": "index/bm25", "tfidf": "index/tfidf"}`` (with ``index_dir`` in place of ``index``).
     """
     root = Path(root)
     hasher = hasher or default_hasher()
-    index_dir = root / INDEX_DIR
-    index_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale(index_dir)
-    result = {"bm25": BM25_DIR, "tfidf": TFIDF_DIR}
+    result = {"bm25": f"{index_dir}/bm25", "tfidf": f"{index_dir}/tfidf"}
+    folder = root / index_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    _remove_stale(folder)
     if content_id is not None:
         fingerprint = _fingerprint(content_id, hasher)
-        if sparse_indexes_current(root, fingerprint):
-            logger.info("sparse indexes in %s are current (fingerprint %s), kept", index_dir, fingerprint)
+        if sparse_indexes_current(root, fingerprint, index_dir):
+            logger.info("sparse indexes in %s are current (fingerprint %s), kept", folder, fingerprint)
             return result
 
     t0 = time.perf_counter()
     pid = os.getpid()
-    docs_dir = index_dir / f".docs.tmp-{pid}"
-    bm25_tmp = index_dir / f".bm25.tmp-{pid}"
-    tfidf_tmp = index_dir / f".tfidf.tmp-{pid}"
+    docs_dir = folder / f".docs.tmp-{pid}"
+    bm25_tmp = folder / f".bm25.tmp-{pid}"
+    tfidf_tmp = folder / f".tfidf.tmp-{pid}"
     try:
-        with naming_write_errors(index_dir):
+        with naming_write_errors(folder):
             docs_dir.mkdir()
             tfidf_tmp.mkdir()
             collected = _collect(articles, hasher, docs_dir)
@@ -312,8 +313,8 @@ def write_sparse_indexes(
             t2 = time.perf_counter()
             _write_tfidf(tfidf_tmp, collected, hasher, fingerprint)
             t3 = time.perf_counter()
-            _install(bm25_tmp, root / BM25_DIR)
-            _install(tfidf_tmp, root / TFIDF_DIR)
+            _install(bm25_tmp, folder / "bm25")
+            _install(tfidf_tmp, folder / "tfidf")
     finally:
         for tmp in (docs_dir, bm25_tmp, tfidf_tmp):
             shutil.rmtree(tmp, ignore_errors=True)

@@ -22,6 +22,7 @@ from datastore_builder.format import (
     SHARDS_DIR,
     SPANS,
     VECTORS,
+    WORDS,
     FileInfo,
     ShardInfo,
     check_shard_files,
@@ -31,6 +32,7 @@ from datastore_builder.format import (
     sha256_file,
     shard_name,
 )
+from datastore_builder.words import WordTable
 
 
 @dataclass
@@ -41,6 +43,7 @@ class ShardData:
     spans: np.ndarray  # int32 [rows, 2]
     sentences: list[str]
     articles: list[dict]  # title, id, source, row_start, row_end, sent_start, sent_end
+    words: WordTable | None = None  # whole-word datastores: what the labels index
 
 
 def _fsync_save(path: Path, array: np.ndarray) -> None:
@@ -90,6 +93,10 @@ def _write_shard_files(tmp: Path, final: Path, index: int, data: ShardData) -> S
     _fsync_save(tmp / SENTENCE_OFFSETS, offsets)
     _fsync_write(tmp / SENTENCES, b"".join(encoded))
     _fsync_write(tmp / ARTICLES, json.dumps(data.articles, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+    names: tuple[str, ...] = SHARD_FILES
+    if data.words is not None:
+        _fsync_write(tmp / WORDS, data.words.to_json())
+        names = (*SHARD_FILES, WORDS)
     info = ShardInfo(
         name=shard_name(index),
         index=index,
@@ -97,7 +104,7 @@ def _write_shard_files(tmp: Path, final: Path, index: int, data: ShardData) -> S
         articles=len(data.articles),
         sentences=len(data.sentences),
         files={
-            name: FileInfo(bytes=(tmp / name).stat().st_size, sha256=sha256_file(tmp / name)) for name in SHARD_FILES
+            name: FileInfo(bytes=(tmp / name).stat().st_size, sha256=sha256_file(tmp / name)) for name in names
         },
     )
     _fsync_write(tmp / SHARD_MARKER, info.model_dump_json(indent=1).encode())

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from evaluation.lama import (
     DEV_PERCENT,
@@ -24,10 +24,12 @@ from evaluation.lama import (
     load_vocab_file,
     select_relations,
 )
-from evaluation.metrics import QueryResult, Summary, format_table, report_dict, summarize
+from evaluation.metrics import QueryResult, Summary, format_table, report_dict, skipped_fraction, summarize
 from evaluation.runner import Runner, RunSettings
 
 if TYPE_CHECKING:
+    from evaluation.adaptive import AdaptiveFit
+    from service.interpolate import AdaptiveRule
     from service.pipeline import AnswerPipeline
 
 logger = logging.getLogger("evaluation")
@@ -90,12 +92,28 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument(
         "--grid", action="store_true", help="search N, lambda, k, l on the dev split; evaluate the rest"
     )
+    la.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="fit the adaptive interpolation rule on the dev split (after --grid, if given) and add its column "
+        "(bert_knn_adaptive) on the test split",
+    )
+    la.add_argument("--adaptive-out", type=Path, help="with --adaptive: write the fitted rule (JSON) here")
+    la.add_argument(
+        "--adaptive-rule", type=Path, help="add the adaptive column with this rule file (no fit; e.g. --adaptive-out's)"
+    )
     la.add_argument("--batch-size", type=int, default=32)
     la.add_argument("--out", type=Path, help="write the JSON report here")
     la.add_argument(
         "--predictions", type=Path, help="write one JSON line per query (ranks, top-1 tokens) here"
     )
     la.add_argument("--quiet", action="store_true", help="no progress bars")
+    la.add_argument(
+        "--multi-piece",
+        action="store_true",
+        help="also evaluate T-REx facts whose object is one word of several wordpieces, as whole words (needs a "
+        "datastore built with --targets whole-word); a separate table and report['multi_piece']",
+    )
     return p
 
 
@@ -135,6 +153,7 @@ def prepare_datastore(args: argparse.Namespace) -> Path:
                 layer=layer,
                 device=args.device,
                 ivfpq=bool(args.no_retrieval),
+                targets="whole-word" if args.multi_piece else "single-piece",
                 threads=args.threads,
             )
         )
@@ -180,7 +199,7 @@ def open_pipeline(
 def write_predictions(path: Path, queries: Sequence[LamaQuery], results: Sequence[QueryResult]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for q, r in zip(queries, results, strict=True):
-            row = {
+            row: dict[str, Any] = {
                 "relation": q.relation,
                 "dataset": q.dataset,
                 "uid": q.uid,
@@ -190,6 +209,9 @@ def write_predictions(path: Path, queries: Sequence[LamaQuery], results: Sequenc
                 "rank": {"mlm": r.mlm, "knn": r.knn, "bert_knn": r.bert_knn},
                 "top1": dict(zip(("mlm", "knn", "bert_knn"), r.top, strict=True)),
             }
+            if r.knn_skipped is not None:
+                row["rank"]["bert_knn_adaptive"] = r.bert_knn_adaptive
+                row["adaptive"] = {"knn_skipped": r.knn_skipped, "lambda": r.lambda_adaptive}
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
@@ -216,6 +238,83 @@ def _vocab_note(args: argparse.Namespace, vocab: ObjectVocabulary) -> dict[str, 
     }
 
 
+def _adaptive_rule(
+    args: argparse.Namespace,
+    pipeline: AnswerPipeline,
+    probe: Probe,
+    settings: RunSettings,
+    vocab: ObjectVocabulary,
+    identity: dict[str, object],
+) -> tuple[AdaptiveRule, AdaptiveFit | None]:
+    """--adaptive-rule: read the rule. --adaptive: fit it on the dev split at this run's setting (N, k, l)."""
+    from service.interpolate import AdaptiveRule
+
+    if args.adaptive_rule:
+        return AdaptiveRule.load(args.adaptive_rule), None
+    from evaluation.adaptive import AdaptiveSpace, collect, fit_rule
+
+    space = AdaptiveSpace().with_base_lambda(settings.lambda_)
+    dev = probe.for_split("dev")
+    if not dev:
+        raise EvaluationError("--adaptive: the dev split has no queries to fit on; raise --limit or add relations")
+    scored = collect(
+        pipeline, dev, settings, measures=space.measures, allowed_ids=vocab.allowed_ids(),
+        progress=not args.quiet,
+    )  # fmt: skip
+    fit = fit_rule(scored, space, fixed_lambda=settings.lambda_)
+    print(fit.format())
+    datastore = identity.get("datastore")
+    rule = fit.best.rule.model_copy(
+        update={
+            "fitted": {
+                "by": "python -m evaluation lama --adaptive",
+                "dev_split": f"sha256(fact id) mod 100 < {DEV_PERCENT}",
+                "dev_queries": fit.queries,
+                "dev_macro": {"fixed": _round(fit.fixed), "adaptive": _round(fit.best.macro)},
+                "dev_skipped": round(fit.best.skipped, 4),
+                "setting": {k: v for k, v in run_settings_dict(settings).items() if k != "batch_size"},
+                "vocab": str(args.vocab) if args.vocab else None,
+                "datastore_id": datastore.get("id") if isinstance(datastore, dict) else None,
+            }
+        }
+    )
+    if args.adaptive_out:
+        args.adaptive_out.parent.mkdir(parents=True, exist_ok=True)
+        rule.save(args.adaptive_out)
+        logger.info("adaptive rule written to %s", args.adaptive_out)
+    return rule, fit
+
+
+def _round(p: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 2) for k, v in p.items()}
+
+
+def _adaptive_note(
+    rule: AdaptiveRule | None, fit: AdaptiveFit | None, path: Path | None, results: Sequence[QueryResult]
+) -> dict[str, object] | None:
+    if rule is None:
+        return None
+    evaluated = [r for r in results if r.knn_skipped is not None]
+    lambdas = [r.lambda_adaptive for r in evaluated if not r.knn_skipped and r.lambda_adaptive is not None]
+    return {
+        "rule": rule.model_dump(),
+        "source": "fitted on the dev split" if fit is not None else str(path),
+        "column": "bert_knn_adaptive: the interpolation with the rule's lambda (p_MLM alone when kNN is skipped)",
+        "knn_skipped": round(skipped_fraction(evaluated), 4) if evaluated else None,
+        "mean_lambda_not_skipped": round(sum(lambdas) / len(lambdas), 4) if lambdas else None,
+        "fit": None
+        if fit is None
+        else {
+            "dev_queries": fit.queries,
+            "rules": fit.rules,
+            "dev_macro_fixed": _round(fit.fixed),
+            "dev_macro_adaptive": _round(fit.best.macro),
+            "dev_skipped": round(fit.best.skipped, 4),
+            "seconds": fit.seconds,
+        },
+    }
+
+
 def _lama(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         return _run_lama(args, stack)
@@ -227,8 +326,19 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
         raise EvaluationError("--limit must be >= 1")
     if args.url and args.grid:
         raise EvaluationError("--grid runs in process (it recomputes p_kNN from the neighbours); drop --url")
+    if args.url and (args.adaptive or args.adaptive_rule):
+        raise EvaluationError("--adaptive/--adaptive-rule run in process (from both distributions); drop --url")
+    if args.adaptive and args.adaptive_rule:
+        raise EvaluationError("--adaptive fits a rule and --adaptive-rule reads one; pass only one of them")
+    if args.adaptive_out and not args.adaptive:
+        raise EvaluationError("--adaptive-out writes the rule that --adaptive fits; add --adaptive")
     if args.url and (args.corpus or args.datastore):
         raise EvaluationError("--url evaluates the service's own datastore; drop --datastore/--corpus")
+    if args.multi_piece and (args.url or args.vocab or args.grid):
+        raise EvaluationError(
+            "--multi-piece runs in process over the full vocabulary (it scores gold words by sequential fill); "
+            "drop --url, --vocab and --grid"
+        )
     settings = RunSettings(
         retriever="none" if args.no_retrieval else args.retriever,
         num_articles=args.num_articles,
@@ -275,6 +385,13 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
         stack.callback(pipeline.close)
         vocab = ObjectVocabulary(pipeline.encoder.tokenizer, restrict)
         identity = {"mode": "in-process", "datastore": str(ds), **pipeline.identity()}
+        if args.multi_piece and pipeline.words is None:
+            raise EvaluationError(
+                f"--multi-piece needs a whole-word datastore and {ds} stores single wordpieces; build one with "
+                "`python -m datastore_builder build --targets whole-word ...`"
+            )
+        if args.grid and pipeline.words is not None:
+            raise EvaluationError(f"--grid works on token ids; {ds} is a whole-word datastore (drop --grid)")
 
     probe: Probe = load_probe(relations, vocab, limit=args.limit)
     queries = probe.queries
@@ -305,6 +422,14 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
             "points": len(result.ranking),
             "seconds": result.seconds,
         }
+    rule, adaptive_fit = None, None
+    if args.adaptive or args.adaptive_rule:
+        assert pipeline is not None
+        if pipeline.words is not None:
+            raise EvaluationError("--adaptive/--adaptive-rule work on token ids; drop them for a whole-word datastore")
+        rule, adaptive_fit = _adaptive_rule(args, pipeline, probe, settings, vocab, identity)
+        if args.adaptive:
+            queries, split = probe.for_split("test"), "test"
     if not queries:
         raise EvaluationError(
             "no query left to evaluate: every fact was filtered out (see the log's filter counts)"
@@ -313,7 +438,9 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     if pipeline is not None:
         from evaluation.runner import PipelineRunner
 
-        runner: Runner = PipelineRunner(pipeline, allowed_ids=vocab.allowed_ids(), progress=not args.quiet)
+        runner: Runner = PipelineRunner(
+            pipeline, allowed_ids=vocab.allowed_ids(), progress=not args.quiet, adaptive=rule
+        )
     else:
         from evaluation.runner import HttpRunner
 
@@ -322,6 +449,11 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     results = runner.run(queries, settings)
     run_s = time.perf_counter() - t_run
     summary: Summary = summarize(results)
+    multi = None
+    if args.multi_piece:
+        from evaluation.words import evaluate_multi_piece
+
+        multi = evaluate_multi_piece(runner, settings, relations, vocab, limit=args.limit)
 
     report_settings = {
         **identity,
@@ -337,6 +469,7 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
         "trex_source": args.trex,
         "split": split,
         "grid": grid_info,
+        "adaptive": _adaptive_note(rule, adaptive_fit, args.adaptive_rule, results),
         "averages": AVERAGES_NOTE,
         "filters": {rel: st.as_dict() for rel, st in probe.stats.items()},
         "queries": len(queries),
@@ -348,11 +481,19 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
         f"{', common vocab' if restrict else ''}): P@1/P@5/P@10 in %"
     )
     print(format_table(summary, title=title))
+    if rule is not None:
+        print(
+            f"adaptive ({'fitted on dev' if adaptive_fit else args.adaptive_rule}): kNN skipped for "
+            f"{100 * skipped_fraction(results):.1f} % of the {len(results)} queries"
+        )
+    report = report_dict(summary, report_settings)
+    if multi is not None:
+        print(multi.table)
+        report["multi_piece"] = multi.report
+        queries, results = [*queries, *multi.queries], [*results, *multi.results]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            json.dumps(report_dict(summary, report_settings), indent=1, ensure_ascii=False) + "\n"
-        )
+        args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
         logger.info("report written to %s", args.out)
     if args.predictions:
         write_predictions(args.predictions, queries, results)
@@ -369,6 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from datastore_builder.encoder import ModelLoadError, QueryError
     from datastore_builder.format import DatastoreError
     from service.client import ServiceError
+    from service.interpolate import AdaptiveRuleError
     from service.pipeline import RetrieverUnavailable
 
     expected = (
@@ -380,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         QueryError,
         RetrieverUnavailable,
         ServiceError,
+        AdaptiveRuleError,
     )
     try:
         if args.command == "lama":

@@ -91,8 +91,9 @@ class LamaQuery:
     uid: str
     text: str  # the cloze question, with exactly one [MASK]
     subject: str | None  # the subject label as the probe spells it (the service's subject-article rule)
-    obj: str  # the gold object as the model's wordpiece
-    obj_id: int
+    obj: str  # the gold object as the model's wordpiece (--multi-piece queries: the whole word)
+    obj_id: int  # -1 for a multi-piece word
+    obj_pieces: tuple[int, ...] = ()  # --multi-piece queries: the word's wordpiece ids
 
 
 @dataclass

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from evaluation.lama import DATASETS
 
 COLUMNS: tuple[str, ...] = ("mlm", "knn", "bert_knn")
+ADAPTIVE = "bert_knn_adaptive"  # the interpolation with the adaptive rule's lambda (evaluation --adaptive)
+OPTIONAL_COLUMNS: tuple[str, ...] = (ADAPTIVE,)
 KS: tuple[int, ...] = (1, 5, 10)
 
 Precisions = dict[str, float]  # {"p@1": .., "p@5": .., "p@10": ..}
@@ -29,10 +31,13 @@ class QueryResult:
     knn: int | None
     bert_knn: int | None
     top: tuple[str, str, str] = ("", "", "")  # top-1 token of mlm, knn, bert_knn (for the predictions file)
+    bert_knn_adaptive: int | None = None  # rank under the adaptive rule's interpolation (when evaluated)
+    knn_skipped: bool | None = None  # the adaptive rule answered from p_MLM alone (None: not evaluated)
+    lambda_adaptive: float | None = None
 
     def rank(self, column: str) -> int | None:
-        if column not in COLUMNS:
-            raise KeyError(f"unknown column {column!r}; one of {COLUMNS}")
+        if column not in COLUMNS + OPTIONAL_COLUMNS:
+            raise KeyError(f"unknown column {column!r}; one of {COLUMNS + OPTIONAL_COLUMNS}")
         return getattr(self, column)
 
 
@@ -58,6 +63,7 @@ class Summary:
     datasets: list[DatasetScore]
     overall: dict[str, Precisions]  # macro over all relations of all datasets
     micro: dict[str, Precisions]  # over all queries, for comparison only
+    columns: tuple[str, ...] = COLUMNS
 
     @property
     def facts(self) -> int:
@@ -82,7 +88,7 @@ def mean_precisions(items: Sequence[Mapping[str, float]]) -> Precisions:
     return {key: sum(it[key] for it in items) / len(items) for key in items[0]}
 
 
-def score_relations(results: Iterable[QueryResult]) -> list[RelationScore]:
+def score_relations(results: Iterable[QueryResult], columns: Sequence[str] = COLUMNS) -> list[RelationScore]:
     """P@k per relation and column, relations in first-seen order."""
     groups: dict[str, list[QueryResult]] = {}
     datasets: dict[str, str] = {}
@@ -90,30 +96,46 @@ def score_relations(results: Iterable[QueryResult]) -> list[RelationScore]:
         groups.setdefault(r.relation, []).append(r)
         datasets.setdefault(r.relation, r.dataset)
     return [
-        RelationScore(rel, datasets[rel], len(rs), {c: precisions([r.rank(c) for r in rs]) for c in COLUMNS})
+        RelationScore(rel, datasets[rel], len(rs), {c: precisions([r.rank(c) for r in rs]) for c in columns})
         for rel, rs in groups.items()
     ]
 
 
 def macro(scores: Sequence[RelationScore]) -> dict[str, Precisions]:
-    return {c: mean_precisions([s.columns[c] for s in scores]) for c in COLUMNS}
+    return {c: mean_precisions([s.columns[c] for s in scores]) for c in scores[0].columns}
 
 
-def micro(results: Sequence[QueryResult]) -> dict[str, Precisions]:
-    return {c: precisions([r.rank(c) for r in results]) for c in COLUMNS}
+def micro(results: Sequence[QueryResult], columns: Sequence[str] = COLUMNS) -> dict[str, Precisions]:
+    return {c: precisions([r.rank(c) for r in results]) for c in columns}
 
 
 def summarize(results: Sequence[QueryResult]) -> Summary:
+    """P@k of every column; the adaptive column too when the results carry it."""
     if not results:
         raise ValueError("no query was evaluated: every fact was filtered out (see the filter counts)")
-    scores = score_relations(results)
+    columns = COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if _evaluated(results, c))
+    scores = score_relations(results, columns)
     order = {d: i for i, d in enumerate(DATASETS)}
     names = sorted({s.dataset for s in scores}, key=lambda d: (order.get(d, len(order)), d))
     datasets = []
     for name in names:
         mine = [s for s in scores if s.dataset == name]
         datasets.append(DatasetScore(name, len(mine), sum(s.facts for s in mine), macro(mine)))
-    return Summary(scores, datasets, macro(scores), micro(results))
+    return Summary(scores, datasets, macro(scores), micro(results, columns), columns)
+
+
+def _evaluated(results: Sequence[QueryResult], column: str) -> bool:
+    if column == ADAPTIVE:
+        return all(r.knn_skipped is not None for r in results)
+    return True
+
+
+def skipped_fraction(results: Sequence[QueryResult]) -> float:
+    """Share of queries whose kNN search the adaptive rule skipped (the MLM alone was confident enough)."""
+    flags = [r.knn_skipped for r in results if r.knn_skipped is not None]
+    if not flags:
+        raise ValueError("the adaptive rule was not evaluated on these results")
+    return sum(flags) / len(flags)
 
 
 def _rounded(p: Precisions) -> Precisions:
@@ -123,12 +145,12 @@ def _rounded(p: Precisions) -> Precisions:
 def report_dict(summary: Summary, settings: Mapping[str, object]) -> dict:
     """The ``--out`` JSON: {"macro", "datasets", "relations", "settings"}, precisions as percentages."""
     return {
-        "macro": {c: _rounded(summary.overall[c]) for c in COLUMNS},
+        "macro": {c: _rounded(summary.overall[c]) for c in summary.columns},
         "datasets": {
             d.dataset: {
                 "relations": d.relations,
                 "facts": d.facts,
-                **{c: _rounded(d.columns[c]) for c in COLUMNS},
+                **{c: _rounded(d.columns[c]) for c in summary.columns},
             }
             for d in summary.datasets
         },
@@ -136,7 +158,7 @@ def report_dict(summary: Summary, settings: Mapping[str, object]) -> dict:
             r.relation: {
                 "dataset": r.dataset,
                 "facts": r.facts,
-                **{c: _rounded(r.columns[c]) for c in COLUMNS},
+                **{c: _rounded(r.columns[c]) for c in summary.columns},
             }
             for r in summary.relations
         },
@@ -147,13 +169,13 @@ def report_dict(summary: Summary, settings: Mapping[str, object]) -> dict:
 def format_table(summary: Summary, *, title: str = "") -> str:
     """Plain-text table: one row per relation, then per dataset (macro) and overall, three columns x P@1/5/10."""
     head = f"{'relation':<18} {'dataset':<10} {'n':>5} | " + " | ".join(
-        f"{c + ' P@1/5/10':^22}" for c in COLUMNS
+        f"{('adaptive' if c == ADAPTIVE else c) + ' P@1/5/10':^22}" for c in summary.columns
     )
     rule = "-" * len(head)
 
     def row(name: str, ds: str, n: int, cols: Mapping[str, Precisions]) -> str:
         cells = " | ".join(
-            f"{cols[c]['p@1']:6.1f} {cols[c]['p@5']:6.1f} {cols[c]['p@10']:6.1f}   " for c in COLUMNS
+            f"{cols[c]['p@1']:6.1f} {cols[c]['p@5']:6.1f} {cols[c]['p@10']:6.1f}   " for c in summary.columns
         )
         return f"{name:<18} {ds:<10} {n:>5} | {cells}"
 

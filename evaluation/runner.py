@@ -13,7 +13,7 @@ from tqdm import tqdm
 from evaluation.lama import LamaQuery
 from evaluation.metrics import QueryResult
 from service.client import BertKnnClient
-from service.interpolate import rank_of
+from service.interpolate import AdaptiveRule, adaptive_lambda, interpolate, knn_skipped, rank_of
 from service.pipeline import AnswerPipeline, Query, RetrieverName
 
 logger = logging.getLogger(__name__)
@@ -59,14 +59,25 @@ def _batches(items: Sequence[LamaQuery], size: int) -> list[Sequence[LamaQuery]]
 
 
 class PipelineRunner:
-    """In process: one batched forward pass per batch; ranks from the full-vocabulary distributions."""
+    """In process: one batched forward pass per batch; ranks from the full-vocabulary distributions.
+
+    With an ``adaptive`` rule each query is also ranked under the rule's lambda, from the same two
+    distributions (the `bert_knn_adaptive` column): exactly what the service answers in adaptive mode, where a
+    skipped query's p is p_MLM alone.
+    """
 
     def __init__(
-        self, pipeline: AnswerPipeline, *, allowed_ids: np.ndarray | None = None, progress: bool = True
+        self,
+        pipeline: AnswerPipeline,
+        *,
+        allowed_ids: np.ndarray | None = None,
+        progress: bool = True,
+        adaptive: AdaptiveRule | None = None,
     ):
         self.pipeline = pipeline
         self.allowed_ids = allowed_ids
         self.progress = progress
+        self.adaptive = adaptive
 
     @staticmethod
     def to_query(q: LamaQuery, s: RunSettings) -> Query:
@@ -93,9 +104,23 @@ class PipelineRunner:
                     [self.to_query(q, settings) for q in batch], with_distributions=True
                 )
                 for q, ans in zip(batch, answers, strict=True):
+                    if self.pipeline.words is not None:  # whole-word datastore: ranks among candidate words
+                        from evaluation.words import word_result
+
+                        out.append(word_result(self.pipeline, q, ans))
+                        continue
                     d = ans.distributions
                     assert d is not None
                     top = (self._top1(d.p_mlm), self._top1(d.p_knn), self._top1(d.p))
+                    adaptive: dict[str, object] = {}
+                    if self.adaptive is not None:
+                        lam = adaptive_lambda(self.adaptive, d.p_mlm, d.p_knn)
+                        p_a = interpolate(d.p_knn, d.p_mlm, lam)
+                        adaptive = {
+                            "bert_knn_adaptive": gold_rank(p_a, q.obj_id, self.allowed_ids),
+                            "knn_skipped": knn_skipped(self.adaptive, d.p_mlm),
+                            "lambda_adaptive": lam,
+                        }
                     out.append(
                         QueryResult(
                             q.relation,
@@ -105,6 +130,7 @@ class PipelineRunner:
                             gold_rank(d.p_knn, q.obj_id, self.allowed_ids),
                             gold_rank(d.p, q.obj_id, self.allowed_ids),
                             top,
+                            **adaptive,  # type: ignore[arg-type]
                         )
                     )
                 bar.update(len(batch))

@@ -65,6 +65,8 @@ def format_table(resp: PredictResponse) -> str:
     lines.append(f"articles: {arts}")
     lines.append("mlm: " + ", ".join(f"{t.token} {t.prob:.3f}" for t in resp.mlm[:5]))
     lines.append("knn: " + ", ".join(f"{t.token} {t.prob:.3f}" for t in resp.knn[:5]))
+    skipped = " (kNN skipped: the MLM was confident)" if resp.knn_skipped else ""
+    lines.append(f"lambda: {resp.lambda_used:.3f} ({resp.interpolation}){skipped}")
     lines.append(f"timings_ms: {json.dumps(resp.timings_ms)}  cache: {json.dumps(resp.cache)}")
     return "\n".join(lines)
 
@@ -78,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--subject")
     pr.add_argument("--top-k", type=int)
     pr.add_argument("--retriever", choices=["bm25", "tfidf", "none"])
+    pr.add_argument("--interpolation", choices=["fixed", "adaptive"], help="default: the server's")
     pr.add_argument("--json", action="store_true", help="print the raw JSON response")
     args = p.parse_args(argv)
-    options = {k: v for k, v in {"subject": args.subject, "top_k": args.top_k, "retriever": args.retriever}.items() if v}
+    given = {"subject": args.subject, "top_k": args.top_k, "retriever": args.retriever, "interpolation": args.interpolation}
+    options = {k: v for k, v in given.items() if v}
     try:
         with BertKnnClient(args.url) as client:
             resp = client.predict(args.text, **options)

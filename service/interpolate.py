@@ -1,8 +1,14 @@
-"""Pure functions: neighbour distances -> p_kNN, mixing with p_MLM, top-k."""
+"""Pure functions: neighbour distances -> p_kNN, mixing with p_MLM (fixed or adaptive lambda), top-k."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 def knn_distribution(distances: np.ndarray, labels: np.ndarray, vocab_size: int, temperature: float) -> np.ndarray:
@@ -45,3 +51,138 @@ def rank_of(p: np.ndarray, token_id: int) -> int:
     """1-based rank of ``token_id`` under ``p`` (ties broken by lower id, as in `top_k`)."""
     v = p[token_id]
     return int(np.count_nonzero(p > v) + np.count_nonzero(p[:token_id] == v) + 1)
+
+
+# ---- adaptive interpolation ----------------------------------------------------------------------------------
+# As in "When Not to Trust Language Models" (Mallen et al. 2023): trust the masked LM alone when it is confident
+# (no retrieval, no kNN search), otherwise weigh p_kNN by how sure each side is.
+
+ConfidenceMeasure = Literal["top1", "margin", "entropy"]
+Interpolation = Literal["fixed", "adaptive"]
+
+
+class AdaptiveRuleError(ValueError):
+    """An adaptive rule file that cannot be read or whose parameters are invalid; the message says which."""
+
+
+def confidence(p: np.ndarray, measure: ConfidenceMeasure) -> float:
+    """How sure a distribution is, in [0, 1].
+
+    ``top1``: the largest probability; ``margin``: the largest minus the second largest; ``entropy``:
+    1 - H(p) / log |V| (1 for a one-hot p, 0 for the uniform one). An all-zero p (no neighbours) has
+    confidence 0 under every measure.
+    """
+    q = np.asarray(p, dtype=np.float64)
+    total = float(q.sum())
+    if total <= 0.0 or len(q) < 2:
+        return 0.0
+    q = q / total
+    if measure == "top1":
+        return float(q.max())
+    if measure == "margin":
+        two = np.partition(q, len(q) - 2)[-2:]
+        return float(two[1] - two[0])
+    if measure == "entropy":
+        nz = q[q > 0]
+        h = float(-(nz * np.log(nz)).sum())
+        return min(1.0, max(0.0, 1.0 - h / math.log(len(q))))
+    raise ValueError(f"unknown confidence measure {measure!r}; one of top1, margin, entropy")
+
+
+def rule_lambda(
+    bias: np.ndarray | float,
+    knn_weight: np.ndarray | float,
+    mlm_weight: np.ndarray | float,
+    conf_mlm: np.ndarray | float,
+    conf_knn: np.ndarray | float,
+    min_lambda: float = 0.0,
+    max_lambda: float = 1.0,
+) -> np.ndarray:
+    """clip(sigmoid(bias + knn_weight * conf_knn - mlm_weight * conf_mlm), min_lambda, max_lambda), broadcast.
+
+    One formula for the service (one query) and the evaluation's fit (many rules and queries at once).
+    """
+    z = np.asarray(bias, np.float64) + np.asarray(knn_weight, np.float64) * np.asarray(conf_knn, np.float64)
+    z = z - np.asarray(mlm_weight, np.float64) * np.asarray(conf_mlm, np.float64)
+    lam = 0.5 * (1.0 + np.tanh(0.5 * z))  # = sigmoid(z), without overflow for large |z|
+    return np.clip(lam, min_lambda, max_lambda)
+
+
+class AdaptiveRule(BaseModel):
+    """Per-query lambda from the confidence of p_MLM and p_kNN, and when to skip the kNN search altogether.
+
+    lambda = clip(sigmoid(bias + knn_weight * conf(p_kNN) - mlm_weight * conf(p_MLM)), min_lambda, max_lambda),
+    with conf the chosen `confidence` measure. When conf(p_MLM) >= skip_threshold the query is answered by the
+    masked LM alone: lambda 0, and neither retrieval nor the kNN search runs. ``python -m evaluation lama
+    --adaptive --adaptive-out rule.json`` fits the parameters on the dev split.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    measure: ConfidenceMeasure = Field("top1", description="confidence of a distribution: top1, margin or entropy")
+    bias: float = Field(-0.85, ge=-50, le=50, description="logit of lambda when both confidences are 0")
+    knn_weight: float = Field(2.0, ge=0, le=100, description="how much a confident p_kNN raises lambda")
+    mlm_weight: float = Field(2.0, ge=0, le=100, description="how much a confident p_MLM lowers lambda")
+    min_lambda: float = Field(0.0, ge=0, le=1)
+    max_lambda: float = Field(1.0, ge=0, le=1)
+    skip_threshold: float | None = Field(
+        0.9, gt=0, le=1, description="skip retrieval and kNN when conf(p_MLM) >= this; null: never skip"
+    )
+    fitted: dict[str, Any] | None = Field(
+        None, description="how the evaluation tool fitted this rule (provenance only; not used to answer)"
+    )
+
+    @field_validator("skip_threshold", mode="before")
+    @classmethod
+    def _never(cls, value: Any) -> Any:
+        # environment variables cannot carry JSON null: BERTKNN_DEFAULTS__ADAPTIVE_RULE__SKIP_THRESHOLD=none
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "null"):
+            return None
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> AdaptiveRule:
+        if self.min_lambda > self.max_lambda:
+            raise ValueError(f"min_lambda {self.min_lambda} must not exceed max_lambda {self.max_lambda}")
+        return self
+
+    def skips(self, conf_mlm: float) -> bool:
+        """True when the masked LM is confident enough to answer alone."""
+        return self.skip_threshold is not None and conf_mlm >= self.skip_threshold
+
+    def lambda_for(self, conf_mlm: float, conf_knn: float) -> float:
+        """The rule's lambda for given confidences (the skip threshold is not applied here)."""
+        lam = rule_lambda(self.bias, self.knn_weight, self.mlm_weight, conf_mlm, conf_knn,
+                          self.min_lambda, self.max_lambda)  # fmt: skip
+        return float(lam)
+
+    def save(self, path: Path | str) -> None:
+        Path(path).write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path | str) -> AdaptiveRule:
+        """Read a rule written by `save` (or by hand); `AdaptiveRuleError` names the file and the problem."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise AdaptiveRuleError(f"cannot read the adaptive rule {path}: {exc.strerror or exc}") from None
+        try:
+            return cls.model_validate(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise AdaptiveRuleError(f"adaptive rule {path} is not JSON: {exc}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "(rule)"
+            raise AdaptiveRuleError(f"adaptive rule {path}: {where}: {first['msg']}") from None
+
+
+def knn_skipped(rule: AdaptiveRule, p_mlm: np.ndarray) -> bool:
+    """Whether the rule answers this query from p_MLM alone (decided before any retrieval or kNN work)."""
+    return rule.skip_threshold is not None and rule.skips(confidence(p_mlm, rule.measure))
+
+
+def adaptive_lambda(rule: AdaptiveRule, p_mlm: np.ndarray, p_knn: np.ndarray) -> float:
+    """The rule's lambda for one query: 0 when the MLM is confident enough (skip) or p_kNN is empty."""
+    if knn_skipped(rule, p_mlm) or not np.any(p_knn):
+        return 0.0
+    return rule.lambda_for(confidence(p_mlm, rule.measure), confidence(p_knn, rule.measure))

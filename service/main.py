@@ -10,17 +10,20 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import torch
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.admin import router as admin_router
 from service.api.deps import Resources
 from service.api.errors import error_response, install_error_handlers, request_id_var
 from service.api.routes import router
 from service.cache import Cache, InMemoryCache, RedisCache
 from service.pipeline import AnswerPipeline
+from service.reload import DatastoreReloader
 from service.serving import AsyncAnswerer
 from service.settings import ServiceSettings
 
@@ -48,7 +51,7 @@ def default_threads() -> int:
 def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
     torch.set_num_threads(settings.model.threads or default_threads())
     return AnswerPipeline.open(
-        settings.datastore,
+        Path(settings.datastore).resolve(),  # a symlink is followed once: a reload re-resolves it
         model=settings.model.name,
         device=settings.model.device,
         dtype=settings.model.dtype,
@@ -121,6 +124,10 @@ def create_app(
         resources.metrics.watch_cache(pipeline.cache)
         resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics, model_thread=model_thread)
         resources.answerer.start()
+        resources.reloader = DatastoreReloader(resources)
+        watch = (
+            asyncio.create_task(resources.reloader.watch(settings.reload_poll_s)) if settings.reload_poll_s > 0 else None
+        )
         resources.ready = True
         logger.info("ready: %s", pipeline.identity())
         try:
@@ -128,8 +135,11 @@ def create_app(
         finally:
             resources.ready = False
             resources.draining = True
+            if watch is not None:
+                watch.cancel()
+            await resources.reloader.close()
             await resources.answerer.stop()
-            pipeline.close()
+            (resources.pipeline or pipeline).close()  # the version serving last (a reload may have swapped it)
             logger.info("stopped")
 
     app = FastAPI(
@@ -142,6 +152,7 @@ def create_app(
     app.state.resources = resources
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(admin_router)
 
     @app.middleware("http")
     async def request_context(request: Request, call_next: Callable) -> Response:

@@ -49,6 +49,10 @@ class Metrics:
             "bertknn_batch_size", "queries per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry
         )
         self.queue_depth = Gauge("bertknn_queue_depth", "queries waiting for the model", registry=self.registry)
+        self.knn_skipped = Counter(
+            "bertknn_knn_skipped", "adaptive queries answered by the MLM alone (no retrieval, no kNN)",
+            registry=self.registry,
+        )
         self.ready = Gauge("bertknn_ready", "1 when the service is ready", registry=self.registry)
 
     def watch_cache(self, cache: Cache) -> None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -20,8 +20,19 @@ from datastore_builder.encoder import MaskedInput, MaskedLMEncoder, ModelLoadErr
 from datastore_builder.format import Datastore, DatastoreError, validate_datastore
 from service.cache import Cache, InMemoryCache, cache_key
 from service.codec import CorruptValue, QueryEncoding, decode_hits, encode_hits
-from service.interpolate import interpolate, knn_distribution, top_k
+from service.interpolate import (
+    AdaptiveRule,
+    Interpolation,
+    adaptive_lambda,
+    interpolate,
+    knn_distribution,
+    knn_skipped,
+    top_k,
+)
 from service.retrieval.knn import EMPTY, Neighbours, RestrictedKnn
+
+if TYPE_CHECKING:
+    from service.words import WordAnswerer
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +57,8 @@ class Query:
     lambda_: float = 0.3
     return_contexts: bool = True
     contexts_per_answer: int = 3
+    interpolation: Interpolation = "fixed"  # adaptive: lambda from `rule`, kNN skipped when the MLM is confident
+    rule: AdaptiveRule | None = None  # the adaptive rule; None = AdaptiveRule() defaults
 
 
 @dataclass(frozen=True)
@@ -64,12 +77,13 @@ class Context:
 
 @dataclass(frozen=True)
 class Prediction:
-    token: str
-    token_id: int
+    token: str  # whole-word datastores: the word
+    token_id: int  # -1 for a word of several wordpieces
     prob: float
     p_mlm: float
     p_knn: float
     contexts: list[Context]
+    pieces: int = 1  # wordpieces of the answer (> 1 only from a whole-word datastore)
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,8 @@ class Answer:
     timings_ms: dict[str, float]
     cache: dict[str, str]
     distributions: Distributions | None = None
+    interpolation: Interpolation = "fixed"
+    knn_skipped: bool = False  # adaptive: answered by the MLM alone, no retrieval and no kNN search ran
 
 
 @dataclass
@@ -142,6 +158,11 @@ class AnswerPipeline:
         self._global_knn_factory = global_knn_factory or (lambda: _open_global_knn(datastore))
         self._global_knn: object | None = None
         self._id_to_token = encoder.tokenizer.convert_ids_to_tokens(list(range(encoder.vocab_size)))
+        self.words: WordAnswerer | None = None  # whole-word datastores: answers are words (service/words.py)
+        if datastore.whole_words:
+            from service.words import WordAnswerer
+
+            self.words = WordAnswerer(self)
 
     @classmethod
     def open(
@@ -165,6 +186,23 @@ class AnswerPipeline:
         name = model or man.model.name
         encoder = MaskedLMEncoder.load(name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len)
         return cls(encoder, datastore, cache=cache, key_prefix=key_prefix, mlm_top_entries=mlm_top_entries)
+
+    def for_datastore(self, datastore_dir: Path | str, *, verify_checksums: bool = False) -> AnswerPipeline:
+        """A pipeline over another datastore (a new version of this one) that shares this one's model and cache.
+
+        The model is not loaded again; the datastore is validated and must have been built with the same model
+        weights (`ModelLoadError` otherwise), its indexes are opened here. Used by the service's live reload.
+        """
+        problems = validate_datastore(datastore_dir, hashes=verify_checksums)
+        if problems:
+            raise DatastoreError(f"datastore failed validation: {problems[0]}")
+        return type(self)(
+            self.encoder,
+            Datastore(datastore_dir),
+            cache=self.cache,
+            key_prefix=self.key_prefix,
+            mlm_top_entries=self.mlm_top_entries,
+        )
 
     # ---- identity -----------------------------------------------------------------------------------------
 
@@ -241,9 +279,12 @@ class AnswerPipeline:
                 f"retriever {query.retriever!r} has no index in this datastore; rebuild it with sparse indexes"
             )
         text = retrieval_text(query.text)
+        # The datastore's id and version: a live update (new articles, new sparse indexes) never reuses hits of
+        # the version before. The "enc" key needs neither: the forward pass depends on the model alone.
         key = cache_key(
-            self.key_prefix, "ret", query.retriever, self.datastore.id, text.casefold(), query.subject, query.num_articles
-        )
+            self.key_prefix, "ret", query.retriever, self.datastore.id, self.datastore.version, text.casefold(),
+            query.subject, query.num_articles,
+        )  # fmt: skip
         raw = self.cache.get_many([key])[0]
         if raw is not None:
             try:
@@ -294,6 +335,18 @@ class AnswerPipeline:
         pos, row = self.datastore.locate(global_row)
         return np.asarray(self.datastore.shards[pos].vectors[row])
 
+    def skips_knn(self, query: Query, enc: QueryEncoding) -> bool:
+        """Adaptive queries whose p_MLM is confident enough skip retrieval and kNN (decided from p_MLM alone)."""
+        return query.interpolation == "adaptive" and knn_skipped(query.rule or _DEFAULT_RULE, enc.p_mlm())
+
+    def lambda_for(self, query: Query, p_mlm: np.ndarray, p_knn: np.ndarray, nbrs: Neighbours) -> float:
+        """The kNN weight of this query: fixed, or the adaptive rule's; 0 when no neighbour was found."""
+        if not len(nbrs):
+            return 0.0
+        if query.interpolation == "adaptive":
+            return adaptive_lambda(query.rule or _DEFAULT_RULE, p_mlm, p_knn)
+        return query.lambda_
+
     def answer(
         self,
         query: Query,
@@ -303,10 +356,13 @@ class AnswerPipeline:
         *,
         with_distributions: bool = False,
     ) -> tuple[list[Prediction], list[TokenProb], list[TokenProb], float, Distributions | None, list[ArticleHit]]:
+        if self.words is not None:
+            preds, mlm, knn, lam, dists = self.words.answer(query, enc, nbrs, with_distributions=with_distributions)
+            return preds, mlm, knn, lam, dists, self._articles_seen(query, nbrs, articles)
         vocab = self.encoder.vocab_size
         p_mlm = enc.p_mlm()
         p_knn = knn_distribution(nbrs.distances, nbrs.labels, vocab, query.temperature)
-        lam = query.lambda_ if len(nbrs) else 0.0
+        lam = self.lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []
         for token_id, prob in top_k(p, query.top_k):
@@ -316,14 +372,18 @@ class AnswerPipeline:
             )
         mlm = [TokenProb(self.token(i), pr) for i, pr in top_k(p_mlm, query.top_k)]
         knn = [TokenProb(self.token(i), pr) for i, pr in top_k(p_knn, query.top_k, nonzero=True)]
-        if query.retriever == "none" and len(nbrs):
-            counts: dict[str, int] = {}
-            for r in nbrs.rows[: query.k]:
-                title = self.datastore.context(int(r)).article
-                counts[title] = counts.get(title, 0) + 1
-            articles = [ArticleHit(t, float(c), "none") for t, c in sorted(counts.items(), key=lambda x: -x[1])]
         dists = Distributions(p_mlm, p_knn, p) if with_distributions else None
-        return preds, mlm, knn, lam, dists, articles
+        return preds, mlm, knn, lam, dists, self._articles_seen(query, nbrs, articles)
+
+    def _articles_seen(self, query: Query, nbrs: Neighbours, articles: list[ArticleHit]) -> list[ArticleHit]:
+        """Without retrieval, the articles the neighbours came from (by count); else the retrieved ones."""
+        if query.retriever != "none" or not len(nbrs):
+            return articles
+        counts: dict[str, int] = {}
+        for r in nbrs.rows[: query.k]:
+            title = self.datastore.context(int(r)).article
+            counts[title] = counts.get(title, 0) + 1
+        return [ArticleHit(t, float(c), "none") for t, c in sorted(counts.items(), key=lambda x: -x[1])]
 
     def _contexts(self, nbrs: Neighbours, token_id: int, limit: int) -> list[Context]:
         out = []
@@ -371,19 +431,28 @@ class AnswerPipeline:
         articles: tuple[list[ArticleHit], str] | None = None,
         with_distributions: bool = False,
     ) -> Answer:
-        """Everything after the forward pass (retrieval too, unless the caller already ran it)."""
-        t = time.perf_counter()
-        if articles is None:
-            articles = self.retrieve(query)
-            stage.add("retrieval", time.perf_counter() - t)
-        hits, ret_cache = articles
-        t = time.perf_counter()
-        nbrs = self.neighbours(query, enc, hits)
-        stage.add("knn", time.perf_counter() - t)
+        """Everything after the forward pass (retrieval too, unless the caller already ran it).
+
+        An adaptive query whose p_MLM is confident skips retrieval and kNN entirely (``articles`` is then
+        ignored); its timings have no retrieval and no knn entry.
+        """
+        skipped = self.skips_knn(query, enc)  # before any retrieval or kNN work
+        hits: list[ArticleHit]
+        if skipped:
+            hits, ret_cache, nbrs = [], "none", EMPTY
+        else:
+            t = time.perf_counter()
+            if articles is None:
+                articles = self.retrieve(query)
+                stage.add("retrieval", time.perf_counter() - t)
+            hits, ret_cache = articles
+            t = time.perf_counter()
+            nbrs = self.neighbours(query, enc, hits)
+            stage.add("knn", time.perf_counter() - t)
         t = time.perf_counter()
         preds, mlm, knn, lam, dists, hits = self.answer(query, enc, hits, nbrs, with_distributions=with_distributions)
         stage.add("interpolation", time.perf_counter() - t)
-        for name in ("retrieval", "embedding", "knn", "interpolation"):
+        for name in ("embedding", "interpolation") if skipped else ("retrieval", "embedding", "knn", "interpolation"):
             stage.times.setdefault(name, 0.0)
         stage.times["total"] = sum(v for k, v in stage.times.items() if k != "total")
         return Answer(
@@ -395,14 +464,23 @@ class AnswerPipeline:
             {k: round(v, 3) for k, v in stage.times.items()},
             {"encoding": enc_cache, "retrieval": ret_cache},
             dists,
+            query.interpolation,
+            skipped,
         )
 
-    def close(self) -> None:
+    def release(self) -> None:
+        """Close what belongs to this datastore version (its retrievers), not the shared model or cache."""
         for r in self.retrievers.values():
             close = getattr(r, "close", None)
             if close:
                 close()
+
+    def close(self) -> None:
+        self.release()
         self.cache.close()
+
+
+_DEFAULT_RULE = AdaptiveRule()
 
 
 def check_compatible(encoder: MaskedLMEncoder, datastore: Datastore) -> None:

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.interpolate import AdaptiveRule, Interpolation
+
 RetrieverName = Literal["bm25", "tfidf", "none"]
 
 
@@ -58,8 +60,20 @@ class DefaultsSettings(BaseModel):
     temperature: float = Field(6.0, gt=0)
     lambda_: float = Field(0.3, ge=0, le=1, alias="lambda")
     top_k: int = Field(10, ge=1)
+    interpolation: Interpolation = Field("fixed", description="fixed: lambda; adaptive: adaptive_rule per query")
+    # BERTKNN_DEFAULTS__ADAPTIVE_RULE may be the path of a rule JSON (`python -m evaluation lama --adaptive-out`)
+    # or a JSON object; single fields also work: BERTKNN_DEFAULTS__ADAPTIVE_RULE__SKIP_THRESHOLD=0.8
+    adaptive_rule: Annotated[AdaptiveRule, NoDecode] = Field(default_factory=AdaptiveRule)
 
     model_config = {"populate_by_name": True}
+
+    @field_validator("adaptive_rule", mode="before")
+    @classmethod
+    def _rule_file(cls, value: Any) -> Any:
+        if isinstance(value, str | Path):
+            text = str(value).strip()
+            return json.loads(text) if text.startswith("{") else AdaptiveRule.load(text)
+        return value
 
 
 class ServiceSettings(BaseSettings):
@@ -74,6 +88,10 @@ class ServiceSettings(BaseSettings):
     verify_checksums: bool = Field(False, description="hash every shard file at start-up (slow on big datastores)")
     shutdown_delay_s: float = Field(0.0, ge=0, le=60, description="after SIGTERM, report not-ready this long first")
     admin_token: str | None = Field(None, description="bearer token for /admin endpoints; unset disables them")
+    reload_poll_s: float = Field(
+        0.0, ge=0, le=3600, description="check the datastore's manifest this often and serve a new version when one "
+        "appears (0 = off; POST /admin/reload works either way)"
+    )
     # BERTKNN_MODEL may be a plain name or path (as the quick start and the builder use it) or a JSON object
     model: Annotated[ModelSettings, NoDecode] = Field(default_factory=ModelSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)

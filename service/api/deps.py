@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from service.api.errors import NotReady
 from service.metrics import Metrics
 from service.pipeline import AnswerPipeline
+from service.reload import DatastoreReloader
 from service.serving import AsyncAnswerer
 from service.settings import ServiceSettings
 
@@ -20,6 +21,7 @@ class Resources:
     metrics: Metrics = field(default_factory=Metrics)
     pipeline: AnswerPipeline | None = None
     answerer: AsyncAnswerer | None = None
+    reloader: DatastoreReloader | None = None
     ready: bool = False
     draining: bool = False
     error: str = ""

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from datastore_builder.encoder import QueryError
 from service.pipeline import RetrieverUnavailable
+from service.reload import ReloadError
 
 logger = logging.getLogger(__name__)
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
@@ -48,10 +49,21 @@ class Unauthorized(ServiceError):
     code = "unauthorized"
 
 
+class Forbidden(ServiceError):
+    status = 403
+    code = "forbidden"
+
+
+class AdminDisabled(ServiceError):
+    status = 403
+    code = "admin_disabled"
+
+
 # exception type -> (HTTP status, error code)
 ERROR_TABLE: dict[type[Exception], tuple[int, str]] = {
     QueryError: (422, "invalid_query"),
     RetrieverUnavailable: (422, "retriever_unavailable"),
+    ReloadError: (409, "reload_failed"),
 }
 
 
@@ -76,6 +88,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+        if isinstance(exc, Unauthorized):
+            headers = {"WWW-Authenticate": 'Bearer realm="bertknn-admin"'}
         return error_response(exc.status, exc.code, str(exc) or exc.code, headers)
 
     @app.exception_handler(RequestValidationError)

@@ -34,6 +34,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
     d, lim = settings.defaults, settings.limits
+    if req.interpolation == "adaptive" and req.lambda_ is not None:
+        raise BadRequest("lambda: a fixed kNN weight does not apply to interpolation 'adaptive'; drop one of them")
+    # a request that names its lambda wants it, whatever the server's default mode
+    interpolation = req.interpolation or ("fixed" if req.lambda_ is not None else d.interpolation)
     q = Query(
         text=req.text,
         subject=req.subject,
@@ -45,6 +49,8 @@ def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
         lambda_=req.lambda_ if req.lambda_ is not None else d.lambda_,
         return_contexts=req.return_contexts,
         contexts_per_answer=req.contexts_per_answer,
+        interpolation=interpolation,
+        rule=d.adaptive_rule,
     )
     checks = [
         ("text", len(q.text), lim.max_text_chars, "characters"),
@@ -68,6 +74,8 @@ def to_response(answer: Answer, identity: dict) -> PredictResponse:
                     "p_mlm": p.p_mlm,
                     "p_knn": p.p_knn,
                     "contexts": [c.__dict__ for c in p.contexts],
+                    "multi_piece": p.pieces > 1,
+                    "pieces": p.pieces,
                 }
                 for p in answer.predictions
             ],
@@ -75,6 +83,8 @@ def to_response(answer: Answer, identity: dict) -> PredictResponse:
             "knn": [t.__dict__ for t in answer.knn],
             "articles": [a.__dict__ for a in answer.articles],
             "lambda_used": answer.lambda_used,
+            "interpolation": answer.interpolation,
+            "knn_skipped": answer.knn_skipped,
             "timings_ms": answer.timings_ms,
             "cache": answer.cache,
             **identity,
@@ -85,11 +95,12 @@ def to_response(answer: Answer, identity: dict) -> PredictResponse:
 @router.post("/predict", response_model=PredictResponse, responses=_ERRORS, summary="Answer one cloze question")
 async def predict(body: PredictRequest, answerer: AnswererDep, resources: ResourcesDep) -> PredictResponse:
     query = to_query(body, resources.settings)
-    try:
-        answer = await answerer.answer(query)
-    except QueueFull as exc:
-        raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
-    return to_response(answer, answerer.pipeline.identity())
+    with answerer.lease() as pipe:  # one datastore version for the whole request, even across a live reload
+        try:
+            answer = await answerer.answer(query, pipeline=pipe)
+        except QueueFull as exc:
+            raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
+        return to_response(answer, pipe.identity())
 
 
 @router.post("/predict/batch", response_model=BatchResponse, responses=_ERRORS, summary="Answer several questions")
@@ -98,19 +109,20 @@ async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: Re
     if len(body.queries) > limit:
         raise BadRequest(f"queries: {len(body.queries)} exceeds this server's limit of {limit} per batch")
     queries, inputs = [], []
-    for i, req in enumerate(body.queries):
+    with answerer.lease() as pipe:  # every query of the batch from the same datastore version
+        for i, req in enumerate(body.queries):
+            try:
+                q = to_query(req, resources.settings)
+                inputs.append(pipe.check_query(q))
+            except (BadRequest, ValueError) as exc:
+                raise BadRequest(f"queries.{i}: {exc}") from exc
+            queries.append(q)
         try:
-            q = to_query(req, resources.settings)
-            inputs.append(answerer.pipeline.check_query(q))
-        except (BadRequest, ValueError) as exc:
-            raise BadRequest(f"queries.{i}: {exc}") from exc
-        queries.append(q)
-    try:
-        answers = await answerer.answer_many(queries, inputs)
-    except QueueFull as exc:
-        raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
-    identity = answerer.pipeline.identity()
-    return BatchResponse(results=[to_response(a, identity) for a in answers])
+            answers = await answerer.answer_many(queries, inputs, pipeline=pipe)
+        except QueueFull as exc:
+            raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
+        identity = pipe.identity()
+        return BatchResponse(results=[to_response(a, identity) for a in answers])
 
 
 @router.get("/healthz", response_model=HealthResponse, summary="Liveness: the process answers")

@@ -26,6 +26,12 @@ class PredictRequest(BaseModel):
     k: int | None = Field(None, ge=1, le=2048, description="neighbours (default 128)")
     temperature: float | None = Field(None, gt=0, le=1000, description="l in softmax(-d/l) (default 6)")
     lambda_: float | None = Field(None, ge=0, le=1, alias="lambda", description="kNN weight (default 0.3)")
+    interpolation: Literal["fixed", "adaptive"] | None = Field(
+        None,
+        description="fixed: p = lambda p_kNN + (1 - lambda) p_MLM; adaptive: lambda per query from the confidence of "
+        "both distributions, and no retrieval or kNN at all when p_MLM is confident (default: the server's, fixed; "
+        "a request that sets lambda alone is fixed)",
+    )
     return_contexts: bool = Field(True, description="include supporting contexts for each answer")
     contexts_per_answer: int = Field(3, ge=0, le=20)
 
@@ -48,6 +54,8 @@ class PredictionOut(BaseModel):
     p_mlm: float
     p_knn: float
     contexts: list[ContextOut]
+    multi_piece: bool = Field(False, description="the answer is a word of several wordpieces (whole-word datastores)")
+    pieces: int = Field(1, ge=1, description="wordpieces of the answer")
 
 
 class TokenProbOut(BaseModel):
@@ -84,6 +92,10 @@ class PredictResponse(BaseModel):
     knn: list[TokenProbOut]
     articles: list[ArticleOut]
     lambda_used: float = Field(..., description="the kNN weight applied (0 when no neighbour was found)")
+    interpolation: Literal["fixed", "adaptive"] = Field("fixed", description="how lambda_used was chosen")
+    knn_skipped: bool = Field(
+        False, description="adaptive: p_MLM was confident, so no retrieval and no kNN search ran (lambda_used 0)"
+    )
     timings_ms: dict[str, float]
     cache: dict[str, Literal["hit", "miss", "none"]]
     model: ModelIdentity
@@ -121,3 +133,13 @@ class ReadyResponse(BaseModel):
 
 class HealthResponse(BaseModel):
     status: Literal["ok"] = "ok"
+
+
+class ReloadResponse(BaseModel):
+    status: Literal["reloaded", "unchanged"] = Field(
+        ..., description="reloaded: new requests use the new version; unchanged: the manifest on disk is the one served"
+    )
+    previous: DatastoreIdentity
+    datastore: DatastoreIdentity = Field(..., description="the version now serving")
+    seconds: float = Field(..., description="time to open the new version (validation, indexes)")
+    draining: int = Field(0, description="requests still finishing on the previous version")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import faiss
 import numpy as np
@@ -40,7 +41,7 @@ class IvfPqKnn:
             raise DatastoreError(
                 f"{path}: no whole-datastore IVF-PQ index (needed by retriever 'none'); {build_hint}"
             )
-        meta = read_ivfpq_meta(root)
+        meta = read_ivfpq_meta(root, rel)
         if meta.get("content_id") != datastore.manifest.compute_id():
             raise DatastoreError(
                 f"{path}: the index was built for other shards than this datastore's; re-{build_hint[1:]}"
@@ -60,9 +61,20 @@ class IvfPqKnn:
         self.nprobe = min(max(1, nprobe), self.nlist) if ivf is not None else 0
         if ivf is not None:
             ivf.nprobe = self.nprobe  # set once here: concurrent searches then only read the index
+        # Rows of articles a later `add` replaced stay in the index; the search skips them.
+        self.skipped = len(datastore.superseded_rows)
+        self._params: faiss.SearchParameters | None = None
+        if self.skipped:
+            batch = faiss.IDSelectorBatch(datastore.superseded_rows)
+            self._selectors = (batch, faiss.IDSelectorNot(batch))  # referenced here: faiss does not own them
+            params: Any = faiss.SearchParametersIVF() if ivf is not None else faiss.SearchParameters()
+            params.sel = self._selectors[1]
+            if ivf is not None:
+                params.nprobe = self.nprobe
+            self._params = params
         logger.info(
-            "ivfpq: %s opened (%s, %d rows, nlist %d, nprobe %d)",
-            path, type(self.index).__name__, self.index.ntotal, self.nlist, self.nprobe,
+            "ivfpq: %s opened (%s, %d rows, %d superseded skipped, nlist %d, nprobe %d)",
+            path, type(self.index).__name__, self.index.ntotal, self.skipped, self.nlist, self.nprobe,
         )  # fmt: skip
 
     def search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -78,9 +90,9 @@ class IvfPqKnn:
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
         if q.shape[1] != self.dim:
             raise ValueError(f"query has dimension {q.shape[1]}, the index {self.dim}")
-        k = min(int(k), int(self.index.ntotal))
+        k = min(int(k), int(self.index.ntotal) - self.skipped)
         if k <= 0:
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        dist, ids = self.index.search(q, k)
+        dist, ids = self.index.search(q, k) if self._params is None else self.index.search(q, k, params=self._params)
         keep = ids[0] >= 0  # faiss pads with -1 when the probed lists hold fewer than k rows
         return dist[0][keep].astype(np.float32), ids[0][keep].astype(np.int64)

@@ -238,3 +238,91 @@ def test_http_mode_gives_the_in_process_numbers(tiny_lama, tiny_datastore, tiny_
             got = {k: {c: v[c] for c in ("mlm", "knn", "bert_knn")} for k, v in body[part].items()}
             assert got == want, part
         assert body["macro"] == report["macro"]
+
+
+def _many_facts_lama(tiny_lama: Path, root: Path) -> Path:
+    """Every subject of the tiny corpus with every place (30 facts), so both splits are populated."""
+    shutil.copytree(tiny_lama, root)
+    subjects = ["Zorblat", "Frelle Dax", "Émile Grusk", "Quimby", "Plonk", "Vostok"]
+    facts = [
+        {"uuid": f"g{i}-{j}", "sub_label": s, "obj_label": o}
+        for i, s in enumerate(subjects)
+        for j, o in enumerate(["quimby", "plonk", "vostok", "bridge", "market"])
+    ]
+    _jsonl(root / "TREx" / "P19.jsonl", facts)
+    return root
+
+
+def test_adaptive_rule_is_fitted_on_dev_and_reported_against_fixed_on_test(
+    tiny_lama, tiny_datastore, tmp_path, capsys
+):
+    from service.interpolate import AdaptiveRule
+    from service.pipeline import AnswerPipeline, Query
+
+    root = _many_facts_lama(tiny_lama, tmp_path / "lama")
+    out, rule_path, preds = tmp_path / "adaptive.json", tmp_path / "rule.json", tmp_path / "preds.jsonl"
+    rc = _run(
+        "--data", root, "--datastore", tiny_datastore, "--relations", "P19,squad", "--adaptive", "--adaptive-out",
+        rule_path, "--out", out, "--predictions", preds,
+    )  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "adaptive rule fit on the dev split" in printed and "adaptive P@1/5/10" in printed
+    assert "kNN skipped for" in printed
+    body = json.loads(out.read_text())
+    s, a = body["settings"], body["settings"]["adaptive"]
+    assert s["split"] == "test" and s["queries"] + a["fit"]["dev_queries"] == 31
+    for block in (body["macro"], body["datasets"]["T-REx"], body["relations"]["P19"]):
+        assert set(block["bert_knn_adaptive"]) == {"p@1", "p@5", "p@10"}
+    assert a["fit"]["rules"] == 3 * 11 * 5 * 5 * 10  # the run's lambda 0.3 is already a base lambda
+    # the search contains the fixed interpolation, so on dev the fitted rule is at least as good
+    assert a["fit"]["dev_macro_adaptive"]["p@1"] >= a["fit"]["dev_macro_fixed"]["p@1"]
+    assert 0.0 <= a["knn_skipped"] <= 1.0
+    rule = AdaptiveRule.load(rule_path)
+    assert rule.model_dump() == a["rule"]
+    assert rule.fitted is not None and rule.fitted["dev_queries"] == a["fit"]["dev_queries"]
+    assert rule.fitted["setting"]["k"] == 128 and rule.fitted["datastore_id"] == s["datastore"]["id"]
+
+    # Another rule from a file, with a threshold that makes some queries skip kNN: the column is what the
+    # service answers in adaptive mode with that rule, query by query.
+    pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
+    try:
+        rows = [json.loads(line) for line in preds.read_text().splitlines()]
+        encs, _ = pipe.encode([pipe.check_query(Query(r["text"])) for r in rows])
+        tops = sorted(float(e.top_probs[0]) for e in encs)
+        skipping = rule.model_copy(update={"skip_threshold": tops[len(tops) // 2], "fitted": None})
+        skipping.save(rule_path)
+        out2 = tmp_path / "from-file.json"
+        assert _run("--data", root, "--datastore", tiny_datastore, "--relations", "P19,squad", "--adaptive-rule",
+                    rule_path, "--out", out2, "--predictions", preds) == 0  # fmt: skip
+        body2 = json.loads(out2.read_text())
+        assert body2["settings"]["split"] == "all" and body2["settings"]["adaptive"]["source"] == str(rule_path)
+        assert 0.0 < body2["settings"]["adaptive"]["knn_skipped"] < 1.0
+        rows = [json.loads(line) for line in preds.read_text().splitlines()]
+        answers = pipe.predict_batch(
+            [Query(r["text"], subject=r["subject"], interpolation="adaptive", rule=skipping) for r in rows],
+            with_distributions=True,
+        )
+        tok = pipe.encoder.tokenizer
+        for row, ans in zip(rows, answers, strict=True):
+            assert row["adaptive"]["knn_skipped"] == ans.knn_skipped, row["text"]
+            assert row["adaptive"]["lambda"] == pytest.approx(ans.lambda_used), row["text"]
+            d = ans.distributions
+            assert d is not None
+            gold = tok.convert_tokens_to_ids(row["gold"])
+            want = None if d.p[gold] <= 0 else int((d.p > d.p[gold]).sum() + (d.p[:gold] == d.p[gold]).sum() + 1)
+            assert row["rank"]["bert_knn_adaptive"] == want, row["text"]
+    finally:
+        pipe.close()
+
+
+def test_adaptive_options_fail_with_a_message(tiny_lama, tiny_datastore, tmp_path, capsys):
+    assert _run("--data", tiny_lama, "--datastore", tiny_datastore, "--adaptive-out", tmp_path / "r.json") == 1
+    assert "add --adaptive" in capsys.readouterr().err
+    assert _run("--data", tiny_lama, "--url", "http://127.0.0.1:9", "--adaptive") == 1
+    assert "drop --url" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"skip_threshold": 3}')
+    assert _run("--data", tiny_lama, "--datastore", tiny_datastore, "--adaptive-rule", bad) == 1
+    err = capsys.readouterr().err
+    assert "skip_threshold" in err and "Traceback" not in err

@@ -1,0 +1,111 @@
+"""Live reload without a model: the swap, the leases that keep a request on its version, and refusals."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from datastore_builder.encoder import ModelLoadError
+from datastore_builder.format import Manifest, ModelInfo, write_manifest
+from service.api.deps import Resources
+from service.metrics import Metrics
+from service.reload import DatastoreReloader, ReloadError
+from service.serving import AsyncAnswerer
+from service.settings import BatchingSettings, ServiceSettings
+
+
+class FakePipeline:
+    """What the reloader uses of an AnswerPipeline: identity, the datastore's id/version/root, for_datastore."""
+
+    words = None
+
+    def __init__(self, root: Path, ds_id: str, version: int, next_pipeline: object = None):
+        self.datastore = SimpleNamespace(id=ds_id, version=version, root=root)
+        self.next_pipeline = next_pipeline
+        self.released = False
+
+    def identity(self) -> dict:
+        return {"datastore": {"id": self.datastore.id, "version": self.datastore.version}}
+
+    def for_datastore(self, root: Path, *, verify_checksums: bool = False) -> object:
+        if isinstance(self.next_pipeline, Exception):
+            raise self.next_pipeline
+        return self.next_pipeline
+
+    def release(self) -> None:
+        self.released = True
+
+
+def _manifest(root: Path, ds_id: str, version: int) -> None:
+    model = ModelInfo(name="m", weights_sha256="0" * 64, architecture="x", num_layers=1, hidden_size=4, vocab_size=9)
+    write_manifest(root, Manifest(model=model, layer=1, max_seq_len=8, articles_per_shard=1, stopwords_sha256="0",
+                                  datastore_id=ds_id, version=version))  # fmt: skip
+
+
+def _setup(tmp_path: Path, old: FakePipeline) -> tuple[Resources, AsyncAnswerer, DatastoreReloader]:
+    resources = Resources(settings=ServiceSettings(datastore=tmp_path))
+    answerer = AsyncAnswerer(old, BatchingSettings(), resources.metrics)  # type: ignore[arg-type]
+    resources.answerer, resources.pipeline, resources.ready = answerer, old, True  # type: ignore[assignment]
+    return resources, answerer, DatastoreReloader(resources, drain_timeout_s=5)
+
+
+def test_a_request_holding_the_old_version_finishes_on_it_and_the_old_one_is_released_after(tmp_path: Path):
+    async def scenario() -> None:
+        new = FakePipeline(tmp_path.resolve(), "b", 2)
+        old = FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=new)
+        resources, answerer, reloader = _setup(tmp_path, old)
+        _manifest(tmp_path, "b", 2)
+        with answerer.lease() as held:
+            outcome = await reloader.reload()
+            assert outcome.status == "reloaded" and outcome.draining == 1
+            assert (outcome.previous["version"], outcome.current["version"]) == (1, 2)
+            assert held is old and answerer.pipeline is new and resources.pipeline is new
+            with answerer.lease() as fresh:
+                assert fresh is new  # requests that start after the swap get the new version
+            await asyncio.sleep(0.05)
+            assert not old.released  # still in use by the request that holds it
+        for _ in range(100):
+            if old.released:
+                break
+            await asyncio.sleep(0.01)
+        assert old.released and not new.released
+        assert (await reloader.reload()).status == "unchanged"  # same id and version on disk
+        await answerer.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("failure", "needle"),
+    [(ModelLoadError("model 'x' is not the model this datastore was built with"), "not the model"),
+     (RuntimeError("boom"), "RuntimeError; see the server log")],
+)  # fmt: skip
+def test_a_refused_version_leaves_the_old_one_serving(tmp_path: Path, failure: Exception, needle: str):
+    async def scenario() -> None:
+        old = FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=failure)
+        _, answerer, reloader = _setup(tmp_path, old)
+        _manifest(tmp_path, "b", 2)
+        with pytest.raises(ReloadError, match="still serving version 1") as info:
+            await reloader.reload()
+        assert needle in str(info.value)
+        assert answerer.pipeline is old and not old.released
+        await answerer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_drained_waits_for_the_last_lease_and_times_out_while_held():
+    async def scenario() -> None:
+        pipe = FakePipeline(Path("."), "a", 1)
+        answerer = AsyncAnswerer(pipe, BatchingSettings(), Metrics())  # type: ignore[arg-type]
+        assert await answerer.drained(pipe, 0.01)  # nobody holds it
+        with answerer.lease(), answerer.lease():
+            assert answerer.in_flight(pipe) == 2
+            assert not await answerer.drained(pipe, 0.01)
+        assert answerer.in_flight(pipe) == 0 and await answerer.drained(pipe, 0.01)
+        await answerer.stop()
+
+    asyncio.run(scenario())
