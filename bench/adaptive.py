@@ -3,13 +3,19 @@
     python -m bench.adaptive [--model DIR] [--articles 150] [--queries 120] [--rule FILE]
 
 Builds (or reuses) a datastore from the first ``--articles`` lead sections of ``wiki/vital_articles.jsonl`` with
-the proxy model and serves it (``python -m service``, over HTTP). The adaptive rule is ``--rule`` or the default
-rule with its skip threshold at the median top-1 p_MLM of the queries, so that about half of them skip: this
-bench measures speed; ``python -m evaluation lama --adaptive`` fits a rule for accuracy. Every query (LAMA T-REx
-templates) is sent in fixed and in adaptive mode, interleaved, in two passes: with the cache off (every request
-runs the forward pass) and with a warm cache (forward pass and retrieval cached). Reported per pass, all in the
-same run: p50 latency of the adaptive queries that skipped kNN vs those that did not, and per query, adaptive
-vs fixed on the same queries (the fair comparison: same texts). Writes ``bench/results/adaptive.json``.
+the proxy model. The adaptive rule is ``--rule`` or the default rule with its skip threshold at the median top-1
+p_MLM of the queries, so that about half of them skip: this bench measures speed; ``python -m evaluation lama
+--adaptive`` fits a rule for accuracy. Every query (LAMA T-REx templates) runs in fixed and in adaptive mode,
+interleaved, in two measurements, all in the same run:
+
+- ``http``: end to end through ``python -m service`` with the cache off (every request runs the forward pass and
+  the retrieval), at the server's default setting;
+- ``after_forward``: in process, the work after the forward pass (`AnswerPipeline.finish`: retrieval, kNN,
+  interpolation; retrieval cache off) on each query's encoding, at the default setting (subject article or BM25
+  top 3, k=128) and at a wide one (BM25 top 20 articles, k=1024, no subject).
+
+Each reports the p50 latency of the adaptive queries that skipped kNN over those that did not, and adaptive over
+fixed on the same queries (the fair comparison: same texts). Writes ``bench/results/adaptive.json``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -37,7 +44,7 @@ from bench.common import (
 from datastore_builder.encoder import MaskedLMEncoder
 from datastore_builder.format import Datastore
 from service.codec import QueryEncoding
-from service.interpolate import AdaptiveRule, confidence
+from service.interpolate import AdaptiveRule, Interpolation, confidence
 
 
 def mlm_confidences(model: str, ds: Path, texts: list[str], measure: str) -> list[float]:
@@ -73,6 +80,44 @@ def interleaved(url: str, queries: list[tuple[str, str]]) -> list[dict]:
                     row["skipped"] = body["knn_skipped"]
             rows.append(row)
     return rows
+
+
+SETTINGS = {"default": {"num_articles": 3, "k": 128, "subject": True}, "wide": {"num_articles": 20, "k": 1024,
+            "subject": False}}  # fmt: skip
+
+
+def after_forward(ds: Path, model: str, queries: list[tuple[str, str]], rule: AdaptiveRule, *, repeats: int) -> dict:
+    """In process: `finish` (everything after the forward pass) timed per query in both modes, interleaved."""
+    from service.cache import InMemoryCache
+    from service.pipeline import AnswerPipeline, Query, Stage
+
+    pipe = AnswerPipeline.open(ds, model=model, device="cpu", cache=InMemoryCache(0))  # retrieval never cached
+    try:
+        encs, _ = pipe.encode([pipe.check_query(Query(t)) for t, _ in queries])
+        out = {}
+        for name, s in SETTINGS.items():
+            rows = []
+            for (text, subject), enc in zip(queries, encs, strict=True):
+                base = Query(text, subject=subject if s["subject"] else None, num_articles=int(s["num_articles"]),
+                             k=int(s["k"]), rule=rule)  # fmt: skip
+                row: dict = {"text": text, "fixed": [], "adaptive": []}
+                for rep in range(repeats):
+                    modes: tuple[Interpolation, ...] = ("fixed", "adaptive") if rep % 2 == 0 else ("adaptive", "fixed")
+                    for mode in modes:
+                        q = replace(base, interpolation=mode)
+                        t = time.perf_counter()
+                        ans = pipe.finish(q, enc, "miss", Stage())
+                        row[mode].append(time.perf_counter() - t)
+                        row[f"{mode}_timings"] = ans.timings_ms
+                        if mode == "adaptive":
+                            row["skipped"] = ans.knn_skipped
+                row["fixed"], row["adaptive"] = float(np.median(row["fixed"])), float(np.median(row["adaptive"]))
+                rows.append(row)
+            out[name] = {"num_articles": s["num_articles"], "k": s["k"], "subject": s["subject"],
+                         **summarize_pass(rows)}  # fmt: skip
+        return out
+    finally:
+        pipe.close()
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
@@ -114,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rule", type=Path, help="adaptive rule JSON (default: default rule, median skip threshold)")
     p.add_argument("--work", type=Path, default=RUNS / "bench-adaptive")
     p.add_argument("--threads", type=int, default=0, help="torch threads of the service (0 = its default)")
+    p.add_argument("--repeats", type=int, default=3, help="in-process measurements per query and mode")
     args = p.parse_args(argv)
 
     from service.main import default_threads
@@ -142,37 +188,32 @@ def main(argv: list[str] | None = None) -> int:
         "queries": len(queries),
     }
     warm_up = lama_queries(8, seed=99)
-    # pass 1: no cache, every request runs the forward pass and the retrieval
+    # end to end, no cache: every request runs the forward pass and the retrieval
     with running_service(ds, env={**env, "BERTKNN_CACHE__LRU_SIZE": "0"}) as url:
         interleaved(url, warm_up)
-        uncached = interleaved(url, queries)
-    # pass 2: warm cache (encodings and retrievals), what remains is kNN + interpolation
-    with running_service(ds, env=env) as url:
-        interleaved(url, warm_up)
-        interleaved(url, queries)
-        cached = interleaved(url, queries)
-    assert all(r["fixed_timings"].get("knn", 0) >= 0 for r in cached)
-    result["skipped_fraction"] = sum(r["skipped"] for r in uncached) / len(uncached)
-    result["uncached"] = summarize_pass(uncached)
-    result["cached"] = summarize_pass(cached)
+        http = interleaved(url, queries)
+    result["skipped_fraction"] = sum(r["skipped"] for r in http) / len(http)
+    result["http"] = summarize_pass(http)
+    result["after_forward"] = after_forward(ds, args.model, queries, rule, repeats=args.repeats)
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
 
     path = write_result("adaptive", result)
     print(f"model {result['model']}, {result['datastore']['contexts']} contexts, {len(queries)} queries, "
           f"kNN skipped for {100 * result['skipped_fraction']:.0f} % (skip threshold {rule.skip_threshold:.4f} "
           f"on top-1 p_MLM)")  # fmt: skip
-    for name in ("uncached", "cached"):
-        s = result[name]
+    passes = {"http (default setting)": result["http"]}
+    passes.update({f"after forward ({k} setting)": v for k, v in result["after_forward"].items()})
+    for name, s in passes.items():
         ps, pk = s["paired"]["skipped"], s["paired"]["not_skipped"]
-        print(f"{name}: adaptive p50 skipped {s['adaptive_skipped_ms']['p50']:.1f} ms vs not skipped "
-              f"{s['adaptive_not_skipped_ms']['p50']:.1f} ms -> ratio {s['skipped_over_not_skipped_p50']:.2f}")
-        print(f"  same queries, adaptive/fixed p50: skipped {ps['adaptive_ms']['p50']:.1f}/{ps['fixed_ms']['p50']:.1f} "
-              f"ms -> {ps['adaptive_over_fixed_p50']:.2f}x; not skipped {pk['adaptive_ms']['p50']:.1f}/"
-              f"{pk['fixed_ms']['p50']:.1f} ms -> {pk['adaptive_over_fixed_p50']:.2f}x; work avoided per skipped "
-              f"query (server, fixed mode): retrieval {s['avoided_server_ms']['retrieval']:.2f} ms, kNN "
+        print(f"{name}: adaptive p50 skipped {s['adaptive_skipped_ms']['p50']:.2f} ms vs not skipped "
+              f"{s['adaptive_not_skipped_ms']['p50']:.2f} ms -> ratio {s['skipped_over_not_skipped_p50']:.2f}")
+        print(f"  same queries, adaptive/fixed p50: skipped {ps['adaptive_ms']['p50']:.2f}/{ps['fixed_ms']['p50']:.2f}"
+              f" ms -> {ps['adaptive_over_fixed_p50']:.2f}x; not skipped {pk['adaptive_ms']['p50']:.2f}/"
+              f"{pk['fixed_ms']['p50']:.2f} ms -> {pk['adaptive_over_fixed_p50']:.2f}x; work avoided per skipped "
+              f"query (fixed mode): retrieval {s['avoided_server_ms']['retrieval']:.2f} ms, kNN "
               f"{s['avoided_server_ms']['knn']:.2f} ms")  # fmt: skip
     print(f"wrote {path} ({result['wall_s']:.0f} s)")
-    print(json.dumps({n: result[n]["skipped_over_not_skipped_p50"] for n in ("uncached", "cached")}))
+    print(json.dumps({n: round(s["skipped_over_not_skipped_p50"], 3) for n, s in passes.items()}))
     return 0
 
 

@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.words", description=__doc__)
     p.add_argument("--model", default=str(PROXY_MODEL), help="masked LM directory or name")
     p.add_argument("--data", type=Path, default=SHARED / "data", help="directory holding lama/ and wiki/")
-    p.add_argument("--work", type=Path, default=REPO / "runs" / "bench-words", help="probe, corpus, datastore")
+    p.add_argument(
+        "--work", type=Path, default=REPO / "runs" / "bench-words", help="probe, corpus, datastore"
+    )
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "words.json")
     p.add_argument(
         "--threads",
@@ -57,12 +59,20 @@ def write_probe(data: Path, work: Path) -> list[dict]:
     with open(data / "lama" / "TREx_facts_all41" / f"{RELATION}.jsonl", encoding="utf-8") as f:
         for line in f:
             fact = json.loads(line)
-            facts.append({"uuid": fact["uuid"], "sub_label": fact["obj_label"], "obj_label": fact["sub_label"]})
+            facts.append(
+                {"uuid": fact["uuid"], "sub_label": fact["obj_label"], "obj_label": fact["sub_label"]}
+            )
     lama = work / "lama"
     (lama / "TREx").mkdir(parents=True, exist_ok=True)
-    relation = {"relation": RELATION, "template": TEMPLATE, "label": "capital of (inverted: the capital asked)"}
+    relation = {
+        "relation": RELATION,
+        "template": TEMPLATE,
+        "label": "capital of (inverted: the capital asked)",
+    }
     (lama / "relations.jsonl").write_text(json.dumps(relation) + "\n", encoding="utf-8")
-    (lama / "TREx" / f"{RELATION}.jsonl").write_text("".join(json.dumps(f) + "\n" for f in facts), encoding="utf-8")
+    (lama / "TREx" / f"{RELATION}.jsonl").write_text(
+        "".join(json.dumps(f) + "\n" for f in facts), encoding="utf-8"
+    )
     return facts
 
 
@@ -130,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         "corpus": corpus,
         "datastore": {"targets": man.targets, "reused": reused, **man.counts.model_dump()},
         "model": args.model,
-        "seconds": {"build": round(build_s, 1), "evaluation": round(eval_s, 1), "total": round(time.perf_counter() - t0, 1)},
+        "seconds": {
+            "build": round(build_s, 1),
+            "evaluation": round(eval_s, 1),
+            "total": round(time.perf_counter() - t0, 1),
+        },
         "single_piece": {c: report["macro"][c] for c in ("mlm", "knn", "bert_knn")},
         "single_piece_facts": report["relations"][RELATION]["facts"],
         "multi_piece": report["multi_piece"],

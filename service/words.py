@@ -98,7 +98,8 @@ class WordAnswerer:
         # Runs a model call; the async server points it at its model thread (all torch calls from one thread).
         self.run_model: Callable[[Callable[[], Any]], Any] = lambda fn: fn()
         self._special = set(self.encoder.tokenizer.all_special_ids)
-        self._token_words: dict[int, Word | None] = {}  # filled lazily: only the MLM's top tokens are ever asked
+        # filled lazily: only the MLM's top tokens are ever asked
+        self._token_words: dict[int, Word | None] = {}
 
     # ---- vocabulary --------------------------------------------------------------------------------------
 
@@ -176,13 +177,13 @@ class WordAnswerer:
         for j in range(max((g[0] for g in groups), default=0)):
             items: list[MaskedInput] = []
             row_of: dict[tuple[int, tuple[int, ...]], int] = {}
-            for m, members, ids, first in groups:
+            for m, members, base_ids, first in groups:
                 if j >= m:
                     continue
                 for w in members:
                     key = (m, words[w][:j])
                     if key not in row_of:
-                        row = list(ids)
+                        row = list(base_ids)
                         row[first : first + j] = key[1]
                         row_of[key] = len(items)
                         items.append(MaskedInput(tuple(row), first + j))
