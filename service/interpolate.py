@@ -72,21 +72,21 @@ def confidence(p: np.ndarray, measure: ConfidenceMeasure) -> float:
     1 - H(p) / log |V| (1 for a one-hot p, 0 for the uniform one). An all-zero p (no neighbours) has
     confidence 0 under every measure.
     """
-    q = np.asarray(p, dtype=np.float64)
-    total = float(q.sum())
-    if total <= 0.0 or len(q) < 2:
+    if measure not in ("top1", "margin", "entropy"):
+        raise ValueError(f"unknown confidence measure {measure!r}; one of top1, margin, entropy")
+    p = np.asarray(p)
+    total = float(np.sum(p, dtype=np.float64))
+    if total <= 0.0 or len(p) < 2:
         return 0.0
-    q = q / total
-    if measure == "top1":
-        return float(q.max())
+    if measure == "top1":  # no normalised copy: this runs on every adaptive query
+        return float(np.max(p)) / total
     if measure == "margin":
-        two = np.partition(q, len(q) - 2)[-2:]
-        return float(two[1] - two[0])
-    if measure == "entropy":
-        nz = q[q > 0]
-        h = float(-(nz * np.log(nz)).sum())
-        return min(1.0, max(0.0, 1.0 - h / math.log(len(q))))
-    raise ValueError(f"unknown confidence measure {measure!r}; one of top1, margin, entropy")
+        two = np.partition(p, len(p) - 2)[-2:]
+        return (float(two[1]) - float(two[0])) / total
+    q = p.astype(np.float64) / total
+    nz = q[q > 0]
+    h = float(-(nz * np.log(nz)).sum())
+    return min(1.0, max(0.0, 1.0 - h / math.log(len(q))))
 
 
 def rule_lambda(
@@ -183,6 +183,7 @@ def knn_skipped(rule: AdaptiveRule, p_mlm: np.ndarray) -> bool:
 
 def adaptive_lambda(rule: AdaptiveRule, p_mlm: np.ndarray, p_knn: np.ndarray) -> float:
     """The rule's lambda for one query: 0 when the MLM is confident enough (skip) or p_kNN is empty."""
-    if knn_skipped(rule, p_mlm) or not np.any(p_knn):
+    conf_mlm = confidence(p_mlm, rule.measure)
+    if rule.skips(conf_mlm) or not np.any(p_knn):
         return 0.0
-    return rule.lambda_for(confidence(p_mlm, rule.measure), confidence(p_knn, rule.measure))
+    return rule.lambda_for(conf_mlm, confidence(p_knn, rule.measure))
