@@ -29,6 +29,7 @@ from evaluation.runner import Runner, RunSettings
 
 if TYPE_CHECKING:
     from evaluation.adaptive import AdaptiveFit
+    from evaluation.grid import GridSpace
     from service.interpolate import AdaptiveRule
     from service.pipeline import AnswerPipeline
 
@@ -46,6 +47,31 @@ class EvaluationError(Exception):
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def grid_space(args: argparse.Namespace) -> GridSpace:
+    """The grid's axes: the paper's unless ``--grid-n/--grid-lambda/--grid-k/--grid-l`` name others."""
+    from evaluation.grid import GridSpace
+
+    default = GridSpace()
+
+    def axis(values: list[str] | None, kind: type, flag: str, fallback: tuple) -> tuple:
+        if values is None:
+            return fallback
+        try:
+            return tuple(kind(v) for v in values)
+        except ValueError:
+            raise EvaluationError(f"{flag}: {','.join(values)!r} is not a comma-separated list of numbers") from None
+
+    try:
+        return GridSpace(
+            num_articles=axis(args.grid_n, int, "--grid-n", default.num_articles),
+            lambdas=axis(args.grid_lambda, float, "--grid-lambda", default.lambdas),
+            ks=axis(args.grid_k, int, "--grid-k", default.ks),
+            temperatures=axis(args.grid_l, float, "--grid-l", default.temperatures),
+        )
+    except ValueError as exc:
+        raise EvaluationError(f"--grid axes: {exc}") from exc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     la.add_argument(
         "--grid", action="store_true", help="search N, lambda, k, l on the dev split; evaluate the rest"
+    )
+    la.add_argument("--grid-n", type=_csv, help="with --grid: N values (default the paper's 1,2,3,4,5)")
+    la.add_argument("--grid-lambda", type=_csv, help="with --grid: lambda values (default 0.2,0.3,...,0.8)")
+    la.add_argument("--grid-k", type=_csv, help="with --grid: k values (default 64,128,512)")
+    la.add_argument(
+        "--grid-l", type=_csv, help="with --grid: l values (default 5,6,...,12; a model with other distance scales "
+        "may want a wider range, e.g. 5,6,8,12,16,24,32)"
     )
     la.add_argument(
         "--adaptive",
@@ -402,14 +435,18 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
 
         assert pipeline is not None
         allowed = vocab.allowed_ids()
-        result = grid_search(
-            pipeline,
-            probe.for_split("dev"),
-            retriever=settings.retriever,
-            allowed_ids=allowed,
-            batch_size=args.batch_size,
-            progress=not args.quiet,
-        )
+        try:
+            result = grid_search(
+                pipeline,
+                probe.for_split("dev"),
+                retriever=settings.retriever,
+                space=grid_space(args),
+                allowed_ids=allowed,
+                batch_size=args.batch_size,
+                progress=not args.quiet,
+            )
+        except ValueError as exc:
+            raise EvaluationError(f"--grid: {exc}") from exc
         print(result.format())
         settings = result.best.apply(settings)
         queries = probe.for_split("test")
