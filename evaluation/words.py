@@ -34,7 +34,7 @@ from evaluation.lama import (
     read_facts,
 )
 from evaluation.metrics import QueryResult, format_table, report_dict, summarize
-from evaluation.runner import Runner, RunSettings
+from evaluation.runner import Runner, RunSettings, gold_rank
 from service.pipeline import Answer, AnswerPipeline
 from service.words import WordDistributions
 
@@ -76,7 +76,7 @@ def object_word(vocab: ObjectVocabulary, obj: str) -> tuple[str, tuple[int, ...]
     if len({w for w in enc.word_ids() if w is not None}) != 1:
         return "several_words"
     pieces = tuple(int(i) for i in enc["input_ids"])
-    if any(p in set(tok.all_special_ids) for p in pieces):
+    if not set(pieces).isdisjoint(tok.all_special_ids):
         return "unknown_piece"
     if len(pieces) == 1:
         return "single_wordpiece"
@@ -142,13 +142,6 @@ def load_multi_piece_probe(
     return queries, stats
 
 
-def _rank(values: np.ndarray, gold: int) -> int | None:
-    v = values[gold]
-    if v <= 0:
-        return None
-    return int(np.count_nonzero(values > v) + np.count_nonzero(values[:gold] == v) + 1)
-
-
 def word_result(pipeline: AnswerPipeline, q: LamaQuery, answer: Answer) -> QueryResult:
     """The gold word's ranks under p_MLM, p_kNN and the interpolation of a whole-word answer."""
     d = answer.distributions
@@ -175,9 +168,9 @@ def word_result(pipeline: AnswerPipeline, q: LamaQuery, answer: Answer) -> Query
         q.relation,
         q.dataset,
         q.uid,
-        _rank(p_mlm, gold),
-        _rank(p_knn, gold),
-        _rank(p, gold),
+        gold_rank(p_mlm, gold),
+        gold_rank(p_knn, gold),
+        gold_rank(p, gold),
         (top(p_mlm), top(p_knn), top(p)),
     )
 

@@ -19,6 +19,15 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 SHARED_DATA = SHARED / "data"
 PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
+BERT_TOKENIZER = SHARED_DATA / "tokenizer" / "bert-base-uncased"
+
+
+@pytest.fixture(scope="session")
+def bert_tokenizer():
+    """The real bert-base-uncased tokenizer (no weights), for tests whose wordpieces must be realistic."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(BERT_TOKENIZER), use_fast=True)
 
 # Made-up entities, so that no model could know these facts: only the datastore can.
 TINY_ARTICLES = [

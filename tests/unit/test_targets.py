@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from datastore_builder.encoder import ContextTokenizer
 from datastore_builder.targets import (
@@ -17,17 +17,10 @@ from datastore_builder.targets import (
     stopwords_sha256,
 )
 
-BERT_TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizer" / "bert-base-uncased"
-
 
 @pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(str(BERT_TOKENIZER), use_fast=True)
-
-
-@pytest.fixture(scope="module")
-def selector(tokenizer: PreTrainedTokenizerBase) -> TargetSelector:
-    return TargetSelector(tokenizer, load_stopwords())
+def selector(bert_tokenizer: PreTrainedTokenizerBase) -> TargetSelector:
+    return TargetSelector(bert_tokenizer, load_stopwords())
 
 
 def words(sentence: TokenizedSentence) -> list[str]:
@@ -40,13 +33,13 @@ def test_single_wordpiece_words_are_targets_stopwords_and_punctuation_are_not(se
     assert words(s) == ["Dante", "born", "Florence"]
 
 
-def test_words_of_several_wordpieces_are_skipped(selector: TargetSelector, tokenizer: PreTrainedTokenizerBase) -> None:
+def test_words_of_several_wordpieces_are_skipped(selector: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase) -> None:
     text = "Kierkegaard wrote philosophy in Copenhagen."
-    assert len(tokenizer.tokenize("Kierkegaard")) > 1  # ki ##er ##ke ##gaard
+    assert len(bert_tokenizer.tokenize("Kierkegaard")) > 1  # ki ##er ##ke ##gaard
     (s,) = selector.select([text])
     assert words(s) == ["wrote", "philosophy", "Copenhagen"]
     for t in s.targets:
-        assert not str(tokenizer.convert_ids_to_tokens(t.token_id)).startswith("##")
+        assert not str(bert_tokenizer.convert_ids_to_tokens(t.token_id)).startswith("##")
 
 
 def test_punctuation_and_symbols_are_skipped(selector: TargetSelector) -> None:
@@ -56,39 +49,39 @@ def test_punctuation_and_symbols_are_skipped(selector: TargetSelector) -> None:
     assert not any(is_punctuation(w) for w in ["a1", "1990", "é", "x"])
 
 
-def test_stopword_list_is_configurable(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+def test_stopword_list_is_configurable(bert_tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
     path = tmp_path / "stop.txt"
     path.write_text("# my list\nBorn\nin\n\n", encoding="utf-8")
     stop = load_stopwords(path)
     assert stop == frozenset({"born", "in"})
-    (s,) = TargetSelector(tokenizer, stop).select(["Dante was born in Florence."])
+    (s,) = TargetSelector(bert_tokenizer, stop).select(["Dante was born in Florence."])
     assert words(s) == ["Dante", "was", "Florence"]
     assert stopwords_sha256(stop) == stopwords_sha256(frozenset({"in", "born"}))
     assert stopwords_sha256(stop) != stopwords_sha256(load_stopwords())
 
 
 def test_spans_point_at_the_word_in_the_original_accented_uppercase_sentence(
-    selector: TargetSelector, tokenizer: PreTrainedTokenizerBase
+    selector: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
 ) -> None:
     text = "Émile ZOLA visited Zürich in 1890 with a café owner."
     (s,) = selector.select([text])
     assert words(s) == ["Émile", "visited", "Zürich", "1890", "café", "owner"]
     for t in s.targets:
         word = text[t.char_start : t.char_end]
-        # The label is the id the tokenizer gives that word (lower-cased, accents stripped), at token_index.
-        assert tokenizer(word, add_special_tokens=False)["input_ids"] == [t.token_id]
+        # The label is the id the bert_tokenizer gives that word (lower-cased, accents stripped), at token_index.
+        assert bert_tokenizer(word, add_special_tokens=False)["input_ids"] == [t.token_id]
         assert s.ids[t.token_index] == t.token_id
-    assert tokenizer.convert_ids_to_tokens(s.targets[2].token_id) == "zurich"
+    assert bert_tokenizer.convert_ids_to_tokens(s.targets[2].token_id) == "zurich"
 
 
 def test_masking_replaces_exactly_one_id_without_retokenising(
-    selector: TargetSelector, tokenizer: PreTrainedTokenizerBase
+    selector: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
 ) -> None:
     text = "Émile Zola visited Zürich's old café in 1890."
     (s,) = selector.select([text])
-    assert s.ids == tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
-    mask = int(tokenizer.mask_token_id)
-    inputs = ContextTokenizer(tokenizer, max_seq_len=128)
+    assert s.ids == tuple(bert_tokenizer(text, add_special_tokens=False)["input_ids"])
+    mask = int(bert_tokenizer.mask_token_id)
+    inputs = ContextTokenizer(bert_tokenizer, max_seq_len=128)
     assert len(s.targets) >= 4
     for t in s.targets:
         ids, pos = masked_ids(s, t, mask)
@@ -97,19 +90,19 @@ def test_masking_replaces_exactly_one_id_without_retokenising(
         assert [i for i, (a, b) in enumerate(zip(ids, s.ids, strict=True)) if a != b] == [pos]
         assert ids[pos] == mask
         model_input = inputs.masked_input(ids, pos)
-        assert model_input.input_ids == (tokenizer.cls_token_id, *ids, tokenizer.sep_token_id)
+        assert model_input.input_ids == (bert_tokenizer.cls_token_id, *ids, bert_tokenizer.sep_token_id)
         assert model_input.input_ids[model_input.mask_pos] == mask
 
 
 def test_literal_special_tokens_in_text_are_text_not_a_second_mask(
-    selector: TargetSelector, tokenizer: PreTrainedTokenizerBase
+    selector: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
 ) -> None:
     (s,) = selector.select(["The [MASK] token and [CLS] appear in Paris."])
-    assert tokenizer.mask_token_id not in s.ids
-    assert tokenizer.cls_token_id not in s.ids
+    assert bert_tokenizer.mask_token_id not in s.ids
+    assert bert_tokenizer.cls_token_id not in s.ids
     for t in s.targets:
-        ids, _ = masked_ids(s, t, tokenizer.mask_token_id)
-        assert ids.count(tokenizer.mask_token_id) == 1
+        ids, _ = masked_ids(s, t, bert_tokenizer.mask_token_id)
+        assert ids.count(bert_tokenizer.mask_token_id) == 1
 
 
 def test_batch_selection_equals_one_by_one(selector: TargetSelector) -> None:

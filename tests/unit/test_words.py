@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from datastore_builder.targets import TargetSelector, load_stopwords, masked_ids
 from datastore_builder.words import (
@@ -17,21 +15,14 @@ from datastore_builder.words import (
     word_text,
 )
 
-BERT_TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizer" / "bert-base-uncased"
-
 
 @pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(str(BERT_TOKENIZER), use_fast=True)
-
-
-@pytest.fixture(scope="module")
-def whole(tokenizer: PreTrainedTokenizerBase) -> TargetSelector:
-    return TargetSelector(tokenizer, load_stopwords(), "whole-word")
+def whole(bert_tokenizer: PreTrainedTokenizerBase) -> TargetSelector:
+    return TargetSelector(bert_tokenizer, load_stopwords(), "whole-word")
 
 
 def test_multi_piece_words_become_targets_with_all_their_pieces(
-    whole: TargetSelector, tokenizer: PreTrainedTokenizerBase
+    whole: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
 ) -> None:
     (s,) = whole.select(["Kierkegaard wrote philosophy in Copenhagen."])
     assert [s.text[t.char_start : t.char_end] for t in s.targets] == [
@@ -41,61 +32,61 @@ def test_multi_piece_words_become_targets_with_all_their_pieces(
         "Copenhagen",
     ]
     kierkegaard = s.targets[0]
-    assert tokenizer.convert_ids_to_tokens(list(kierkegaard.pieces)) == ["ki", "##er", "##ke", "##gaard"]
+    assert bert_tokenizer.convert_ids_to_tokens(list(kierkegaard.pieces)) == ["ki", "##er", "##ke", "##gaard"]
     assert kierkegaard.num_pieces == 4 and kierkegaard.token_id == kierkegaard.pieces[0]
     assert all(t.num_pieces == 1 and t.pieces == (t.token_id,) for t in s.targets[1:])
 
 
 def test_a_word_of_several_pieces_is_replaced_by_one_mask(
-    whole: TargetSelector, tokenizer: PreTrainedTokenizerBase
+    whole: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
 ) -> None:
     (s,) = whole.select(["Kierkegaard wrote philosophy in Copenhagen."])
-    mask = tokenizer.mask_token_id
+    mask = bert_tokenizer.mask_token_id
     ids, pos = masked_ids(s, s.targets[0], mask)
     assert pos == 0 and ids.count(mask) == 1 and len(ids) == len(s.ids) - 3
-    assert tokenizer.decode(ids) == "[MASK] wrote philosophy in copenhagen."
+    assert bert_tokenizer.decode(ids) == "[MASK] wrote philosophy in copenhagen."
     # a one-piece word after the multi-piece one: positions are the sentence's own, one mask, nothing removed
     ids, pos = masked_ids(s, s.targets[3], mask)
     assert ids[pos] == mask and ids.count(mask) == 1 and len(ids) == len(s.ids)
-    assert tokenizer.convert_ids_to_tokens(ids[:4]) == ["ki", "##er", "##ke", "##gaard"]
+    assert bert_tokenizer.convert_ids_to_tokens(ids[:4]) == ["ki", "##er", "##ke", "##gaard"]
 
 
-def test_single_piece_mode_is_unchanged(tokenizer: PreTrainedTokenizerBase) -> None:
-    (s,) = TargetSelector(tokenizer, load_stopwords()).select(["Kierkegaard wrote philosophy in Copenhagen."])
+def test_single_piece_mode_is_unchanged(bert_tokenizer: PreTrainedTokenizerBase) -> None:
+    (s,) = TargetSelector(bert_tokenizer, load_stopwords()).select(["Kierkegaard wrote philosophy in Copenhagen."])
     assert [s.text[t.char_start : t.char_end] for t in s.targets] == ["wrote", "philosophy", "Copenhagen"]
     assert all(t.pieces == () and t.num_pieces == 1 for t in s.targets)
 
 
 def test_stopwords_punctuation_and_overlong_words_are_not_targets(
-    whole: TargetSelector, tokenizer: PreTrainedTokenizerBase
+    whole: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
 ) -> None:
     long_word = "Pneumonoultramicroscopicsilicovolcanoconiosis"
-    assert len(tokenizer.tokenize(long_word)) > MAX_WORD_PIECES
+    assert len(bert_tokenizer.tokenize(long_word)) > MAX_WORD_PIECES
     (s,) = whole.select([f"The {long_word} of Zyxwvbq -- was (rare)."])
     got = [s.text[t.char_start : t.char_end] for t in s.targets]
     assert got == ["Zyxwvbq", "rare"]
     assert len(s.targets[0].pieces) > 1
 
 
-def test_unknown_type_is_rejected(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_unknown_type_is_rejected(bert_tokenizer: PreTrainedTokenizerBase) -> None:
     with pytest.raises(ValueError, match="whole-word"):
-        TargetSelector(tokenizer, load_stopwords(), "first-piece")  # type: ignore[arg-type]
+        TargetSelector(bert_tokenizer, load_stopwords(), "first-piece")  # type: ignore[arg-type]
 
 
 def test_word_table_labels_are_first_occurrence_ids_keyed_by_text(
-    whole: TargetSelector, tokenizer: PreTrainedTokenizerBase
+    whole: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
 ) -> None:
     sentences = whole.select(
         ["Kierkegaard wrote in Copenhagen.", "KIERKEGAARD lived in Copenhagen and wrote."]
     )
-    builder = WordTableBuilder(tokenizer)
+    builder = WordTableBuilder(bert_tokenizer)
     labels = [builder.add(t.pieces) for s in sentences for t in s.targets]
     table = builder.table()
     assert [e.text for e in table.entries] == ["kierkegaard", "wrote", "copenhagen", "lived"]
     assert labels == [0, 1, 2, 0, 3, 2, 1]
     assert table[0].multi_piece and not table[1].multi_piece
-    assert word_text(tokenizer, table[0].pieces) == "kierkegaard"
-    assert check_word_table(table, tokenizer.vocab_size) is None
+    assert word_text(bert_tokenizer, table[0].pieces) == "kierkegaard"
+    assert check_word_table(table, bert_tokenizer.vocab_size) is None
     again = WordTable.from_json(table.to_json())
     assert again.entries == table.entries
 
