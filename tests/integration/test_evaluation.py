@@ -170,16 +170,7 @@ def test_relations_limit_and_vocabulary_restriction(tiny_lama, tiny_datastore, t
 def test_grid_search_prints_the_best_setting_and_evaluates_the_rest(
     tiny_lama, tiny_datastore, tmp_path, capsys
 ):
-    # Many facts so both splits are populated: every subject of the tiny corpus with every place.
-    root = tmp_path / "lama"
-    shutil.copytree(tiny_lama, root)
-    subjects = ["Zorblat", "Frelle Dax", "Émile Grusk", "Quimby", "Plonk", "Vostok"]
-    facts = [
-        {"uuid": f"g{i}-{j}", "sub_label": s, "obj_label": o}
-        for i, s in enumerate(subjects)
-        for j, o in enumerate(["quimby", "plonk", "vostok", "bridge", "market"])
-    ]
-    _jsonl(root / "TREx" / "P19.jsonl", facts)
+    root = _many_facts_lama(tiny_lama, tmp_path / "lama")  # both splits populated
     out = tmp_path / "grid.json"
     assert (
         _run("--data", root, "--datastore", tiny_datastore, "--relations", "P19", "--grid", "--out", out) == 0
