@@ -43,7 +43,18 @@ class QueryEncoding:
         )
 
     def p_mlm(self) -> np.ndarray:
-        """The full distribution: stored entries exact, the remaining mass spread evenly over the rest."""
+        """The full distribution: stored entries exact, the remaining mass spread evenly over the rest.
+
+        Built once per encoding (the adaptive rule and the interpolation both read it) and returned read-only.
+        """
+        cached = self.__dict__.get("_p_mlm")
+        if cached is None:
+            cached = self._full_p_mlm()
+            cached.flags.writeable = False
+            object.__setattr__(self, "_p_mlm", cached)
+        return cached
+
+    def _full_p_mlm(self) -> np.ndarray:
         p = np.empty(self.vocab_size, dtype=np.float64)
         top = self.top_probs.astype(np.float64)
         rest = self.vocab_size - len(top)
