@@ -134,14 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", default="10,100", help="datastore size factors ('' to skip)")
     p.add_argument("--work", type=Path, default=RUNS / "bench-serving")
     p.add_argument("--threads", type=int, default=0, help="torch threads for the bare forward and the service (0 = "
-                   "the service's default)")
+                   "the service's default: the CPU quota less one)")
+    p.add_argument("--backend", choices=["auto", "eager", "torchscript"], default="auto",
+                   help="forward backend of the bare forward and the service (default: the service's, auto)")
     args = p.parse_args(argv)
 
     from service.main import default_threads
 
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)
-    env = {"BERTKNN_MODEL__THREADS": str(threads)}
+    env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend}
     ds = build_datastore([args.corpus], args.work / "ds", args.model, limit=args.articles)
     man = Datastore(ds).manifest
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -150,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
 
     enc = MaskedLMEncoder.load(args.model, layer=man.layer, device="cpu", dtype="float32", max_seq_len=man.max_seq_len)
     bare_forward(enc, [t for t, _ in lat_q[:5]])  # warm-up
+    eager = percentiles(bare_forward(enc, [t for t, _ in lat_q]))  # for reference: what the backend changes
+    backend = enc.set_backend(args.backend)  # the same backend as the service's (same process setting)
+    bare_forward(enc, [t for t, _ in lat_q[:5]])
     bare = percentiles(bare_forward(enc, [t for t, _ in lat_q]))
     bare_tput = {}
     for c in levels:
@@ -157,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         secs = sum(bare_forward(enc, texts, batch=c))
         bare_tput[c] = len(texts) / secs
     result: dict = {"model": Path(args.model).name, "machine": machine(), "datastore": {
-        "articles": man.counts.articles, "contexts": man.counts.contexts}, "bare_forward_ms": {
-        k: v * 1000 if k != "n" else v for k, v in bare.items()}}
+        "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend, "bare_forward_ms": {
+        k: v * 1000 if k != "n" else v for k, v in bare.items()}, "bare_forward_eager_ms": {
+        k: v * 1000 if k != "n" else v for k, v in eager.items()}}
 
     with running_service(ds, env=env) as url:
-        http_latencies(url, lama_queries(8, seed=99))  # warm-up (distinct from the measured queries)
+        http_latencies(url, lama_queries(30, seed=99))  # warm-up (distinct from the measured queries)
         unc, bodies = http_latencies(url, lat_q)
         cached, bodies2 = http_latencies(url, lat_q)
         assert all(b["cache"]["encoding"] == "hit" for b in bodies2)
@@ -186,13 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     if factors:
         scale: dict = {}
         with running_service(ds, env=env) as url:
-            http_latencies(url, lama_queries(8, seed=98))
+            http_latencies(url, lama_queries(30, seed=98))
             base_p50 = percentiles(http_latencies(url, scale_q)[0])["p50"]
         scale["base_p50_ms"] = base_p50 * 1000
         for i, f in enumerate(factors):
             big = scaled_copy(ds, f, args.work / f"ds-x{f}")
             with running_service(big, env=env) as url:
-                http_latencies(url, lama_queries(8, seed=97 + i))
+                http_latencies(url, lama_queries(30, seed=97 + i))
                 # the same queries as the base run, uncached in this fresh process
                 p50 = percentiles(http_latencies(url, scale_q)[0])["p50"]
             scale[f"x{f}"] = {"contexts": Datastore(big).manifest.counts.contexts, "p50_ms": p50 * 1000,
@@ -201,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
 
     path = write_result("serving", result)
     print(f"model {result['model']}, {result['datastore']['contexts']} contexts, machine {result['machine']}")
-    print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms")
+    print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms ({backend}, {threads} torch threads; eager: "
+          f"{result['bare_forward_eager_ms']['p50']:.1f} ms)")
     print(f"/predict uncached p50 {result['uncached_ms']['p50']:.1f} ms p99 {result['uncached_ms']['p99']:.1f} ms "
           f"-> p50 ratio {result['uncached_p50_over_bare_p50']:.2f}x, p99 ratio {result['uncached_p99_over_bare_p50']:.2f}x")
     print(f"/predict cached p50 {result['cached_ms']['p50']:.2f} ms p99 {result['cached_ms']['p99']:.2f} ms")

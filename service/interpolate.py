@@ -11,23 +11,34 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
-def knn_distribution(distances: np.ndarray, labels: np.ndarray, vocab_size: int, temperature: float) -> np.ndarray:
-    """p_kNN(w) = sum over neighbours labelled w of softmax(-d / l), computed stably.
+def knn_sparse(distances: np.ndarray, labels: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """The non-zero part of p_kNN: (ids ascending, float32 probabilities), the values of `knn_distribution`.
 
-    The softmax is taken in log space (log-sum-exp over all neighbours), so every weight is exp of a number
-    <= 0: huge distances underflow to 0 instead of overflowing. Every neighbour counts (a sum per word,
-    not the nearest one per word). Returns zeros when there are no neighbours.
+    p_kNN(w) = sum over neighbours labelled w of softmax(-d / l). The softmax is taken in log space (log-sum-exp
+    over all neighbours), so every weight is exp of a number <= 0: huge distances underflow to 0 instead of
+    overflowing. Every neighbour counts (a sum per word, not the nearest one per word). Words whose weight
+    underflowed to 0 are left out.
     """
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
-    p = np.zeros(vocab_size, dtype=np.float64)
     if len(distances) == 0:
-        return p.astype(np.float32)
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
     logits = -np.asarray(distances, dtype=np.float64) / temperature
     top = logits.max()
     log_z = top + np.log(np.exp(logits - top).sum())
-    np.add.at(p, np.asarray(labels, dtype=np.int64), np.exp(logits - log_z))
-    return p.astype(np.float32)
+    ids, inverse = np.unique(np.asarray(labels, dtype=np.int64), return_inverse=True)
+    acc = np.zeros(len(ids), dtype=np.float64)
+    np.add.at(acc, inverse, np.exp(logits - log_z))  # in neighbour order, as a dense np.add.at would add them
+    keep = acc > 0
+    return ids[keep], acc[keep].astype(np.float32)
+
+
+def knn_distribution(distances: np.ndarray, labels: np.ndarray, vocab_size: int, temperature: float) -> np.ndarray:
+    """p_kNN over the whole vocabulary (see `knn_sparse`); zeros when there are no neighbours."""
+    ids, probs = knn_sparse(distances, labels, temperature)
+    p = np.zeros(vocab_size, dtype=np.float32)
+    p[ids] = probs
+    return p
 
 
 def interpolate(p_knn: np.ndarray, p_mlm: np.ndarray, lam: float) -> np.ndarray:
@@ -45,6 +56,52 @@ def top_k(p: np.ndarray, k: int, *, nonzero: bool = False) -> list[tuple[int, fl
     idx = np.argpartition(-p, k - 1)[:k]
     idx = idx[np.lexsort((idx, -p[idx]))]
     return [(int(i), float(p[i])) for i in idx if not nonzero or p[i] > 0]
+
+
+def top_k_among(ids: np.ndarray, values: np.ndarray, k: int, rest: float | None) -> list[tuple[int, float]] | None:
+    """`top_k` of a distribution known to equal ``values`` at ``ids`` and ``rest`` everywhere else.
+
+    None when the answer could involve the other ids (fewer than k listed, or the k-th listed value is not
+    above ``rest``): the caller then ranks the whole vocabulary. ``rest=None``: no other id counts (zero).
+    """
+    if k <= 0:
+        return []
+    order = np.lexsort((ids, -values))[:k]
+    if rest is not None and (len(order) < k or not values[order[-1]] > rest):
+        return None
+    return [(int(ids[i]), float(values[i])) for i in order]
+
+
+def interpolated_top_k(
+    p_mlm: np.ndarray, mlm_ids: np.ndarray, knn_ids: np.ndarray, knn_probs: np.ndarray, lam: float, k: int
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]] | None:
+    """Top k of p = lam p_kNN + (1 - lam) p_MLM and of p_MLM, without touching the whole vocabulary.
+
+    ``mlm_ids``: the ids whose p_MLM is stored exactly (every other id has one shared remainder value). Each
+    candidate's p is computed exactly as `interpolate` computes it, so the answer is the same; None when the
+    remainder could reach the top k (the caller then uses the dense path).
+    """
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError("lambda must be in [0, 1]")
+    cand = np.union1d(mlm_ids, knn_ids)
+    outside = None
+    if len(cand) < len(p_mlm):
+        # any id outside the stored ones holds the remainder value; find one without scanning the vocabulary
+        ext = np.concatenate(([-1], cand, [len(p_mlm)]))
+        outside = int(ext[np.flatnonzero(np.diff(ext) > 1)[0]] + 1)
+    pk = np.zeros(len(cand), dtype=np.float32)
+    pk[np.searchsorted(cand, knn_ids)] = knn_probs
+    pm = p_mlm[cand]
+    p = (lam * pk.astype(np.float64) + (1.0 - lam) * pm.astype(np.float64)).astype(np.float32)
+    rest_p = rest_m = None
+    if outside is not None:
+        rest_m = p_mlm[outside]
+        rest_p = np.float32((1.0 - lam) * np.float64(rest_m))
+    best = top_k_among(cand, p, k, None if rest_p is None else float(rest_p))
+    mlm = top_k_among(cand, pm, k, None if rest_m is None else float(rest_m))
+    if best is None or mlm is None:
+        return None
+    return best, mlm
 
 
 def rank_of(p: np.ndarray, token_id: int) -> int:

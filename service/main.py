@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import torch
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
+from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.admin import router as admin_router
@@ -22,7 +22,7 @@ from service.api.deps import Resources
 from service.api.errors import error_response, install_error_handlers, request_id_var
 from service.api.routes import router
 from service.cache import Cache, InMemoryCache, RedisCache
-from service.pipeline import AnswerPipeline
+from service.pipeline import AnswerPipeline, configure_jvm
 from service.reload import DatastoreReloader
 from service.serving import AsyncAnswerer
 from service.settings import ServiceSettings
@@ -42,15 +42,22 @@ def make_cache(settings: ServiceSettings) -> Cache:
 
 
 def default_threads() -> int:
-    """torch threads when none are set: the container's CPU quota (bench/serving.py --threads compares others)."""
+    """torch threads when none are set: the container's CPU quota less one, at least one.
+
+    The spare core serves the event loop, Lucene and the kNN pool. With every core in the model's OpenMP team,
+    any of that work stalls the team at its barriers: on 2 cores, 2 threads gave the same single-client latency
+    as 1 thread and 20% less throughput at 32 clients (`python -m bench.serving --threads N` compares).
+    """
     from datastore_builder.build import cpu_quota_threads
 
-    return cpu_quota_threads()
+    return max(1, cpu_quota_threads() - 1)
 
 
 def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
     torch.set_num_threads(settings.model.threads or default_threads())
-    return AnswerPipeline.open(
+    if settings.jvm_options.split() and not configure_jvm(settings.jvm_options.split()):
+        logger.warning("jvm_options ignored: the JVM of this process is already running")
+    pipeline = AnswerPipeline.open(
         Path(settings.datastore).resolve(),  # a symlink is followed once: a reload re-resolves it
         model=settings.model.name,
         device=settings.model.device,
@@ -60,6 +67,65 @@ def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
         mlm_top_entries=settings.cache.mlm_top_entries,
         verify_checksums=settings.verify_checksums,
     )
+    backend = pipeline.encoder.set_backend(settings.model.backend)
+    logger.info("model backend: %s, %d torch threads", backend, torch.get_num_threads())
+    return pipeline
+
+
+class RequestContextMiddleware:
+    """Request id (``X-Request-ID``, taken from the client when well formed), metrics, access log, last-resort 500.
+
+    A plain ASGI middleware: Starlette's ``BaseHTTPMiddleware`` runs each request through an extra task and
+    memory streams, which cost more than the rest of the HTTP layer together on the cached path.
+    """
+
+    def __init__(self, app: ASGIApp, resources: Resources):
+        self.app = app
+        self.resources = resources
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = next((v for k, v in scope.get("headers") or () if k == b"x-request-id"), b"").decode("latin-1")
+        rid = incoming if _RID_OK.match(incoming) else uuid.uuid4().hex[:16]
+        token = request_id_var.set(rid)
+        t0 = time.perf_counter()
+        status = 500
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                started = True
+                status = message["status"]
+                headers = MutableHeaders(scope=message)
+                headers["X-Request-ID"] = rid
+            await send(message)
+
+        try:
+            try:
+                await self.app(scope, receive, send_with_id)
+            except Exception:  # errors escaping the handlers still get the one body shape
+                logger.exception("unhandled error (request %s)", rid)
+                if started:
+                    raise
+                response = error_response(500, "internal", "internal error; the request id identifies it in the log")
+                await response(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - t0
+            path = getattr(scope.get("route"), "path", "unmatched")
+            metrics = self.resources.metrics
+            metrics.requests.labels(path, str(status)).inc()
+            metrics.latency.labels(path).observe(elapsed)
+            if status >= 400:
+                metrics.errors.labels(str(status)).inc()
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "request id=%s method=%s path=%s status=%d latency_ms=%.1f",
+                    rid, scope.get("method"), scope.get("path"), status, elapsed * 1000,
+                )  # fmt: skip
+            request_id_var.reset(token)
 
 
 class BodyLimitMiddleware:
@@ -95,9 +161,7 @@ class BodyLimitMiddleware:
             await self._too_big(scope, receive, send)
 
     async def _too_big(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = {"error": {"code": "payload_too_large", "message": f"request body over {self.max_bytes} bytes",
-                          "request_id": "-"}}
-        await JSONResponse(body, status_code=413)(scope, receive, send)
+        await error_response(413, "payload_too_large", f"request body over {self.max_bytes} bytes")(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):
@@ -154,37 +218,7 @@ def create_app(
     app.include_router(router)
     app.include_router(admin_router)
 
-    @app.middleware("http")
-    async def request_context(request: Request, call_next: Callable) -> Response:
-        incoming = request.headers.get("x-request-id", "")
-        rid = incoming if _RID_OK.match(incoming) else uuid.uuid4().hex[:16]
-        token = request_id_var.set(rid)
-        t0 = time.perf_counter()
-        try:
-            try:
-                response = await call_next(request)
-            except Exception:  # errors escaping the handlers still get the one body shape
-                logger.exception("unhandled error (request %s)", rid)
-                response = error_response(500, "internal", "internal error; the request id identifies it in the log")
-            elapsed = time.perf_counter() - t0
-            response.headers["X-Request-ID"] = rid
-            route = request.scope.get("route")
-            path = getattr(route, "path", "unmatched")
-            resources.metrics.requests.labels(path, str(response.status_code)).inc()
-            resources.metrics.latency.labels(path).observe(elapsed)
-            if response.status_code >= 400:
-                resources.metrics.errors.labels(str(response.status_code)).inc()
-            logger.info(
-                "request id=%s method=%s path=%s status=%d latency_ms=%.1f",
-                rid,
-                request.method,
-                request.url.path,
-                response.status_code,
-                elapsed * 1000,
-            )
-            return response
-        finally:
-            request_id_var.reset(token)
-
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)  # type: ignore[arg-type]
+    # outermost: every response (a 413 from the body limit too) carries the request id and is counted
+    app.add_middleware(RequestContextMiddleware, resources=resources)  # type: ignore[arg-type]
     return app

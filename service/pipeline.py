@@ -25,9 +25,11 @@ from service.interpolate import (
     Interpolation,
     adaptive_lambda,
     interpolate,
-    knn_distribution,
+    interpolated_top_k,
     knn_skipped,
+    knn_sparse,
     top_k,
+    top_k_among,
 )
 from service.retrieval.knn import EMPTY, Neighbours, RestrictedKnn
 
@@ -361,18 +363,27 @@ class AnswerPipeline:
             return preds, mlm, knn, lam, dists, self._articles_seen(query, nbrs, articles)
         vocab = self.encoder.vocab_size
         p_mlm = enc.p_mlm()
-        p_knn = knn_distribution(nbrs.distances, nbrs.labels, vocab, query.temperature)
+        knn_ids, knn_probs = knn_sparse(nbrs.distances, nbrs.labels, query.temperature)
+        p_knn = np.zeros(vocab, dtype=np.float32)
+        p_knn[knn_ids] = knn_probs
         lam = self.lambda_for(query, p_mlm, p_knn, nbrs)
-        p = interpolate(p_knn, p_mlm, lam)
+        # Rank the stored p_MLM entries and the neighbours' words only: every other id shares one p_MLM value
+        # and has no kNN mass. The dense path runs when that value could reach the top k, or for evaluation.
+        fast = None if with_distributions else interpolated_top_k(p_mlm, enc.top_ids, knn_ids, knn_probs, lam, query.top_k)
+        if fast is None:
+            p = interpolate(p_knn, p_mlm, lam)
+            best, mlm_top = top_k(p, query.top_k), top_k(p_mlm, query.top_k)
+        else:
+            (best, mlm_top), p = fast, None
         preds = []
-        for token_id, prob in top_k(p, query.top_k):
+        for token_id, prob in best:
             contexts = self._contexts(nbrs, token_id, query.contexts_per_answer) if query.return_contexts else []
             preds.append(
                 Prediction(self.token(token_id), token_id, prob, float(p_mlm[token_id]), float(p_knn[token_id]), contexts)
             )
-        mlm = [TokenProb(self.token(i), pr) for i, pr in top_k(p_mlm, query.top_k)]
-        knn = [TokenProb(self.token(i), pr) for i, pr in top_k(p_knn, query.top_k, nonzero=True)]
-        dists = Distributions(p_mlm, p_knn, p) if with_distributions else None
+        mlm = [TokenProb(self.token(i), pr) for i, pr in mlm_top]
+        knn = [TokenProb(self.token(i), pr) for i, pr in top_k_among(knn_ids, knn_probs, query.top_k, None) or []]
+        dists = Distributions(p_mlm, p_knn, p) if with_distributions and p is not None else None
         return preds, mlm, knn, lam, dists, self._articles_seen(query, nbrs, articles)
 
     def _articles_seen(self, query: Query, nbrs: Neighbours, articles: list[ArticleHit]) -> list[ArticleHit]:
@@ -512,6 +523,22 @@ def reduce_jvm_signals() -> None:
         return
     if not jnius_config.vm_running and "-Xrs" not in jnius_config.get_options():
         jnius_config.add_options("-Xrs")
+
+
+def configure_jvm(options: Sequence[str]) -> bool:
+    """Add options for the JVM that Lucene runs in; False (nothing done) when it is already running.
+
+    Must run before the first retriever opens: the JVM starts once per process and keeps its options.
+    """
+    try:
+        import jnius_config
+    except ImportError:
+        return False
+    if jnius_config.vm_running:
+        return False
+    have = set(jnius_config.get_options())
+    jnius_config.add_options(*[o for o in options if o not in have])
+    return True
 
 
 def open_retrievers(datastore: Datastore) -> dict[str, object]:

@@ -23,7 +23,14 @@ class ModelSettings(BaseModel):
     name: str | None = Field(None, description="masked LM name or directory; default: the one the manifest names")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = the container's CPU quota")
+    threads: int = Field(
+        0, ge=0, description="torch intra-op threads; 0 = the container's CPU quota less one (at least 1), which "
+        "leaves a core to the HTTP, retrieval and kNN threads"
+    )
+    backend: Literal["auto", "eager", "torchscript"] = Field(
+        "auto", description="forward pass: torchscript (a checked trace, no Python between layers), eager, or auto "
+        "(torchscript on the CPU, eager on a GPU)"
+    )
 
 
 class CacheSettings(BaseModel):
@@ -96,6 +103,12 @@ class ServiceSettings(BaseSettings):
     model: Annotated[ModelSettings, NoDecode] = Field(default_factory=ModelSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     batching: BatchingSettings = Field(default_factory=BatchingSettings)
+    jvm_options: str = Field(
+        "-XX:TieredStopAtLevel=1",
+        description="options for the JVM that runs Lucene (BM25), separated by spaces. The default compiles with "
+        "the C1 JIT only: on 2 cores the C2 compiler kept taking CPU from the model for thousands of queries, "
+        "while BM25's steady-state latency stayed the same (bench/README figures); '' keeps the JVM's defaults",
+    )
     limits: LimitSettings = Field(default_factory=LimitSettings)
     defaults: DefaultsSettings = Field(default_factory=DefaultsSettings)
 

@@ -27,11 +27,12 @@ class Resources:
     error: str = ""
 
 
-def get_resources(request: Request) -> Resources:
+# async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request for nothing
+async def get_resources(request: Request) -> Resources:
     return request.app.state.resources
 
 
-def get_answerer(resources: Annotated[Resources, Depends(get_resources)]) -> AsyncAnswerer:
+async def get_answerer(resources: Annotated[Resources, Depends(get_resources)]) -> AsyncAnswerer:
     if not resources.ready or resources.answerer is None:
         raise NotReady(resources.error or "the service is starting or shutting down; retry shortly")
     return resources.answerer

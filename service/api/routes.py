@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 
 from service.api.deps import AnswererDep, ResourcesDep
 from service.api.errors import BadRequest, Overloaded
@@ -92,19 +93,24 @@ def to_response(answer: Answer, identity: dict) -> PredictResponse:
     )
 
 
+def json_response(model: BaseModel) -> Response:
+    """The validated model serialised once by pydantic-core (FastAPI would dump, re-validate, then serialise)."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
 @router.post("/predict", response_model=PredictResponse, responses=_ERRORS, summary="Answer one cloze question")
-async def predict(body: PredictRequest, answerer: AnswererDep, resources: ResourcesDep) -> PredictResponse:
+async def predict(body: PredictRequest, answerer: AnswererDep, resources: ResourcesDep) -> Response:
     query = to_query(body, resources.settings)
     with answerer.lease() as pipe:  # one datastore version for the whole request, even across a live reload
         try:
             answer = await answerer.answer(query, pipeline=pipe)
         except QueueFull as exc:
             raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
-        return to_response(answer, pipe.identity())
+        return json_response(to_response(answer, pipe.identity()))
 
 
 @router.post("/predict/batch", response_model=BatchResponse, responses=_ERRORS, summary="Answer several questions")
-async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: ResourcesDep) -> BatchResponse:
+async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: ResourcesDep) -> Response:
     limit = resources.settings.limits.max_batch_queries
     if len(body.queries) > limit:
         raise BadRequest(f"queries: {len(body.queries)} exceeds this server's limit of {limit} per batch")
@@ -122,7 +128,7 @@ async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: Re
         except QueueFull as exc:
             raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
         identity = pipe.identity()
-        return BatchResponse(results=[to_response(a, identity) for a in answers])
+        return json_response(BatchResponse(results=[to_response(a, identity) for a in answers]))
 
 
 @router.get("/healthz", response_model=HealthResponse, summary="Liveness: the process answers")

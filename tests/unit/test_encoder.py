@@ -149,3 +149,63 @@ def test_tiny_model_tokenises_its_corpus_words(encoder: MaskedLMEncoder) -> None
     ids = encoder.tokenizer("Zorblat was born in quimby.", add_special_tokens=False)["input_ids"]
     assert encoder.tokenizer.unk_token_id not in ids
     assert encoder.tokenizer.convert_ids_to_tokens(ids) == ["zorblat", "was", "born", "in", "quimby", "."]
+
+
+# ---- TorchScript backend: the same numbers as the eager forward ----------------------------------------------
+
+
+@pytest.mark.parametrize("layer", [-2, 0])
+def test_torchscript_backend_matches_the_reference_forward(
+    tiny_model_dir: Path, reference_model: torch.nn.Module, layer: int
+) -> None:
+    enc = MaskedLMEncoder.load(str(tiny_model_dir), layer=layer, device="cpu", dtype="float32", max_seq_len=32)
+    assert enc.set_backend("torchscript") == "torchscript" and enc.backend == "torchscript"
+    texts = [
+        "zorblat was born in [MASK] .",
+        "[MASK] is a large city with a famous bridge near the sea and a river that runs through it to the sea .",
+        "the bridge of plonk is [MASK]",
+        "[MASK] .",
+    ]
+    items = [enc.query_input(t) for t in texts]
+    # batch sizes and widths other than the traced example's (2 sequences): padding must still be masked
+    for batch in (items, items[:1], items[1:3], items[3:]):
+        out = enc.encode(batch, with_mlm=True)
+        assert out.mlm_log_probs is not None
+        for i, item in enumerate(batch):
+            want_emb, want_logp = direct(reference_model, item, enc.layer)
+            np.testing.assert_allclose(out.embeddings[i], want_emb, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(out.mlm_log_probs[i].numpy(), want_logp, rtol=1e-5, atol=1e-5)
+
+
+def test_backend_choice(tiny_model_dir: Path) -> None:
+    enc = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32)
+    assert enc.backend == "eager"  # until asked
+    assert enc.set_backend("auto") == "torchscript"  # the CPU default
+    assert enc.set_backend("eager") == "eager" and enc._traced is None
+    with pytest.raises(ValueError, match="auto, eager or torchscript"):
+        enc.set_backend("onnx")
+
+
+def test_a_trace_that_fails_or_differs_leaves_the_eager_forward(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    enc = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32)
+    item = enc.query_input("zorblat was born in [MASK] .")
+    want = enc.encode([item], with_mlm=True)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("cannot trace this")
+
+    monkeypatch.setattr(torch.jit, "trace", broken)
+    assert enc.set_backend("torchscript") == "eager"
+    assert "cannot trace this" in caplog.text
+
+    class Wrong(torch.nn.Module):
+        def forward(self, ids, attn, rows, pos):  # type: ignore[no-untyped-def]
+            return torch.zeros(len(rows), enc.hidden_size), torch.zeros(len(rows), enc.vocab_size)
+
+    monkeypatch.setattr(torch.jit, "trace", lambda *a, **k: Wrong())
+    assert enc.set_backend("torchscript") == "eager"
+    assert "differs from the eager forward" in caplog.text
+    got = enc.encode([item], with_mlm=True)
+    np.testing.assert_array_equal(got.embeddings, want.embeddings)

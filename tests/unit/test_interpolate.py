@@ -71,3 +71,66 @@ def test_fp16_search_matches_exact_float32_distances() -> None:
     np.testing.assert_allclose(d, exact[idx], rtol=1e-5)
     d_all, idx_all = fp16_search(rows[:5], q, 10)  # k larger than the rows: all of them, nearest first
     assert sorted(idx_all.tolist()) == [0, 1, 2, 3, 4] and np.all(np.diff(d_all) >= 0)
+
+
+# ---- the sparse path: same values and ranking as the dense one ------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from service.codec import QueryEncoding  # noqa: E402
+from service.interpolate import interpolated_top_k, knn_sparse, top_k_among  # noqa: E402
+
+
+def reference_top(p: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """A full sort of the whole vocabulary by (-p, id): the documented ranking."""
+    order = np.lexsort((np.arange(len(p)), -p))[:k]
+    return [(int(i), float(p[i])) for i in order]
+
+
+def test_knn_sparse_holds_the_non_zero_part_of_the_dense_distribution() -> None:
+    d = np.array([0.0, 6.0, 12.0, 1e6])
+    labels = np.array([7, 2, 7, 4])  # word 4's weight underflows to 0: left out
+    ids, probs = knn_sparse(d, labels, 6.0)
+    dense = knn_distribution(d, labels, 9, 6.0)
+    assert ids.tolist() == [2, 7] and probs.dtype == np.float32
+    np.testing.assert_array_equal(dense[ids], probs)
+    assert dense.sum() == pytest.approx(probs.sum()) and dense[4] == 0
+    assert [len(x) for x in knn_sparse(np.zeros(0), np.zeros(0, int), 6.0)] == [0, 0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    vocab=st.integers(20, 400),
+    n_top=st.integers(1, 60),
+    n_nbrs=st.integers(0, 40),
+    lam=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
+    k=st.integers(1, 30),
+)
+def test_interpolated_top_k_equals_the_dense_ranking(
+    seed: int, vocab: int, n_top: int, n_nbrs: int, lam: float, k: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    log_probs = np.log(rng.dirichlet(np.full(vocab, 0.3))).astype(np.float32)
+    enc = QueryEncoding.from_log_probs(rng.standard_normal(8), log_probs, min(n_top, vocab))
+    p_mlm = enc.p_mlm()
+    d = np.sort(rng.uniform(0, 30, n_nbrs))
+    labels = rng.integers(0, vocab, n_nbrs)
+    ids, probs = knn_sparse(d, labels, 6.0)
+    p = interpolate(knn_distribution(d, labels, vocab, 6.0), p_mlm, lam)
+    got = interpolated_top_k(p_mlm, enc.top_ids, ids, probs, lam, k)
+    if got is None:  # only when the shared remainder value of p_MLM could reach the top k
+        assert len(np.union1d(enc.top_ids, ids)) < vocab
+        return
+    best, mlm = got
+    assert best == reference_top(p, k)
+    assert mlm == reference_top(p_mlm, k)
+
+
+def test_top_k_among_declines_when_the_rest_could_rank() -> None:
+    ids, values = np.array([3, 5]), np.array([0.5, 0.2], dtype=np.float32)
+    assert top_k_among(ids, values, 2, rest=0.1) == [(3, 0.5), (5, pytest.approx(0.2))]
+    assert top_k_among(ids, values, 2, rest=0.2) is None  # a tie with the rest: lower ids outside could win
+    assert top_k_among(ids, values, 3, rest=0.1) is None  # fewer listed than asked for
+    assert top_k_among(ids, values, 3, rest=None) == [(3, 0.5), (5, pytest.approx(0.2))]
