@@ -130,7 +130,7 @@ class RedisServer:
         self.port = port or free_port()
         self.password = password
         self.maxmemory = maxmemory
-        self.proc = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:

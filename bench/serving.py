@@ -3,7 +3,8 @@ latency on datastores 10x and 100x larger (synthetic extra articles). One comman
 
     python -m bench.serving [--model DIR] [--articles 150] [--queries 80]
 
-Prints a table and writes bench/results/serving.json. All ratios are measured in the same run.
+Prints a table and writes bench/results/serving.json (with ``--backend`` or ``--threads``:
+serving-BACKEND-Nt.json). All ratios are measured in the same run.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -28,6 +31,7 @@ from bench.common import (
     machine,
     percentiles,
     running_service,
+    service_process,
     write_result,
 )
 from datastore_builder.encoder import MaskedLMEncoder
@@ -57,6 +61,12 @@ def http_latencies(url: str, queries: list[tuple[str, str]]) -> tuple[list[float
             r.raise_for_status()
             bodies.append(r.json())
     return out, bodies
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _load(url: str, queries: list[tuple[str, str]], concurrency: int) -> tuple[float, int, int]:
@@ -99,7 +109,9 @@ def scaled_copy(base: Path, factor: int, out: Path, seed: int = 0) -> Path:
     next_index = max(s.index for s in man.shards) + 1
     article_no = 0
     while extra_rows > 0:
-        arts, sent, rows = [], [], 0
+        arts: list[dict[str, Any]] = []
+        sent: list[str] = []
+        rows = 0
         for _ in range(per_shard_articles):
             n = min(per_article, extra_rows)
             if n <= 0:
@@ -166,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         k: v * 1000 if k != "n" else v for k, v in bare.items()}, "bare_forward_eager_ms": {
         k: v * 1000 if k != "n" else v for k, v in eager.items()}}
 
-    with running_service(ds, env=env) as url:
+    with service_process(ds, env=env) as svc:
+        url = svc.url
         http_latencies(url, lama_queries(30, seed=99))  # warm-up (distinct from the measured queries)
         unc, bodies = http_latencies(url, lat_q)
         cached, bodies2 = http_latencies(url, lat_q)
@@ -179,9 +192,14 @@ def main(argv: list[str] | None = None) -> int:
             n = max(32, 4 * c)
             qs = rest[offset : offset + n]
             offset += n
+            server0, client0 = process_cpu_s(svc.proc.pid), time.process_time()
             secs, ok, err = asyncio.run(_load(url, qs, c))
+            server_ms = (process_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
+            client_ms = (time.process_time() - client0) * 1000 / max(1, ok)
+            # both share this machine's cores: the load generator's CPU per request is part of the picture
             tput[c] = {"requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput[c],
-                       "ratio": (ok / secs) / bare_tput[c]}
+                       "ratio": (ok / secs) / bare_tput[c], "server_cpu_ms_per_request": server_ms,
+                       "load_generator_cpu_ms_per_request": client_ms}
     result["uncached_ms"] = {k: v * 1000 if k != "n" else v for k, v in unc_p.items()}
     result["cached_ms"] = {k: v * 1000 if k != "n" else v for k, v in cached_p.items()}
     result["uncached_p50_over_bare_p50"] = unc_p["p50"] / bare["p50"]
@@ -205,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                               "ratio": p50 / base_p50}
         result["scale"] = scale
 
-    path = write_result("serving", result)
+    # the default settings write serving.json; other backends or thread counts their own file beside it
+    default = args.backend == "auto" and not args.threads
+    path = write_result("serving" if default else f"serving-{backend}-{threads}t", result)
     print(f"model {result['model']}, {result['datastore']['contexts']} contexts, machine {result['machine']}")
     print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms ({backend}, {threads} torch threads; eager: "
           f"{result['bare_forward_eager_ms']['p50']:.1f} ms)")
@@ -214,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"/predict cached p50 {result['cached_ms']['p50']:.2f} ms p99 {result['cached_ms']['p99']:.2f} ms")
     for c, t in tput.items():
         print(f"clients {c:>3}: {t['requests_per_s']:.1f} req/s vs bare batched {t['bare_batched_per_s']:.1f}/s "
-              f"-> {t['ratio']:.2f}x ({t['errors']} errors)")
+              f"-> {t['ratio']:.2f}x ({t['errors']} errors; CPU per request: server "
+              f"{t['server_cpu_ms_per_request']:.1f} ms, load generator {t['load_generator_cpu_ms_per_request']:.1f} ms)")
     for k, v in result.get("scale", {}).items():
         if k.startswith("x"):
             print(f"datastore {k} ({v['contexts']} contexts): p50 {v['p50_ms']:.1f} ms -> {v['ratio']:.2f}x")

@@ -55,13 +55,15 @@ class QueryEncoding:
         return cached
 
     def _full_p_mlm(self) -> np.ndarray:
-        p = np.empty(self.vocab_size, dtype=np.float64)
         top = self.top_probs.astype(np.float64)
         rest = self.vocab_size - len(top)
-        fill = max(0.0, 1.0 - float(top.sum())) / rest if rest else 0.0
-        p.fill(fill)
-        p[self.top_ids] = top
-        return (p / p.sum()).astype(np.float32)
+        stored = float(top.sum())
+        fill = max(0.0, 1.0 - stored) / rest if rest else 0.0
+        total = stored + fill * rest  # normalised to sum 1 (float16 rounding of the stored entries)
+        # one float32 array (a float64 temporary the size of the vocabulary cost more than the rest together)
+        p = np.full(self.vocab_size, fill / total, dtype=np.float32)
+        p[self.top_ids] = (top / total).astype(np.float32)
+        return p
 
     def to_bytes(self) -> bytes:
         body = (

@@ -66,6 +66,10 @@ def top_k_among(ids: np.ndarray, values: np.ndarray, k: int, rest: float | None)
     """
     if k <= 0:
         return []
+    if len(values) > 4 * k:  # sort only the entries at or above the k-th largest value (ties included)
+        kth = np.partition(values, len(values) - k)[len(values) - k]
+        keep = np.flatnonzero(values >= kth)
+        ids, values = ids[keep], values[keep]
     order = np.lexsort((ids, -values))[:k]
     if rest is not None and (len(order) < k or not values[order[-1]] > rest):
         return None
@@ -83,7 +87,8 @@ def interpolated_top_k(
     """
     if not 0.0 <= lam <= 1.0:
         raise ValueError("lambda must be in [0, 1]")
-    cand = np.union1d(mlm_ids, knn_ids)
+    both = np.sort(np.concatenate((mlm_ids, knn_ids)).astype(np.int64))
+    cand = both[np.concatenate(([True], both[1:] != both[:-1]))] if len(both) else both  # union (np.union1d: slow)
     outside = None
     if len(cand) < len(p_mlm):
         # any id outside the stored ones holds the remainder value; find one without scanning the vocabulary

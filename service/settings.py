@@ -27,9 +27,10 @@ class ModelSettings(BaseModel):
         0, ge=0, description="torch intra-op threads; 0 = the container's CPU quota less one (at least 1), which "
         "leaves a core to the HTTP, retrieval and kNN threads"
     )
-    backend: Literal["auto", "eager", "torchscript"] = Field(
-        "auto", description="forward pass: torchscript (a checked trace, no Python between layers), eager, or auto "
-        "(torchscript on the CPU, eager on a GPU)"
+    backend: Literal["auto", "eager", "torchscript", "onnx"] = Field(
+        "auto", description="forward pass: onnx (ONNX Runtime, CPU, float32), torchscript (a trace), eager, or auto "
+        "(onnx, else torchscript, on the CPU; eager on a GPU). Each is checked against the eager forward at start-up "
+        "and falls back when it cannot be built or differs"
     )
 
 
