@@ -53,7 +53,7 @@ class RecordingEncoder:
         return out
 
 
-def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace) -> dict[str, object]:
+def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, backend: str) -> dict[str, object]:
     out = Path(tempfile.mkdtemp(prefix="bench-builder-"))
     try:
         recorder = RecordingEncoder(encoder)
@@ -67,6 +67,7 @@ def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace) ->
             articles_per_shard=args.articles_per_shard,
             workers=args.workers,
             sparse_indexes=False,
+            backend=backend,
         )
         t = time.perf_counter()
         build(settings, encoder=recorder)  # type: ignore[arg-type]
@@ -84,6 +85,7 @@ def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace) ->
             forward_s += time.perf_counter() - t
         assert sum(len(b) for b in recorder.batches) == contexts
         return {
+            "backend": encoder.backend,
             "articles": manifest.counts.articles,
             "sentences": manifest.counts.sentences,
             "contexts": contexts,
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--articles-per-shard", type=int, default=25, help="small, so the worker prepares ahead")
     p.add_argument("--workers", type=int, default=1, help="tokenising worker processes (the build's default)")
     p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--backend", default="eager", help="forward backend(s) of the build, comma-separated: runs "
+                   "alternate between them (e.g. eager,onnx); each run's bare forward uses its own backend")
     p.add_argument("--out", type=Path, default=RESULTS / "builder.json")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -123,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.corpus, encoding="utf-8") as f:
         corpus.write_text("".join(islice(f, args.articles)), encoding="utf-8")
     torch.set_num_threads(cpu_quota_threads())
-    encoder = MaskedLMEncoder.load(str(args.model), device=args.device, dtype="auto", max_seq_len=args.max_seq_len)
-    runs = [one_run(encoder, corpus, args) for _ in range(args.runs)]
+    backends = [b for b in args.backend.split(",") if b]
+    encoders = {b: MaskedLMEncoder.load(str(args.model), device=args.device, dtype="auto", max_seq_len=args.max_seq_len)
+                for b in backends}
+    encoder = encoders[backends[0]]
+    runs = [one_run(encoders[b], corpus, args, b) for _ in range(args.runs) for b in backends]
     shutil.rmtree(tmp, ignore_errors=True)
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = {
@@ -151,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
     keys = [
+        ("backend", "backend"),
         ("contexts", "contexts"),
         ("build ctx/s", "build_ctx_per_s"),
         ("bare forward ctx/s", "bare_forward_ctx_per_s"),

@@ -188,6 +188,8 @@ def _build_state(settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: s
         "shard_index": settings.shard_index,
         # only when not the default, so that a build started before this setting existed still resumes
         **({"targets": settings.targets} if settings.targets != "single-piece" else {}),
+        # the forward backend in use (a resumed build does not mix backends); likewise only when not eager
+        **({"backend": encoder.backend} if encoder.backend != "eager" else {}),
     }
 
 
@@ -315,6 +317,9 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     encoder = encoder or MaskedLMEncoder.load(
         settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype, max_seq_len=settings.max_seq_len
     )
+    if settings.backend != "eager":
+        used = encoder.set_backend(settings.backend, with_mlm=False)
+        logger.info("forward backend: %s (asked: %s)", used, settings.backend)
     stopwords = load_stopwords(settings.stopwords)
     stop_hash = stopwords_sha256(stopwords)
     sources = [

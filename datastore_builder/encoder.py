@@ -124,21 +124,27 @@ class ContextTokenizer:
 
 BackendName = Literal["auto", "eager", "torchscript", "onnx"]
 # (input_ids, attention_mask, rows, mask_pos) -> ([MASK] embeddings float32, log p_MLM at [MASK])
-_FastForward = Callable[..., tuple[np.ndarray, torch.Tensor]]
+_FastForward = Callable[..., tuple[np.ndarray, torch.Tensor | None]]
 
 
 class _MaskCore(torch.nn.Module):
-    """The service's forward as one module: the [MASK] row at ``layer`` and log p_MLM there (head on that row only)."""
+    """The forward as one module: the [MASK] row at ``layer`` and, with a head, log p_MLM there (that row only).
 
-    def __init__(self, base: torch.nn.Module, head: torch.nn.Module, layer: int):
+    Without a head (the builder's use) the model runs only up to ``layer``'s output that it needs; nothing else.
+    """
+
+    def __init__(self, base: torch.nn.Module, head: torch.nn.Module | None, layer: int):
         super().__init__()
         self.base, self.head, self.layer = base, head, layer
 
     def forward(
         self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, ...]:
         hidden = self.base(input_ids=ids, attention_mask=attn, output_hidden_states=True).hidden_states
-        return hidden[self.layer][rows, pos], torch.log_softmax(self.head(hidden[-1][rows, pos]).float(), dim=-1)
+        emb = hidden[self.layer][rows, pos]
+        if self.head is None:
+            return (emb,)
+        return emb, torch.log_softmax(self.head(hidden[-1][rows, pos]).float(), dim=-1)
 
 
 class MaskedLMEncoder:
@@ -188,6 +194,7 @@ class MaskedLMEncoder:
         self.hidden_size = int(config.hidden_size)
         self.backend: str = "eager"
         self._fast: _FastForward | None = None
+        self._fast_with_mlm = True  # which encode() call the compiled forward serves
 
     @classmethod
     def load(
@@ -229,8 +236,11 @@ class MaskedLMEncoder:
 
     # ---- backend ------------------------------------------------------------------------------------------
 
-    def set_backend(self, backend: BackendName | str) -> str:
-        """How ``encode(..., with_mlm=True)`` runs the model: eagerly, as a TorchScript trace, or in ONNX Runtime.
+    def set_backend(self, backend: BackendName | str, *, with_mlm: bool = True) -> str:
+        """How ``encode(..., with_mlm=...)`` runs the model: eagerly, as a TorchScript trace, or in ONNX Runtime.
+
+        ``with_mlm``: the call the compiled forward serves, with p_MLM (the service) or embeddings only (the
+        builder); the other call stays eager.
 
         The same modules either way (`_MaskCore`: the [MASK] row at ``layer``, the head on that row only).
         ``torchscript`` and ``onnx`` run the whole forward outside Python, so no GIL hand-offs with the web
@@ -246,8 +256,8 @@ class MaskedLMEncoder:
             order = ["onnx", "torchscript"] if self.device.type == "cpu" else []
         else:
             order = [] if backend == "eager" else [backend]
-        self._fast, self.backend = None, "eager"
-        if order and self.head is None:
+        self._fast, self.backend, self._fast_with_mlm = None, "eager", with_mlm
+        if order and with_mlm and self.head is None:
             logger.warning("%s: no single LM head module; the eager backend stays in use", self.name)
             return self.backend
         for want in order:
@@ -262,11 +272,11 @@ class MaskedLMEncoder:
         return self.backend
 
     def _core_and_example(self) -> tuple[_MaskCore, tuple[torch.Tensor, ...]]:
-        assert self.head is not None
         mask = self.tokenizer.mask_token
         # padded (two lengths), so that the attention mask is part of the traced or exported graph
         example = [self.query_input(f"the {mask} ."), self.query_input(f"a b c d e f g h {mask} i j .")]
-        return _MaskCore(self.base, self.head, self.layer).eval(), self._tensors(example)
+        head = self.head if self._fast_with_mlm else None
+        return _MaskCore(self.base, head, self.layer).eval(), self._tensors(example)
 
     @torch.inference_mode()
     def _build_torchscript(self) -> _FastForward:
@@ -275,9 +285,9 @@ class MaskedLMEncoder:
             warnings.simplefilter("ignore")  # TracerWarnings about shape-dependent Python values (constants here)
             traced = torch.jit.trace(core, example, check_trace=False)
 
-        def run(*inputs: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
-            emb, log_probs = traced(*inputs)
-            return emb.float().cpu().numpy(), log_probs.cpu()
+        def run(*inputs: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
+            out = traced(*inputs)
+            return out[0].float().cpu().numpy(), out[1].cpu() if len(out) > 1 else None
 
         return run
 
@@ -292,7 +302,8 @@ class MaskedLMEncoder:
             warnings.simplefilter("ignore")
             path = Path(tmp) / "mask_core.onnx"
             torch.onnx.export(
-                core, example, path, input_names=names, output_names=["embedding", "log_probs"],
+                core, example, path, input_names=names,
+                output_names=["embedding", "log_probs"] if core.head is not None else ["embedding"],
                 dynamic_axes={"input_ids": {0: "batch", 1: "width"}, "attention_mask": {0: "batch", 1: "width"},
                               "rows": {0: "batch"}, "mask_pos": {0: "batch"}},
                 dynamo=False, opset_version=17,
@@ -304,9 +315,9 @@ class MaskedLMEncoder:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
 
-        def run(*inputs: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
-            emb, log_probs = session.run(None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)})
-            return emb, torch.from_numpy(log_probs)
+        def run(*inputs: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
+            out = session.run(None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)})
+            return out[0], torch.from_numpy(out[1]) if len(out) > 1 else None
 
         return run
 
@@ -319,12 +330,12 @@ class MaskedLMEncoder:
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
         for batch in (check[:1], check):
             inputs = self._tensors(batch)
-            want_emb, want_lp = core(*inputs)
+            want = core(*inputs)
             got_emb, got_lp = fast(*inputs)
-            err = max(
-                float(np.abs(want_emb.float().cpu().numpy() - got_emb).max()),
-                float((want_lp.cpu() - got_lp).abs().max()),
-            )
+            err = float(np.abs(want[0].float().cpu().numpy() - got_emb).max())
+            if len(want) > 1:
+                assert got_lp is not None
+                err = max(err, float((want[1].cpu() - got_lp).abs().max()))
             if not err <= tol:
                 raise RuntimeError(f"{name} differs from the eager forward by {err:.3g} (tolerance {tol})")
 
@@ -359,7 +370,7 @@ class MaskedLMEncoder:
         if not items:
             return EncoderOutput(np.zeros((0, self.hidden_size), np.float32), None)
         ids, attn, rows, mask_pos = self._tensors(items)
-        if with_mlm and self._fast is not None:
+        if self._fast is not None and with_mlm == self._fast_with_mlm:
             return EncoderOutput(*self._fast(ids, attn, rows, mask_pos))
         need_all = with_mlm and self.head is None
         if need_all:

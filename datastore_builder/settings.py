@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from datastore_builder.encoder import DeviceName, DtypeName
+from datastore_builder.encoder import BackendName, DeviceName, DtypeName
 from datastore_builder.targets import TargetMode
 
 
@@ -32,6 +32,11 @@ class BuildSettings(BaseSettings):
     ivfpq: bool = Field(False, description="also build the whole-datastore IVF-PQ index (no-retrieval ablation)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = the container's CPU quota")
     workers: int = Field(1, ge=0, description="processes that split and tokenise ahead of the model; 0 = inline")
+    backend: BackendName = Field(
+        "eager",
+        description="forward: eager PyTorch (the reference), onnx (ONNX Runtime, CPU float32), torchscript, or auto "
+        "(onnx, else torchscript, on a CPU; eager on a GPU); checked against eager before use, falls back if it differs",
+    )
     targets: TargetMode = Field(
         "single-piece",
         description="single-piece: words of one wordpiece (the paper); whole-word: words of any number of pieces",

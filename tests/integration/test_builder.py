@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from datastore_builder.__main__ import main
-from datastore_builder.build import build
+from datastore_builder.build import BuildError, build
 from datastore_builder.corpus import CorpusStats, SentenceSplitter, read_corpora
 from datastore_builder.encoder import MaskedLMEncoder
 from datastore_builder.format import (
@@ -205,6 +205,29 @@ def test_jsonl_rows_align_with_sentences_labels_and_vectors(
     jsonl_store: Path, vital30: Path, tokenizer: PreTrainedTokenizerBase, bert_vocab_model: Path
 ) -> None:
     assert check_alignment(jsonl_store, [vital30], tokenizer, bert_vocab_model) >= 40
+
+
+def test_onnx_backend_build_matches_the_eager_one_and_is_recorded(
+    jsonl_store: Path, vital30: Path, tokenizer: PreTrainedTokenizerBase, bert_vocab_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "onnx"
+    with torch_threads(1):
+        build(settings([vital30], bert_vocab_model, out, backend="onnx"))
+    assert validate_datastore(out) == []
+    assert json.loads((out / "build.json").read_text())["backend"] == "onnx"
+    assert "backend" not in json.loads((jsonl_store / "build.json").read_text())  # eager: the default, unrecorded
+    # every stored vector against the model computed directly, as for the eager build
+    assert check_alignment(out, [vital30], tokenizer, bert_vocab_model) >= 40
+    # the same rows, labels and sentences as the eager build; vectors equal to float16 storage precision
+    onnx_store, eager_store = Datastore(out), Datastore(jsonl_store)
+    assert onnx_store.manifest.counts == eager_store.manifest.counts
+    for a, b in zip(onnx_store.shards, eager_store.shards, strict=True):
+        np.testing.assert_array_equal(np.asarray(a.labels), np.asarray(b.labels))
+        np.testing.assert_allclose(np.asarray(a.vectors, np.float32), np.asarray(b.vectors, np.float32),
+                                   rtol=2e-3, atol=2e-3)
+    # a resumed build does not mix backends
+    with torch_threads(1), pytest.raises(BuildError, match="backend"):
+        build(settings([vital30], bert_vocab_model, out))
 
 
 # ---- XML dump -----------------------------------------------------------------------------------------------

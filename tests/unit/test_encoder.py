@@ -180,6 +180,24 @@ def test_compiled_backends_match_the_reference_forward(
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["torchscript", "onnx"])
+def test_embedding_only_backend_serves_the_builder_call(
+    tiny_model_dir: Path, reference_model: torch.nn.Module, backend: str
+) -> None:
+    enc = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32)
+    assert enc.set_backend(backend, with_mlm=False) == backend
+    items = [enc.query_input(t) for t in ("zorblat was born in [MASK] .", "[MASK] is a large city near the sea .")]
+    fast = enc.encode(items)  # the builder's call: embeddings only, compiled
+    assert fast.mlm_log_probs is None
+    eager = enc.encode(items, with_mlm=True)  # the other call stays eager
+    assert eager.mlm_log_probs is not None
+    for i, item in enumerate(items):
+        want_emb, want_logp = direct(reference_model, item, enc.layer)
+        np.testing.assert_allclose(fast.embeddings[i], want_emb, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(eager.embeddings[i], want_emb, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(eager.mlm_log_probs[i].numpy(), want_logp, rtol=1e-5, atol=1e-5)
+
+
 def test_backend_choice(tiny_model_dir: Path) -> None:
     enc = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32)
     assert enc.backend == "eager"  # until asked
