@@ -169,3 +169,21 @@ def test_refuses_bad_layer_and_invalid_datastore(tiny_datastore, tmp_path):
     vec.write_bytes(vec.read_bytes()[:-10])
     with pytest.raises(DatastoreError, match="vectors.npy"):
         AnswerPipeline.open(broken, device="cpu")
+
+
+def test_every_backend_serves_the_same_answers(tiny_datastore: Path) -> None:
+    """The default (auto: onnx on a CPU) and the other backends against the eager reference, through the API."""
+    questions = [QUESTION, {"text": "emile grusk was born in [MASK] .", "subject": "emile grusk"},
+                 {"text": "the bridge of [MASK] is large ."}]
+    bodies: dict[str, list[dict]] = {}
+    for backend in ("eager", "torchscript", "onnx", "auto"):
+        settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu", "backend": backend})
+        app = create_app(settings)
+        with TestClient(app) as c:
+            assert app.state.resources.pipeline.encoder.backend == ("onnx" if backend == "auto" else backend)
+            bodies[backend] = [c.post("/predict", json=q).json() for q in questions]
+    for backend, answers in bodies.items():
+        for got, want in zip(answers, bodies["eager"], strict=True):
+            assert [p["token"] for p in got["predictions"]] == [p["token"] for p in want["predictions"]], backend
+            np.testing.assert_allclose([p["prob"] for p in got["predictions"]],
+                                       [p["prob"] for p in want["predictions"]], rtol=1e-3, atol=1e-5)

@@ -29,3 +29,38 @@ def test_cross_field_and_range_checks(monkeypatch):
     monkeypatch.setenv("BERTKNN_CACHE__KEY_PREFIX", "bad prefix with spaces")
     with pytest.raises(ValidationError, match="key_prefix"):
         ServiceSettings()
+
+
+def test_backend_threads_and_jvm_options(monkeypatch):
+    s = ServiceSettings()
+    assert s.model.backend == "auto" and s.model.threads == 0 and s.jvm_options == "-XX:TieredStopAtLevel=1"
+    monkeypatch.setenv("BERTKNN_MODEL__BACKEND", "onnx")
+    monkeypatch.setenv("BERTKNN_JVM_OPTIONS", "-Xmx2g -XX:TieredStopAtLevel=1")
+    s = ServiceSettings()
+    assert s.model.backend == "onnx" and s.jvm_options.split() == ["-Xmx2g", "-XX:TieredStopAtLevel=1"]
+    monkeypatch.setenv("BERTKNN_MODEL__BACKEND", "tensorrt")
+    with pytest.raises(ValidationError, match="backend"):
+        ServiceSettings()
+
+
+def test_default_threads_leave_a_core(monkeypatch):
+    import datastore_builder.build as build
+    from service.main import default_threads
+
+    for quota, want in ((1, 1), (2, 1), (8, 7)):
+        monkeypatch.setattr(build, "cpu_quota_threads", lambda q=quota: q)
+        assert default_threads() == want
+
+
+def test_jvm_options_apply_only_before_the_jvm_starts(monkeypatch):
+    import jnius_config  # pyjnius is a dependency (Lucene runs through it)
+
+    from service.pipeline import configure_jvm
+
+    added: list[str] = []
+    monkeypatch.setattr(jnius_config, "get_options", lambda: ["-Xrs"])
+    monkeypatch.setattr(jnius_config, "add_options", lambda *o: added.extend(o))
+    monkeypatch.setattr(jnius_config, "vm_running", False)
+    assert configure_jvm(["-Xrs", "-XX:TieredStopAtLevel=1"]) and added == ["-XX:TieredStopAtLevel=1"]
+    monkeypatch.setattr(jnius_config, "vm_running", True)
+    assert not configure_jvm(["-Xmx1g"]) and added == ["-XX:TieredStopAtLevel=1"]
