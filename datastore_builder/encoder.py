@@ -130,7 +130,8 @@ _FastForward = Callable[..., tuple[np.ndarray, torch.Tensor | None]]
 class _MaskCore(torch.nn.Module):
     """The forward as one module: the [MASK] row at ``layer`` and, with a head, log p_MLM there (that row only).
 
-    Without a head (the builder's use) the model runs only up to ``layer``'s output that it needs; nothing else.
+    Eager `encode` runs it as it is; the TorchScript and ONNX backends trace or export it. Without a head (the
+    builder's embeddings) no LM head runs at all.
     """
 
     def __init__(self, base: torch.nn.Module, head: torch.nn.Module | None, layer: int):
@@ -192,6 +193,11 @@ class MaskedLMEncoder:
         self.head: torch.nn.Module | None = heads[0] if len(heads) == 1 else None
         self.vocab_size = int(config.vocab_size)
         self.hidden_size = int(config.hidden_size)
+        # the forward, with p_MLM (the service) and embeddings only (the builder); the one place it is written
+        self._cores = {
+            with_mlm: _MaskCore(self.base, self.head if with_mlm else None, self.layer).eval()
+            for with_mlm in (True, False)
+        }
         self.backend: str = "eager"
         self._fast: _FastForward | None = None
         self._fast_with_mlm = True  # which encode() call the compiled forward serves
@@ -275,8 +281,7 @@ class MaskedLMEncoder:
         mask = self.tokenizer.mask_token
         # padded (two lengths), so that the attention mask is part of the traced or exported graph
         example = [self.query_input(f"the {mask} ."), self.query_input(f"a b c d e f g h {mask} i j .")]
-        head = self.head if self._fast_with_mlm else None
-        return _MaskCore(self.base, head, self.layer).eval(), self._tensors(example)
+        return self._cores[self._fast_with_mlm], self._tensors(example)
 
     @torch.inference_mode()
     def _build_torchscript(self) -> _FastForward:
@@ -372,20 +377,9 @@ class MaskedLMEncoder:
         ids, attn, rows, mask_pos = self._tensors(items)
         if self._fast is not None and with_mlm == self._fast_with_mlm:
             return EncoderOutput(*self._fast(ids, attn, rows, mask_pos))
-        need_all = with_mlm and self.head is None
-        if need_all:
+        if with_mlm and self.head is None:  # no single head module: the full model's logits, at the mask rows
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
-            hidden = out.hidden_states
-        else:
-            out = self.base(input_ids=ids, attention_mask=attn, output_hidden_states=True)
-            hidden = out.hidden_states
-        emb = hidden[self.layer][rows, mask_pos]
-        log_probs = None
-        if with_mlm:
-            if need_all:
-                logits = out.logits[rows, mask_pos]
-            else:
-                assert self.head is not None
-                logits = self.head(hidden[-1][rows, mask_pos])
-            log_probs = torch.log_softmax(logits.float(), dim=-1).cpu()
-        return EncoderOutput(emb.float().cpu().numpy(), log_probs)
+            emb, logits = out.hidden_states[self.layer][rows, mask_pos], out.logits[rows, mask_pos]
+            return EncoderOutput(emb.float().cpu().numpy(), torch.log_softmax(logits.float(), dim=-1).cpu())
+        out = self._cores[with_mlm](ids, attn, rows, mask_pos)
+        return EncoderOutput(out[0].float().cpu().numpy(), out[1].cpu() if with_mlm else None)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from datastore_builder.encoder import MaskedInput, MaskedLMEncoder
+from datastore_builder.words import WordEntry as Word
 from datastore_builder.words import word_text
 from service.cache import cache_key
 from service.codec import QueryEncoding
@@ -46,16 +47,6 @@ logger = logging.getLogger(__name__)
 
 MLM_CANDIDATES = 10  # one-piece words the MLM contributes (at least top_k): exact ranks up to P@10
 FILL_BATCH = 64  # rows per forward pass of the sequential fill
-
-
-@dataclass(frozen=True)
-class Word:
-    text: str
-    pieces: tuple[int, ...]
-
-    @property
-    def multi_piece(self) -> bool:
-        return len(self.pieces) > 1
 
 
 @dataclass(frozen=True)
@@ -219,7 +210,7 @@ class WordAnswerer:
             c = index.get(entry.text)
             if c is None:
                 c = index[entry.text] = len(words)
-                words.append(Word(entry.text, entry.pieces))
+                words.append(entry)  # the shard's word-table entry (frozen)
             labels[n] = c
         want, taken = max(query.top_k, MLM_CANDIDATES), 0
         for token_id in enc.top_ids:  # most probable first
