@@ -55,7 +55,8 @@ def default_threads() -> int:
 
 def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
     torch.set_num_threads(settings.model.threads or default_threads())
-    if settings.jvm_options.split() and not configure_jvm(settings.jvm_options.split()):
+    jvm_options = settings.jvm_options.split()
+    if jvm_options and not configure_jvm(jvm_options):
         logger.warning("jvm_options ignored: the JVM of this process is already running")
     pipeline = AnswerPipeline.open(
         Path(settings.datastore).resolve(),  # a symlink is followed once: a reload re-resolves it
