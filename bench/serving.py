@@ -4,7 +4,9 @@ latency on datastores 10x and 100x larger (synthetic extra articles). One comman
     python -m bench.serving [--model DIR] [--articles 150] [--queries 80]
 
 Prints a table and writes bench/results/serving.json (with ``--backend`` or ``--threads``:
-serving-BACKEND-Nt.json). All ratios are measured in the same run.
+serving-BACKEND-Nt.json). All ratios are measured in the same run. Latency and throughput are measured with two
+load generators against the same server: a lean keep-alive HTTP/1.1 client (``raw``, bench/rawhttp.py) and
+httpx. Both share this machine's cores with the server; the CPU each spends per request is printed beside it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from bench.common import (
     service_process,
     write_result,
 )
+from bench.rawhttp import AsyncRawClient, RawClient
 from datastore_builder.encoder import MaskedLMEncoder
 from datastore_builder.format import Datastore, write_manifest
 from datastore_builder.writer import ShardData, write_shard
@@ -51,8 +54,27 @@ def bare_forward(enc: MaskedLMEncoder, texts: list[str], batch: int = 1) -> list
     return times
 
 
-def http_latencies(url: str, queries: list[tuple[str, str]]) -> tuple[list[float], list[dict]]:
+CLIENTS = ("raw", "httpx")  # the lean client (bench/rawhttp.py) and httpx, measured in the same run
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
+def http_latencies(url: str, queries: list[tuple[str, str]], client: str = "httpx") -> tuple[list[float], list[dict]]:
+    """Seconds per sequential /predict over one keep-alive connection, and the response bodies."""
     out, bodies = [], []
+    if client == "raw":
+        with RawClient(*_host_port(url)) as raw:
+            for text, subject in queries:
+                t = time.perf_counter()
+                status, body = raw.post_json("/predict", {"text": text, "subject": subject, "return_contexts": True})
+                out.append(time.perf_counter() - t)
+                if status != 200:
+                    raise RuntimeError(f"/predict answered {status}: {body[:200]!r}")
+                bodies.append(json.loads(body))
+        return out, bodies
     with httpx.Client(base_url=url, timeout=60) as c:
         for text, subject in queries:
             t = time.perf_counter()
@@ -69,10 +91,29 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _load(url: str, queries: list[tuple[str, str]], concurrency: int) -> tuple[float, int, int]:
-    """Every query once, `concurrency` clients at a time; returns (seconds, ok, errors)."""
+async def _load(url: str, queries: list[tuple[str, str]], concurrency: int, kind: str = "httpx") -> tuple[float, int, int]:
+    """Every query once, `concurrency` clients (of `CLIENTS`' ``kind``) at a time; returns (seconds, ok, errors)."""
     it = iter(queries)
     ok = err = 0
+    if kind == "raw":
+        conns = [AsyncRawClient(*_host_port(url)) for _ in range(concurrency)]
+
+        async def raw_worker(conn: AsyncRawClient) -> None:
+            nonlocal ok, err
+            for text, subject in it:
+                status, _ = await conn.post_json("/predict", {"text": text, "subject": subject})
+                if status == 200:
+                    ok += 1
+                else:
+                    err += 1
+
+        t = time.perf_counter()
+        try:
+            await asyncio.gather(*(raw_worker(c) for c in conns))
+            return time.perf_counter() - t, ok, err
+        finally:
+            for c in conns:
+                await c.close()
 
     async def worker(client: httpx.AsyncClient) -> None:
         nonlocal ok, err
@@ -159,66 +200,75 @@ def main(argv: list[str] | None = None) -> int:
     ds = build_datastore([args.corpus], args.work / "ds", args.model, limit=args.articles)
     man = Datastore(ds).manifest
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    pool = lama_queries(args.queries * 3 + sum(max(32, 4 * c) for c in levels) + 64, seed=1)
-    lat_q, scale_q, rest = pool[: args.queries], pool[args.queries : 2 * args.queries], pool[2 * args.queries :]
+    per_level = {c: max(64, 12 * c) for c in levels}
+    pool = lama_queries(args.queries * 4 + 2 * sum(per_level.values()) + max(per_level.values()) + 64, seed=1)
+    lat_q = {"raw": pool[: args.queries], "httpx": pool[args.queries : 2 * args.queries]}
+    scale_q, rest = pool[2 * args.queries : 3 * args.queries], pool[3 * args.queries :]
 
     enc = MaskedLMEncoder.load(args.model, layer=man.layer, device="cpu", dtype="float32", max_seq_len=man.max_seq_len)
-    bare_forward(enc, [t for t, _ in lat_q[:5]])  # warm-up
-    eager = percentiles(bare_forward(enc, [t for t, _ in lat_q]))  # for reference: what the backend changes
+    lat_texts = [t for t, _ in lat_q["raw"] + lat_q["httpx"]]
+    bare_forward(enc, lat_texts[:5])  # warm-up
+    eager = percentiles(bare_forward(enc, lat_texts))  # for reference: what the backend changes
     backend = enc.set_backend(args.backend)  # the same backend as the service's (same process setting)
-    bare_forward(enc, [t for t, _ in lat_q[:5]])
-    bare = percentiles(bare_forward(enc, [t for t, _ in lat_q]))
+    bare_forward(enc, lat_texts[:5])
+    bare = percentiles(bare_forward(enc, lat_texts))
     bare_tput = {}
     for c in levels:
-        texts = [t for t, _ in rest[: max(32, 4 * c)]]
+        texts = [t for t, _ in rest[: per_level[c]]]
         secs = sum(bare_forward(enc, texts, batch=c))
         bare_tput[c] = len(texts) / secs
     result: dict = {"model": Path(args.model).name, "machine": machine(), "datastore": {
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend, "bare_forward_ms": {
         k: v * 1000 if k != "n" else v for k, v in bare.items()}, "bare_forward_eager_ms": {
-        k: v * 1000 if k != "n" else v for k, v in eager.items()}}
+        k: v * 1000 if k != "n" else v for k, v in eager.items()}, "clients": {}}
+
+    def ms(p: dict[str, float]) -> dict[str, float]:
+        return {k: v * 1000 if k != "n" else v for k, v in p.items()}
 
     with service_process(ds, env=env) as svc:
         url = svc.url
-        http_latencies(url, lama_queries(30, seed=99))  # warm-up (distinct from the measured queries)
-        unc, bodies = http_latencies(url, lat_q)
-        cached, bodies2 = http_latencies(url, lat_q)
-        assert all(b["cache"]["encoding"] == "hit" for b in bodies2)
-        assert [b["predictions"] for b in bodies] == [b["predictions"] for b in bodies2]
-        unc_p, cached_p = percentiles(unc), percentiles(cached)
-        tput = {}
+        for client in CLIENTS:
+            http_latencies(url, lama_queries(30, seed=99 if client == "raw" else 96), client)  # warm-up
         offset = 0
+        for client in CLIENTS:
+            unc, bodies = http_latencies(url, lat_q[client], client)
+            cached, bodies2 = http_latencies(url, lat_q[client], client)
+            assert all(b["cache"]["encoding"] == "hit" for b in bodies2)
+            assert [b["predictions"] for b in bodies] == [b["predictions"] for b in bodies2]
+            unc_p, cached_p = percentiles(unc), percentiles(cached)
+            result["clients"][client] = {
+                "uncached_ms": ms(unc_p), "cached_ms": ms(cached_p),
+                "uncached_p50_over_bare_p50": unc_p["p50"] / bare["p50"],
+                "uncached_p99_over_bare_p50": unc_p["p99"] / bare["p50"], "throughput": {},
+            }  # fmt: skip
         for c in levels:
-            n = max(32, 4 * c)
-            qs = rest[offset : offset + n]
-            offset += n
-            server0, client0 = process_cpu_s(svc.proc.pid), time.process_time()
-            secs, ok, err = asyncio.run(_load(url, qs, c))
-            server_ms = (process_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
-            client_ms = (time.process_time() - client0) * 1000 / max(1, ok)
-            # both share this machine's cores: the load generator's CPU per request is part of the picture
-            tput[c] = {"requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput[c],
-                       "ratio": (ok / secs) / bare_tput[c], "server_cpu_ms_per_request": server_ms,
-                       "load_generator_cpu_ms_per_request": client_ms}
-    result["uncached_ms"] = {k: v * 1000 if k != "n" else v for k, v in unc_p.items()}
-    result["cached_ms"] = {k: v * 1000 if k != "n" else v for k, v in cached_p.items()}
-    result["uncached_p50_over_bare_p50"] = unc_p["p50"] / bare["p50"]
-    result["uncached_p99_over_bare_p50"] = unc_p["p99"] / bare["p50"]
-    result["throughput"] = tput
+            for client in CLIENTS:  # both clients at one level back to back: the same machine state
+                qs = rest[offset : offset + per_level[c]]
+                offset += per_level[c]
+                server0, client0 = process_cpu_s(svc.proc.pid), time.process_time()
+                secs, ok, err = asyncio.run(_load(url, qs, c, client))
+                server_ms = (process_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
+                client_ms = (time.process_time() - client0) * 1000 / max(1, ok)
+                # both share this machine's cores: the load generator's CPU per request is part of the picture
+                result["clients"][client]["throughput"][c] = {
+                    "requests": ok + err, "requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput[c],
+                    "ratio": (ok / secs) / bare_tput[c], "server_cpu_ms_per_request": server_ms,
+                    "load_generator_cpu_ms_per_request": client_ms,
+                }  # fmt: skip
 
     factors = [int(f) for f in args.scale.split(",") if f]
     if factors:
         scale: dict = {}
         with running_service(ds, env=env) as url:
-            http_latencies(url, lama_queries(30, seed=98))
-            base_p50 = percentiles(http_latencies(url, scale_q)[0])["p50"]
+            http_latencies(url, lama_queries(30, seed=98), "raw")
+            base_p50 = percentiles(http_latencies(url, scale_q, "raw")[0])["p50"]
         scale["base_p50_ms"] = base_p50 * 1000
         for i, f in enumerate(factors):
             big = scaled_copy(ds, f, args.work / f"ds-x{f}")
             with running_service(big, env=env) as url:
-                http_latencies(url, lama_queries(30, seed=97 + i))
+                http_latencies(url, lama_queries(30, seed=97 + i), "raw")
                 # the same queries as the base run, uncached in this fresh process
-                p50 = percentiles(http_latencies(url, scale_q)[0])["p50"]
+                p50 = percentiles(http_latencies(url, scale_q, "raw")[0])["p50"]
             scale[f"x{f}"] = {"contexts": Datastore(big).manifest.counts.contexts, "p50_ms": p50 * 1000,
                               "ratio": p50 / base_p50}
         result["scale"] = scale
@@ -229,18 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {result['model']}, {result['datastore']['contexts']} contexts, machine {result['machine']}")
     print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms ({backend}, {threads} torch threads; eager: "
           f"{result['bare_forward_eager_ms']['p50']:.1f} ms)")
-    print(f"/predict uncached p50 {result['uncached_ms']['p50']:.1f} ms p99 {result['uncached_ms']['p99']:.1f} ms "
-          f"-> p50 ratio {result['uncached_p50_over_bare_p50']:.2f}x, p99 ratio {result['uncached_p99_over_bare_p50']:.2f}x")
-    print(f"/predict cached p50 {result['cached_ms']['p50']:.2f} ms p99 {result['cached_ms']['p99']:.2f} ms")
-    for c, t in tput.items():
-        print(f"clients {c:>3}: {t['requests_per_s']:.1f} req/s vs bare batched {t['bare_batched_per_s']:.1f}/s "
-              f"-> {t['ratio']:.2f}x ({t['errors']} errors; CPU per request: server "
-              f"{t['server_cpu_ms_per_request']:.1f} ms, load generator {t['load_generator_cpu_ms_per_request']:.1f} ms)")
+    for client, r in result["clients"].items():
+        print(f"[{client} client] /predict uncached p50 {r['uncached_ms']['p50']:.1f} ms p99 {r['uncached_ms']['p99']:.1f} ms"
+              f" -> p50 ratio {r['uncached_p50_over_bare_p50']:.2f}x, p99 ratio {r['uncached_p99_over_bare_p50']:.2f}x; "
+              f"cached p50 {r['cached_ms']['p50']:.2f} ms p99 {r['cached_ms']['p99']:.2f} ms")
+        for c, t in r["throughput"].items():
+            print(f"[{client} client] clients {c:>3}: {t['requests_per_s']:.1f} req/s vs bare batched "
+                  f"{t['bare_batched_per_s']:.1f}/s -> {t['ratio']:.2f}x ({t['requests']} requests, {t['errors']} errors;"
+                  f" CPU per request: server {t['server_cpu_ms_per_request']:.1f} ms, load generator "
+                  f"{t['load_generator_cpu_ms_per_request']:.1f} ms)")
     for k, v in result.get("scale", {}).items():
         if k.startswith("x"):
             print(f"datastore {k} ({v['contexts']} contexts): p50 {v['p50_ms']:.1f} ms -> {v['ratio']:.2f}x")
     print(f"wrote {path}")
-    print(json.dumps({k: result[k] for k in ("uncached_p50_over_bare_p50",)}))
+    print(json.dumps({c: r["uncached_p50_over_bare_p50"] for c, r in result["clients"].items()}))
     return 0
 
 

@@ -76,6 +76,9 @@ class MaskedInput:
 class EncoderOutput:
     embeddings: np.ndarray  # float32 [n, hidden]
     mlm_log_probs: torch.Tensor | None  # float32 [n, vocab], log-softmax at the [MASK] position
+    # with ``encode(..., mlm_top=t)``: the t largest log p_MLM of each row, most probable first (ties: smaller id
+    # first), as (values float32 [n, t], token ids int64 [n, t])
+    mlm_top: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class ContextTokenizer:
@@ -146,6 +149,26 @@ class _MaskCore(torch.nn.Module):
         if self.head is None:
             return (emb,)
         return emb, torch.log_softmax(self.head(hidden[-1][rows, pos]).float(), dim=-1)
+
+
+def top_entries(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest entries of one row: (values float32, ids int64), largest first, ties by smaller id.
+
+    Exact, and faster than ``argpartition`` over the whole vocabulary (``python -m bench.backends`` measures
+    both): a threshold taken from every 8th entry keeps about 1.5 ``k`` candidates (the whole row is used when
+    they are fewer than ``k``), and a stable sort of the candidates, which come in id order, orders them.
+    """
+    row = np.asarray(log_probs, dtype=np.float32)
+    n = len(row)
+    k = min(k, n)
+    sample = row[::8]
+    m = min(len(sample), k // 8 + k // 16 + 1)  # about 1.5 k rows are expected at or above the threshold
+    cand = np.flatnonzero(row >= np.partition(sample, len(sample) - m)[len(sample) - m]) if k < n else None
+    if cand is None or len(cand) < k:  # too few: the k-th largest value itself is the threshold
+        cand = np.flatnonzero(row >= np.partition(row, n - k)[n - k]) if k < n else np.arange(n)
+    values = row[cand]
+    order = np.argsort(-values, kind="stable")[:k]  # candidates are in id order: ties stay in id order
+    return values[order], cand[order].astype(np.int64)
 
 
 class MaskedLMEncoder:
@@ -370,10 +393,29 @@ class MaskedLMEncoder:
     # ---- forward ------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def encode(self, items: Sequence[MaskedInput], *, with_mlm: bool = False) -> EncoderOutput:
-        """One forward pass over a batch: [MASK] embeddings at ``self.layer`` and, optionally, log p_MLM there."""
+    def encode(self, items: Sequence[MaskedInput], *, with_mlm: bool = False, mlm_top: int = 0) -> EncoderOutput:
+        """One forward pass over a batch: [MASK] embeddings at ``self.layer`` and, optionally, log p_MLM there.
+
+        ``mlm_top`` > 0 (with ``with_mlm``): also the ``mlm_top`` most probable entries of each row
+        (`EncoderOutput.mlm_top`, `top_entries`).
+        """
+        if mlm_top < 0 or (mlm_top and not with_mlm):
+            raise ValueError("mlm_top must be >= 0, and only applies with with_mlm=True")
+        out = self._forward(items, with_mlm)
+        if not mlm_top or out.mlm_log_probs is None:
+            return out
+        k = min(mlm_top, self.vocab_size)
+        values = np.empty((len(items), k), np.float32)
+        ids = np.empty((len(items), k), np.int64)
+        for i, row in enumerate(out.mlm_log_probs.numpy()):
+            values[i], ids[i] = top_entries(row, k)
+        return EncoderOutput(out.embeddings, out.mlm_log_probs, (values, ids))
+
+    def _forward(self, items: Sequence[MaskedInput], with_mlm: bool) -> EncoderOutput:
         if not items:
-            return EncoderOutput(np.zeros((0, self.hidden_size), np.float32), None)
+            return EncoderOutput(
+                np.zeros((0, self.hidden_size), np.float32), torch.zeros((0, self.vocab_size)) if with_mlm else None
+            )
         ids, attn, rows, mask_pos = self._tensors(items)
         if self._fast is not None and with_mlm == self._fast_with_mlm:
             return EncoderOutput(*self._fast(ids, attn, rows, mask_pos))

@@ -310,7 +310,11 @@ class ContextRef:
 
 
 class Shard:
-    """One shard's arrays, memory-mapped on first use."""
+    """One shard's arrays, memory-mapped on first use.
+
+    They are handed out as plain ``ndarray`` views of the mapping: slicing an ``np.memmap`` runs Python code
+    (``__getitem__``, ``__array_finalize__``) on every access, which showed up in the query path's profile.
+    """
 
     def __init__(self, root: Path, info: ShardInfo):
         self.dir = Path(root) / SHARDS_DIR / info.name
@@ -319,7 +323,7 @@ class Shard:
     def _load(self, name: str) -> np.ndarray:
         path = self.dir / name
         try:
-            return np.load(path, mmap_mode="r", allow_pickle=False)
+            return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
         except (OSError, ValueError) as exc:
             raise DatastoreError(f"{path}: cannot be read ({exc}); run `validate` and rebuild this shard") from exc
 
@@ -344,8 +348,8 @@ class Shard:
         return self._load(SENTENCE_OFFSETS)
 
     @cached_property
-    def _sentences(self) -> np.memmap:
-        return np.memmap(self.dir / SENTENCES, dtype=np.uint8, mode="r")
+    def _sentences(self) -> np.ndarray:
+        return np.asarray(np.memmap(self.dir / SENTENCES, dtype=np.uint8, mode="r"))
 
     def sentence(self, sentence_id: int) -> str:
         a, b = int(self.sentence_offsets[sentence_id]), int(self.sentence_offsets[sentence_id + 1])

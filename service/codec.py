@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from datastore_builder.encoder import top_entries
+
 _ENC_MAGIC = b"BKE1"
 _ENC_HEADER = struct.Struct("<4sIII")  # magic, hidden, n_top, vocab
 
@@ -32,14 +34,27 @@ class QueryEncoding:
 
     @classmethod
     def from_log_probs(cls, embedding: np.ndarray, log_probs: np.ndarray, n_top: int) -> QueryEncoding:
-        n_top = min(n_top, len(log_probs))
-        idx = np.argpartition(-log_probs, n_top - 1)[:n_top]
-        idx = idx[np.lexsort((idx, -log_probs[idx]))]
+        """From the whole log p_MLM: its ``n_top`` largest entries are kept."""
+        values, ids = top_entries(log_probs, n_top)
+        return cls.from_top(embedding, values, ids, len(log_probs))
+
+    @classmethod
+    def from_top(
+        cls, embedding: np.ndarray, top_log_probs: np.ndarray, top_ids: np.ndarray, vocab_size: int
+    ) -> QueryEncoding:
+        """From the largest entries of log p_MLM in `top_entries`' order (most probable first, ties by id), as
+        ``MaskedLMEncoder.encode(..., mlm_top=n)`` returns them; entries in another order are sorted first."""
+        values = np.asarray(top_log_probs, dtype=np.float32)
+        ids = np.asarray(top_ids)
+        step = values[1:] - values[:-1]
+        if not ((step < 0) | ((step == 0) & (ids[1:] > ids[:-1]))).all():
+            order = np.lexsort((ids, -values))
+            values, ids = values[order], ids[order]
         return cls(
             np.asarray(embedding, dtype=np.float16),
-            idx.astype(np.int32),
-            np.exp(log_probs[idx].astype(np.float64)).astype(np.float16),
-            len(log_probs),
+            ids.astype(np.int32),
+            np.exp(values.astype(np.float64)).astype(np.float16),
+            vocab_size,
         )
 
     def p_mlm(self) -> np.ndarray:

@@ -257,12 +257,13 @@ class AnswerPipeline:
                 logger.warning("corrupt cache value ignored (%s)", exc)
         todo = [i for i, enc in enumerate(out) if enc is None]
         if todo:
-            result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True)
-            assert result.mlm_log_probs is not None
-            log_probs = result.mlm_log_probs.numpy()
+            # the p_MLM entries kept are selected with the forward (`top_entries`), in the model thread
+            result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True, mlm_top=self.mlm_top_entries)
+            assert result.mlm_top is not None
+            top_log_probs, top_ids = result.mlm_top
             fresh: dict[str, bytes] = {}
             for j, i in enumerate(todo):
-                enc = QueryEncoding.from_log_probs(result.embeddings[j], log_probs[j], self.mlm_top_entries)
+                enc = QueryEncoding.from_top(result.embeddings[j], top_log_probs[j], top_ids[j], self.encoder.vocab_size)
                 out[i] = enc
                 fresh[keys[i]] = enc.to_bytes()
             self.cache.set_many(fresh)

@@ -61,3 +61,57 @@ def test_lru_evicts_oldest():
     assert c.get_many(["a"]) == [b"1"]  # a is now the most recent
     c.set_many({"c": b"3"})
     assert c.get_many(["a", "b", "c"]) == [b"1", None, b"3"]
+
+
+# ---- selecting the stored p_MLM entries -------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+from datastore_builder.encoder import top_entries  # noqa: E402
+
+
+def _full_sort_top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reference: a stable sort of the whole row (largest first, ties by smaller id)."""
+    idx = np.argsort(-row, kind="stable")[:k]
+    return row[idx], idx
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    row=hnp.arrays(np.float32, st.integers(1, 400), elements=st.sampled_from([-30.0, -7.5, -7.0, -2.0, -1.0, 0.0])
+                   | st.floats(-40, 0, width=32)),
+    k=st.integers(1, 450),
+)
+def test_top_entries_equals_a_full_stable_sort(row: np.ndarray, k: int) -> None:
+    # many ties (the sampled values) and rows where the sampled threshold keeps too few candidates
+    values, ids = top_entries(row, k)
+    want_values, want_ids = _full_sort_top(row, k)
+    assert np.array_equal(ids, want_ids)
+    assert np.array_equal(values, want_values)
+
+
+def test_top_entries_on_a_vocabulary_sized_distribution() -> None:
+    rng = np.random.default_rng(3)
+    for scale in (0.5, 3.0, 12.0):  # flat to peaked
+        logits = (rng.standard_normal(30522) * scale).astype(np.float32)
+        logits[rng.integers(0, 30522, 500)] = logits[7]  # ties, some of them around the boundary
+        log_probs = logits - np.log(np.exp(logits.astype(np.float64)).sum()).astype(np.float32)
+        for k in (16, 2048, 30522):
+            values, ids = top_entries(log_probs, k)
+            want_values, want_ids = _full_sort_top(log_probs, k)
+            assert np.array_equal(ids, want_ids) and np.array_equal(values, want_values)
+
+
+def test_from_top_puts_entries_in_one_order_whatever_their_order() -> None:
+    rng = np.random.default_rng(4)
+    logits = rng.integers(-6, 0, 200).astype(np.float32)  # many ties
+    values, ids = top_entries(logits, 50)
+    emb = rng.normal(size=8).astype(np.float32)
+    canonical = QueryEncoding.from_top(emb, values, ids, 200)
+    shuffled = rng.permutation(50)
+    again = QueryEncoding.from_top(emb, values[shuffled], ids[shuffled], 200)
+    assert np.array_equal(again.top_ids, canonical.top_ids)
+    assert np.array_equal(again.top_probs, canonical.top_probs)
+    assert np.array_equal(QueryEncoding.from_log_probs(emb, logits, 50).top_ids, canonical.top_ids)

@@ -235,3 +235,20 @@ def test_a_trace_that_fails_or_differs_leaves_the_eager_forward(
     assert "torchscript differs from the eager forward" in caplog.text
     got = enc.encode([item], with_mlm=True)
     np.testing.assert_array_equal(got.embeddings, want.embeddings)
+
+
+def test_encode_with_mlm_top_matches_the_full_distribution(encoder: MaskedLMEncoder) -> None:
+    from datastore_builder.encoder import top_entries
+
+    items = [encoder.query_input("zorblat was born in [MASK] ."), encoder.query_input("[MASK] is red .")]
+    out = encoder.encode(items, with_mlm=True, mlm_top=7)
+    assert out.mlm_top is not None and out.mlm_log_probs is not None
+    values, ids = out.mlm_top
+    assert values.shape == ids.shape == (2, 7)
+    for i in range(2):
+        want_values, want_ids = top_entries(out.mlm_log_probs[i].numpy(), 7)
+        assert np.array_equal(ids[i], want_ids) and np.array_equal(values[i], want_values)
+        assert (np.diff(values[i]) <= 0).all()
+        assert ids[i][0] == int(out.mlm_log_probs[i].argmax())
+    with pytest.raises(ValueError, match="mlm_top"):
+        encoder.encode(items, with_mlm=False, mlm_top=3)
