@@ -126,7 +126,8 @@ class ContextTokenizer:
 
 
 BackendName = Literal["auto", "eager", "torchscript", "onnx"]
-# (input_ids, attention_mask, rows, mask_pos) -> ([MASK] embeddings float32, log p_MLM at [MASK])
+# (input_ids, attention_mask, rows, mask_pos as host int64 arrays, `_arrays`) -> ([MASK] embeddings float32,
+# log p_MLM at [MASK])
 _FastForward = Callable[..., tuple[np.ndarray, torch.Tensor | None]]
 
 
@@ -313,8 +314,8 @@ class MaskedLMEncoder:
             warnings.simplefilter("ignore")  # TracerWarnings about shape-dependent Python values (constants here)
             traced = torch.jit.trace(core, example, check_trace=False)
 
-        def run(*inputs: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
-            out = traced(*inputs)
+        def run(*arrays: np.ndarray) -> tuple[np.ndarray, torch.Tensor | None]:
+            out = traced(*self._to_device(arrays))
             return out[0].float().cpu().numpy(), out[1].cpu() if len(out) > 1 else None
 
         return run
@@ -343,8 +344,8 @@ class MaskedLMEncoder:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
 
-        def run(*inputs: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
-            out = session.run(None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)})
+        def run(*arrays: np.ndarray) -> tuple[np.ndarray, torch.Tensor | None]:
+            out = session.run(None, dict(zip(names, arrays, strict=True)))
             return out[0], torch.from_numpy(out[1]) if len(out) > 1 else None
 
         return run
@@ -357,9 +358,8 @@ class MaskedLMEncoder:
         core, _ = self._core_and_example()
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
         for batch in (check[:1], check):
-            inputs = self._tensors(batch)
-            want = core(*inputs)
-            got_emb, got_lp = fast(*inputs)
+            want = core(*self._tensors(batch))
+            got_emb, got_lp = fast(*self._arrays(batch))
             err = float(np.abs(want[0].float().cpu().numpy() - got_emb).max())
             if len(want) > 1:
                 assert got_lp is not None
@@ -367,28 +367,30 @@ class MaskedLMEncoder:
             if not err <= tol:
                 raise RuntimeError(f"{name} differs from the eager forward by {err:.3g} (tolerance {tol})")
 
-    def _tensors(
-        self, items: Sequence[MaskedInput]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Padded ids, attention mask, batch rows and [MASK] positions, on the model's device."""
+    def _arrays(self, items: Sequence[MaskedInput]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Padded ids, attention mask, batch rows and [MASK] positions: host int64 arrays.
+
+        numpy, not torch: on the service's path (batches of one or a few) building them as tensors cost 7x more.
+        """
+        n = len(items)
         width = max(len(x.input_ids) for x in items)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((len(items), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(items), width), dtype=torch.long)
+        ids = np.full((n, width), self.tokenizer.pad_token_id or 0, dtype=np.int64)
+        attn = np.zeros((n, width), dtype=np.int64)
         for i, x in enumerate(items):
-            ids[i, : len(x.input_ids)] = torch.tensor(x.input_ids)
+            ids[i, : len(x.input_ids)] = x.input_ids
             attn[i, : len(x.input_ids)] = 1
-        rows = torch.arange(len(items))
-        mask_pos = torch.tensor([x.mask_pos for x in items])
-        non_blocking = self.device.type == "cuda"
-        if non_blocking:  # pinned host memory makes the copies asynchronous
-            ids, attn = ids.pin_memory(), attn.pin_memory()
-        return (
-            ids.to(self.device, non_blocking=non_blocking),
-            attn.to(self.device, non_blocking=non_blocking),
-            rows.to(self.device),
-            mask_pos.to(self.device),
-        )
+        return ids, attn, np.arange(n, dtype=np.int64), np.fromiter((x.mask_pos for x in items), np.int64, n)
+
+    def _to_device(self, arrays: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+        host = [torch.from_numpy(a) for a in arrays]
+        if self.device.type != "cuda":
+            return tuple(host)
+        # pinned host memory makes the copies of the (large) ids and mask asynchronous
+        return tuple((t.pin_memory() if t.dim() == 2 else t).to(self.device, non_blocking=True) for t in host)
+
+    def _tensors(self, items: Sequence[MaskedInput]) -> tuple[torch.Tensor, ...]:
+        """`_arrays` as tensors on the model's device."""
+        return self._to_device(self._arrays(items))
 
     # ---- forward ------------------------------------------------------------------------------------------
 
@@ -416,9 +418,9 @@ class MaskedLMEncoder:
             return EncoderOutput(
                 np.zeros((0, self.hidden_size), np.float32), torch.zeros((0, self.vocab_size)) if with_mlm else None
             )
-        ids, attn, rows, mask_pos = self._tensors(items)
         if self._fast is not None and with_mlm == self._fast_with_mlm:
-            return EncoderOutput(*self._fast(ids, attn, rows, mask_pos))
+            return EncoderOutput(*self._fast(*self._arrays(items)))
+        ids, attn, rows, mask_pos = self._tensors(items)
         if with_mlm and self.head is None:  # no single head module: the full model's logits, at the mask rows
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
             emb, logits = out.hidden_states[self.layer][rows, mask_pos], out.logits[rows, mask_pos]
