@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ds = build_datastore([args.corpus], args.work / "ds", args.model, limit=args.articles)
     man = Datastore(ds).manifest
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    per_level = {c: max(64, 12 * c) for c in levels}
+    per_level = {c: max(96, 24 * c) for c in levels}  # a few seconds of load per level and client
     pool = lama_queries(args.queries * 4 + 2 * sum(per_level.values()) + max(per_level.values()) + 64, seed=1)
     lat_q = {"raw": pool[: args.queries], "httpx": pool[args.queries : 2 * args.queries]}
     scale_q, rest = pool[2 * args.queries : 3 * args.queries], pool[3 * args.queries :]

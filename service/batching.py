@@ -1,4 +1,9 @@
-"""Micro-batching: concurrent requests are gathered for a few milliseconds into one forward pass.
+"""Micro-batching: concurrent requests are gathered into one forward pass, formed by the model's thread itself.
+
+The model thread takes its next batch the moment its last one ends: whatever queued meanwhile (up to
+``max_batch_size``) goes in at once. An earlier version formed the batches in an asyncio task, so between two
+batches the model waited for the event loop; under load the loop was busy with HTTP work and the model sat
+idle for a few milliseconds per batch. Results go back to the loop in one callback per batch.
 
 The queue is bounded: when it is full, `submit` raises `QueueFull` at once (the API answers 503 with
 Retry-After) instead of letting latency and memory grow without limit.
@@ -7,12 +12,13 @@ Retry-After) instead of letting latency and memory grow without limit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
-from typing import Generic, TypeVar
+from concurrent.futures import Executor, Future
+from typing import Any, Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -23,7 +29,24 @@ class QueueFull(Exception):
     """The batching queue is full; retry later."""
 
 
+def _deliver(pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    """On the event loop: hand each waiter its result (skipping those that gave up, e.g. a client gone)."""
+    for fut, result, error in pairs:
+        if fut.done():
+            continue
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+
 class MicroBatcher(Generic[T, R]):
+    """Batches `submit`ted items into calls of ``fn`` on the thread of ``executor`` (a single-thread pool).
+
+    Between `start` and `stop` that thread runs the batcher's loop; other work for it (for example extra
+    forward passes that must come from the model's thread) goes through `call`, which runs before the next batch.
+    """
+
     def __init__(
         self,
         fn: Callable[[Sequence[T]], Sequence[R]],
@@ -34,80 +57,119 @@ class MicroBatcher(Generic[T, R]):
         max_queue: int = 256,
         on_batch: Callable[[int, float], None] | None = None,
     ):
+        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_ms >= 0")
         self._fn = fn
         self._executor = executor
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
-        self._queue: asyncio.Queue[tuple[T, asyncio.Future[R]]] = asyncio.Queue(maxsize=max_queue)
-        self._task: asyncio.Task[None] | None = None
+        self.max_queue = max_queue
         self._on_batch = on_batch
-        self._busy = False
+        self._items: deque[tuple[T, asyncio.Future[R]]] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._worker: Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        """Items waiting for a batch (read from any thread: a hint)."""
+        return len(self._items)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
+        if self._worker is None:
+            self._loop = asyncio.get_running_loop()
+            self._stopping = False
+            self._worker = self._executor.submit(self._work)
 
     async def stop(self) -> None:
-        """Finish what is queued, then stop."""
-        if self._task is None:
+        """Finish what is queued, then stop; the executor's thread is free again afterwards."""
+        if self._worker is None:
             return
-        while not self._queue.empty() or self._busy:
-            await asyncio.sleep(0.005)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        await asyncio.wrap_future(self._worker)
+        self._worker = None
 
     async def submit(self, item: T) -> R:
-        if self._task is None:
+        if self._worker is None or self._loop is None:
             raise RuntimeError("MicroBatcher.start() was not called")
-        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        try:
-            self._queue.put_nowait((item, fut))
-        except asyncio.QueueFull:
-            raise QueueFull(f"{self._queue.maxsize} queries are already waiting") from None
+        fut: asyncio.Future[R] = self._loop.create_future()
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the batcher is stopping")
+            if len(self._items) >= self.max_queue:
+                raise QueueFull(f"{self.max_queue} queries are already waiting")
+            self._items.append((item, fut))
+            self._cond.notify()
         return await fut
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            self._busy = False
-            first = await self._queue.get()
-            self._busy = True
-            batch = [first]
-            # Continuous batching: whatever queued up while the model was busy joins this batch at once; an
-            # idle model starts immediately unless max_wait_ms asks it to wait for company.
-            deadline = loop.time() + self.max_wait_s
-            while len(batch) < self.max_batch_size:
-                timeout = deadline - loop.time()
-                if timeout <= 0:
-                    # take whatever is already queued without waiting
-                    try:
-                        batch.append(self._queue.get_nowait())
-                        continue
-                    except asyncio.QueueEmpty:
+    def call(self, fn: Callable[[], R]) -> Future[R]:
+        """Run ``fn`` on the batcher's thread (before its next batch); thread-safe."""
+        if self._worker is None or self._worker.done():
+            return self._executor.submit(fn)
+        fut: Future[R] = Future()
+        with self._cond:
+            self._calls.append((fn, fut))
+            self._cond.notify()
+        return fut
+
+    # ---- the worker thread -------------------------------------------------------------------------------
+
+    def _next(self) -> tuple[Callable[[], Any], Future[Any]] | list[tuple[T, asyncio.Future[R]]] | None:
+        """Wait for work: a `call`, else a batch (after waiting up to max_wait for company); None: stop."""
+        with self._cond:
+            while not self._items and not self._calls and not self._stopping:
+                self._cond.wait()
+            if self._calls:
+                return self._calls.popleft()
+            if not self._items:
+                return None  # stopping, and nothing left
+            if self.max_wait_s > 0 and len(self._items) < self.max_batch_size and not self._stopping:
+                deadline = time.monotonic() + self.max_wait_s
+                while len(self._items) < self.max_batch_size and not self._stopping:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
                         break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), timeout))
-                except TimeoutError:
-                    break
-            live = [(x, f) for x, f in batch if not f.done()]
+                    self._cond.wait(remaining)
+            n = min(self.max_batch_size, len(self._items))
+            return [self._items.popleft() for _ in range(n)]
+
+    def _work(self) -> None:
+        assert self._loop is not None
+        loop = self._loop
+        while True:
+            work = self._next()
+            if work is None:
+                return
+            if isinstance(work, tuple):
+                fn, cfut = work
+                if cfut.set_running_or_notify_cancel():
+                    try:
+                        cfut.set_result(fn())
+                    except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                        cfut.set_exception(exc)
+                continue
+            live = [(x, f) for x, f in work if not f.done()]  # a waiter that gave up is not computed
             if not live:
                 continue
             t0 = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self._executor, self._fn, [x for x, _ in live])
+                results = self._fn([x for x, _ in live])
+                pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = [
+                    (f, r, None) for (_, f), r in zip(live, results, strict=True)
+                ]
             except Exception as exc:  # the whole batch failed: every waiter gets the error
-                for _, f in live:
-                    if not f.done():
-                        f.set_exception(exc)
-                continue
+                logger.debug("batch of %d failed: %s", len(live), exc)
+                pairs = [(f, None, exc) for _, f in live]
             if self._on_batch:
-                self._on_batch(len(live), time.perf_counter() - t0)
-            for (_, f), r in zip(live, results, strict=True):
-                if not f.done():
-                    f.set_result(r)
+                try:
+                    self._on_batch(len(live), time.perf_counter() - t0)
+                except Exception:  # a metrics hook never stops the model
+                    logger.exception("on_batch hook failed")
+            try:
+                loop.call_soon_threadsafe(_deliver, pairs)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return

@@ -86,11 +86,12 @@ class AsyncAnswerer:
 
     @pipeline.setter
     def pipeline(self, pipeline: AnswerPipeline) -> None:
-        # A whole-word pipeline runs extra forward passes (sequential fill) from the kNN pool: on the model thread.
+        # A whole-word pipeline runs extra forward passes (sequential fill) from the kNN pool: on the model thread,
+        # which the batcher's loop occupies, so they go through it.
         self._pipeline = pipeline
         words = getattr(pipeline, "words", None)
         if words is not None:
-            words.run_model = lambda fn: self._model_thread.submit(fn).result()
+            words.run_model = lambda fn: self.batcher.call(fn).result()
 
     def _encode_batch(self, jobs: Sequence[_Job]) -> list[_Encoded]:
         # Retrieval (Lucene, its own thread) runs during this batch's forward pass. Started here rather than

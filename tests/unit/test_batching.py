@@ -55,3 +55,69 @@ def test_full_queue_refuses_at_once_and_errors_reach_every_waiter():
         await b.stop()
 
     asyncio.run(main())
+
+
+def test_what_queues_during_a_batch_is_the_next_batch_and_runs_on_the_same_thread():
+    """Continuous batching: the model thread takes everything that queued while it was busy, at once."""
+    started, gate = threading.Event(), threading.Event()
+    calls: list[list[int]] = []
+    threads: set[int] = set()
+
+    def fn(items):
+        threads.add(threading.get_ident())
+        calls.append(list(items))
+        if items == [0]:
+            started.set()
+            gate.wait(5)
+        return [x + 100 for x in items]
+
+    async def main():
+        b = MicroBatcher(fn, executor=ThreadPoolExecutor(1), max_batch_size=4, max_wait_ms=0, max_queue=100)
+        b.start()
+        first = asyncio.ensure_future(b.submit(0))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        rest = [asyncio.ensure_future(b.submit(i)) for i in range(1, 7)]
+        await asyncio.sleep(0.02)
+        assert b.depth == 6
+        # other work for the model's thread runs there, before the next batch
+        side = b.call(lambda: (threading.get_ident(), list(calls)))
+        gate.set()
+        ident, seen = await asyncio.wrap_future(side)
+        results = [await first, *[await r for r in rest]]
+        await b.stop()
+        return results, ident, seen
+
+    results, ident, seen = asyncio.run(main())
+    assert results == [100 + i for i in range(7)]
+    assert calls == [[0], [1, 2, 3, 4], [5, 6]]  # max_batch_size respected, nothing left waiting
+    assert seen == [[0]]  # the call ran before the second batch
+    assert threads == {ident}
+
+
+def test_stop_finishes_queued_items_and_cancelled_waiters_are_skipped():
+    gate = threading.Event()
+    computed: list[int] = []
+
+    def fn(items):
+        gate.wait(5)
+        computed.extend(items)
+        return list(items)
+
+    async def main():
+        b = MicroBatcher(fn, executor=ThreadPoolExecutor(1), max_batch_size=1, max_wait_ms=0, max_queue=10)
+        b.start()
+        first = asyncio.ensure_future(b.submit(1))
+        await asyncio.sleep(0.02)
+        gone = asyncio.ensure_future(b.submit(2))
+        kept = asyncio.ensure_future(b.submit(3))
+        await asyncio.sleep(0.01)
+        gone.cancel()  # e.g. the client went away
+        gate.set()
+        await b.stop()  # drains: 3 is still computed
+        with pytest.raises(RuntimeError, match="start"):
+            await b.submit(4)
+        return await first, await kept
+
+    assert asyncio.run(main()) == (1, 3)
+    assert computed == [1, 3]
