@@ -60,6 +60,8 @@ class CacheStats:
 class InMemoryCache:
     """A bounded LRU in this process: the default when no Redis URL is set."""
 
+    in_process = True  # a look-up never waits on I/O (the service may look up on its event loop)
+
     def __init__(self, max_items: int = 4096):
         self.max_items = max_items
         self._data: OrderedDict[str, bytes] = OrderedDict()

@@ -240,21 +240,31 @@ class AnswerPipeline:
     def _enc_key(self, inp: MaskedInput) -> str:
         return cache_key(self.key_prefix, "enc", self.encoder.weights_sha256, self.encoder.layer, inp.input_ids)
 
+    def _decode(self, raw: bytes | None) -> QueryEncoding | None:
+        if raw is None:
+            return None
+        try:
+            return QueryEncoding.from_bytes(raw, hidden=self.encoder.hidden_size, vocab_size=self.encoder.vocab_size)
+        except CorruptValue as exc:
+            _count_corrupt(self.cache)
+            logger.warning("corrupt cache value ignored (%s)", exc)
+            return None
+
+    def local_encoding(self, inp: MaskedInput) -> QueryEncoding | None:
+        """The cached encoding of ``inp`` when the cache lives in this process (a dictionary look-up, safe on
+        the event loop); None on a miss, or when the cache is remote (Redis: looked up with the batch instead)."""
+        if not getattr(self.cache, "in_process", False):
+            return None
+        enc = self._decode(self.cache.get_many([self._enc_key(inp)])[0])
+        if enc is not None:
+            _count_hits(self.cache, 1, 0)
+        return enc
+
     def encode(self, inputs: Sequence[MaskedInput]) -> tuple[list[QueryEncoding], list[bool]]:
         """Embeddings and p_MLM heads for a batch: cache first, one batched forward pass for the misses."""
         keys = [self._enc_key(x) for x in inputs]
-        cached = self.cache.get_many(keys)
-        out: list[QueryEncoding | None] = [None] * len(inputs)
-        hits = [False] * len(inputs)
-        for i, raw in enumerate(cached):
-            if raw is None:
-                continue
-            try:
-                out[i] = QueryEncoding.from_bytes(raw, hidden=self.encoder.hidden_size, vocab_size=self.encoder.vocab_size)
-                hits[i] = True
-            except CorruptValue as exc:
-                _count_corrupt(self.cache)
-                logger.warning("corrupt cache value ignored (%s)", exc)
+        out: list[QueryEncoding | None] = [self._decode(raw) for raw in self.cache.get_many(keys)]
+        hits = [enc is not None for enc in out]
         todo = [i for i, enc in enumerate(out) if enc is None]
         if todo:
             # the p_MLM entries kept are selected with the forward (`top_entries`), in the model thread

@@ -141,8 +141,13 @@ class AsyncAnswerer:
         t0 = time.perf_counter()
         job = _Job(inp, query, pipe, stage, t0)
         try:
-            self.metrics.queue_depth.set(self.batcher.depth)
-            enc, hit, answer = await self.batcher.submit(job)
+            # A repeated query found in an in-process cache skips the batcher: it never waits behind a forward.
+            cached = pipe.local_encoding(inp)
+            if cached is not None:
+                enc, hit, answer = cached, True, None
+            else:
+                self.metrics.queue_depth.set(self.batcher.depth)
+                enc, hit, answer = await self.batcher.submit(job)
             if answer is None:
                 stage.add("embedding", time.perf_counter() - t0)
                 answer = await self._finish(query, pipe, enc, hit, stage, job.start_retrieval(self._retrieval_thread))

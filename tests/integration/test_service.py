@@ -187,3 +187,43 @@ def test_every_backend_serves_the_same_answers(tiny_datastore: Path) -> None:
             assert [p["token"] for p in got["predictions"]] == [p["token"] for p in want["predictions"]], backend
             np.testing.assert_allclose([p["prob"] for p in got["predictions"]],
                                        [p["prob"] for p in want["predictions"]], rtol=1e-3, atol=1e-5)
+
+
+def test_a_cached_query_does_not_wait_behind_a_busy_model(tiny_datastore: Path) -> None:
+    """With the in-process cache, a repeated query skips the batcher: it is answered while the model thread is
+    busy; a new query waits for the model. Both get the answers the model gave before."""
+    import asyncio
+    import threading
+
+    from service.metrics import Metrics
+    from service.serving import AsyncAnswerer
+    from service.settings import BatchingSettings
+
+    pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
+
+    async def main() -> None:
+        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), Metrics())
+        answerer.start()
+        try:
+            q = Query(QUESTION["text"], subject="zorblat")
+            first = await answerer.answer(q)
+            gate, busy = threading.Event(), threading.Event()
+            blocker = answerer.batcher.call(lambda: (busy.set(), gate.wait(10)))
+            while not busy.is_set():
+                await asyncio.sleep(0.001)
+            again = await asyncio.wait_for(answerer.answer(q), 5)  # the model thread is blocked meanwhile
+            new = asyncio.ensure_future(answerer.answer(Query("quimby is a small [MASK] near the sea .")))
+            await asyncio.sleep(0.2)
+            assert not new.done()  # an uncached query needs the model
+            gate.set()
+            await asyncio.wrap_future(blocker)
+            assert (await new).predictions
+            assert first.cache["encoding"] == "miss" and again.cache["encoding"] == "hit"
+            assert [(p.token, p.prob) for p in again.predictions] == [(p.token, p.prob) for p in first.predictions]
+        finally:
+            await answerer.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        pipe.close()
