@@ -177,20 +177,39 @@ def scaled_copy(base: Path, factor: int, out: Path, seed: int = 0) -> Path:
     return out
 
 
+def int_list(minimum: int) -> Any:
+    """An argparse type: comma-separated integers >= ``minimum`` ('' for none), checked before anything runs."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give comma-separated whole numbers, e.g. 1,8,32 (an empty string for none)"
+            ) from None
+        if any(v < minimum for v in values):
+            raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least {minimum}")
+        return values
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__)
     p.add_argument("--model", default=str(PROXY_MODEL))
     p.add_argument("--corpus", type=Path, default=REPO / "data" / "sample_wiki.jsonl")
     p.add_argument("--articles", type=int, default=150)
     p.add_argument("--queries", type=int, default=80, help="distinct queries for the latency runs")
-    p.add_argument("--concurrency", default="1,8,32")
-    p.add_argument("--scale", default="10,100", help="datastore size factors ('' to skip)")
+    p.add_argument("--concurrency", type=int_list(1), default="1,8,32", help="concurrent clients per throughput run")
+    p.add_argument("--scale", type=int_list(2), default="10,100", help="datastore size factors ('' to skip)")
     p.add_argument("--work", type=Path, default=RUNS / "bench-serving")
     p.add_argument("--threads", type=int, default=0, help="torch threads for the bare forward and the service (0 = "
                    "the service's default: the CPU quota less one)")
-    p.add_argument("--backend", choices=["auto", "eager", "torchscript"], default="auto",
+    p.add_argument("--backend", choices=["auto", "eager", "torchscript", "onnx"], default="auto",
                    help="forward backend of the bare forward and the service (default: the service's, auto)")
     args = p.parse_args(argv)
+    if args.queries < 10 or args.articles < 1 or args.threads < 0:
+        p.error("--queries must be at least 10, --articles at least 1, --threads at least 0")
 
     from service.main import default_threads
 
@@ -199,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend}
     ds = build_datastore([args.corpus], args.work / "ds", args.model, limit=args.articles)
     man = Datastore(ds).manifest
-    levels = [int(c) for c in args.concurrency.split(",") if c]
+    levels: list[int] = args.concurrency
     per_level = {c: max(96, 24 * c) for c in levels}  # a few seconds of load per level and client
     pool = lama_queries(args.queries * 4 + 2 * sum(per_level.values()) + max(per_level.values()) + 64, seed=1)
     lat_q = {"raw": pool[: args.queries], "httpx": pool[args.queries : 2 * args.queries]}
@@ -262,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 }  # fmt: skip
     result["bare_forward_ms"] = ms(percentiles(all_bare))
 
-    factors = [int(f) for f in args.scale.split(",") if f]
+    factors: list[int] = args.scale
     if factors:
         scale: dict = {}
         with running_service(ds, env=env) as url:
