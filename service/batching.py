@@ -69,6 +69,7 @@ class MicroBatcher(Generic[T, R]):
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._running = False  # the worker is inside fn
         self._worker: Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -76,6 +77,11 @@ class MicroBatcher(Generic[T, R]):
     def depth(self) -> int:
         """Items waiting for a batch (read from any thread: a hint)."""
         return len(self._items)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a batch is being computed now, so that a new item will wait (a hint)."""
+        return self._running or bool(self._items)
 
     def start(self) -> None:
         if self._worker is None:
@@ -156,6 +162,7 @@ class MicroBatcher(Generic[T, R]):
             if not live:
                 continue
             t0 = time.perf_counter()
+            self._running = True
             try:
                 results = self._fn([x for x, _ in live])
                 pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = [
@@ -164,6 +171,8 @@ class MicroBatcher(Generic[T, R]):
             except Exception as exc:  # the whole batch failed: every waiter gets the error
                 logger.debug("batch of %d failed: %s", len(live), exc)
                 pairs = [(f, None, exc) for _, f in live]
+            finally:
+                self._running = False
             if self._on_batch:
                 try:
                     self._on_batch(len(live), time.perf_counter() - t0)

@@ -77,6 +77,7 @@ def test_what_queues_during_a_batch_is_the_next_batch_and_runs_on_the_same_threa
         first = asyncio.ensure_future(b.submit(0))
         while not started.is_set():
             await asyncio.sleep(0.001)
+        assert b.busy and b.depth == 0  # computing: a new item would wait
         rest = [asyncio.ensure_future(b.submit(i)) for i in range(1, 7)]
         await asyncio.sleep(0.02)
         assert b.depth == 6
@@ -85,6 +86,10 @@ def test_what_queues_during_a_batch_is_the_next_batch_and_runs_on_the_same_threa
         gate.set()
         ident, seen = await asyncio.wrap_future(side)
         results = [await first, *[await r for r in rest]]
+        deadline = asyncio.get_running_loop().time() + 5
+        while b.busy and asyncio.get_running_loop().time() < deadline:  # the worker leaves fn after delivering
+            await asyncio.sleep(0.001)
+        assert not b.busy
         await b.stop()
         return results, ident, seen
 
