@@ -56,7 +56,10 @@ class MicroBatcher(Generic[T, R]):
         max_wait_ms: float = 2.0,
         max_queue: int = 256,
         on_batch: Callable[[int, float], None] | None = None,
+        after_delivery: Callable[[], None] | None = None,
     ):
+        """``after_delivery``: called on the worker thread once a batch's results are on their way to the
+        waiters (work that no request needs to wait for, e.g. cache writes)."""
         if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
             raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_ms >= 0")
         self._fn = fn
@@ -65,6 +68,7 @@ class MicroBatcher(Generic[T, R]):
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
         self._on_batch = on_batch
+        self._after_delivery = after_delivery
         self._items: deque[tuple[T, asyncio.Future[R]]] = deque()
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._cond = threading.Condition()
@@ -182,3 +186,8 @@ class MicroBatcher(Generic[T, R]):
                 loop.call_soon_threadsafe(_deliver, pairs)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return
+            if self._after_delivery:
+                try:
+                    self._after_delivery()
+                except Exception:  # e.g. a cache write: never stops the model
+                    logger.exception("after_delivery hook failed")

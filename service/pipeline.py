@@ -260,8 +260,15 @@ class AnswerPipeline:
             _count_hits(self.cache, 1, 0)
         return enc
 
-    def encode(self, inputs: Sequence[MaskedInput]) -> tuple[list[QueryEncoding], list[bool]]:
-        """Embeddings and p_MLM heads for a batch: cache first, one batched forward pass for the misses."""
+    def encode(
+        self, inputs: Sequence[MaskedInput], *, defer_store: list[Callable[[], None]] | None = None
+    ) -> tuple[list[QueryEncoding], list[bool]]:
+        """Embeddings and p_MLM heads for a batch: cache first, one batched forward pass for the misses.
+
+        ``defer_store``: with a remote cache (Redis), instead of writing the new encodings before returning,
+        append the write to this list: the service runs it after the answers went out, so the network round
+        trip is off the requests' path. (An in-process cache is written at once: it costs microseconds.)
+        """
         keys = [self._enc_key(x) for x in inputs]
         out: list[QueryEncoding | None] = [self._decode(raw) for raw in self.cache.get_many(keys)]
         hits = [enc is not None for enc in out]
@@ -271,12 +278,19 @@ class AnswerPipeline:
             result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True, mlm_top=self.mlm_top_entries)
             assert result.mlm_top is not None
             top_log_probs, top_ids = result.mlm_top
-            fresh: dict[str, bytes] = {}
+            fresh: dict[str, QueryEncoding] = {}
             for j, i in enumerate(todo):
                 enc = QueryEncoding.from_top(result.embeddings[j], top_log_probs[j], top_ids[j], self.encoder.vocab_size)
-                out[i] = enc
-                fresh[keys[i]] = enc.to_bytes()
-            self.cache.set_many(fresh)
+                out[i] = fresh[keys[i]] = enc
+            cache = self.cache
+
+            def store() -> None:
+                cache.set_many({key: enc.to_bytes() for key, enc in fresh.items()})
+
+            if defer_store is None or getattr(cache, "in_process", False):  # in-process: as cheap as deferring
+                store()
+            else:
+                defer_store.append(store)
         _count_hits(self.cache, sum(hits), len(hits) - sum(hits))
         return [e for e in out if e is not None], hits
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -78,7 +78,9 @@ class AsyncAnswerer:
             max_wait_ms=batching.max_wait_ms,
             max_queue=batching.max_queue,
             on_batch=lambda n, s: metrics.batch_size.observe(n),
+            after_delivery=self._store_encodings,
         )
+        self._deferred: list[Callable[[], None]] = []  # cache writes of the last batch (model thread only)
 
     @property
     def pipeline(self) -> AnswerPipeline:
@@ -100,12 +102,17 @@ class AsyncAnswerer:
         # (measured: +0.6 ms per query at 1 client). A query that had to wait started it on arrival.
         for job in jobs:
             job.start_retrieval(self._retrieval_thread)
-        encs, hits = self.pipeline.encode([j.inp for j in jobs])
+        encs, hits = self.pipeline.encode([j.inp for j in jobs], defer_store=self._deferred)
         idle = len(jobs) == 1 and self.batcher.depth == 0  # (read from this thread: a hint, not a promise)
         return [
             (enc, hit, self._finish_here(job, enc, hit) if idle else None)
             for job, enc, hit in zip(jobs, encs, hits, strict=True)
         ]
+
+    def _store_encodings(self) -> None:
+        """After a batch's answers went out: its new encodings into the cache (on the model thread)."""
+        while self._deferred:
+            self._deferred.pop()()
 
     def _finish_here(self, job: _Job, enc: QueryEncoding, hit: bool) -> Answer | None:
         """The rest of the query on the model thread, when that costs nobody a wait; None: the pool does it.

@@ -129,9 +129,18 @@ def test_probabilities_sum_to_one(tiny_datastore):
 
 
 def test_redis_cache_hit_then_redis_killed_answers_stay_correct(tiny_datastore, redis_server):
+    import time
+
+    import redis
+
     settings = _settings(tiny_datastore, redis_url=redis_server.url, key_prefix="t1")
     with TestClient(create_app(settings)) as c:
         first = c.post("/predict", json=QUESTION).json()
+        # the encoding is written to Redis after the answer went out (off the request's path): wait for it
+        r = redis.Redis.from_url(redis_server.url)
+        deadline = time.monotonic() + 5
+        while not r.keys("t1:enc:*") and time.monotonic() < deadline:
+            time.sleep(0.005)
         second = c.post("/predict", json=QUESTION).json()
         assert first["cache"] == {"encoding": "miss", "retrieval": "miss"}
         assert second["cache"] == {"encoding": "hit", "retrieval": "hit"}

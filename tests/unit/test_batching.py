@@ -126,3 +126,27 @@ def test_stop_finishes_queued_items_and_cancelled_waiters_are_skipped():
 
     assert asyncio.run(main()) == (1, 3)
     assert computed == [1, 3]
+
+
+def test_after_delivery_runs_once_per_batch_after_the_results_and_its_failures_stop_nothing():
+    events: list[str] = []
+
+    def fn(items):
+        events.append(f"batch {list(items)}")
+        return list(items)
+
+    def after():
+        events.append("after")
+        if len(events) == 2:
+            raise RuntimeError("a cache write failed")
+
+    async def main():
+        b = MicroBatcher(fn, executor=ThreadPoolExecutor(1), max_batch_size=8, max_wait_ms=0, after_delivery=after)
+        b.start()
+        first = await b.submit(1)
+        second = await b.submit(2)  # the hook's failure above did not stop the worker
+        await b.stop()
+        return first, second
+
+    assert asyncio.run(main()) == (1, 2)
+    assert events == ["batch [1]", "after", "batch [2]", "after"]
