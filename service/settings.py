@@ -108,7 +108,7 @@ class ServiceSettings(BaseSettings):
         "-XX:TieredStopAtLevel=1",
         description="options for the JVM that runs Lucene (BM25), separated by spaces. The default compiles with "
         "the C1 JIT only: on 2 cores the C2 compiler kept taking CPU from the model for thousands of queries, "
-        "while BM25's steady-state latency stayed the same (README, "Performance"); '' keeps the JVM's defaults",
+        "while BM25's steady-state latency stayed the same (the README, section Performance); '' keeps the JVM's defaults",
     )
     limits: LimitSettings = Field(default_factory=LimitSettings)
     defaults: DefaultsSettings = Field(default_factory=DefaultsSettings)
