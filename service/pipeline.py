@@ -401,8 +401,9 @@ class AnswerPipeline:
         else:
             (best, mlm_top), p = fast, None
         preds = []
+        ranks = _ranks_by_label(nbrs.labels, {t for t, _ in best}, query.contexts_per_answer) if query.return_contexts else {}
         for token_id, prob in best:
-            contexts = self._contexts(nbrs, token_id, query.contexts_per_answer) if query.return_contexts else []
+            contexts = self._contexts(nbrs, ranks.get(token_id, []))
             preds.append(
                 Prediction(self.token(token_id), token_id, prob, float(p_mlm[token_id]), float(p_knn[token_id]), contexts)
             )
@@ -421,9 +422,10 @@ class AnswerPipeline:
             counts[title] = counts.get(title, 0) + 1
         return [ArticleHit(t, float(c), "none") for t, c in sorted(counts.items(), key=lambda x: -x[1])]
 
-    def _contexts(self, nbrs: Neighbours, token_id: int, limit: int) -> list[Context]:
+    def _contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
+        """The stored sentences of the neighbours at these ranks (0-based), the word in ``**bold**``."""
         out = []
-        for rank in np.flatnonzero(nbrs.labels == token_id)[:limit]:
+        for rank in ranks:
             ref = self.datastore.context(int(nbrs.rows[rank]))
             a, b = ref.span
             marked = f"{ref.sentence[:a]}**{ref.sentence[a:b]}**{ref.sentence[b:]}"
@@ -591,6 +593,18 @@ def _open_global_knn(datastore: Datastore) -> object:
     from service.retrieval.global_knn import IvfPqKnn
 
     return IvfPqKnn(datastore)
+
+
+def _ranks_by_label(labels: np.ndarray, wanted: set[int], limit: int) -> dict[int, list[int]]:
+    """For each wanted label, the ranks (0-based, nearest first) of its first ``limit`` neighbours: one pass over
+    the neighbours for all answers (instead of one comparison of every neighbour per answer)."""
+    out: dict[int, list[int]] = {}
+    for rank, label in enumerate(labels.tolist()):
+        if label in wanted:
+            ranks = out.setdefault(label, [])
+            if len(ranks) < limit:
+                ranks.append(rank)
+    return out
 
 
 def _count_hits(cache: Cache, hits: int, misses: int) -> None:

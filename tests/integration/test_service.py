@@ -236,3 +236,26 @@ def test_a_cached_query_does_not_wait_behind_a_busy_model(tiny_datastore: Path) 
         asyncio.run(main())
     finally:
         pipe.close()
+
+
+def test_contexts_are_each_answers_nearest_neighbours_in_rank_order(tiny_datastore: Path) -> None:
+    """Every listed context is a neighbour labelled with that answer, nearest first, at most contexts_per_answer,
+    and none is missing: checked against the neighbours themselves."""
+    pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
+    try:
+        for text, limit in (("[MASK] is a large city with a famous bridge .", 2), ("zorblat wrote many [MASK] .", 1)):
+            q = Query(text, num_articles=6, k=40, top_k=8, contexts_per_answer=limit)
+            inp = pipe.check_query(q)
+            (enc,), _ = pipe.encode([inp])
+            articles, _ = pipe.retrieve(q)
+            nbrs = pipe.neighbours(q, enc, articles)
+            answer = pipe.predict(q)
+            assert any(p.contexts for p in answer.predictions)
+            for pred in answer.predictions:
+                want = [int(r) + 1 for r in np.flatnonzero(nbrs.labels == pred.token_id)[:limit]]
+                assert [c.rank for c in pred.contexts] == want
+                for c in pred.contexts:
+                    assert c.distance == pytest.approx(float(nbrs.distances[c.rank - 1]))
+                    assert f"**{pred.token}**" in c.sentence.lower()
+    finally:
+        pipe.close()
