@@ -12,7 +12,9 @@ Retry-After) instead of letting latency and memory grow without limit.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures.thread as _cf_thread
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -27,6 +29,12 @@ R = TypeVar("R")
 
 class QueueFull(Exception):
     """The batching queue is full; retry later."""
+
+
+def _interpreter_exiting() -> bool:
+    """True once Python has begun to exit. ``concurrent.futures`` sets its (private) flag before it joins its
+    worker threads, so it is read defensively; the other two tests are public but come later in the exit."""
+    return bool(getattr(_cf_thread, "_shutdown", False)) or sys.is_finalizing() or not threading.main_thread().is_alive()
 
 
 def _deliver(pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
@@ -132,7 +140,10 @@ class MicroBatcher(Generic[T, R]):
         """Wait for work: a `call`, else a batch (after waiting up to max_wait for company); None: stop."""
         with self._cond:
             while not self._items and not self._calls and not self._stopping:
-                self._cond.wait()
+                # wakes now and then: at interpreter exit (the main thread gone) a batcher nobody stopped lets its
+                # thread end, instead of keeping the process from exiting
+                if not self._cond.wait(timeout=0.5) and _interpreter_exiting():
+                    return None
             if self._calls:
                 return self._calls.popleft()
             if not self._items:

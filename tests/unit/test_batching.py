@@ -150,3 +150,25 @@ def test_after_delivery_runs_once_per_batch_after_the_results_and_its_failures_s
 
     assert asyncio.run(main()) == (1, 2)
     assert events == ["batch [1]", "after", "batch [2]", "after"]
+
+
+def test_a_batcher_nobody_stopped_does_not_keep_the_process_alive():
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import asyncio\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from service.batching import MicroBatcher\n"
+        "async def main():\n"
+        "    b = MicroBatcher(lambda xs: list(xs), executor=ThreadPoolExecutor(1), max_wait_ms=0)\n"
+        "    b.start()\n"
+        "    print(await b.submit(7))\n"  # and no stop()
+        "asyncio.run(main())\n"
+    )
+    t = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "7"
+    assert time.monotonic() - t < 20
