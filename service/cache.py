@@ -37,6 +37,10 @@ class CacheStatus:
 
 
 class Cache(Protocol):
+    # True: a look-up never waits on I/O, so the service may look up on its event loop and writes cost nothing
+    # worth deferring; False: a network round trip (looked up with the batch, written after the answers)
+    in_process: bool
+
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
 
     def set_many(self, items: dict[str, bytes]) -> None: ...
@@ -60,7 +64,7 @@ class CacheStats:
 class InMemoryCache:
     """A bounded LRU in this process: the default when no Redis URL is set."""
 
-    in_process = True  # a look-up never waits on I/O (the service may look up on its event loop)
+    in_process = True
 
     def __init__(self, max_items: int = 4096):
         self.max_items = max_items
@@ -102,6 +106,8 @@ class RedisCache:
     After an error the cache is bypassed for ``backoff_s`` (doubling up to ``max_backoff_s``); the next call
     after that probes Redis again. Requests never fail because of the cache.
     """
+
+    in_process = False
 
     def __init__(
         self,

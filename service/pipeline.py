@@ -253,7 +253,7 @@ class AnswerPipeline:
     def local_encoding(self, inp: MaskedInput) -> QueryEncoding | None:
         """The cached encoding of ``inp`` when the cache lives in this process (a dictionary look-up, safe on
         the event loop); None on a miss, or when the cache is remote (Redis: looked up with the batch instead)."""
-        if not getattr(self.cache, "in_process", False):
+        if not self.cache.in_process:
             return None
         enc = self._decode(self.cache.get_many([self._enc_key(inp)])[0])
         if enc is not None:
@@ -287,7 +287,7 @@ class AnswerPipeline:
             def store() -> None:
                 cache.set_many({key: enc.to_bytes() for key, enc in fresh.items()})
 
-            if defer_store is None or getattr(cache, "in_process", False):  # in-process: as cheap as deferring
+            if defer_store is None or cache.in_process:
                 store()
             else:
                 defer_store.append(store)

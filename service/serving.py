@@ -28,7 +28,8 @@ class _Job:
     pipe: AnswerPipeline  # the datastore version the request holds
     stage: Stage
     submitted: float
-    retrieval: Future[_Retrieved] | None = None  # started by the model thread, as its forward pass starts
+    # started on arrival when the model is busy, else by the model thread as the forward pass starts
+    retrieval: Future[_Retrieved] | None = None
 
     def start_retrieval(self, executor: ThreadPoolExecutor) -> Future[_Retrieved]:
         if self.retrieval is None:
