@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,26 +65,57 @@ def _host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
+_Post = Callable[[dict], tuple[int, bytes]]
+_AsyncPost = Callable[[dict], Awaitable[tuple[int, bytes]]]
+
+
+@contextlib.contextmanager
+def _poster(url: str, kind: str) -> Iterator[_Post]:
+    """POST /predict over one keep-alive connection of a `CLIENTS` kind: payload -> (status, body)."""
+    if kind == "raw":
+        with RawClient(*_host_port(url)) as raw:
+            yield lambda payload: raw.post_json("/predict", payload)
+        return
+    with httpx.Client(base_url=url, timeout=60) as c:
+
+        def post(payload: dict) -> tuple[int, bytes]:
+            r = c.post("/predict", json=payload)
+            return r.status_code, r.content
+
+        yield post
+
+
+@contextlib.asynccontextmanager
+async def _async_posters(url: str, kind: str, n: int) -> AsyncIterator[list[_AsyncPost]]:
+    """``n`` concurrent POST /predict callers of a `CLIENTS` kind (raw: one connection each; httpx: one pool)."""
+    if kind == "raw":
+        conns = [AsyncRawClient(*_host_port(url)) for _ in range(n)]
+        try:
+            yield [functools.partial(c.post_json, "/predict") for c in conns]
+        finally:
+            for c in conns:
+                await c.close()
+        return
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=n)) as client:
+
+        async def post(payload: dict) -> tuple[int, bytes]:
+            r = await client.post("/predict", json=payload)
+            return r.status_code, r.content
+
+        yield [post] * n
+
+
 def http_latencies(url: str, queries: list[tuple[str, str]], client: str = "httpx") -> tuple[list[float], list[dict]]:
     """Seconds per sequential /predict over one keep-alive connection, and the response bodies."""
     out, bodies = [], []
-    if client == "raw":
-        with RawClient(*_host_port(url)) as raw:
-            for text, subject in queries:
-                t = time.perf_counter()
-                status, body = raw.post_json("/predict", {"text": text, "subject": subject, "return_contexts": True})
-                out.append(time.perf_counter() - t)
-                if status != 200:
-                    raise RuntimeError(f"/predict answered {status}: {body[:200]!r}")
-                bodies.append(json.loads(body))
-        return out, bodies
-    with httpx.Client(base_url=url, timeout=60) as c:
+    with _poster(url, client) as post:
         for text, subject in queries:
             t = time.perf_counter()
-            r = c.post("/predict", json={"text": text, "subject": subject, "return_contexts": True})
+            status, body = post({"text": text, "subject": subject, "return_contexts": True})
             out.append(time.perf_counter() - t)
-            r.raise_for_status()
-            bodies.append(r.json())
+            if status != 200:
+                raise RuntimeError(f"/predict answered {status}: {body[:200]!r}")
+            bodies.append(json.loads(body))
     return out, bodies
 
 
@@ -96,39 +129,19 @@ async def _load(url: str, queries: list[tuple[str, str]], concurrency: int, kind
     """Every query once, `concurrency` clients (of `CLIENTS`' ``kind``) at a time; returns (seconds, ok, errors)."""
     it = iter(queries)
     ok = err = 0
-    if kind == "raw":
-        conns = [AsyncRawClient(*_host_port(url)) for _ in range(concurrency)]
 
-        async def raw_worker(conn: AsyncRawClient) -> None:
-            nonlocal ok, err
-            for text, subject in it:
-                status, _ = await conn.post_json("/predict", {"text": text, "subject": subject})
-                if status == 200:
-                    ok += 1
-                else:
-                    err += 1
-
-        t = time.perf_counter()
-        try:
-            await asyncio.gather(*(raw_worker(c) for c in conns))
-            return time.perf_counter() - t, ok, err
-        finally:
-            for c in conns:
-                await c.close()
-
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(post: _AsyncPost) -> None:
         nonlocal ok, err
         for text, subject in it:
-            r = await client.post("/predict", json={"text": text, "subject": subject})
-            if r.status_code == 200:
+            status, _ = await post({"text": text, "subject": subject})
+            if status == 200:
                 ok += 1
             else:
                 err += 1
 
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+    async with _async_posters(url, kind, concurrency) as posters:
         t = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(p) for p in posters))
         return time.perf_counter() - t, ok, err
 
 
