@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import json
 import os
 import statistics
 import subprocess
@@ -166,8 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     timers.samples.clear()
     run = subprocess.run([sys.executable, "-c", _CLIENT, str(port), str(args.queries), str(warm)], env=env, cwd=REPO,
                          check=True, capture_output=True, text=True)  # fmt: skip
-    import json
-
     client = json.loads(run.stdout.strip().splitlines()[-1])
     in_service = dict(timers.samples)
 
