@@ -41,6 +41,7 @@ counts them as ``superseded_*``. Only shards an ``add`` made may repeat a title 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -383,6 +384,7 @@ class Datastore:
         offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum([s.info.rows for s in self.shards], out=offsets[1:])
         self.shard_offsets = offsets  # global row id = shard_offsets[shard] + row
+        self._offsets = offsets.tolist()  # the same as Python ints: `locate` bisects it (per neighbour, per query)
         # `add` appends shards; an article in a later shard replaces the same title in earlier ones. The old rows
         # stay in their immutable shard but become unreachable: not in `articles` (restricted kNN, subject
         # lookup), not in `iter_article_texts` (sparse indexes), and in `superseded_rows` (whole-datastore kNN).
@@ -465,8 +467,10 @@ class Datastore:
         return " ".join(self.article_sentences(title))
 
     def locate(self, global_row: int) -> tuple[int, int]:
-        pos = int(np.searchsorted(self.shard_offsets, global_row, side="right") - 1)
-        return pos, int(global_row - self.shard_offsets[pos])
+        """(position in ``shards``, row in that shard) of a global row id."""
+        global_row = int(global_row)
+        pos = bisect.bisect_right(self._offsets, global_row) - 1
+        return pos, global_row - self._offsets[pos]
 
     @property
     def whole_words(self) -> bool:
@@ -486,12 +490,11 @@ class Datastore:
         return out
 
     @cached_property
-    def _row_to_article(self) -> list[tuple[np.ndarray, list[str]]]:
+    def _row_to_article(self) -> list[tuple[list[int], list[str]]]:
         table = []
         for shard in self.shards:
             arts = sorted(shard.articles(), key=lambda a: a["row_start"])
-            starts = np.array([a["row_start"] for a in arts], dtype=np.int64)
-            table.append((starts, [a["title"] for a in arts]))
+            table.append(([int(a["row_start"]) for a in arts], [a["title"] for a in arts]))
         return table
 
     def context(self, global_row: int) -> ContextRef:
@@ -499,9 +502,9 @@ class Datastore:
         pos, row = self.locate(global_row)
         shard = self.shards[pos]
         starts, titles = self._row_to_article[pos]
-        article = titles[int(np.searchsorted(starts, row, side="right") - 1)]
-        span = shard.spans[row]
-        return ContextRef(article, shard.sentence(int(shard.sentence_ids[row])), (int(span[0]), int(span[1])))
+        article = titles[bisect.bisect_right(starts, row) - 1]
+        a, b = shard.spans[row].tolist()
+        return ContextRef(article, shard.sentence(int(shard.sentence_ids[row])), (a, b))
 
 
 def validate_datastore(root: Path | str, *, hashes: bool = True, manifest: Manifest | None = None) -> list[str]:

@@ -69,6 +69,13 @@ class QueryEncoding:
             object.__setattr__(self, "_p_mlm", cached)
         return cached
 
+    def rest_p_mlm(self) -> float | None:
+        """p_MLM of every id not stored (the value `p_mlm` has there); None when every id is stored."""
+        if len(self.top_ids) >= self.vocab_size:
+            return None
+        self.p_mlm()
+        return float(self.__dict__["_rest"])
+
     def _full_p_mlm(self) -> np.ndarray:
         top = self.top_probs.astype(np.float64)
         rest = self.vocab_size - len(top)
@@ -76,7 +83,9 @@ class QueryEncoding:
         fill = max(0.0, 1.0 - stored) / rest if rest else 0.0
         total = stored + fill * rest  # normalised to sum 1 (float16 rounding of the stored entries)
         # one float32 array (a float64 temporary the size of the vocabulary cost more than the rest together)
-        p = np.full(self.vocab_size, fill / total, dtype=np.float32)
+        rest_value = np.float32(fill / total)
+        object.__setattr__(self, "_rest", rest_value)
+        p = np.full(self.vocab_size, rest_value, dtype=np.float32)
         p[self.top_ids] = (top / total).astype(np.float32)
         return p
 

@@ -53,8 +53,10 @@ def top_k(p: np.ndarray, k: int, *, nonzero: bool = False) -> list[tuple[int, fl
     k = min(k, len(p))
     if k <= 0:
         return []
-    idx = np.argpartition(-p, k - 1)[:k]
-    idx = idx[np.lexsort((idx, -p[idx]))]
+    # every entry at or above the k-th largest value (argpartition alone would pick among ties at the boundary
+    # arbitrarily, not by lower id)
+    idx = np.flatnonzero(p >= np.partition(p, len(p) - k)[len(p) - k])
+    idx = idx[np.lexsort((idx, -p[idx]))][:k]
     return [(int(i), float(p[i])) for i in idx if not nonzero or p[i] > 0]
 
 
@@ -77,30 +79,73 @@ def top_k_among(ids: np.ndarray, values: np.ndarray, k: int, rest: float | None)
 
 
 def interpolated_top_k(
-    p_mlm: np.ndarray, mlm_ids: np.ndarray, knn_ids: np.ndarray, knn_probs: np.ndarray, lam: float, k: int
+    p_mlm: np.ndarray,
+    mlm_ids: np.ndarray,
+    knn_ids: np.ndarray,
+    knn_probs: np.ndarray,
+    lam: float,
+    k: int,
+    *,
+    mlm_rest: float | None,
 ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]] | None:
     """Top k of p = lam p_kNN + (1 - lam) p_MLM and of p_MLM, without touching the whole vocabulary.
 
-    ``mlm_ids``: the ids whose p_MLM is stored exactly (every other id has one shared remainder value). Each
-    candidate's p is computed exactly as `interpolate` computes it, so the answer is the same; None when the
-    remainder could reach the top k (the caller then uses the dense path).
+    ``mlm_ids``: the ids whose p_MLM is stored exactly (every other id has one shared remainder value,
+    ``mlm_rest``; None when there is no other id). Each candidate's p is computed exactly as `interpolate`
+    computes it, so the answer is the same; None when the remainder could reach the top k (the caller then uses
+    the dense path).
+
+    When ``mlm_ids`` come most probable first (as `QueryEncoding` stores them), only their first k + |kNN ids|
+    (and any ties with the last of those) can reach either top k besides the kNN ids: the rest of the ranking
+    runs on those few hundred candidates instead of thousands, and falls back to all stored ids only when
+    something left out could tie with the k-th answer.
     """
     if not 0.0 <= lam <= 1.0:
         raise ValueError("lambda must be in [0, 1]")
-    both = np.sort(np.concatenate((mlm_ids, knn_ids)).astype(np.int64))
-    cand = both[np.concatenate(([True], both[1:] != both[:-1]))] if len(both) else both  # union (np.union1d: slow)
+    n = len(mlm_ids)
+    m = min(n, k + len(knn_ids))
+    if 0 < m < n:
+        pm_sorted = p_mlm[mlm_ids]
+        if (pm_sorted[1:] <= pm_sorted[:-1]).all():  # most probable first: the head is the first m
+            m = int(np.searchsorted(-pm_sorted, -pm_sorted[m - 1], side="right"))  # with the m-th's ties
+            if m < n:
+                # every id left out has no kNN mass and p_MLM at most this (a stored one, or the remainder)
+                bound = pm_sorted[m] if mlm_rest is None else max(pm_sorted[m], np.float32(mlm_rest))
+                got = _ranked(p_mlm, _union(mlm_ids[:m], knn_ids), knn_ids, knn_probs, lam, k, np.float32(bound))
+                if got is not None:
+                    return got
+    cand = _union(mlm_ids, knn_ids)
     outside = None
     if len(cand) < len(p_mlm):
         # any id outside the stored ones holds the remainder value; find one without scanning the vocabulary
         ext = np.concatenate(([-1], cand, [len(p_mlm)]))
         outside = int(ext[np.flatnonzero(np.diff(ext) > 1)[0]] + 1)
+    return _ranked(p_mlm, cand, knn_ids, knn_probs, lam, k, None if outside is None else p_mlm[outside])
+
+
+def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted distinct ids of both (np.union1d is slower)."""
+    both = np.sort(np.concatenate((a, b)).astype(np.int64))
+    return both[np.concatenate(([True], both[1:] != both[:-1]))] if len(both) else both
+
+
+def _ranked(
+    p_mlm: np.ndarray,
+    cand: np.ndarray,
+    knn_ids: np.ndarray,
+    knn_probs: np.ndarray,
+    lam: float,
+    k: int,
+    rest_m: np.float32 | None,
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]] | None:
+    """`interpolated_top_k` over the candidates ``cand`` (sorted, every kNN id among them), when no other id
+    has a p_MLM above ``rest_m`` (None: no other id counts)."""
     pk = np.zeros(len(cand), dtype=np.float32)
     pk[np.searchsorted(cand, knn_ids)] = knn_probs
     pm = p_mlm[cand]
     p = (lam * pk.astype(np.float64) + (1.0 - lam) * pm.astype(np.float64)).astype(np.float32)
-    rest_p = rest_m = None
-    if outside is not None:
-        rest_m = p_mlm[outside]
+    rest_p = None
+    if rest_m is not None:  # p of an id left out: no kNN mass, computed as above
         rest_p = np.float32((1.0 - lam) * np.float64(rest_m))
     best = top_k_among(cand, p, k, None if rest_p is None else float(rest_p))
     mlm = top_k_among(cand, pm, k, None if rest_m is None else float(rest_m))

@@ -394,7 +394,9 @@ class AnswerPipeline:
         lam = self.lambda_for(query, p_mlm, p_knn, nbrs)
         # Rank the stored p_MLM entries and the neighbours' words only: every other id shares one p_MLM value
         # and has no kNN mass. The dense path runs when that value could reach the top k, or for evaluation.
-        fast = None if with_distributions else interpolated_top_k(p_mlm, enc.top_ids, knn_ids, knn_probs, lam, query.top_k)
+        fast = None
+        if not with_distributions:
+            fast = interpolated_top_k(p_mlm, enc.top_ids, knn_ids, knn_probs, lam, query.top_k, mlm_rest=enc.rest_p_mlm())
         if fast is None:
             p = interpolate(p_knn, p_mlm, lam)
             best, mlm_top = top_k(p, query.top_k), top_k(p_mlm, query.top_k)

@@ -99,27 +99,31 @@ def test_knn_sparse_holds_the_non_zero_part_of_the_dense_distribution() -> None:
     assert [len(x) for x in knn_sparse(np.zeros(0), np.zeros(0, int), 6.0)] == [0, 0]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     vocab=st.integers(20, 400),
-    n_top=st.integers(1, 60),
+    n_top=st.integers(1, 200),
     n_nbrs=st.integers(0, 40),
     lam=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
     k=st.integers(1, 30),
+    alpha=st.sampled_from([0.1, 0.3, 3.0]),  # small alpha: many float16 probabilities tie (subnormals)
+    shuffled=st.booleans(),
 )
 def test_interpolated_top_k_equals_the_dense_ranking(
-    seed: int, vocab: int, n_top: int, n_nbrs: int, lam: float, k: int
+    seed: int, vocab: int, n_top: int, n_nbrs: int, lam: float, k: int, alpha: float, shuffled: bool
 ) -> None:
     rng = np.random.default_rng(seed)
-    log_probs = np.log(rng.dirichlet(np.full(vocab, 0.3))).astype(np.float32)
+    log_probs = np.log(np.maximum(rng.dirichlet(np.full(vocab, alpha)), 1e-30)).astype(np.float32)
     enc = QueryEncoding.from_log_probs(rng.standard_normal(8), log_probs, min(n_top, vocab))
     p_mlm = enc.p_mlm()
     d = np.sort(rng.uniform(0, 30, n_nbrs))
     labels = rng.integers(0, vocab, n_nbrs)
     ids, probs = knn_sparse(d, labels, 6.0)
     p = interpolate(knn_distribution(d, labels, vocab, 6.0), p_mlm, lam)
-    got = interpolated_top_k(p_mlm, enc.top_ids, ids, probs, lam, k)
+    # stored ids in the encoding's order (most probable first: only the head is ranked), or in another order
+    mlm_ids = rng.permutation(enc.top_ids) if shuffled else enc.top_ids
+    got = interpolated_top_k(p_mlm, mlm_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm())
     if got is None:  # only when the shared remainder value of p_MLM could reach the top k
         assert len(np.union1d(enc.top_ids, ids)) < vocab
         return
@@ -128,9 +132,58 @@ def test_interpolated_top_k_equals_the_dense_ranking(
     assert mlm == reference_top(p_mlm, k)
 
 
+def test_interpolated_top_k_ranks_only_the_head_of_a_vocabulary_sized_encoding() -> None:
+    """The service's case: 2,048 stored entries, 128 neighbours; ties (float32, and more in float16) where the head ends."""
+    import service.interpolate as interp
+
+    rng = np.random.default_rng(11)
+    vocab = 30522
+    logits = (rng.standard_normal(vocab) * 2.5).astype(np.float32)
+    logits[rng.integers(0, vocab, 60)] = logits[np.argsort(-logits)[120]]  # a tie around the head's end
+    log_probs = logits - np.float32(np.log(np.exp(logits.astype(np.float64)).sum()))
+    enc = QueryEncoding.from_log_probs(rng.standard_normal(8), log_probs, 2048)
+    p_mlm = enc.p_mlm()
+    assert enc.rest_p_mlm() == p_mlm[np.setdiff1d(np.arange(vocab), enc.top_ids)[0]]
+    sizes: list[int] = []
+    ranked = interp._ranked
+    interp._ranked = lambda p_m, cand, *a: sizes.append(len(cand)) or ranked(p_m, cand, *a)  # type: ignore[assignment]
+    try:
+        for lam in (0.0, 0.3, 1.0):
+            for k in (1, 10, 30):
+                d = np.sort(rng.uniform(0, 40, 128))
+                labels = np.concatenate((rng.choice(enc.top_ids[:300], 100), rng.integers(0, vocab, 28)))
+                ids, probs = knn_sparse(d, labels, 6.0)
+                sizes.clear()
+                best, mlm = interpolated_top_k(p_mlm, enc.top_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm())
+                p = interpolate(knn_distribution(d, labels, vocab, 6.0), p_mlm, lam)
+                assert best == reference_top(p, k) and mlm == reference_top(p_mlm, k)
+                assert sizes and sizes[0] < 2048  # the head, not every stored entry
+    finally:
+        interp._ranked = ranked  # type: ignore[assignment]
+
+
 def test_top_k_among_declines_when_the_rest_could_rank() -> None:
     ids, values = np.array([3, 5]), np.array([0.5, 0.2], dtype=np.float32)
     assert top_k_among(ids, values, 2, rest=0.1) == [(3, 0.5), (5, pytest.approx(0.2))]
     assert top_k_among(ids, values, 2, rest=0.2) is None  # a tie with the rest: lower ids outside could win
     assert top_k_among(ids, values, 3, rest=0.1) is None  # fewer listed than asked for
     assert top_k_among(ids, values, 3, rest=None) == [(3, 0.5), (5, pytest.approx(0.2))]
+
+
+def test_interpolated_top_k_declines_when_the_remainder_outranks_the_stored_head() -> None:
+    # a hand-made encoding whose stored entries hold little mass: every id not stored has a larger p_MLM
+    top = np.array([0.02, 0.015, 0.012, 0.011, 0.0105, 0.0102, 0.0101, 0.0100, 0.0099, 0.0098], np.float16)
+    enc = QueryEncoding(np.zeros(8, np.float16), np.arange(10, dtype=np.int32), top, 20)
+    p_mlm = enc.p_mlm()
+    assert enc.rest_p_mlm() == pytest.approx(p_mlm[15]) and p_mlm[15] > p_mlm[0]
+    no_knn = np.zeros(0, np.int64), np.zeros(0, np.float32)
+    assert interpolated_top_k(p_mlm, enc.top_ids, *no_knn, 0.3, 1, mlm_rest=enc.rest_p_mlm()) is None
+    assert top_k(p_mlm, 1)[0][0] == 10  # the dense path's answer: the first id not stored
+
+
+def test_top_k_breaks_ties_at_the_boundary_by_lower_id() -> None:
+    p = np.zeros(5000, np.float32)
+    p[[4321, 17, 999]] = 0.25
+    p[3000] = 0.5
+    assert [i for i, _ in top_k(p, 3)] == [3000, 17, 999]
+    assert [i for i, _ in top_k(np.full(6, 0.1, np.float32), 2)] == [0, 1]
