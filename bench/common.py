@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -11,9 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -22,6 +24,7 @@ SHARED = REPO.parent / "shared"
 PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
 RUNS = REPO / "runs"
 RESULTS = REPO / "bench" / "results"
+T = TypeVar("T")
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -67,6 +70,16 @@ def lama_queries(n: int, *, seed: int = 0, lama: Path | None = None) -> list[tup
             seen.add(text)
             out.append((text, fact["sub_label"]))
     return out
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on uvloop where it is installed (as the service's uvicorn uses it): a load generator
+    shares the machine's cores with the server, so its own event loop should cost as little as the server's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def free_port() -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from bench.common import (
     build_datastore,
     lama_queries,
     machine,
+    run_async,
     service_process,
     write_result,
 )
@@ -75,9 +77,14 @@ async def _run(url: str, queries: list[dict], reference: dict[str, list], client
             rss.append((time.monotonic() - t0, rss_mb(pid)))
             await asyncio.sleep(1.0)
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
-        await asyncio.gather(sampler(), *(client(i, http) for i in range(clients)))
+    # a client and a connection for each simulated user (one shared httpx pool costs the machine 2-3x more CPU
+    # per request, on the cores the server needs)
+    async with contextlib.AsyncExitStack() as stack:
+        https = [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=1)))
+            for _ in range(clients)
+        ]
+        await asyncio.gather(sampler(), *(client(i, http) for i, http in enumerate(https)))
     lat = np.asarray(latencies) * 1000
     mem = np.asarray([m for _, m in rss])
     quarter = max(1, len(mem) // 4)
@@ -103,7 +110,7 @@ def run_load(datastore: Path, *, clients: int, duration: float, n_queries: int =
         with service_process(datastore, env=env, args=("--redis-url", redis.url)) as svc:
             with httpx.Client(base_url=svc.url, timeout=60) as http:
                 reference = {q["text"]: _key(http.post("/predict", json=q).json()) for q in queries}
-            result = asyncio.run(_run(svc.url, queries, reference, clients, duration, svc.proc.pid))
+            result = run_async(_run(svc.url, queries, reference, clients, duration, svc.proc.pid))
     finally:
         redis.stop()
     first, last = result["rss_mb_first_quarter"], result["rss_mb_last_quarter"]
