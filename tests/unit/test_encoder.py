@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,39 @@ def test_query_and_datastore_context_share_one_input_and_one_embedding(encoder: 
     assert context == query
     a, b = encoder.encode([context]).embeddings, encoder.encode([query]).embeddings
     np.testing.assert_array_equal(a, b)
+
+
+def test_query_tokenisation_follows_the_wrapper_whatever_state_the_shared_backend_is_in(encoder: MaskedLMEncoder) -> None:
+    ctx = encoder.inputs
+    assert ctx._backend is not None
+    want = encoder.tokenizer("zorblat was born in [MASK].", add_special_tokens=False)["input_ids"]
+    assert ctx.text_ids("zorblat was born in [MASK].") == want and ctx.mask_id in want
+    # the builder's target selection leaves the shared backend splitting special tokens: "[MASK]" as text
+    encoder.tokenizer("a [MASK] b", add_special_tokens=False, split_special_tokens=True)
+    assert ctx._backend.encode_special_tokens
+    assert ctx.text_ids("zorblat was born in [MASK].") == want  # the wrapper ran (and reset the state)
+    assert not ctx._backend.encode_special_tokens
+    ctx._backend.enable_truncation(3)
+    try:
+        assert ctx.text_ids("zorblat was born in [MASK].") == want
+    finally:
+        ctx._backend.no_truncation()
+
+
+def test_a_tokenizer_class_that_encodes_its_own_way_keeps_the_wrapper(encoder: MaskedLMEncoder) -> None:
+    from datastore_builder.encoder import ContextTokenizer, _direct_backend
+
+    base = type(encoder.tokenizer)
+
+    class Prefixed(base):  # type: ignore[valid-type, misc]
+        def _encode_plus(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return super()._encode_plus(*args, **kwargs)
+
+    tok = copy.copy(encoder.tokenizer)
+    tok.__class__ = Prefixed
+    assert _direct_backend(tok) is None
+    ctx = ContextTokenizer(tok, 16)
+    assert ctx._backend is None and ctx.text_ids("born in [MASK].") == tok("born in [MASK].", add_special_tokens=False)["input_ids"]
 
 
 def test_encode_of_nothing_is_empty(encoder: MaskedLMEncoder) -> None:

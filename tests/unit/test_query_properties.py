@@ -39,6 +39,15 @@ def test_query_input_is_an_error_or_one_mask_inside_the_window(ctx, parts):
     assert len(inp.input_ids) <= ctx.max_seq_len
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.one_of(weird_text, mask_spellings, st.sampled_from(["[CLS]", "[SEP]", "[PAD]", "[UNK]"])),
+                      max_size=6))
+def test_text_ids_from_the_rust_backend_equal_the_wrappers(ctx, parts):
+    assert ctx._backend is not None  # the real tokenizer takes the direct path
+    text = " ".join(parts)
+    assert ctx.text_ids(text) == ctx.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n_words=st.integers(1, 400), where=st.floats(0, 1), word=st.sampled_from(["paris", "supercalifragilistic", "é" * 50]))
 def test_long_texts_are_windowed_around_the_mask(ctx, n_words, where, word):
