@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     timers.wrap(codec.QueryEncoding, "from_top", "encoding from the top entries")
     timers.wrap(codec.QueryEncoding, "to_bytes", "encoding to bytes")
     timers.wrap(encoder_mod, "top_entries", "top p_MLM entries")
-    timers.wrap(AnswerPipeline, "encode", "encoding (forward + top entries + cache)")
+    timers.wrap(AnswerPipeline, "forward", "encoding (forward + top entries + cache)")
     timers.wrap(AnswerPipeline, "retrieve", "retrieval (overlapped)")
     timers.wrap(AnswerPipeline, "neighbours", "kNN")
     timers.wrap(AnswerPipeline, "answer", "interpolation + contexts")

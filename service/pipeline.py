@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 
-from datastore_builder.encoder import MaskedInput, MaskedLMEncoder, ModelLoadError, QueryError
+from datastore_builder.encoder import MaskedInput, MaskedLMEncoder, ModelLoadError, QueryError, top_entries
 from datastore_builder.format import Datastore, DatastoreError, validate_datastore
 from service.cache import Cache, InMemoryCache, cache_key
 from service.codec import CorruptValue, QueryEncoding, decode_hits, encode_hits
@@ -124,6 +124,16 @@ class Stage:
 
     def add(self, name: str, seconds: float) -> None:
         self.times[name] = self.times.get(name, 0.0) + seconds * 1000.0
+
+
+@dataclass(frozen=True)
+class PendingEncoding:
+    """A query's forward-pass output before its p_MLM head is kept: `AnswerPipeline.complete` makes the
+    `QueryEncoding`. (The service selects the head off the model's thread when the model has other work.)"""
+
+    key: str  # the encoding's cache key
+    embedding: np.ndarray  # float32 [hidden]
+    log_probs: np.ndarray  # float32 [vocab], log p_MLM at the mask
 
 
 def retrieval_text(text: str) -> str:
@@ -269,11 +279,29 @@ class AnswerPipeline:
         append the write to this list: the service runs it after the answers went out, so the network round
         trip is off the requests' path. (An in-process cache is written at once: it costs microseconds.)
         """
+        out, hits = self.forward(inputs, defer_store=defer_store)
+        return cast(list[QueryEncoding], out), hits
+
+    def forward(
+        self,
+        inputs: Sequence[MaskedInput],
+        *,
+        defer_store: list[Callable[[], None]] | None = None,
+        select_heads: bool = True,
+    ) -> tuple[list[QueryEncoding | PendingEncoding], list[bool]]:
+        """`encode`; with ``select_heads=False`` the misses come back as `PendingEncoding`s, whose p_MLM heads
+        `complete` selects later, on another thread (the model's thread is then free for the next batch)."""
         keys = [self._enc_key(x) for x in inputs]
-        out: list[QueryEncoding | None] = [self._decode(raw) for raw in self.cache.get_many(keys)]
+        out: list[QueryEncoding | PendingEncoding | None] = [self._decode(raw) for raw in self.cache.get_many(keys)]
         hits = [enc is not None for enc in out]
         todo = [i for i, enc in enumerate(out) if enc is None]
-        if todo:
+        if todo and not select_heads:
+            result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True)
+            assert result.mlm_log_probs is not None
+            rows = result.mlm_log_probs.numpy()
+            for j, i in enumerate(todo):
+                out[i] = PendingEncoding(keys[i], result.embeddings[j], rows[j])
+        elif todo:
             # the p_MLM entries kept are selected with the forward (`top_entries`), in the model thread
             result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True, mlm_top=self.mlm_top_entries)
             assert result.mlm_top is not None
@@ -282,17 +310,30 @@ class AnswerPipeline:
             for j, i in enumerate(todo):
                 enc = QueryEncoding.from_top(result.embeddings[j], top_log_probs[j], top_ids[j], self.encoder.vocab_size)
                 out[i] = fresh[keys[i]] = enc
-            cache = self.cache
-
-            def store() -> None:
-                cache.set_many({key: enc.to_bytes() for key, enc in fresh.items()})
-
-            if defer_store is None or cache.in_process:
-                store()
-            else:
-                defer_store.append(store)
+            self._store(fresh, defer_store)
         _count_hits(self.cache, sum(hits), len(hits) - sum(hits))
         return [e for e in out if e is not None], hits
+
+    def complete(
+        self, pending: PendingEncoding, *, defer_store: list[Callable[[], None]] | None = None
+    ) -> QueryEncoding:
+        """The `QueryEncoding` of a `forward(..., select_heads=False)` miss: the same one `encode` makes, and
+        into the cache it goes (``defer_store`` as in `encode`)."""
+        values, ids = top_entries(pending.log_probs, self.mlm_top_entries)
+        enc = QueryEncoding.from_top(pending.embedding, values, ids, self.encoder.vocab_size)
+        self._store({pending.key: enc}, defer_store)
+        return enc
+
+    def _store(self, fresh: dict[str, QueryEncoding], defer_store: list[Callable[[], None]] | None) -> None:
+        cache = self.cache
+
+        def store() -> None:
+            cache.set_many({key: enc.to_bytes() for key, enc in fresh.items()})
+
+        if defer_store is None or cache.in_process:
+            store()
+        else:
+            defer_store.append(store)
 
     # ---- stage 2: article retrieval (cached) -------------------------------------------------------------
 

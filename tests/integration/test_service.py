@@ -259,3 +259,55 @@ def test_contexts_are_each_answers_nearest_neighbours_in_rank_order(tiny_datasto
                     assert f"**{pred.token}**" in c.sentence.lower()
     finally:
         pipe.close()
+
+
+def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the_same_answers(tiny_datastore: Path) -> None:
+    """Queries that queue while the model is busy go in one batch; their p_MLM heads are selected off the model's
+    thread (`AnswerPipeline.complete`). Answers and cached encodings equal the synchronous pipeline's."""
+    import asyncio
+    import threading
+
+    from service.metrics import Metrics
+    from service.serving import AsyncAnswerer
+    from service.settings import BatchingSettings
+
+    texts = ["zorblat was born in [MASK] .", "quimby is a small [MASK] near the sea .", "the bridge of [MASK] is large ."]
+    queries = [Query(t) for t in texts]
+    reference = AnswerPipeline.open(tiny_datastore, device="cpu")
+    pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
+    completed, batches = [], []
+    complete = pipe.complete
+    pipe.complete = lambda p, **kw: (completed.append(threading.current_thread().name), complete(p, **kw))[1]  # type: ignore[method-assign]
+
+    async def main() -> list:
+        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), Metrics())
+        answerer.batcher._on_batch = lambda n, s: batches.append(n)
+        answerer.start()
+        try:
+            gate, busy = threading.Event(), threading.Event()
+            blocker = answerer.batcher.call(lambda: (busy.set(), gate.wait(10)))
+            while not busy.is_set():
+                await asyncio.sleep(0.001)
+            pending = [asyncio.ensure_future(answerer.answer(q)) for q in queries]
+            while answerer.batcher.depth < len(queries):
+                await asyncio.sleep(0.001)
+            gate.set()
+            await asyncio.wrap_future(blocker)
+            return list(await asyncio.gather(*pending))
+        finally:
+            await answerer.stop()
+
+    try:
+        answers = asyncio.run(main())
+        assert batches == [3] and len(completed) == 3 and all(name.startswith("knn") for name in completed)
+        for q, got in zip(queries, answers, strict=True):
+            want = reference.predict(q)
+            assert got.cache["encoding"] == "miss"
+            assert [(p.token, p.prob, p.p_mlm, p.p_knn) for p in got.predictions] == [
+                (p.token, p.prob, p.p_mlm, p.p_knn) for p in want.predictions]
+            inp = pipe.check_query(q)
+            cached, fresh = pipe.local_encoding(inp), reference.encode([inp])[0][0]
+            assert cached is not None and cached.to_bytes() == fresh.to_bytes()
+    finally:
+        pipe.close()
+        reference.close()
