@@ -75,7 +75,7 @@ def top_k_among(ids: np.ndarray, values: np.ndarray, k: int, rest: float | None)
     order = np.lexsort((ids, -values))[:k]
     if rest is not None and (len(order) < k or not values[order[-1]] > rest):
         return None
-    return [(int(ids[i]), float(values[i])) for i in order]
+    return list(zip(ids[order].tolist(), values[order].tolist(), strict=True))
 
 
 def interpolated_top_k(
