@@ -26,7 +26,7 @@ if ! python -c "import torch" 2>/dev/null; then
     python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
   fi
 fi
-# requirements.lock pins every dependency to the versions CI tested (regenerate: see README, Development)
+# requirements.lock pins every dependency to the versions CI tested (regenerate: see README, "Dependencies")
 python -m pip install -q -c requirements.lock -e ".[dev]"
 # pyserini 0.25 pairs with JDK 17; its heavy optional deps (nmslib, spacy, lightgbm) are not needed for BM25.
 python -m pip install -q --no-deps "pyserini==0.25.0"
