@@ -261,12 +261,18 @@ def test_contexts_are_each_answers_nearest_neighbours_in_rank_order(tiny_datasto
         pipe.close()
 
 
-def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the_same_answers(tiny_datastore: Path) -> None:
+@pytest.mark.parametrize("cache_kind", ["memory", "redis"])
+def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the_same_answers(
+    tiny_datastore: Path, cache_kind: str, request: pytest.FixtureRequest
+) -> None:
     """Queries that queue while the model is busy go in one batch; their p_MLM heads are selected off the model's
-    thread (`AnswerPipeline.complete`). Answers and cached encodings equal the synchronous pipeline's."""
+    thread (`AnswerPipeline.complete`). Answers and cached encodings equal the synchronous pipeline's, with the
+    in-process cache and with Redis (written after the answer)."""
     import asyncio
     import threading
+    import time
 
+    from service.cache import InMemoryCache, RedisCache
     from service.metrics import Metrics
     from service.serving import AsyncAnswerer
     from service.settings import BatchingSettings
@@ -274,7 +280,8 @@ def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the
     texts = ["zorblat was born in [MASK] .", "quimby is a small [MASK] near the sea .", "the bridge of [MASK] is large ."]
     queries = [Query(t) for t in texts]
     reference = AnswerPipeline.open(tiny_datastore, device="cpu")
-    pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
+    cache = RedisCache(request.getfixturevalue("redis_server").url) if cache_kind == "redis" else InMemoryCache()
+    pipe = AnswerPipeline.open(tiny_datastore, device="cpu", cache=cache, key_prefix=f"pool-{cache_kind}")
     completed, batches = [], []
     complete = pipe.complete
     pipe.complete = lambda p, **kw: (completed.append(threading.current_thread().name), complete(p, **kw))[1]  # type: ignore[method-assign]
@@ -306,8 +313,11 @@ def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the
             assert [(p.token, p.prob, p.p_mlm, p.p_knn) for p in got.predictions] == [
                 (p.token, p.prob, p.p_mlm, p.p_knn) for p in want.predictions]
             inp = pipe.check_query(q)
-            cached, fresh = pipe.local_encoding(inp), reference.encode([inp])[0][0]
-            assert cached is not None and cached.to_bytes() == fresh.to_bytes()
+            fresh, key = reference.encode([inp])[0][0], pipe._enc_key(inp)
+            deadline = time.monotonic() + 5  # (Redis: written after the answer, by the pool)
+            while cache.get_many([key])[0] is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert cache.get_many([key])[0] == fresh.to_bytes()
     finally:
         pipe.close()
         reference.close()
