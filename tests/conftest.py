@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +62,35 @@ def corpus_words(articles: list[dict]) -> list[str]:
             )
             words.update(re.findall(r"[a-z0-9]+", folded))
     return sorted(words)
+
+
+async def read_body(receive: Callable[[], Any]) -> bytes:
+    """The whole request body of an ASGI http request."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
+@contextlib.contextmanager
+def serve_asgi(app: Any) -> Iterator[int]:
+    """A real uvicorn server for ``app`` on a free loopback port, in a thread; yields the port."""
+    import uvicorn
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        srv.should_exit = True
+        thread.join(10)
 
 
 def make_tiny_bert(directory: Path, words: list[str], *, layers: int = 2, seed: int = 0) -> Path:

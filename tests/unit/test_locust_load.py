@@ -7,16 +7,13 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from bench.common import free_port
+from tests.conftest import read_body, serve_asgi
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,13 +27,7 @@ class _Server:
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
-        payload = json.loads(body)
+        payload = json.loads(await read_body(receive))
         self.seen[payload["text"]] += 1
         self.subjects[payload["text"]] = payload["subject"]
         self.active += 1
@@ -53,16 +44,8 @@ class _Server:
 @pytest.fixture()
 def server() -> Iterator[tuple[_Server, str]]:
     app = _Server()
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield app, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
+    with serve_asgi(app) as port:
+        yield app, f"http://127.0.0.1:{port}"
 
 
 def _run(url: str, users: str, stdin: str) -> subprocess.CompletedProcess[str]:

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 
-from bench.common import free_port
 from bench.rawhttp import AsyncRawClient, HttpError, RawClient
+from tests.conftest import read_body, serve_asgi
 
 
 async def _app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     if scope["type"] != "http":
         return
-    body = b""
-    while True:
-        msg = await receive()
-        body += msg.get("body", b"")
-        if not msg.get("more_body"):
-            break
+    body = await read_body(receive)
     if scope["path"] == "/chunked":  # no Content-Length: uvicorn sends it chunked
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"a", "more_body": True})
@@ -39,16 +31,8 @@ async def _app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[int]:
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(_app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield port
-    srv.should_exit = True
-    thread.join(10)
+    with serve_asgi(_app) as port:
+        yield port
 
 
 def test_blocking_client_keeps_one_connection_and_reads_whole_bodies(server: int) -> None:
