@@ -5,6 +5,7 @@ datastore of the same corpus that keeps behaving as before."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -317,3 +318,20 @@ def test_single_piece_numbers_agree_between_the_two_datastores(
         reports.append(json.loads(out.read_text()))
     assert "multi_piece" not in reports[0] and "multi_piece" not in reports[1]
     assert reports[0]["relations"]["P19"]["knn"] == reports[1]["relations"]["P19"]["knn"]
+
+
+def test_whole_word_answers_are_the_same_when_queries_are_batched(whole_ds: Path) -> None:
+    """Concurrent queries share a forward pass and get their p_MLM heads selected in the pool (then the
+    sequential fill runs its extra forwards through the model's thread): the answers equal one-at-a-time ones."""
+    queries = [QUESTION, {"text": "zorblat was born in [MASK] .", "subject": "Zorblat"},
+               {"text": "brandle mox lived in [MASK] ."}, {"text": "the river of [MASK] is long ."}]
+    with TestClient(create_app(_settings(whole_ds))) as client:
+        batched = client.post("/predict/batch", json={"queries": queries}).json()["results"]
+        metrics = client.get("/metrics").text
+    batches = float(re.search(r"^bertknn_batch_size_count (\S+)$", metrics, re.M).group(1))  # type: ignore[union-attr]
+    assert batches < len(queries)  # at least one forward pass held several queries
+    with TestClient(create_app(_settings(whole_ds))) as client:  # a fresh cache
+        single = [client.post("/predict", json=q).json() for q in queries]
+    for got, want in zip(batched, single, strict=True):
+        assert got["cache"]["encoding"] == "miss" and want["cache"]["encoding"] == "miss"
+        assert got["predictions"] == want["predictions"]
