@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     import service.api.routes as routes
     import service.codec as codec
     import service.main as service_main
+    import service.pipeline as pipeline_mod
     import service.serving as serving
     from service.pipeline import AnswerPipeline
     from service.settings import ServiceSettings
@@ -129,10 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     timers.mark_before(routes, "to_query", "handler", span_from="request in", span="HTTP in (FastAPI: body, deps)")
     timers.wrap(AnswerPipeline, "check_query", "tokenising")
     timers.wrap(encoder_mod.MaskedLMEncoder, "_forward", "forward (model alone)")
-    timers.wrap(encoder_mod.MaskedLMEncoder, "encode", "forward + top entries")
     timers.wrap(codec.QueryEncoding, "from_top", "encoding from the top entries")
     timers.wrap(codec.QueryEncoding, "to_bytes", "encoding to bytes")
-    timers.wrap(encoder_mod, "top_entries", "top p_MLM entries")
+    timers.wrap(pipeline_mod, "top_entries", "top p_MLM entries")
     timers.wrap(AnswerPipeline, "forward", "encoding (forward + top entries + cache)")
     timers.wrap(AnswerPipeline, "retrieve", "retrieval (overlapped)")
     timers.wrap(AnswerPipeline, "neighbours", "kNN")

@@ -115,12 +115,9 @@ def interpolated_top_k(
                 if got is not None:
                     return got
     cand = _union(mlm_ids, knn_ids)
-    outside = None
-    if len(cand) < len(p_mlm):
-        # any id outside the stored ones holds the remainder value; find one without scanning the vocabulary
-        ext = np.concatenate(([-1], cand, [len(p_mlm)]))
-        outside = int(ext[np.flatnonzero(np.diff(ext) > 1)[0]] + 1)
-    return _ranked(p_mlm, cand, knn_ids, knn_probs, lam, k, None if outside is None else p_mlm[outside])
+    # an id outside the candidates is not stored: it holds the remainder value
+    rest = np.float32(mlm_rest) if mlm_rest is not None and len(cand) < len(p_mlm) else None
+    return _ranked(p_mlm, cand, knn_ids, knn_probs, lam, k, rest)
 
 
 def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:

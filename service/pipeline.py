@@ -295,22 +295,17 @@ class AnswerPipeline:
         out: list[QueryEncoding | PendingEncoding | None] = [self._decode(raw) for raw in self.cache.get_many(keys)]
         hits = [enc is not None for enc in out]
         todo = [i for i, enc in enumerate(out) if enc is None]
-        if todo and not select_heads:
+        if todo:
             result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True)
             assert result.mlm_log_probs is not None
             rows = result.mlm_log_probs.numpy()
-            for j, i in enumerate(todo):
-                out[i] = PendingEncoding(keys[i], result.embeddings[j], rows[j])
-        elif todo:
-            # the p_MLM entries kept are selected with the forward (`top_entries`), in the model thread
-            result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True, mlm_top=self.mlm_top_entries)
-            assert result.mlm_top is not None
-            top_log_probs, top_ids = result.mlm_top
-            fresh: dict[str, QueryEncoding] = {}
-            for j, i in enumerate(todo):
-                enc = QueryEncoding.from_top(result.embeddings[j], top_log_probs[j], top_ids[j], self.encoder.vocab_size)
-                out[i] = fresh[keys[i]] = enc
-            self._store(fresh, defer_store)
+            pending = [PendingEncoding(keys[i], result.embeddings[j], rows[j]) for j, i in enumerate(todo)]
+            # with select_heads, the heads are kept here, on the calling (model) thread
+            fresh: Sequence[QueryEncoding | PendingEncoding] = (
+                self._complete_all(pending, defer_store) if select_heads else pending
+            )
+            for i, enc in zip(todo, fresh, strict=True):
+                out[i] = enc
         _count_hits(self.cache, sum(hits), len(hits) - sum(hits))
         return [e for e in out if e is not None], hits
 
@@ -319,10 +314,18 @@ class AnswerPipeline:
     ) -> QueryEncoding:
         """The `QueryEncoding` of a `forward(..., select_heads=False)` miss: the same one `encode` makes, and
         into the cache it goes (``defer_store`` as in `encode`)."""
-        values, ids = top_entries(pending.log_probs, self.mlm_top_entries)
-        enc = QueryEncoding.from_top(pending.embedding, values, ids, self.encoder.vocab_size)
-        self._store({pending.key: enc}, defer_store)
-        return enc
+        return self._complete_all([pending], defer_store)[0]
+
+    def _complete_all(
+        self, pending: Sequence[PendingEncoding], defer_store: list[Callable[[], None]] | None
+    ) -> list[QueryEncoding]:
+        """Keep each row's `mlm_top_entries` most probable entries (`top_entries`); one cache write for all."""
+        encs = []
+        for p in pending:
+            values, ids = top_entries(p.log_probs, self.mlm_top_entries)
+            encs.append(QueryEncoding.from_top(p.embedding, values, ids, self.encoder.vocab_size))
+        self._store({p.key: enc for p, enc in zip(pending, encs, strict=True)}, defer_store)
+        return encs
 
     def _store(self, fresh: dict[str, QueryEncoding], defer_store: list[Callable[[], None]] | None) -> None:
         cache = self.cache
