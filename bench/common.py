@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -80,6 +80,21 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+@contextlib.asynccontextmanager
+async def httpx_clients(url: str, n: int, *, timeout: float = 60) -> AsyncIterator[list[Any]]:
+    """``n`` httpx clients, one connection each, as ``n`` independent users would have. (One shared pool of ``n``
+    connections cost 3.2 ms of client CPU per request at 32 callers against 1.3 ms for a client each, measured
+    against a trivial server: CPU a benchmark's load generator takes from the server it measures.)"""
+    import httpx
+
+    async with contextlib.AsyncExitStack() as stack:
+        limits = httpx.Limits(max_connections=1)
+        yield [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits))
+            for _ in range(n)
+        ]
 
 
 def free_port() -> int:

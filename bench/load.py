@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from bench.common import (
     RUNS,
     RedisServer,
     build_datastore,
+    httpx_clients,
     lama_queries,
     machine,
     run_async,
@@ -77,13 +77,7 @@ async def _run(url: str, queries: list[dict], reference: dict[str, list], client
             rss.append((time.monotonic() - t0, rss_mb(pid)))
             await asyncio.sleep(1.0)
 
-    # a client and a connection for each simulated user (one shared httpx pool costs the machine 2-3x more CPU
-    # per request, on the cores the server needs)
-    async with contextlib.AsyncExitStack() as stack:
-        https = [
-            await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=1)))
-            for _ in range(clients)
-        ]
+    async with httpx_clients(url, clients) as https:  # a client and a connection for each simulated user
         await asyncio.gather(sampler(), *(client(i, http) for i, http in enumerate(https)))
     lat = np.asarray(latencies) * 1000
     mem = np.asarray([m for _, m in rss])

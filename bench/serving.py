@@ -36,6 +36,7 @@ from bench.common import (
     REPO,
     RUNS,
     build_datastore,
+    httpx_clients,
     lama_queries,
     machine,
     percentiles,
@@ -95,8 +96,7 @@ def _poster(url: str, kind: str) -> Iterator[_Post]:
 @contextlib.asynccontextmanager
 async def _async_posters(url: str, kind: str, n: int) -> AsyncIterator[list[_AsyncPost]]:
     """``n`` concurrent POST /predict callers of a `CLIENTS` kind, each with its own client and connection, as
-    ``n`` independent users would have. (One shared httpx pool of ``n`` connections cost 3.2 ms of CPU per
-    request at 32 callers against 1.3 ms for a client each, measured against a trivial server.)"""
+    ``n`` independent users would have (see `httpx_clients`)."""
     if kind == "raw":
         conns = [AsyncRawClient(*_host_port(url)) for _ in range(n)]
         try:
@@ -105,11 +105,7 @@ async def _async_posters(url: str, kind: str, n: int) -> AsyncIterator[list[_Asy
             for c in conns:
                 await c.close()
         return
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=1)))
-            for _ in range(n)
-        ]
+    async with httpx_clients(url, n, timeout=120) as clients:
 
         def poster(client: httpx.AsyncClient) -> _AsyncPost:
             async def post(payload: dict) -> tuple[int, bytes]:
