@@ -62,32 +62,29 @@ class QueryEncoding:
 
         Built once per encoding (the adaptive rule and the interpolation both read it) and returned read-only.
         """
-        cached = self.__dict__.get("_p_mlm")
-        if cached is None:
-            cached = self._full_p_mlm()
-            cached.flags.writeable = False
-            object.__setattr__(self, "_p_mlm", cached)
-        return cached
+        return self._dense()[0]
 
     def rest_p_mlm(self) -> float | None:
         """p_MLM of every id not stored (the value `p_mlm` has there); None when every id is stored."""
-        if len(self.top_ids) >= self.vocab_size:
-            return None
-        self.p_mlm()
-        return float(self.__dict__["_rest"])
+        return None if len(self.top_ids) >= self.vocab_size else float(self._dense()[1])
 
-    def _full_p_mlm(self) -> np.ndarray:
-        top = self.top_probs.astype(np.float64)
-        rest = self.vocab_size - len(top)
-        stored = float(top.sum())
-        fill = max(0.0, 1.0 - stored) / rest if rest else 0.0
-        total = stored + fill * rest  # normalised to sum 1 (float16 rounding of the stored entries)
-        # one float32 array (a float64 temporary the size of the vocabulary cost more than the rest together)
-        rest_value = np.float32(fill / total)
-        object.__setattr__(self, "_rest", rest_value)
-        p = np.full(self.vocab_size, rest_value, dtype=np.float32)
-        p[self.top_ids] = (top / total).astype(np.float32)
-        return p
+    def _dense(self) -> tuple[np.ndarray, np.float32]:
+        """(`p_mlm`, its value at the ids not stored), computed once."""
+        cached = self.__dict__.get("_p_mlm")
+        if cached is None:
+            top = self.top_probs.astype(np.float64)
+            rest = self.vocab_size - len(top)
+            stored = float(top.sum())
+            fill = max(0.0, 1.0 - stored) / rest if rest else 0.0
+            total = stored + fill * rest  # normalised to sum 1 (float16 rounding of the stored entries)
+            # one float32 array (a float64 temporary the size of the vocabulary cost more than the rest together)
+            rest_value = np.float32(fill / total)
+            p = np.full(self.vocab_size, rest_value, dtype=np.float32)
+            p[self.top_ids] = (top / total).astype(np.float32)
+            p.flags.writeable = False
+            cached = (p, rest_value)
+            object.__setattr__(self, "_p_mlm", cached)
+        return cached
 
     def to_bytes(self) -> bytes:
         body = (

@@ -7,6 +7,7 @@ top-1 probabilities of two queries, measured first, so that one of them skips kN
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -115,12 +116,18 @@ def test_a_skipped_query_does_not_wait_for_retrieval(served):
     client, spy = served
     spy.gate.clear()  # every retrieval now holds the (single) retrieval thread until released
     try:
+        started = spy.retrievals
         results: list[dict] = []
         first = threading.Thread(target=lambda: results.append(client.post("/predict", json=SKIP_TEXT).json()))
         first.start()
         first.join(60)
         assert not first.is_alive(), "a skipped query waited for the retrieval it does not need"
         assert results[0]["knn_skipped"] is True
+        # the first query's retrieval started with its forward pass and is held; the answer can come back before
+        # the retrieval thread has even entered it, so wait for that before counting
+        deadline = time.monotonic() + 10
+        while spy.retrievals == started and time.monotonic() < deadline:
+            time.sleep(0.001)
         before = spy.retrievals
         # this one's retrieval queues behind the held one; the query skips kNN, so it is cancelled unstarted
         assert client.post("/predict", json=SKIP_TEXT).json()["knn_skipped"] is True

@@ -325,7 +325,9 @@ def test_whole_word_answers_are_the_same_when_queries_are_batched(whole_ds: Path
     sequential fill runs its extra forwards through the model's thread): the answers equal one-at-a-time ones."""
     queries = [QUESTION, {"text": "zorblat was born in [MASK] .", "subject": "Zorblat"},
                {"text": "brandle mox lived in [MASK] ."}, {"text": "the river of [MASK] is long ."}]
-    with TestClient(create_app(_settings(whole_ds))) as client:
+    # the model waits up to 200 ms for company, so that the four arrive in one forward pass however slow the host
+    settings = ServiceSettings(datastore=whole_ds, model={"device": "cpu"}, batching={"max_wait_ms": 200})
+    with TestClient(create_app(settings)) as client:
         batched = client.post("/predict/batch", json={"queries": queries}).json()["results"]
         metrics = client.get("/metrics").text
     batches = float(re.search(r"^bertknn_batch_size_count (\S+)$", metrics, re.M).group(1))  # type: ignore[union-attr]
