@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from datastore_builder.encoder import top_entries
+from datastore_builder.encoder import top_set
 
 _ENC_MAGIC = b"BKE1"
 _ENC_HEADER = struct.Struct("<4sIII")  # magic, hidden, n_top, vocab
@@ -21,34 +21,33 @@ class CorruptValue(ValueError):
 
 @dataclass(frozen=True)
 class QueryEncoding:
-    """The expensive part of a query: its [MASK] embedding and the head of p_MLM (float16, top entries).
+    """The expensive part of a query: its [MASK] embedding and the head of p_MLM (float16, the top entries).
 
     The answer is always computed from this compact form, whether it came from the model or the cache, so a
     cached answer is identical to an uncached one.
     """
 
     embedding: np.ndarray  # float16 [hidden]
-    top_ids: np.ndarray  # int32 [n], most probable first
-    top_probs: np.ndarray  # float16 [n]
+    top_ids: np.ndarray  # int32 [n], ascending: the ids of the n most probable entries (a set, not a ranking)
+    top_probs: np.ndarray  # float16 [n], p_MLM at top_ids
     vocab_size: int
 
     @classmethod
     def from_log_probs(cls, embedding: np.ndarray, log_probs: np.ndarray, n_top: int) -> QueryEncoding:
-        """From the whole log p_MLM: its ``n_top`` largest entries are kept."""
-        values, ids = top_entries(log_probs, n_top)
+        """From the whole log p_MLM: its ``n_top`` largest entries are kept (`top_set`: ties by smaller id)."""
+        values, ids = top_set(log_probs, n_top)
         return cls.from_top(embedding, values, ids, len(log_probs))
 
     @classmethod
     def from_top(
         cls, embedding: np.ndarray, top_log_probs: np.ndarray, top_ids: np.ndarray, vocab_size: int
     ) -> QueryEncoding:
-        """From the largest entries of log p_MLM in `top_entries`' order (most probable first, ties by id), as
-        ``MaskedLMEncoder.encode(..., mlm_top=n)`` returns them; entries in another order are sorted first."""
+        """From the largest entries of log p_MLM, in any order (`top_set`'s id order, `top_entries`' ranking):
+        they are kept in id order, so that the same entries always make the same encoding (and bytes)."""
         values = np.asarray(top_log_probs, dtype=np.float32)
         ids = np.asarray(top_ids)
-        step = values[1:] - values[:-1]
-        if not ((step < 0) | ((step == 0) & (ids[1:] > ids[:-1]))).all():
-            order = np.lexsort((ids, -values))
+        if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
+            order = np.argsort(ids, kind="stable")
             values, ids = values[order], ids[order]
         return cls(
             np.asarray(embedding, dtype=np.float16),
@@ -56,6 +55,10 @@ class QueryEncoding:
             np.exp(values.astype(np.float64)).astype(np.float16),
             vocab_size,
         )
+
+    def ranked_ids(self) -> np.ndarray:
+        """The stored ids most probable first (ties by smaller id)."""
+        return self.top_ids[np.lexsort((self.top_ids, -self.top_probs.astype(np.float32)))]
 
     def p_mlm(self) -> np.ndarray:
         """The full distribution: stored entries exact, the remaining mass spread evenly over the rest.
@@ -74,7 +77,7 @@ class QueryEncoding:
         if cached is None:
             top = self.top_probs.astype(np.float64)
             rest = self.vocab_size - len(top)
-            stored = float(top.sum())
+            stored = float(top.sum())  # exact (float16 values summed in float64), so in any order the same
             fill = max(0.0, 1.0 - stored) / rest if rest else 0.0
             total = stored + fill * rest  # normalised to sum 1 (float16 rounding of the stored entries)
             # one float32 array (a float64 temporary the size of the vocabulary cost more than the rest together)
@@ -113,6 +116,11 @@ class QueryEncoding:
         probs = np.frombuffer(body, "<f2", n, off + 2 * h + 4 * n).astype(np.float16)
         if (ids < 0).any() or (ids >= v).any() or not np.isfinite(emb).all() or not np.isfinite(probs).all():
             raise CorruptValue("values out of range")
+        if n > 1 and not (ids[1:] > ids[:-1]).all():  # written by an earlier version (most probable first)
+            order = np.argsort(ids, kind="stable")
+            if (ids[order][1:] == ids[order][:-1]).any():
+                raise CorruptValue("repeated ids")
+            ids, probs = ids[order], probs[order]
         return cls(emb, ids, probs, v)
 
 

@@ -95,25 +95,25 @@ def interpolated_top_k(
     computes it, so the answer is the same; None when the remainder could reach the top k (the caller then uses
     the dense path).
 
-    When ``mlm_ids`` come most probable first (as `QueryEncoding` stores them), only their first k + |kNN ids|
-    (and any ties with the last of those) can reach either top k besides the kNN ids: the rest of the ranking
-    runs on those few hundred candidates instead of thousands, and falls back to all stored ids only when
-    something left out could tie with the k-th answer.
+    ``mlm_ids`` may come in any order (`QueryEncoding` keeps them in id order). Only the m = k + |kNN ids| most
+    probable of them (with any ties of the m-th) can reach either top k besides the kNN ids: the ranking runs
+    on those few hundred candidates instead of thousands, and falls back to all stored ids only when something
+    left out could tie with the k-th answer.
     """
     if not 0.0 <= lam <= 1.0:
         raise ValueError("lambda must be in [0, 1]")
     n = len(mlm_ids)
     m = min(n, k + len(knn_ids))
     if 0 < m < n:
-        pm_sorted = p_mlm[mlm_ids]
-        if (pm_sorted[1:] <= pm_sorted[:-1]).all():  # most probable first: the head is the first m
-            m = int(np.searchsorted(-pm_sorted, -pm_sorted[m - 1], side="right"))  # with the m-th's ties
-            if m < n:
-                # every id left out has no kNN mass and p_MLM at most this (a stored one, or the remainder)
-                bound = pm_sorted[m] if mlm_rest is None else max(pm_sorted[m], np.float32(mlm_rest))
-                got = _ranked(p_mlm, _union(mlm_ids[:m], knn_ids), knn_ids, knn_probs, lam, k, np.float32(bound))
-                if got is not None:
-                    return got
+        pm = p_mlm[mlm_ids]
+        mth = np.partition(pm, n - m)[n - m]  # the m-th largest stored p_MLM
+        head = pm >= mth  # the m most probable, with the m-th's ties
+        if not head.all():
+            # every id left out has no kNN mass and p_MLM at most this (a stored one, or the remainder)
+            bound = pm[~head].max() if mlm_rest is None else max(pm[~head].max(), np.float32(mlm_rest))
+            got = _ranked(p_mlm, _union(mlm_ids[head], knn_ids), knn_ids, knn_probs, lam, k, np.float32(bound))
+            if got is not None:
+                return got
     cand = _union(mlm_ids, knn_ids)
     # an id outside the candidates is not stored: it holds the remainder value
     rest = np.float32(mlm_rest) if mlm_rest is not None and len(cand) < len(p_mlm) else None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 
-from datastore_builder.encoder import MaskedInput, MaskedLMEncoder, ModelLoadError, QueryError, top_entries
+from datastore_builder.encoder import MaskedInput, MaskedLMEncoder, ModelLoadError, QueryError, top_set
 from datastore_builder.format import Datastore, DatastoreError, validate_datastore
 from service.cache import Cache, InMemoryCache, cache_key
 from service.codec import CorruptValue, QueryEncoding, decode_hits, encode_hits
@@ -319,10 +319,10 @@ class AnswerPipeline:
     def _complete_all(
         self, pending: Sequence[PendingEncoding], defer_store: list[Callable[[], None]] | None
     ) -> list[QueryEncoding]:
-        """Keep each row's `mlm_top_entries` most probable entries (`top_entries`); one cache write for all."""
+        """Keep each row's `mlm_top_entries` most probable entries (`top_set`); one cache write for all."""
         encs = []
         for p in pending:
-            values, ids = top_entries(p.log_probs, self.mlm_top_entries)
+            values, ids = top_set(p.log_probs, self.mlm_top_entries)
             encs.append(QueryEncoding.from_top(p.embedding, values, ids, self.encoder.vocab_size))
         self._store({p.key: enc for p, enc in zip(pending, encs, strict=True)}, defer_store)
         return encs

@@ -213,7 +213,7 @@ class WordAnswerer:
                 words.append(entry)  # the shard's word-table entry (frozen)
             labels[n] = c
         want, taken = max(query.top_k, MLM_CANDIDATES), 0
-        for token_id in enc.top_ids:  # most probable first
+        for token_id in enc.ranked_ids():  # most probable first
             w = self.token_word(int(token_id))
             if w is None:
                 continue

@@ -24,8 +24,24 @@ def test_roundtrip_is_exact_and_distribution_sums_to_one():
     assert np.array_equal(back.p_mlm(), enc.p_mlm())
     p = enc.p_mlm()
     assert p.sum() == pytest.approx(1.0, abs=1e-5)
-    assert int(np.argmax(p)) == int(enc.top_ids[0])
-    assert (np.diff(enc.top_probs.astype(np.float32)) <= 0).all()
+    assert (np.diff(enc.top_ids) > 0).all()  # kept in id order
+    ranked = enc.ranked_ids()
+    assert int(np.argmax(p)) == int(ranked[0])
+    assert (np.diff(p[ranked]) <= 0).all() and sorted(ranked.tolist()) == enc.top_ids.tolist()
+
+
+def test_bytes_written_most_probable_first_decode_to_the_same_encoding():
+    # an earlier version stored the entries most probable first: such cached values still read the same
+    enc = _enc(seed=5)
+    order = enc.ranked_ids()
+    pos = np.searchsorted(enc.top_ids, order)
+    old = QueryEncoding(enc.embedding, enc.top_ids[pos], enc.top_probs[pos], enc.vocab_size)
+    back = QueryEncoding.from_bytes(old.to_bytes(), hidden=8, vocab_size=100)
+    assert np.array_equal(back.top_ids, enc.top_ids) and np.array_equal(back.top_probs, enc.top_probs)
+    assert back.to_bytes() == enc.to_bytes()
+    repeated = QueryEncoding(enc.embedding, np.r_[enc.top_ids[1:], enc.top_ids[1]], enc.top_probs, 100)
+    with pytest.raises(CorruptValue, match="repeated"):
+        QueryEncoding.from_bytes(repeated.to_bytes(), hidden=8, vocab_size=100)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "other_model"])
@@ -69,7 +85,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
-from datastore_builder.encoder import top_entries  # noqa: E402
+from datastore_builder.encoder import top_entries, top_set  # noqa: E402
 
 
 def _full_sort_top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,6 +106,10 @@ def test_top_entries_equals_a_full_stable_sort(row: np.ndarray, k: int) -> None:
     want_values, want_ids = _full_sort_top(row, k)
     assert np.array_equal(ids, want_ids)
     assert np.array_equal(values, want_values)
+    # top_set: the same entries, in id order
+    set_values, set_ids = top_set(row, k)
+    order = np.argsort(want_ids)
+    assert np.array_equal(set_ids, want_ids[order]) and np.array_equal(set_values, want_values[order])
 
 
 def test_top_entries_on_a_vocabulary_sized_distribution() -> None:
@@ -103,9 +123,12 @@ def test_top_entries_on_a_vocabulary_sized_distribution() -> None:
             values, ids = top_entries(log_probs, k)
             want_values, want_ids = _full_sort_top(log_probs, k)
             assert np.array_equal(ids, want_ids) and np.array_equal(values, want_values)
+            set_values, set_ids = top_set(log_probs, k)
+            order = np.argsort(want_ids)
+            assert np.array_equal(set_ids, want_ids[order]) and np.array_equal(set_values, want_values[order])
 
 
-def test_from_top_puts_entries_in_one_order_whatever_their_order() -> None:
+def test_from_top_keeps_entries_in_id_order_whatever_their_order() -> None:
     rng = np.random.default_rng(4)
     logits = rng.integers(-6, 0, 200).astype(np.float32)  # many ties
     values, ids = top_entries(logits, 50)
@@ -116,3 +139,4 @@ def test_from_top_puts_entries_in_one_order_whatever_their_order() -> None:
     assert np.array_equal(again.top_ids, canonical.top_ids)
     assert np.array_equal(again.top_probs, canonical.top_probs)
     assert np.array_equal(QueryEncoding.from_log_probs(emb, logits, 50).top_ids, canonical.top_ids)
+    assert (np.diff(canonical.top_ids) > 0).all() and again.to_bytes() == canonical.to_bytes()

@@ -108,10 +108,10 @@ def test_knn_sparse_holds_the_non_zero_part_of_the_dense_distribution() -> None:
     lam=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
     k=st.integers(1, 30),
     alpha=st.sampled_from([0.1, 0.3, 3.0]),  # small alpha: many float16 probabilities tie (subnormals)
-    shuffled=st.booleans(),
+    order=st.sampled_from(["ids", "ranked", "shuffled"]),
 )
 def test_interpolated_top_k_equals_the_dense_ranking(
-    seed: int, vocab: int, n_top: int, n_nbrs: int, lam: float, k: int, alpha: float, shuffled: bool
+    seed: int, vocab: int, n_top: int, n_nbrs: int, lam: float, k: int, alpha: float, order: str
 ) -> None:
     rng = np.random.default_rng(seed)
     log_probs = np.log(np.maximum(rng.dirichlet(np.full(vocab, alpha)), 1e-30)).astype(np.float32)
@@ -121,8 +121,8 @@ def test_interpolated_top_k_equals_the_dense_ranking(
     labels = rng.integers(0, vocab, n_nbrs)
     ids, probs = knn_sparse(d, labels, 6.0)
     p = interpolate(knn_distribution(d, labels, vocab, 6.0), p_mlm, lam)
-    # stored ids in the encoding's order (most probable first: only the head is ranked), or in another order
-    mlm_ids = rng.permutation(enc.top_ids) if shuffled else enc.top_ids
+    # stored ids in the encoding's order (ids ascending), most probable first, or in any other order
+    mlm_ids = {"ids": enc.top_ids, "ranked": enc.ranked_ids(), "shuffled": rng.permutation(enc.top_ids)}[order]
     got = interpolated_top_k(p_mlm, mlm_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm())
     if got is None:  # only when the shared remainder value of p_MLM could reach the top k
         assert len(np.union1d(enc.top_ids, ids)) < vocab
@@ -151,7 +151,7 @@ def test_interpolated_top_k_ranks_only_the_head_of_a_vocabulary_sized_encoding()
         for lam in (0.0, 0.3, 1.0):
             for k in (1, 10, 30):
                 d = np.sort(rng.uniform(0, 40, 128))
-                labels = np.concatenate((rng.choice(enc.top_ids[:300], 100), rng.integers(0, vocab, 28)))
+                labels = np.concatenate((rng.choice(enc.ranked_ids()[:300], 100), rng.integers(0, vocab, 28)))
                 ids, probs = knn_sparse(d, labels, 6.0)
                 sizes.clear()
                 best, mlm = interpolated_top_k(p_mlm, enc.top_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm())
