@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     timers.wrap(encoder_mod.MaskedLMEncoder, "_forward", "forward (model alone)")
     timers.wrap(codec.QueryEncoding, "from_top", "encoding from the top entries")
     timers.wrap(codec.QueryEncoding, "to_bytes", "encoding to bytes")
-    timers.wrap(pipeline_mod, "top_entries", "top p_MLM entries")
+    timers.wrap(pipeline_mod, "top_set", "top p_MLM entries (the set)")
     timers.wrap(AnswerPipeline, "forward", "encoding (forward + top entries + cache)")
     timers.wrap(AnswerPipeline, "retrieve", "retrieval (overlapped)")
     timers.wrap(AnswerPipeline, "neighbours", "kNN")

@@ -45,12 +45,12 @@ import bisect
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -499,12 +499,28 @@ class Datastore:
 
     def context(self, global_row: int) -> ContextRef:
         """The article, sentence and word span behind one stored row."""
-        pos, row = self.locate(global_row)
-        shard = self.shards[pos]
-        starts, titles = self._row_to_article[pos]
-        article = titles[bisect.bisect_right(starts, row) - 1]
-        a, b = shard.spans[row].tolist()
-        return ContextRef(article, shard.sentence(int(shard.sentence_ids[row])), (a, b))
+        return self.contexts([global_row])[0]
+
+    def contexts(self, global_rows: Sequence[int]) -> list[ContextRef]:
+        """`context` of several rows, reading each shard's arrays once for all of them (one answer shows up
+        to a few dozen: row by row, the small reads from the memory-mapped arrays cost most of the time)."""
+        out: list[ContextRef | None] = [None] * len(global_rows)
+        by_shard: dict[int, list[tuple[int, int]]] = {}
+        for i, g in enumerate(global_rows):
+            pos, row = self.locate(g)
+            by_shard.setdefault(pos, []).append((i, row))
+        for pos, items in by_shard.items():
+            shard = self.shards[pos]
+            starts, titles = self._row_to_article[pos]
+            rows = np.fromiter((r for _, r in items), dtype=np.int64, count=len(items))
+            spans = shard.spans[rows].tolist()
+            sids = shard.sentence_ids[rows].astype(np.int64)
+            begin, end = shard.sentence_offsets[sids].tolist(), shard.sentence_offsets[sids + 1].tolist()
+            text = shard._sentences
+            for (i, row), (a, b), s0, s1 in zip(items, spans, begin, end, strict=True):
+                sentence = text[s0:s1].tobytes().decode("utf-8")
+                out[i] = ContextRef(titles[bisect.bisect_right(starts, row) - 1], sentence, (a, b))
+        return cast(list[ContextRef], out)
 
 
 def validate_datastore(root: Path | str, *, hashes: bool = True, manifest: Manifest | None = None) -> list[str]:

@@ -65,28 +65,36 @@ class QueryEncoding:
 
         Built once per encoding (the adaptive rule and the interpolation both read it) and returned read-only.
         """
-        return self._dense()[0]
+        cached = self.__dict__.get("_p_mlm")
+        if cached is None:
+            stored, rest_value = self._normalised()
+            cached = np.full(self.vocab_size, rest_value, dtype=np.float32)
+            cached[self.top_ids] = stored
+            cached.flags.writeable = False
+            object.__setattr__(self, "_p_mlm", cached)
+        return cached
+
+    def p_mlm_at(self) -> PMlmAt:
+        """`p_mlm` read at given ids without building the vocabulary-sized array (the same float32 values)."""
+        return PMlmAt(self)
 
     def rest_p_mlm(self) -> float | None:
         """p_MLM of every id not stored (the value `p_mlm` has there); None when every id is stored."""
-        return None if len(self.top_ids) >= self.vocab_size else float(self._dense()[1])
+        return None if len(self.top_ids) >= self.vocab_size else float(self._normalised()[1])
 
-    def _dense(self) -> tuple[np.ndarray, np.float32]:
-        """(`p_mlm`, its value at the ids not stored), computed once."""
-        cached = self.__dict__.get("_p_mlm")
+    def _normalised(self) -> tuple[np.ndarray, np.float32]:
+        """(p_MLM at ``top_ids`` float32, p_MLM at every other id), computed once."""
+        cached = self.__dict__.get("_normalised_p")
         if cached is None:
             top = self.top_probs.astype(np.float64)
             rest = self.vocab_size - len(top)
             stored = float(top.sum())  # exact (float16 values summed in float64), so in any order the same
             fill = max(0.0, 1.0 - stored) / rest if rest else 0.0
             total = stored + fill * rest  # normalised to sum 1 (float16 rounding of the stored entries)
-            # one float32 array (a float64 temporary the size of the vocabulary cost more than the rest together)
-            rest_value = np.float32(fill / total)
-            p = np.full(self.vocab_size, rest_value, dtype=np.float32)
-            p[self.top_ids] = (top / total).astype(np.float32)
-            p.flags.writeable = False
-            cached = (p, rest_value)
-            object.__setattr__(self, "_p_mlm", cached)
+            values = (top / total).astype(np.float32)
+            values.flags.writeable = False
+            cached = (values, np.float32(fill / total))
+            object.__setattr__(self, "_normalised_p", cached)
         return cached
 
     def to_bytes(self) -> bytes:
@@ -140,3 +148,27 @@ def decode_hits(data: bytes) -> list[tuple[str, float | None, str]]:
         return [(str(t), None if s is None else float(s), str(r)) for t, s, r in raw]
     except (ValueError, TypeError) as exc:
         raise CorruptValue("not a hit list") from exc
+
+
+class PMlmAt:
+    """``enc.p_mlm()[ids]`` for arrays of ids, by binary search in the stored ids (kept in id order): the
+    interpolation reads p_MLM at a few hundred ids, and the dense array of the whole vocabulary cost more."""
+
+    def __init__(self, enc: QueryEncoding):
+        self._ids = enc.top_ids
+        self._stored, self._rest = enc._normalised()
+        self._vocab = enc.vocab_size
+
+    def __len__(self) -> int:
+        return self._vocab
+
+    def __getitem__(self, ids: np.ndarray) -> np.ndarray:
+        if ids is self._ids:  # every stored entry (read-only)
+            return self._stored
+        ids = np.asarray(ids)
+        out = np.full(ids.shape, self._rest, dtype=np.float32)
+        if len(self._ids):
+            pos = np.minimum(np.searchsorted(self._ids, ids), len(self._ids) - 1)
+            hit = self._ids[pos] == ids
+            out[hit] = self._stored[pos[hit]]
+        return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -78,8 +78,16 @@ def top_k_among(ids: np.ndarray, values: np.ndarray, k: int, rest: float | None)
     return list(zip(ids[order].tolist(), values[order].tolist(), strict=True))
 
 
+class ValuesAt(Protocol):
+    """A distribution read at arrays of ids: a dense array, or `service.codec.PMlmAt`."""
+
+    def __getitem__(self, ids: np.ndarray, /) -> np.ndarray: ...
+
+    def __len__(self) -> int: ...
+
+
 def interpolated_top_k(
-    p_mlm: np.ndarray,
+    p_mlm: ValuesAt,
     mlm_ids: np.ndarray,
     knn_ids: np.ndarray,
     knn_probs: np.ndarray,
@@ -89,6 +97,8 @@ def interpolated_top_k(
     mlm_rest: float | None,
 ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]] | None:
     """Top k of p = lam p_kNN + (1 - lam) p_MLM and of p_MLM, without touching the whole vocabulary.
+
+    ``p_mlm``: the dense p_MLM, or anything that reads it at arrays of ids (`service.codec.PMlmAt`).
 
     ``mlm_ids``: the ids whose p_MLM is stored exactly (every other id has one shared remainder value,
     ``mlm_rest``; None when there is no other id). Each candidate's p is computed exactly as `interpolate`
@@ -127,7 +137,7 @@ def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _ranked(
-    p_mlm: np.ndarray,
+    p_mlm: ValuesAt,
     cand: np.ndarray,
     knn_ids: np.ndarray,
     knn_probs: np.ndarray,

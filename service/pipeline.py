@@ -19,7 +19,7 @@ import numpy as np
 from datastore_builder.encoder import MaskedInput, MaskedLMEncoder, ModelLoadError, QueryError, top_set
 from datastore_builder.format import Datastore, DatastoreError, validate_datastore
 from service.cache import Cache, InMemoryCache, cache_key
-from service.codec import CorruptValue, QueryEncoding, decode_hits, encode_hits
+from service.codec import CorruptValue, PMlmAt, QueryEncoding, decode_hits, encode_hits
 from service.interpolate import (
     AdaptiveRule,
     Interpolation,
@@ -410,11 +410,15 @@ class AnswerPipeline:
         """Adaptive queries whose p_MLM is confident enough skip retrieval and kNN (decided from p_MLM alone)."""
         return query.interpolation == "adaptive" and knn_skipped(query.rule or _DEFAULT_RULE, enc.p_mlm())
 
-    def lambda_for(self, query: Query, p_mlm: np.ndarray, p_knn: np.ndarray, nbrs: Neighbours) -> float:
-        """The kNN weight of this query: fixed, or the adaptive rule's; 0 when no neighbour was found."""
+    def lambda_for(self, query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray, nbrs: Neighbours) -> float:
+        """The kNN weight of this query: fixed, or the adaptive rule's; 0 when no neighbour was found.
+
+        ``p_mlm``: the dense p_MLM, which only the adaptive rule reads (None is fine in fixed mode)."""
         if not len(nbrs):
             return 0.0
         if query.interpolation == "adaptive":
+            if p_mlm is None:
+                raise ValueError("the adaptive rule needs the dense p_MLM")
             return adaptive_lambda(query.rule or _DEFAULT_RULE, p_mlm, p_knn)
         return query.lambda_
 
@@ -431,31 +435,35 @@ class AnswerPipeline:
             preds, mlm, knn, lam, dists = self.words.answer(query, enc, nbrs, with_distributions=with_distributions)
             return preds, mlm, knn, lam, dists, self._articles_seen(query, nbrs, articles)
         vocab = self.encoder.vocab_size
-        p_mlm = enc.p_mlm()
         knn_ids, knn_probs = knn_sparse(nbrs.distances, nbrs.labels, query.temperature)
         p_knn = np.zeros(vocab, dtype=np.float32)
         p_knn[knn_ids] = knn_probs
-        lam = self.lambda_for(query, p_mlm, p_knn, nbrs)
+        # The dense p_MLM (a vocabulary-sized array) only where the whole distribution is read: the adaptive
+        # rule, the returned distributions, the dense ranking below. Otherwise p_MLM is read at a few ids.
+        dense = enc.p_mlm() if with_distributions or query.interpolation == "adaptive" else None
+        lam = self.lambda_for(query, dense, p_knn, nbrs)
+        p_mlm: np.ndarray | PMlmAt = dense if dense is not None else enc.p_mlm_at()
         # Rank the stored p_MLM entries and the neighbours' words only: every other id shares one p_MLM value
         # and has no kNN mass. The dense path runs when that value could reach the top k, or for evaluation.
         fast = None
         if not with_distributions:
             fast = interpolated_top_k(p_mlm, enc.top_ids, knn_ids, knn_probs, lam, query.top_k, mlm_rest=enc.rest_p_mlm())
         if fast is None:
+            p_mlm = enc.p_mlm()
             p = interpolate(p_knn, p_mlm, lam)
             best, mlm_top = top_k(p, query.top_k), top_k(p_mlm, query.top_k)
         else:
             (best, mlm_top), p = fast, None
         preds = []
         ranks = _ranks_by_label(nbrs.labels, {t for t, _ in best}, query.contexts_per_answer) if query.return_contexts else {}
-        for token_id, prob in best:
-            contexts = self._contexts(nbrs, ranks.get(token_id, []))
-            preds.append(
-                Prediction(self.token(token_id), token_id, prob, float(p_mlm[token_id]), float(p_knn[token_id]), contexts)
-            )
+        best_p_mlm = p_mlm[np.array([t for t, _ in best], dtype=np.int64)].tolist()
+        shown = iter(self._contexts(nbrs, [r for t, _ in best for r in ranks.get(t, [])]))  # one read for all
+        for (token_id, prob), pm in zip(best, best_p_mlm, strict=True):
+            contexts = [next(shown) for _ in ranks.get(token_id, [])]
+            preds.append(Prediction(self.token(token_id), token_id, prob, pm, float(p_knn[token_id]), contexts))
         mlm = [TokenProb(self.token(i), pr) for i, pr in mlm_top]
         knn = [TokenProb(self.token(i), pr) for i, pr in top_k_among(knn_ids, knn_probs, query.top_k, None) or []]
-        dists = Distributions(p_mlm, p_knn, p) if with_distributions and p is not None else None
+        dists = Distributions(enc.p_mlm(), p_knn, p) if with_distributions and p is not None else None
         return preds, mlm, knn, lam, dists, self._articles_seen(query, nbrs, articles)
 
     def _articles_seen(self, query: Query, nbrs: Neighbours, articles: list[ArticleHit]) -> list[ArticleHit]:
@@ -463,16 +471,15 @@ class AnswerPipeline:
         if query.retriever != "none" or not len(nbrs):
             return articles
         counts: dict[str, int] = {}
-        for r in nbrs.rows[: query.k]:
-            title = self.datastore.context(int(r)).article
-            counts[title] = counts.get(title, 0) + 1
+        for ref in self.datastore.contexts(nbrs.rows[: query.k].tolist()):
+            counts[ref.article] = counts.get(ref.article, 0) + 1
         return [ArticleHit(t, float(c), "none") for t, c in sorted(counts.items(), key=lambda x: -x[1])]
 
     def _contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
         """The stored sentences of the neighbours at these ranks (0-based), the word in ``**bold**``."""
         out = []
-        for rank in ranks:
-            ref = self.datastore.context(int(nbrs.rows[rank]))
+        refs = self.datastore.contexts([int(nbrs.rows[r]) for r in ranks])
+        for rank, ref in zip(ranks, refs, strict=True):
             a, b = ref.span
             marked = f"{ref.sentence[:a]}**{ref.sentence[a:b]}**{ref.sentence[b:]}"
             out.append(Context(ref.article, marked, float(nbrs.distances[rank]), int(rank) + 1))

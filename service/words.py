@@ -250,10 +250,4 @@ class WordAnswerer:
         return preds, mlm, knn, lam, dists
 
     def _contexts(self, nbrs: Neighbours, labels: np.ndarray, candidate: int, limit: int) -> list[Context]:
-        out = []
-        for rank in np.flatnonzero(labels == candidate)[:limit]:
-            ref = self.datastore.context(int(nbrs.rows[rank]))
-            a, b = ref.span
-            marked = f"{ref.sentence[:a]}**{ref.sentence[a:b]}**{ref.sentence[b:]}"
-            out.append(Context(ref.article, marked, float(nbrs.distances[rank]), int(rank) + 1))
-        return out
+        return self.pipeline._contexts(nbrs, np.flatnonzero(labels == candidate)[:limit].tolist())

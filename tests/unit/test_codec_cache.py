@@ -140,3 +140,17 @@ def test_from_top_keeps_entries_in_id_order_whatever_their_order() -> None:
     assert np.array_equal(again.top_probs, canonical.top_probs)
     assert np.array_equal(QueryEncoding.from_log_probs(emb, logits, 50).top_ids, canonical.top_ids)
     assert (np.diff(canonical.top_ids) > 0).all() and again.to_bytes() == canonical.to_bytes()
+
+
+@pytest.mark.parametrize(("vocab", "n_top"), [(100, 10), (100, 100), (30, 1)])
+def test_p_mlm_at_reads_the_dense_distribution_without_building_it(vocab: int, n_top: int) -> None:
+    rng = np.random.default_rng(vocab + n_top)
+    logits = rng.normal(size=vocab) * 3
+    enc = QueryEncoding.from_log_probs(rng.normal(size=8).astype(np.float32), logits - np.log(np.exp(logits).sum()), n_top)
+    at = enc.p_mlm_at()
+    assert "_p_mlm" not in enc.__dict__  # the dense array was not built
+    ids = np.concatenate((rng.integers(0, vocab, 50), enc.top_ids, [0, vocab - 1]))
+    got = at[ids]
+    assert got.dtype == np.float32 and len(at) == vocab
+    assert np.array_equal(got, enc.p_mlm()[ids])  # bit for bit
+    assert np.array_equal(at[np.zeros(0, np.int64)], np.zeros(0, np.float32))

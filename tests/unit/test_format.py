@@ -152,3 +152,25 @@ def test_reader_returns_the_rows_of_the_given_articles(built: Path, tiny_model_d
         assert ref.article == "Plonk"
         word = ref.sentence[ref.span[0] : ref.span[1]]
         assert tokenizer(word, add_special_tokens=False)["input_ids"] == [int(label)]
+
+
+def test_contexts_of_rows_from_several_articles_in_any_order(built: Path, tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    store = Datastore(built)
+    titles = sorted(store.articles)
+    _, labels, ids = store.article_rows(titles)
+    owner = {}
+    for title in titles:  # the article of each global row, from the article table
+        entry = store.articles[title]
+        base = int(store.shard_offsets[store.shard_position(entry.shard)])
+        owner.update({base + r: title for r in range(entry.row_start, entry.row_end)})
+    label_of = dict(zip(ids.tolist(), labels.tolist(), strict=True))
+    rng = np.random.default_rng(0)
+    rows = [int(r) for r in rng.permutation(ids)] + [int(ids[0]), int(ids[-1]), int(ids[0])]  # shuffled, repeated
+    refs = store.contexts(rows)
+    assert len(refs) == len(rows) and len({owner[r] for r in rows}) > 1
+    for row, ref in zip(rows, refs, strict=True):
+        assert ref.article == owner[row]
+        word = ref.sentence[ref.span[0] : ref.span[1]]
+        assert tokenizer(word, add_special_tokens=False)["input_ids"] == [label_of[row]]
+    assert store.contexts([]) == []
