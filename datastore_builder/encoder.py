@@ -201,23 +201,30 @@ class _MaskCore(torch.nn.Module):
         return emb, torch.log_softmax(self.head(hidden[-1][rows, pos]).float(), dim=-1)
 
 
+def _candidates(row: np.ndarray, k: int) -> np.ndarray:
+    """Ids (ascending) of at least the ``k`` largest entries of ``row`` (0 < k < len(row)), about 1.5 k of them:
+    a threshold taken from every 8th entry, or the k-th largest value itself when that keeps too few."""
+    n = len(row)
+    sample = row[::8]
+    m = min(len(sample), k // 8 + k // 16 + 1)  # about 1.5 k rows are expected at or above the threshold
+    cand = np.flatnonzero(row >= np.partition(sample, len(sample) - m)[len(sample) - m])
+    if len(cand) < k:
+        cand = np.flatnonzero(row >= np.partition(row, n - k)[n - k])
+    return cand
+
+
 def top_entries(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` largest entries of one row: (values float32, ids int64), largest first, ties by smaller id.
 
     Exact, and faster than ``argpartition`` over the whole vocabulary (``python -m bench.backends`` measures
-    both): a threshold taken from every 8th entry keeps about 1.5 ``k`` candidates (the whole row is used when
-    they are fewer than ``k``), and a sort of the candidates, which come in id order, orders them.
+    both): `_candidates` keeps about 1.5 ``k`` candidates in id order, and a sort of those orders them.
     """
     row = np.asarray(log_probs, dtype=np.float32)
     n = len(row)
     k = min(k, n)
     if k <= 0:
         return np.zeros(0, np.float32), np.zeros(0, np.int64)
-    sample = row[::8]
-    m = min(len(sample), k // 8 + k // 16 + 1)  # about 1.5 k rows are expected at or above the threshold
-    cand = np.flatnonzero(row >= np.partition(sample, len(sample) - m)[len(sample) - m]) if k < n else None
-    if cand is None or len(cand) < k:  # too few: the k-th largest value itself is the threshold
-        cand = np.flatnonzero(row >= np.partition(row, n - k)[n - k]) if k < n else np.arange(n)
+    cand = _candidates(row, k) if k < n else np.arange(n)
     values = row[cand]
     # numpy's default sort is several times faster than its stable sort (SIMD), but it leaves equal values in
     # any order, and equal float32 log-probabilities are common among thousands. So: sort by value, then put
@@ -247,11 +254,7 @@ def top_set(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.float32), np.zeros(0, np.int64)
     if k == n:
         return row.copy(), np.arange(n, dtype=np.int64)
-    sample = row[::8]
-    m = min(len(sample), k // 8 + k // 16 + 1)  # about 1.5 k rows are expected at or above the threshold (as above)
-    cand = np.flatnonzero(row >= np.partition(sample, len(sample) - m)[len(sample) - m])
-    if len(cand) < k:
-        cand = np.flatnonzero(row >= np.partition(row, n - k)[n - k])
+    cand = _candidates(row, k)
     values = row[cand]
     if len(cand) > k:
         kth = np.partition(values, len(values) - k)[len(values) - k]  # the k-th largest value

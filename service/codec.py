@@ -44,11 +44,7 @@ class QueryEncoding:
     ) -> QueryEncoding:
         """From the largest entries of log p_MLM, in any order (`top_set`'s id order, `top_entries`' ranking):
         they are kept in id order, so that the same entries always make the same encoding (and bytes)."""
-        values = np.asarray(top_log_probs, dtype=np.float32)
-        ids = np.asarray(top_ids)
-        if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
-            order = np.argsort(ids, kind="stable")
-            values, ids = values[order], ids[order]
+        ids, values = _in_id_order(np.asarray(top_ids), np.asarray(top_log_probs, dtype=np.float32))
         return cls(
             np.asarray(embedding, dtype=np.float16),
             ids.astype(np.int32),
@@ -124,12 +120,18 @@ class QueryEncoding:
         probs = np.frombuffer(body, "<f2", n, off + 2 * h + 4 * n).astype(np.float16)
         if (ids < 0).any() or (ids >= v).any() or not np.isfinite(emb).all() or not np.isfinite(probs).all():
             raise CorruptValue("values out of range")
-        if n > 1 and not (ids[1:] > ids[:-1]).all():  # written by an earlier version (most probable first)
-            order = np.argsort(ids, kind="stable")
-            if (ids[order][1:] == ids[order][:-1]).any():
-                raise CorruptValue("repeated ids")
-            ids, probs = ids[order], probs[order]
+        ids, probs = _in_id_order(ids, probs)  # (an earlier version wrote them most probable first)
+        if (ids[1:] == ids[:-1]).any():
+            raise CorruptValue("repeated ids")
         return cls(emb, ids, probs, v)
+
+
+def _in_id_order(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` ascending, ``values`` along with them (as they are when already in that order)."""
+    if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
+        order = np.argsort(ids, kind="stable")
+        return ids[order], values[order]
+    return ids, values
 
 
 def encode_hits(hits: list[tuple[str, float | None, str]]) -> bytes:

@@ -457,7 +457,7 @@ class AnswerPipeline:
         preds = []
         ranks = _ranks_by_label(nbrs.labels, {t for t, _ in best}, query.contexts_per_answer) if query.return_contexts else {}
         best_p_mlm = p_mlm[np.array([t for t, _ in best], dtype=np.int64)].tolist()
-        shown = iter(self._contexts(nbrs, [r for t, _ in best for r in ranks.get(t, [])]))  # one read for all
+        shown = iter(self.contexts(nbrs, [r for t, _ in best for r in ranks.get(t, [])]))  # one read for all
         for (token_id, prob), pm in zip(best, best_p_mlm, strict=True):
             contexts = [next(shown) for _ in ranks.get(token_id, [])]
             preds.append(Prediction(self.token(token_id), token_id, prob, pm, float(p_knn[token_id]), contexts))
@@ -475,7 +475,7 @@ class AnswerPipeline:
             counts[ref.article] = counts.get(ref.article, 0) + 1
         return [ArticleHit(t, float(c), "none") for t, c in sorted(counts.items(), key=lambda x: -x[1])]
 
-    def _contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
+    def contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
         """The stored sentences of the neighbours at these ranks (0-based), the word in ``**bold**``."""
         out = []
         refs = self.datastore.contexts([int(nbrs.rows[r]) for r in ranks])

@@ -250,4 +250,4 @@ class WordAnswerer:
         return preds, mlm, knn, lam, dists
 
     def _contexts(self, nbrs: Neighbours, labels: np.ndarray, candidate: int, limit: int) -> list[Context]:
-        return self.pipeline._contexts(nbrs, np.flatnonzero(labels == candidate)[:limit].tolist())
+        return self.pipeline.contexts(nbrs, np.flatnonzero(labels == candidate)[:limit].tolist())
