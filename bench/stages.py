@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     from service.settings import ServiceSettings
 
     timers = Timers()
-    timers.wrap(routes, "to_response", "response model")
-    timers.wrap(routes, "json_response", "response JSON")
-    timers.mark_before(routes, "to_query", "handler", span_from="request in", span="HTTP in (FastAPI: body, deps)")
+    timers.wrap(routes, "response_fields", "response fields")
+    timers.wrap(routes, "response_json", "response JSON")
+    timers.mark_before(routes, "to_query", "handler", span_from="request in", span="HTTP in (routing, deps, body)")
     timers.wrap(AnswerPipeline, "check_query", "tokenising")
     timers.wrap(encoder_mod.MaskedLMEncoder, "_forward", "forward (model alone)")
     timers.wrap(codec.QueryEncoding, "from_top", "encoding from the top entries")

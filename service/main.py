@@ -213,6 +213,7 @@ def create_app(
         description="Cloze question answering: a masked LM interpolated with kNN over an embedded Wikipedia "
         "(Kassner & Schütze 2020).",
         lifespan=lifespan,
+        telemetry=None if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False},
     )
     app.state.resources = resources
     install_error_handlers(app)

@@ -31,7 +31,7 @@ from service.interpolate import (
     top_k,
     top_k_among,
 )
-from service.retrieval.knn import EMPTY, Neighbours, RestrictedKnn
+from service.retrieval.knn import EMPTY, ArticleSearch, Neighbours, RestrictedKnn
 
 if TYPE_CHECKING:
     from service.words import WordAnswerer
@@ -379,13 +379,26 @@ class AnswerPipeline:
 
     # ---- stage 3+4: kNN and interpolation -----------------------------------------------------------------
 
-    def neighbours(self, query: Query, enc: QueryEncoding, articles: list[ArticleHit]) -> Neighbours:
+    def prepare_search(self, query: Query, articles: list[ArticleHit]) -> ArticleSearch | None:
+        """The retrieved articles' rows, read and indexed for `neighbours` before the embedding exists (the
+        service runs this next to the retrieval, during the forward pass); None when there is nothing to prepare."""
+        if query.retriever == "none" or not articles:
+            return None
+        return self.knn.prepare([a.title for a in articles])
+
+    def neighbours(
+        self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], search: ArticleSearch | None = None
+    ) -> Neighbours:
+        """The k nearest stored contexts among ``articles`` (``search``: their rows from `prepare_search`)."""
         vec = enc.embedding.astype(np.float32)
         if query.retriever == "none":
             return self._global_search(vec, query.k)
         if not articles:
             return EMPTY
-        return self.knn.search(vec, [a.title for a in articles], query.k)
+        titles = [a.title for a in articles]
+        if search is None or search.titles != tuple(titles):
+            search = self.knn.prepare(titles)
+        return search.search(vec, query.k)
 
     def _global_search(self, vec: np.ndarray, k: int) -> Neighbours:
         if self._global_knn is None:
@@ -410,15 +423,18 @@ class AnswerPipeline:
         """Adaptive queries whose p_MLM is confident enough skip retrieval and kNN (decided from p_MLM alone)."""
         return query.interpolation == "adaptive" and knn_skipped(query.rule or _DEFAULT_RULE, enc.p_mlm())
 
-    def lambda_for(self, query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray, nbrs: Neighbours) -> float:
+    def lambda_for(
+        self, query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray | None, nbrs: Neighbours
+    ) -> float:
         """The kNN weight of this query: fixed, or the adaptive rule's; 0 when no neighbour was found.
 
-        ``p_mlm``: the dense p_MLM, which only the adaptive rule reads (None is fine in fixed mode)."""
+        ``p_mlm``, ``p_knn``: the dense distributions, which only the adaptive rule reads (None is fine in fixed
+        mode)."""
         if not len(nbrs):
             return 0.0
         if query.interpolation == "adaptive":
-            if p_mlm is None:
-                raise ValueError("the adaptive rule needs the dense p_MLM")
+            if p_mlm is None or p_knn is None:
+                raise ValueError("the adaptive rule needs the dense p_MLM and p_kNN")
             return adaptive_lambda(query.rule or _DEFAULT_RULE, p_mlm, p_knn)
         return query.lambda_
 
@@ -434,13 +450,17 @@ class AnswerPipeline:
         if self.words is not None:
             preds, mlm, knn, lam, dists = self.words.answer(query, enc, nbrs, with_distributions=with_distributions)
             return preds, mlm, knn, lam, dists, self._articles_seen(query, nbrs, articles)
-        vocab = self.encoder.vocab_size
         knn_ids, knn_probs = knn_sparse(nbrs.distances, nbrs.labels, query.temperature)
-        p_knn = np.zeros(vocab, dtype=np.float32)
-        p_knn[knn_ids] = knn_probs
-        # The dense p_MLM (a vocabulary-sized array) only where the whole distribution is read: the adaptive
-        # rule, the returned distributions, the dense ranking below. Otherwise p_MLM is read at a few ids.
+
+        def dense_knn() -> np.ndarray:
+            p = np.zeros(self.encoder.vocab_size, dtype=np.float32)
+            p[knn_ids] = knn_probs
+            return p
+
+        # The dense p_MLM and p_kNN (vocabulary-sized arrays) only where a whole distribution is read: the
+        # adaptive rule, the returned distributions, the dense ranking below. Otherwise both are read at a few ids.
         dense = enc.p_mlm() if with_distributions or query.interpolation == "adaptive" else None
+        p_knn = dense_knn() if dense is not None else None
         lam = self.lambda_for(query, dense, p_knn, nbrs)
         p_mlm: np.ndarray | PMlmAt = dense if dense is not None else enc.p_mlm_at()
         # Rank the stored p_MLM entries and the neighbours' words only: every other id shares one p_MLM value
@@ -450,6 +470,7 @@ class AnswerPipeline:
             fast = interpolated_top_k(p_mlm, enc.top_ids, knn_ids, knn_probs, lam, query.top_k, mlm_rest=enc.rest_p_mlm())
         if fast is None:
             p_mlm = enc.p_mlm()
+            p_knn = dense_knn() if p_knn is None else p_knn
             p = interpolate(p_knn, p_mlm, lam)
             best, mlm_top = top_k(p, query.top_k), top_k(p_mlm, query.top_k)
         else:
@@ -458,12 +479,13 @@ class AnswerPipeline:
         ranks = _ranks_by_label(nbrs.labels, {t for t, _ in best}, query.contexts_per_answer) if query.return_contexts else {}
         best_p_mlm = p_mlm[np.array([t for t, _ in best], dtype=np.int64)].tolist()
         shown = iter(self.contexts(nbrs, [r for t, _ in best for r in ranks.get(t, [])]))  # one read for all
+        knn_at = dict(zip(knn_ids.tolist(), knn_probs.tolist(), strict=True))  # float32 values, as in p_kNN
         for (token_id, prob), pm in zip(best, best_p_mlm, strict=True):
             contexts = [next(shown) for _ in ranks.get(token_id, [])]
-            preds.append(Prediction(self.token(token_id), token_id, prob, pm, float(p_knn[token_id]), contexts))
+            preds.append(Prediction(self.token(token_id), token_id, prob, pm, knn_at.get(token_id, 0.0), contexts))
         mlm = [TokenProb(self.token(i), pr) for i, pr in mlm_top]
         knn = [TokenProb(self.token(i), pr) for i, pr in top_k_among(knn_ids, knn_probs, query.top_k, None) or []]
-        dists = Distributions(enc.p_mlm(), p_knn, p) if with_distributions and p is not None else None
+        dists = Distributions(enc.p_mlm(), p_knn, p) if with_distributions and p is not None and p_knn is not None else None
         return preds, mlm, knn, lam, dists, self._articles_seen(query, nbrs, articles)
 
     def _articles_seen(self, query: Query, nbrs: Neighbours, articles: list[ArticleHit]) -> list[ArticleHit]:
@@ -520,9 +542,11 @@ class AnswerPipeline:
         stage: Stage,
         *,
         articles: tuple[list[ArticleHit], str] | None = None,
+        search: ArticleSearch | None = None,
         with_distributions: bool = False,
     ) -> Answer:
-        """Everything after the forward pass (retrieval too, unless the caller already ran it).
+        """Everything after the forward pass (retrieval too, unless the caller already ran it; ``search``: the
+        articles' rows, when the caller prepared them with `prepare_search`).
 
         An adaptive query whose p_MLM is confident skips retrieval and kNN entirely (``articles`` is then
         ignored); its timings have no retrieval and no knn entry.
@@ -538,7 +562,7 @@ class AnswerPipeline:
                 stage.add("retrieval", time.perf_counter() - t)
             hits, ret_cache = articles
             t = time.perf_counter()
-            nbrs = self.neighbours(query, enc, hits)
+            nbrs = self.neighbours(query, enc, hits, search)
             stage.add("knn", time.perf_counter() - t)
         t = time.perf_counter()
         preds, mlm, knn, lam, dists, hits = self.answer(query, enc, hits, nbrs, with_distributions=with_distributions)

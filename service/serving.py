@@ -14,11 +14,25 @@ from datastore_builder.encoder import MaskedInput
 from service.batching import MicroBatcher
 from service.codec import QueryEncoding
 from service.metrics import Metrics
-from service.pipeline import Answer, AnswerPipeline, PendingEncoding, Query, Stage
+from service.pipeline import Answer, AnswerPipeline, ArticleHit, PendingEncoding, Query, Stage
+from service.retrieval.knn import ArticleSearch
 from service.settings import BatchingSettings
 
 logger = logging.getLogger(__name__)
-_Retrieved = tuple[tuple[list, str], float]  # (articles, cache state), seconds
+
+
+@dataclass(frozen=True)
+class _Retrieved:
+    """A query's articles and their rows, made ready on the retrieval thread while the forward pass runs."""
+
+    articles: tuple[list[ArticleHit], str]  # (articles, cache state), as `AnswerPipeline.retrieve` returns them
+    seconds: float  # the retrieval's
+    search: ArticleSearch | None  # their rows, read and indexed for the kNN (`AnswerPipeline.prepare_search`)
+    search_seconds: float
+
+    def record(self, stage: Stage) -> None:
+        stage.add("retrieval", self.seconds)
+        stage.add("knn", self.search_seconds)  # reading the rows is the kNN's work, done ahead of it
 
 
 @dataclass
@@ -38,8 +52,11 @@ class _Job:
             pipe, query = self.pipe, self.query
 
             def retrieve() -> _Retrieved:
-                t = time.perf_counter()
-                return pipe.retrieve(query), time.perf_counter() - t
+                t0 = time.perf_counter()
+                articles = pipe.retrieve(query)
+                t1 = time.perf_counter()
+                search = pipe.prepare_search(query, articles[0])
+                return _Retrieved(articles, t1 - t0, search, time.perf_counter() - t1)
 
             self.retrieval = executor.submit(retrieve)
         return self.retrieval
@@ -140,9 +157,11 @@ class AsyncAnswerer:
         if job.retrieval is None or not job.retrieval.done():
             return None
         job.stage.add("embedding", time.perf_counter() - job.submitted)
-        articles, seconds = job.retrieval.result()
-        job.stage.add("retrieval", seconds)
-        return job.pipe.finish(job.query, enc, "hit" if hit else "miss", job.stage, articles=articles)
+        got = job.retrieval.result()
+        got.record(job.stage)
+        return job.pipe.finish(
+            job.query, enc, "hit" if hit else "miss", job.stage, articles=got.articles, search=got.search
+        )
 
     def start(self) -> None:
         self.batcher.start()
@@ -210,11 +229,14 @@ class AsyncAnswerer:
         skip = query.interpolation == "adaptive" and await loop.run_in_executor(self._cpu_pool, pipe.skips_knn, query, full)
         if skip:
             articles: tuple[list, str] = ([], "none")
+            search = None
         else:
-            articles, seconds = await asyncio.wrap_future(retrieval)
-            stage.add("retrieval", seconds)
+            got = await asyncio.wrap_future(retrieval)
+            got.record(stage)
+            articles, search = got.articles, got.search
         answer = await loop.run_in_executor(
-            self._cpu_pool, lambda: pipe.finish(query, full, "hit" if hit else "miss", stage, articles=articles)
+            self._cpu_pool,
+            lambda: pipe.finish(query, full, "hit" if hit else "miss", stage, articles=articles, search=search),
         )
         for store in stores:  # a remote cache's write, after the answer (nobody waits for it)
             self._cpu_pool.submit(_quietly, store)

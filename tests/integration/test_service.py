@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from fastapi.testclient import TestClient
 
 from datastore_builder.encoder import ModelLoadError
 from datastore_builder.format import DatastoreError, read_manifest, write_manifest
+from service.api import routes
+from service.api.schemas import BatchResponse, PredictRequest, PredictResponse
 from service.main import create_app
 from service.pipeline import AnswerPipeline, Query
 from service.settings import ServiceSettings
@@ -87,6 +90,90 @@ def test_bad_input_gets_a_clear_error(client, payload, code, needle):
     err = r.json()["error"]
     assert err["code"] == code and needle in err["message"] and err["request_id"] == r.headers["x-request-id"]
     assert "Traceback" not in r.text
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type", "needle"),
+    [
+        (b"", "application/json", "body: Field required"),
+        (b'{"text": "x [MASK]"}', "text/plain", "Content-Type: application/json (got text/plain)"),
+        (b'{"text": "x [MASK]"}', None, "(got no content type)"),
+        (b"{not json", "application/json", "body: Invalid JSON"),
+        (b"[1, 2]", "application/json", "body: Input should be an object"),
+        (b'{"text": "x [MASK]", "top_k": "many"}', "application/json", "top_k: Input should be a valid integer"),
+        (b'{"txt": "x [MASK]"}', "application/json", "text: Field required; txt: Extra inputs are not permitted"),
+    ],
+)
+def test_a_malformed_body_gets_a_422_that_says_what_to_fix(client, content, content_type, needle):
+    headers = {"content-type": content_type} if content_type else {}
+    r = client.post("/predict", content=content, headers=headers)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_request" and needle in err["message"], err
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON", "application/x+json"])
+def test_json_content_types_are_accepted(client, content_type):
+    r = client.post("/predict", content=json.dumps(QUESTION).encode(), headers={"content-type": content_type})
+    assert r.status_code == 200, r.text
+    assert r.json()["predictions"][0]["token"] == "quimby"
+
+
+def test_openapi_documents_the_predict_body(client):
+    op = client.get("/openapi.json").json()["paths"]["/predict"]["post"]
+    body = op["requestBody"]
+    schema = body["content"]["application/json"]["schema"]
+    assert body["required"] is True and schema["required"] == ["text"] and schema["additionalProperties"] is False
+    assert set(schema["properties"]) == set(PredictRequest.model_json_schema(by_alias=True)["properties"])
+    assert "lambda" in schema["properties"] and schema["properties"]["k"]["anyOf"][0]["maximum"] == 2048
+    assert op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/PredictResponse")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"return_contexts": False},
+        {"contexts_per_answer": 0, "top_k": 3},
+        {"subject": None, "retriever": "tfidf", "top_k": 25},
+        {"interpolation": "adaptive"},
+        {"lambda": 1.0},
+    ],
+)
+def test_the_response_json_is_the_validated_models_json(client, extra):
+    """The routes write JSON straight from the answer (`response_json`); it must be the validated model's."""
+    resources = client.app.state.resources
+    pipe = resources.pipeline
+    query = routes.to_query(PredictRequest.model_validate({**QUESTION, **extra}), resources.settings)
+    answer = pipe.predict(query)
+    fields = routes.response_fields(answer, pipe.identity())
+    written = json.loads(routes.response_json(fields).body)
+    assert written == json.loads(routes.to_response(answer, pipe.identity()).model_dump_json())
+    # and what the route sends validates against the schema, with nothing left out or added
+    served = client.post("/predict", json={**QUESTION, **extra}).json()
+    assert PredictResponse.model_validate(served).model_dump(mode="json") == served
+    batch = client.post("/predict/batch", json={"queries": [{**QUESTION, **extra}]}).json()
+    assert BatchResponse.model_validate(batch).model_dump(mode="json") == batch
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_opentelemetry_setting_switches_fastapis_tracing(tiny_datastore, monkeypatch, enabled):
+    """Off (the default), FastAPI never asks for a tracer; on, it traces each request with the configured one."""
+    from opentelemetry import trace
+
+    asked: list[str] = []
+
+    class Provider(trace.TracerProvider):  # a configured provider: neither the API's deferred proxy nor its no-op
+        def get_tracer(self, name, *args, **kwargs):
+            asked.append(name)
+            return trace.NoOpTracer()
+
+    monkeypatch.setattr(trace, "get_tracer_provider", Provider)
+    settings = _settings(tiny_datastore).model_copy(update={"opentelemetry": enabled})
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/healthz").status_code == 200
+        assert c.post("/predict", json=QUESTION).status_code == 200
+    assert bool(asked) is enabled
 
 
 def test_retriever_none_without_ivfpq_index_is_a_clear_error(client):
@@ -259,6 +346,57 @@ def test_contexts_are_each_answers_nearest_neighbours_in_rank_order(tiny_datasto
                     assert f"**{pred.token}**" in c.sentence.lower()
     finally:
         pipe.close()
+
+
+def test_a_prepared_article_search_finds_what_the_exact_search_finds(tiny_datastore: Path) -> None:
+    """`prepare_search` (run next to the retrieval, before the embedding exists) changes nothing: the same
+    neighbours as an exact float32 search over the articles' rows; a search prepared for other articles is not used."""
+    pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
+    try:
+        q = Query("[MASK] is a large city with a famous bridge .", num_articles=4, k=10)
+        (enc,), _ = pipe.encode([pipe.check_query(q)])
+        articles, _ = pipe.retrieve(q)
+        assert len(articles) >= 2
+        search = pipe.prepare_search(q, articles)
+        assert search is not None and search.titles == tuple(a.title for a in articles)
+        got = pipe.neighbours(q, enc, articles, search)
+        vectors, labels, rows = pipe.datastore.article_rows([a.title for a in articles])
+        exact = ((vectors.astype(np.float32) - enc.embedding.astype(np.float32)) ** 2).sum(axis=1)
+        assert len(got) == 10 and len(rows) > 10
+        assert np.allclose(got.distances, np.sort(exact)[:10], rtol=1e-4, atol=1e-4)  # the 10 nearest, in order
+        at = {int(r): i for i, r in enumerate(rows)}
+        for row, dist, label in zip(got.rows.tolist(), got.distances, got.labels, strict=True):
+            assert dist == pytest.approx(exact[at[row]], rel=1e-4, abs=1e-4) and label == labels[at[row]]
+        assert np.array_equal(got.rows, pipe.neighbours(q, enc, articles).rows)  # prepared or not: the same
+        stale = pipe.prepare_search(q, articles[:1])
+        assert np.array_equal(pipe.neighbours(q, enc, articles, stale).rows, got.rows)  # not used for others
+        assert pipe.prepare_search(q, []) is None
+        assert pipe.prepare_search(Query(q.text, retriever="none"), articles) is None
+        nobody = pipe.knn.prepare(["no such article"])
+        assert len(nobody.search(enc.embedding, 5)) == 0
+    finally:
+        pipe.close()
+
+
+def test_the_service_reads_the_articles_rows_on_the_retrieval_thread_once(tiny_datastore: Path) -> None:
+    """The kNN's rows are read and indexed next to the retrieval, during the forward pass, and not again after it."""
+    import threading
+
+    with TestClient(create_app(_settings(tiny_datastore))) as c:
+        knn = c.app.state.resources.pipeline.knn
+        threads: list[str] = []
+        prepare = knn.prepare
+
+        def recording(titles):
+            threads.append(threading.current_thread().name)
+            return prepare(titles)
+
+        knn.prepare = recording
+        for text in ("frelle dax was born in [MASK] .", "[MASK] is a large city with a famous bridge ."):
+            threads.clear()
+            r = c.post("/predict", json={"text": text})
+            assert r.status_code == 200 and r.json()["cache"]["encoding"] == "miss" and r.json()["articles"]
+            assert len(threads) == 1 and threads[0].startswith("retrieval"), threads
 
 
 @pytest.mark.parametrize("cache_kind", ["memory", "redis"])
