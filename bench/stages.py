@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     import service.pipeline as pipeline_mod
     import service.serving as serving
     from service.pipeline import AnswerPipeline
+    from service.server import uvicorn_config
     from service.settings import ServiceSettings
 
     timers = Timers()
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     settings = ServiceSettings(datastore=ds, port=port, log_level="warning")
     app = service_main.create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 300

@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from service.main import create_app
+    from service.server import uvicorn_config
 
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, settings))
     delay = settings.shutdown_delay_s
     original = server.handle_exit
 
