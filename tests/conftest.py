@@ -76,11 +76,15 @@ async def read_body(receive: Callable[[], Any]) -> bytes:
 
 @contextlib.contextmanager
 def serve_asgi(app: Any) -> Iterator[int]:
-    """A real uvicorn server for ``app`` on a free loopback port, in a thread; yields the port."""
+    """A real uvicorn server for ``app`` on a free loopback port, in a thread, configured as `python -m service`
+    configures its own (`service.server.uvicorn_config`); yields the port."""
     import uvicorn
 
+    from service.server import uvicorn_config
+    from service.settings import ServiceSettings
+
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn_config(app, ServiceSettings(host="127.0.0.1", port=port, log_level="warning")))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 import service.server as server_mod
-from bench.common import free_port
-from service.server import CorkedTransport, uvicorn_config
-from service.settings import ServiceSettings
+from service.server import CorkedTransport
+from tests.conftest import serve_asgi
 
 
 class FakeTransport:
@@ -98,7 +94,7 @@ def test_a_full_buffer_is_written_at_once_and_close_writes_what_is_held() -> Non
 
 @pytest.fixture
 def recorded_server(monkeypatch: pytest.MonkeyPatch):
-    """A real uvicorn server with `uvicorn_config`, the writes that reach each real transport recorded."""
+    """A real uvicorn server configured as the service's (`serve_asgi`), the writes that reach each real transport recorded."""
     writes: list[bytes] = []
 
     class Recorder:
@@ -133,18 +129,8 @@ def recorded_server(monkeypatch: pytest.MonkeyPatch):
         return StreamingResponse(parts(), media_type="text/plain")
 
     app = Starlette(routes=[Route("/small", small), Route("/big", big), Route("/stream", stream)])
-    port = free_port()
-    srv = uvicorn.Server(uvicorn_config(app, ServiceSettings(port=port, log_level="warning")))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
+    with serve_asgi(app) as port:
         yield f"http://127.0.0.1:{port}", writes
-    finally:
-        srv.should_exit = True
-        thread.join(10)
 
 
 def test_the_server_writes_each_response_once_and_keeps_every_byte(recorded_server) -> None:
