@@ -47,7 +47,10 @@ class _Job:
     # started on arrival when the model is busy, else by the model thread as the forward pass starts
     retrieval: Future[_Retrieved] | None = None
 
-    def start_retrieval(self, executor: ThreadPoolExecutor) -> Future[_Retrieved]:
+    def start_retrieval(self, executor: ThreadPoolExecutor, *, prepare: bool = False) -> Future[_Retrieved]:
+        """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also read and index their rows
+        for the kNN there. Only for a query that is the model's only one: it is answered right after its forward
+        pass, while a queued query's rows (megabytes for long articles) would sit in memory until its turn."""
         if self.retrieval is None:
             pipe, query = self.pipe, self.query
 
@@ -55,7 +58,7 @@ class _Job:
                 t0 = time.perf_counter()
                 articles = pipe.retrieve(query)
                 t1 = time.perf_counter()
-                search = pipe.prepare_search(query, articles[0])
+                search = pipe.prepare_search(query, articles[0]) if prepare else None
                 return _Retrieved(articles, t1 - t0, search, time.perf_counter() - t1)
 
             self.retrieval = executor.submit(retrieve)
@@ -128,12 +131,12 @@ class AsyncAnswerer:
         # model idle it starts here rather than when the request came in: the Python half of a retrieval then
         # waits for the GIL while the forward runs outside it, instead of delaying the forward's start
         # (measured: +0.6 ms per query at 1 client). A query that had to wait started it on arrival.
-        for job in jobs:
-            job.start_retrieval(self._retrieval_thread)
         # With other queries queued or batched, the heads of p_MLM (`top_entries`, a few hundred µs a query) are
         # selected in the pool, so that the model's thread goes on to the next batch: at 32 clients this thread
         # was the bottleneck, and the selection took 8% of it.
         idle = len(jobs) == 1 and self.batcher.depth == 0  # (read from this thread: a hint, not a promise)
+        for job in jobs:
+            job.start_retrieval(self._retrieval_thread, prepare=idle)
         encs, hits = self.pipeline.forward([j.inp for j in jobs], defer_store=self._deferred, select_heads=idle)
         return [
             (enc, hit, self._finish_here(job, enc, hit) if isinstance(enc, QueryEncoding) and idle else None)

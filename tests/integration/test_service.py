@@ -381,6 +381,8 @@ def test_a_prepared_article_search_finds_what_the_exact_search_finds(tiny_datast
 def test_the_service_reads_the_articles_rows_on_the_retrieval_thread_once(tiny_datastore: Path) -> None:
     """The kNN's rows are read and indexed next to the retrieval, during the forward pass, and not again after it."""
     import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
 
     with TestClient(create_app(_settings(tiny_datastore))) as c:
         knn = c.app.state.resources.pipeline.knn
@@ -397,6 +399,25 @@ def test_the_service_reads_the_articles_rows_on_the_retrieval_thread_once(tiny_d
             r = c.post("/predict", json={"text": text})
             assert r.status_code == 200 and r.json()["cache"]["encoding"] == "miss" and r.json()["articles"]
             assert len(threads) == 1 and threads[0].startswith("retrieval"), threads
+        # Queries batched together read their rows when their answers are made (in the pool), not while they
+        # wait: queued queries do not each hold their articles' rows in memory.
+        answerer = c.app.state.resources.answerer
+        gate, busy = threading.Event(), threading.Event()
+        blocker = answerer.batcher.call(lambda: (busy.set(), gate.wait(10)))
+        assert busy.wait(10)
+        threads.clear()
+        texts = ["zorblat wrote many [MASK] .", "quimby is a small [MASK] near the sea ."]
+        with ThreadPoolExecutor(2) as pool:
+            waiting = [pool.submit(c.post, "/predict", json={"text": t}) for t in texts]
+            deadline = time.monotonic() + 10
+            while answerer.batcher.depth < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert answerer.batcher.depth == 2 and threads == []  # both wait; no rows read
+            gate.set()
+            answers = [w.result(10) for w in waiting]
+        blocker.result(10)
+        assert all(r.status_code == 200 and r.json()["cache"]["encoding"] == "miss" for r in answers)
+        assert len(threads) == 2 and all(t.startswith("knn") for t in threads), threads
 
 
 @pytest.mark.parametrize("cache_kind", ["memory", "redis"])
