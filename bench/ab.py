@@ -12,15 +12,22 @@ so their median, with a bootstrap 95% interval, measures the change. Writes benc
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
+import contextlib
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import PROXY_MODEL, REPO, RUNS, build_datastore, free_port, lama_queries, write_result
+from bench.common import (
+    PROXY_MODEL,
+    REPO,
+    RUNS,
+    build_datastore,
+    host_port,
+    lama_queries,
+    service_process,
+    write_result,
+)
 from bench.rawhttp import RawClient
 
 
@@ -40,29 +47,6 @@ def paired_summary(a_ms: list[float], b_ms: list[float], *, seed: int = 0, resam
         "mean_a_minus_b_ms": float(diffs.mean()),
         "n": len(diffs),
     }
-
-
-def _start(tree: Path, datastore: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "unused"),
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-    cmd = [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
-    return subprocess.Popen(cmd, env=env, cwd=tree)  # cwd first on sys.path: that checkout's code
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], port: int, timeout_s: float = 300) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the service on port {port} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise SystemExit(f"the service on port {port} did not become ready in {timeout_s:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,34 +70,24 @@ def main(argv: list[str] | None = None) -> int:
     if not (ds / "manifest.json").is_file():
         p.error(f"--datastore {ds}: no datastore here (manifest.json missing)")
 
-    ports = {name: free_port() for name in trees}
-    procs = {name: _start(tree, ds.resolve(), ports[name]) for name, tree in trees.items()}
-    try:
-        for name, proc in procs.items():
-            _wait_ready(proc, ports[name])
-        lat: dict[str, list[float]] = {"a": [], "b": []}
-        queries = lama_queries(args.queries + args.warmup, seed=7)
-        with RawClient("127.0.0.1", ports["a"]) as ca, RawClient("127.0.0.1", ports["b"]) as cb:
-            clients = {"a": ca, "b": cb}
-            for i, (text, subject) in enumerate(queries):
-                for name in ("a", "b") if i % 2 == 0 else ("b", "a"):
-                    t = time.perf_counter()
-                    status, body = clients[name].post_json(
-                        "/predict", {"text": text, "subject": subject, "return_contexts": True}
-                    )
-                    elapsed = time.perf_counter() - t
-                    if status != 200:
-                        raise SystemExit(f"checkout {name} answered {status}: {body[:300]!r}")
-                    if i >= args.warmup:
-                        lat[name].append(elapsed * 1000.0)
-    finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    lat: dict[str, list[float]] = {"a": [], "b": []}
+    queries = lama_queries(args.queries + args.warmup, seed=7)
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for name, tree in trees.items():
+            svc = stack.enter_context(service_process(ds.resolve(), checkout=tree))
+            clients[name] = stack.enter_context(RawClient(*host_port(svc.url)))
+        for i, (text, subject) in enumerate(queries):
+            for name in ("a", "b") if i % 2 == 0 else ("b", "a"):
+                t = time.perf_counter()
+                status, body = clients[name].post_json(
+                    "/predict", {"text": text, "subject": subject, "return_contexts": True}
+                )
+                elapsed = time.perf_counter() - t
+                if status != 200:
+                    raise SystemExit(f"checkout {name} answered {status}: {body[:300]!r}")
+                if i >= args.warmup:
+                    lat[name].append(elapsed * 1000.0)
     summary = paired_summary(lat["a"], lat["b"])
     result = {"a": str(trees["a"]), "b": str(trees["b"]), "datastore": str(ds), **summary}
     path = write_result("ab", result)

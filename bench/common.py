@@ -103,6 +103,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def host_port(url: str) -> tuple[str, int]:
+    """(host, port) of an ``http://host:port`` URL."""
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
 @dataclass
 class ServiceProcess:
     url: str
@@ -111,15 +117,24 @@ class ServiceProcess:
 
 @contextlib.contextmanager
 def service_process(
-    datastore: Path, *, env: dict[str, str] | None = None, timeout_s: float = 300, args: tuple[str, ...] = ()
+    datastore: Path,
+    *,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 300,
+    args: tuple[str, ...] = (),
+    checkout: Path = REPO,
 ) -> Iterator[ServiceProcess]:
-    """Start ``python -m service`` on a free loopback port and wait until /readyz answers 200; stop it after."""
+    """Start ``python -m service`` on a free loopback port and wait until /readyz answers 200; stop it after.
+
+    ``checkout``: the copy of this project whose code runs (`bench.ab` serves two side by side)."""
     import httpx
 
     port = free_port()
     full_env = {**os.environ, "OPENAI_API_KEY": "unused", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    if checkout != REPO:
+        full_env["PYTHONPATH"] = str(checkout)
     cmd = [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=REPO)
+    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=checkout)  # the cwd is first on sys.path
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s

@@ -36,6 +36,7 @@ from bench.common import (
     REPO,
     RUNS,
     build_datastore,
+    host_port,
     httpx_clients,
     lama_queries,
     machine,
@@ -68,11 +69,6 @@ CLIENTS = ("raw", "httpx")  # the lean client (bench/rawhttp.py) and httpx, meas
 LOAD_CLIENTS = (*CLIENTS, "locust")
 
 
-def _host_port(url: str) -> tuple[str, int]:
-    host, port = url.split("//", 1)[1].rsplit(":", 1)
-    return host, int(port)
-
-
 _Post = Callable[[dict], tuple[int, bytes]]
 _AsyncPost = Callable[[dict], Awaitable[tuple[int, bytes]]]
 
@@ -81,7 +77,7 @@ _AsyncPost = Callable[[dict], Awaitable[tuple[int, bytes]]]
 def _poster(url: str, kind: str) -> Iterator[_Post]:
     """POST /predict over one keep-alive connection of a `CLIENTS` kind: payload -> (status, body)."""
     if kind == "raw":
-        with RawClient(*_host_port(url)) as raw:
+        with RawClient(*host_port(url)) as raw:
             yield lambda payload: raw.post_json("/predict", payload)
         return
     with httpx.Client(base_url=url, timeout=60) as c:
@@ -98,7 +94,7 @@ async def _async_posters(url: str, kind: str, n: int) -> AsyncIterator[list[_Asy
     """``n`` concurrent POST /predict callers of a `CLIENTS` kind, each with its own client and connection, as
     ``n`` independent users would have (see `httpx_clients`)."""
     if kind == "raw":
-        conns = [AsyncRawClient(*_host_port(url)) for _ in range(n)]
+        conns = [AsyncRawClient(*host_port(url)) for _ in range(n)]
         try:
             yield [functools.partial(c.post_json, "/predict") for c in conns]
         finally:

@@ -73,7 +73,7 @@ def _fp16_index(xb16: np.ndarray) -> faiss.Index:
 
 
 class RestrictedKnn:
-    """Exact squared-L2 search over the rows of a few articles (`fp16_search` on their float16 vectors)."""
+    """Exact squared-L2 search over the rows of a few articles: `prepare` them, then `ArticleSearch.search`."""
 
     def __init__(self, datastore: Datastore):
         self.datastore = datastore
@@ -86,6 +86,3 @@ class RestrictedKnn:
         if vectors.dtype == np.float16:
             return ArticleSearch(tuple(titles), labels, rows, _fp16_index(vectors), None)
         return ArticleSearch(tuple(titles), labels, rows, None, np.ascontiguousarray(vectors, dtype=np.float32))
-
-    def search(self, query: np.ndarray, titles: list[str], k: int) -> Neighbours:
-        return self.prepare(titles).search(query, k)
