@@ -4,8 +4,9 @@
 
 The service runs in this process (uvicorn in a thread, the default settings: the same code as ``python -m service``),
 with timers wrapped around its stages; a separate client process sends distinct LAMA-template queries one at a time
-over one keep-alive connection (``bench/rawhttp.py``). Afterwards the bare forward runs on the same kind of queries in
-the same process, the service idle, so that the forward inside the service can be compared with the forward alone.
+over one keep-alive connection (``bench/rawhttp.py``). The bare forward runs on the same kind of queries in the same
+process on the same queries, the service idle, in blocks of 10 that alternate with the client's (the host's speed drifts), so that the
+forward inside the service can be compared with the forward alone, and the client's latency with both.
 Prints a table of p50s and writes bench/results/stages.json.
 """
 
@@ -42,14 +43,16 @@ import json, sys, time
 from bench.common import lama_queries
 from bench.rawhttp import RawClient
 port, n, skip = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+queries = iter(lama_queries(n + skip, seed=5)[skip:])
 with RawClient("127.0.0.1", port) as c:
-    out = []
-    for text, subject in lama_queries(n + skip, seed=5)[skip:]:
-        t = time.perf_counter()
-        status, body = c.post_json("/predict", {"text": text, "subject": subject, "return_contexts": True})
-        out.append(time.perf_counter() - t)
-        assert status == 200, body[:200]
-print(json.dumps(out))
+    for line in sys.stdin:  # each line: how many of the next queries to send; one line of timings back
+        out = []
+        for text, subject in [next(queries) for _ in range(int(line))]:
+            t = time.perf_counter()
+            status, body = c.post_json("/predict", {"text": text, "subject": subject, "return_contexts": True})
+            out.append(time.perf_counter() - t)
+            assert status == 200, body[:200]
+        print(json.dumps(out), flush=True)
 """
 
 
@@ -162,22 +165,42 @@ def main(argv: list[str] | None = None) -> int:
     if not app.state.resources.ready:
         raise SystemExit(f"the service did not become ready: {app.state.resources.error}")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    warm = 30
-    run = subprocess.run([sys.executable, "-c", _CLIENT, str(port), str(warm), "0"], env=env, cwd=REPO, check=True,
-                         capture_output=True, text=True)  # fmt: skip
-    timers.samples.clear()
-    run = subprocess.run([sys.executable, "-c", _CLIENT, str(port), str(args.queries), str(warm)], env=env, cwd=REPO,
-                         check=True, capture_output=True, text=True)  # fmt: skip
-    client = json.loads(run.stdout.strip().splitlines()[-1])
-    in_service = dict(timers.samples)
+    warm, block = 30, 10
+    client_proc = subprocess.Popen([sys.executable, "-c", _CLIENT, str(port), str(args.queries + warm), "0"],
+                                   env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    cin, cout = client_proc.stdin, client_proc.stdout
+    assert cin is not None and cout is not None
 
+    def send(n: int) -> list[float]:
+        cin.write(f"{n}\n")
+        cin.flush()
+        line = cout.readline()
+        if not line:
+            raise SystemExit(f"the client process failed (exit {client_proc.wait()})")
+        return [float(x) for x in json.loads(line)]
+
+    # The host's speed drifts: blocks of 10 queries through the service alternate with blocks of 10 bare forward
+    # passes in this process (the service idle meanwhile), so that both sides of the ratio share the same windows.
     encoder = app.state.resources.pipeline.encoder
-    bare = []
-    for text, _ in lama_queries(args.queries, seed=6):
-        x = encoder.query_input(text)
-        t = time.perf_counter()
-        encoder.encode([x], with_mlm=True)
-        bare.append(time.perf_counter() - t)
+    bare_texts = iter(lama_queries(args.queries + warm, seed=5)[warm:])  # the client's queries, block by block
+    send(warm)
+    client: list[float] = []
+    bare: list[float] = []
+    in_service: dict[str, list[float]] = defaultdict(list)
+    for done in range(0, args.queries, block):
+        n = min(block, args.queries - done)
+        timers.samples.clear()
+        client += send(n)
+        for name, v in timers.samples.items():
+            in_service[name] += v
+        timers.samples.clear()
+        for text, _ in [next(bare_texts) for _ in range(n)]:
+            x = encoder.query_input(text)
+            t = time.perf_counter()
+            encoder.encode([x], with_mlm=True)
+            bare.append(time.perf_counter() - t)
+    cin.close()
+    client_proc.wait(30)
     server.should_exit = True
     thread.join(30)
 
@@ -187,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     stages = {name: p50_ms(v) for name, v in in_service.items()}
     result = {"model": Path(args.model).name, "machine": machine(), "queries": args.queries,
               "backend": encoder.backend, "client_p50_ms": p50_ms(client), "bare_forward_p50_ms": p50_ms(bare),
+              "client_over_bare": p50_ms(client) / p50_ms(bare),
+              "forward_in_service_over_bare": stages["forward (model alone)"] / p50_ms(bare),
               "stages_p50_ms": stages}  # fmt: skip
     path = write_result("stages", result)
     print(f"model {result['model']}, backend {encoder.backend}, {args.queries} queries, machine {result['machine']}")
     print(f"client-side p50 {result['client_p50_ms']:.2f} ms; bare forward p50 (same process, service idle) "
-          f"{result['bare_forward_p50_ms']:.2f} ms -> {result['client_p50_ms'] / result['bare_forward_p50_ms']:.2f}x")
+          f"{result['bare_forward_p50_ms']:.2f} ms, in alternating blocks -> {result['client_over_bare']:.2f}x; the "
+          f"forward inside the service / alone: {result['forward_in_service_over_bare']:.2f}x")
     for name, ms in stages.items():
         print(f"  {name:<44} p50 {ms:7.3f} ms")
     print(f"wrote {path}")
