@@ -33,7 +33,8 @@ def test_cross_field_and_range_checks(monkeypatch):
 
 def test_backend_threads_and_jvm_options(monkeypatch):
     s = ServiceSettings()
-    assert s.model.backend == "auto" and s.model.threads == 0 and s.jvm_options == "-XX:TieredStopAtLevel=1"
+    assert s.model.backend == "auto" and s.model.threads == 0
+    assert s.jvm_options.split() == ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
     monkeypatch.setenv("BERTKNN_MODEL__BACKEND", "onnx")
     monkeypatch.setenv("BERTKNN_JVM_OPTIONS", "-Xmx2g -XX:TieredStopAtLevel=1")
     s = ServiceSettings()
