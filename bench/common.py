@@ -15,9 +15,12 @@ import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from datastore_builder.encoder import MaskedLMEncoder
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -30,6 +33,18 @@ T = TypeVar("T")
 def percentiles(samples: list[float]) -> dict[str, float]:
     a = np.asarray(samples, dtype=np.float64)
     return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": len(a)}
+
+
+def bare_forward(enc: MaskedLMEncoder, texts: list[str], batch: int = 1) -> list[float]:
+    """Seconds per call of the model alone (embedding + p_MLM at [MASK]) on the same queries."""
+    inputs = [enc.query_input(t) for t in texts]
+    times = []
+    for i in range(0, len(inputs), batch):
+        chunk = inputs[i : i + batch]
+        t = time.perf_counter()
+        enc.encode(chunk, with_mlm=True)
+        times.append(time.perf_counter() - t)
+    return times
 
 
 def machine() -> dict[str, object]:

@@ -35,6 +35,7 @@ from bench.common import (
     PROXY_MODEL,
     REPO,
     RUNS,
+    bare_forward,
     build_datastore,
     host_port,
     httpx_clients,
@@ -50,19 +51,6 @@ from bench.rawhttp import AsyncRawClient, RawClient
 from datastore_builder.encoder import MaskedLMEncoder
 from datastore_builder.format import Datastore, write_manifest
 from datastore_builder.writer import ShardData, write_shard
-
-
-def bare_forward(enc: MaskedLMEncoder, texts: list[str], batch: int = 1) -> list[float]:
-    """Seconds per call of the model alone (embedding + p_MLM at [MASK]) on the same queries."""
-    inputs = [enc.query_input(t) for t in texts]
-    times = []
-    for i in range(0, len(inputs), batch):
-        chunk = inputs[i : i + batch]
-        t = time.perf_counter()
-        enc.encode(chunk, with_mlm=True)
-        times.append(time.perf_counter() - t)
-    return times
-
 
 CLIENTS = ("raw", "httpx")  # the lean client (bench/rawhttp.py) and httpx, measured in the same run
 # the throughput runs add locust (FastHttpUser, in its own process: bench/locust_load.py)

@@ -31,6 +31,7 @@ from bench.common import (
     PROXY_MODEL,
     REPO,
     RUNS,
+    bare_forward,
     build_datastore,
     free_port,
     lama_queries,
@@ -42,8 +43,8 @@ _CLIENT = """
 import json, sys, time
 from bench.common import lama_queries
 from bench.rawhttp import RawClient
-port, n, skip = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-queries = iter(lama_queries(n + skip, seed=5)[skip:])
+port, n = int(sys.argv[1]), int(sys.argv[2])
+queries = iter(lama_queries(n, seed=5))
 with RawClient("127.0.0.1", port) as c:
     for line in sys.stdin:  # each line: how many of the next queries to send; one line of timings back
         out = []
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the service did not become ready: {app.state.resources.error}")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     warm, block = 30, 10
-    client_proc = subprocess.Popen([sys.executable, "-c", _CLIENT, str(port), str(args.queries + warm), "0"],
+    client_proc = subprocess.Popen([sys.executable, "-c", _CLIENT, str(port), str(args.queries + warm)],
                                    env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     cin, cout = client_proc.stdin, client_proc.stdout
     assert cin is not None and cout is not None
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     # The host's speed drifts: blocks of 10 queries through the service alternate with blocks of 10 bare forward
     # passes in this process (the service idle meanwhile), so that both sides of the ratio share the same windows.
     encoder = app.state.resources.pipeline.encoder
-    bare_texts = iter(lama_queries(args.queries + warm, seed=5)[warm:])  # the client's queries, block by block
+    texts = [t for t, _ in lama_queries(args.queries + warm, seed=5)[warm:]]  # the client's queries, in order
     send(warm)
     client: list[float] = []
     bare: list[float] = []
@@ -194,11 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, v in timers.samples.items():
             in_service[name] += v
         timers.samples.clear()
-        for text, _ in [next(bare_texts) for _ in range(n)]:
-            x = encoder.query_input(text)
-            t = time.perf_counter()
-            encoder.encode([x], with_mlm=True)
-            bare.append(time.perf_counter() - t)
+        bare += bare_forward(encoder, texts[done : done + n])
     cin.close()
     client_proc.wait(30)
     server.should_exit = True
