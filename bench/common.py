@@ -239,6 +239,11 @@ def build_datastore(corpus: list[Path], out: Path, model: Path | str, *, limit: 
     return out
 
 
+def result_name(name: str, model: Path | str) -> str:
+    """``name`` for the proxy model's results; another model's go to a file of their own beside them."""
+    return name if Path(model).resolve() == PROXY_MODEL.resolve() else f"{name}-{Path(model).name}"
+
+
 def write_result(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -42,6 +42,7 @@ from bench.common import (
     lama_queries,
     machine,
     percentiles,
+    result_name,
     run_async,
     running_service,
     service_process,
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # the default settings write serving.json; other backends or thread counts their own file beside it
     default = args.backend == "auto" and not args.threads
-    path = write_result("serving" if default else f"serving-{backend}-{threads}t", result)
+    path = write_result(result_name("serving" if default else f"serving-{backend}-{threads}t", args.model), result)
     print(f"model {result['model']}, {result['datastore']['contexts']} contexts, machine {result['machine']}")
     print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms ({backend}, {threads} torch threads; eager, "
           "before the service started: "

@@ -36,6 +36,7 @@ from bench.common import (
     free_port,
     lama_queries,
     machine,
+    result_name,
     write_result,
 )
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
               "client_over_bare": p50_ms(client) / p50_ms(bare),
               "forward_in_service_over_bare": stages["forward (model alone)"] / p50_ms(bare),
               "stages_p50_ms": stages}  # fmt: skip
-    path = write_result("stages", result)
+    path = write_result(result_name("stages", args.model), result)
     print(f"model {result['model']}, backend {encoder.backend}, {args.queries} queries, machine {result['machine']}")
     print(f"client-side p50 {result['client_p50_ms']:.2f} ms; bare forward p50 (same process, service idle) "
           f"{result['bare_forward_p50_ms']:.2f} ms, in alternating blocks -> {result['client_over_bare']:.2f}x; the "

@@ -319,6 +319,7 @@ class MaskedLMEncoder:
         self.backend: str = "eager"
         self._fast: _FastForward | None = None
         self._fast_with_mlm = True  # which encode() call the compiled forward serves
+        self._fast_asked: tuple[str, bool] | None = None  # the set_backend call that built ``_fast``
 
     @classmethod
     def load(
@@ -373,14 +374,19 @@ class MaskedLMEncoder:
         ``auto``: onnx, else torchscript, on the CPU; eager on a GPU. A backend is used only after its outputs
         matched the eager forward on padded batches of other shapes than the one it was built from; one that
         cannot be built, or differs, falls back (logged). Returns the backend in use.
+
+        Asking again for the compiled backend already in use (same ``backend`` and ``with_mlm``) keeps it: an
+        ONNX export of bert-base takes about 5 s, which a builder handed a ready encoder should not pay twice.
         """
         if backend not in ("auto", "eager", "torchscript", "onnx"):
             raise ValueError(f"backend must be auto, eager, torchscript or onnx, not {backend!r}")
+        if self._fast is not None and self._fast_asked == (backend, with_mlm):
+            return self.backend
         if backend == "auto":
             order = ["onnx", "torchscript"] if self.device.type == "cpu" else []
         else:
             order = [] if backend == "eager" else [backend]
-        self._fast, self.backend, self._fast_with_mlm = None, "eager", with_mlm
+        self._fast, self.backend, self._fast_with_mlm, self._fast_asked = None, "eager", with_mlm, None
         if order and with_mlm and self.head is None:
             logger.warning("%s: no single LM head module; the eager backend stays in use", self.name)
             return self.backend
@@ -391,7 +397,7 @@ class MaskedLMEncoder:
             except Exception as exc:  # noqa: BLE001 - any failure to build or match falls back
                 logger.warning("%s: %s backend not used (%s)", self.name, want, exc)
                 continue
-            self._fast, self.backend = fast, want
+            self._fast, self.backend, self._fast_asked = fast, want, (backend, with_mlm)
             break
         return self.backend
 

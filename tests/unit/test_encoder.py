@@ -243,6 +243,24 @@ def test_backend_choice(tiny_model_dir: Path) -> None:
     assert bf16.set_backend("auto") == "torchscript"  # onnx runs float32 only: the next one in line
 
 
+def test_asking_again_for_the_backend_in_use_keeps_it(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    enc = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32)
+    builds: list[str] = []
+    real = MaskedLMEncoder._build_onnx
+
+    def counted(self: MaskedLMEncoder) -> object:
+        builds.append("onnx")
+        return real(self)
+
+    monkeypatch.setattr(MaskedLMEncoder, "_build_onnx", counted)
+    assert enc.set_backend("onnx", with_mlm=False) == "onnx" and len(builds) == 1
+    fast = enc._fast
+    assert enc.set_backend("onnx", with_mlm=False) == "onnx" and len(builds) == 1 and enc._fast is fast
+    assert enc.set_backend("onnx") == "onnx" and len(builds) == 2  # the other call: built for it
+    assert enc.set_backend("eager") == "eager" and enc._fast is None
+    assert enc.set_backend("onnx") == "onnx" and len(builds) == 3  # not kept once another backend was set
+
+
 def test_a_trace_that_fails_or_differs_leaves_the_eager_forward(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

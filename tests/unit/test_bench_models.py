@@ -1,0 +1,36 @@
+"""bench.bert_base (a model in bert-base-uncased's shape, for timings) and where benchmarks write other models' results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import BertConfig
+
+from bench.bert_base import BERT_BASE, TOKENIZER, make
+from bench.common import PROXY_MODEL, result_name
+from datastore_builder.encoder import MaskedLMEncoder
+
+
+def test_the_shape_is_bert_base_uncased() -> None:
+    # BertConfig's defaults are bert-base-uncased's configuration
+    defaults = BertConfig()
+    assert {k: getattr(defaults, k) for k in BERT_BASE} == BERT_BASE
+
+
+def test_make_writes_a_loadable_model_with_the_real_tokenizer(tmp_path: Path) -> None:
+    small = {**BERT_BASE, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 64}
+    out = make(tmp_path / "m", shape=small)
+    assert (out / "vocab.txt").read_bytes() == (TOKENIZER / "vocab.txt").read_bytes()
+    enc = MaskedLMEncoder.load(str(out), device="cpu", dtype="float32")
+    assert (enc.num_layers, enc.layer, enc.hidden_size, enc.vocab_size) == (3, 2, 32, 30522)
+    got = enc.encode([enc.query_input("albert einstein was born in [MASK] .")], with_mlm=True)
+    assert got.embeddings.shape == (1, 32) and got.mlm_log_probs is not None
+    assert got.mlm_log_probs.shape == (1, 30522)
+    before = (out / "model.safetensors").stat().st_mtime_ns
+    assert make(out, shape=small) == out and (out / "model.safetensors").stat().st_mtime_ns == before  # reused
+    assert not (tmp_path / "m.partial").exists()
+
+
+def test_other_models_results_do_not_overwrite_the_proxys() -> None:
+    assert result_name("serving", PROXY_MODEL) == "serving"
+    assert result_name("serving", "runs/bert-base-shaped") == "serving-bert-base-shaped"
