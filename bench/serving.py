@@ -228,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=RUNS / "bench-serving")
     p.add_argument("--threads", type=int, default=0, help="torch threads for the bare forward and the service (0 = "
                    "the service's default: the CPU quota less one)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="device of the bare forward and the service (default: the service's, auto: a GPU when torch "
+                   "sees one); the dtype is the service's default for it (float32 on the CPU, bf16/fp16 on a GPU)")
     p.add_argument("--backend", choices=["auto", "eager", "torchscript", "onnx"], default="auto",
                    help="forward backend of the bare forward and the service (default: the service's, auto)")
     args = p.parse_args(argv)
@@ -238,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)
-    env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend}
+    env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend,
+           "BERTKNN_MODEL__DEVICE": args.device}
     ds = build_datastore([args.corpus], args.work / "ds", args.model, limit=args.articles)
     man = Datastore(ds).manifest
     levels: list[int] = args.concurrency
@@ -247,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     lat_q = {"raw": pool[: args.queries], "httpx": pool[args.queries : 2 * args.queries]}
     scale_q, rest = pool[2 * args.queries : 3 * args.queries], pool[3 * args.queries :]
 
-    enc = MaskedLMEncoder.load(args.model, layer=man.layer, device="cpu", dtype="float32", max_seq_len=man.max_seq_len)
+    # the service's device and dtype (its defaults: auto for both), so that both sides run the same forward
+    enc = MaskedLMEncoder.load(args.model, layer=man.layer, device=args.device, dtype="auto", max_seq_len=man.max_seq_len)
     lat_texts = [t for t, _ in lat_q["raw"] + lat_q["httpx"]]
     bare_forward(enc, lat_texts[:5])  # warm-up
     eager = percentiles(bare_forward(enc, lat_texts))  # for reference: what the backend changes
@@ -257,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     def ms(p: dict[str, float]) -> dict[str, float]:
         return {k: v * 1000 if k != "n" else v for k, v in p.items()}
 
-    result: dict = {"model": Path(args.model).name, "machine": machine(), "datastore": {
+    result: dict = {"model": Path(args.model).name, "machine": machine(), "device": str(enc.device),
+        "dtype": str(enc.dtype).removeprefix("torch."), "datastore": {
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
         "bare_forward_eager_ms": ms(eager), "clients": {}}  # fmt: skip
     # The machine's speed drifts (shared host): the bare forward is measured in the same time windows as the
@@ -336,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     default = args.backend == "auto" and not args.threads
     path = write_result(result_name("serving" if default else f"serving-{backend}-{threads}t", args.model), result)
     print(f"model {result['model']}, {result['datastore']['contexts']} contexts, machine {result['machine']}")
-    print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms ({backend}, {threads} torch threads; eager, "
+    print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms ({backend} on {result['device']} "
+          f"{result['dtype']}, {threads} torch threads; eager, "
           "before the service started: "
           f"{result['bare_forward_eager_ms']['p50']:.1f} ms)")
     for client, r in result["clients"].items():
