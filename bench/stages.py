@@ -4,10 +4,10 @@
 
 The service runs in this process (uvicorn in a thread, the default settings: the same code as ``python -m service``),
 with timers wrapped around its stages; a separate client process sends distinct LAMA-template queries one at a time
-over one keep-alive connection (``bench/rawhttp.py``). The bare forward runs on the same kind of queries in the same
-process on the same queries, the service idle, in blocks of 10 that alternate with the client's (the host's speed drifts), so that the
+over one keep-alive connection (``bench/rawhttp.py``). The bare forward runs in the same process on the client's own
+queries, the service idle, in blocks of 10 that alternate with the client's (the host's speed drifts), so that the
 forward inside the service can be compared with the forward alone, and the client's latency with both.
-Prints a table of p50s and writes bench/results/stages.json.
+Prints a table of p50s and writes bench/results/stages.json (another model than the proxy: stages-<model>.json).
 """
 
 from __future__ import annotations
