@@ -41,10 +41,10 @@ from bench.common import (
     running_service,
     write_result,
 )
-from datastore_builder.encoder import MaskedLMEncoder
-from datastore_builder.format import Datastore
-from service.codec import QueryEncoding
-from service.interpolate import AdaptiveRule, Interpolation, confidence
+from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.format import Datastore
+from bertknn.service.codec import QueryEncoding
+from bertknn.service.interpolate import AdaptiveRule, Interpolation, confidence
 
 
 def mlm_confidences(model: str, ds: Path, texts: list[str], measure: str) -> list[float]:
@@ -88,8 +88,8 @@ SETTINGS = {"default": {"num_articles": 3, "k": 128, "subject": True}, "wide": {
 
 def after_forward(ds: Path, model: str, queries: list[tuple[str, str]], rule: AdaptiveRule, *, repeats: int) -> dict:
     """In process: `finish` (everything after the forward pass) timed per query in both modes, interleaved."""
-    from service.cache import InMemoryCache
-    from service.pipeline import AnswerPipeline, Query, Stage
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.pipeline import AnswerPipeline, Query, Stage
 
     pipe = AnswerPipeline.open(ds, model=model, device="cpu", cache=InMemoryCache(0))  # retrieval never cached
     try:
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="in-process runs per query and mode (the best counts)")
     args = p.parse_args(argv)
 
-    from service.main import default_threads
+    from bertknn.service.main import default_threads
 
     t_start = time.perf_counter()
     threads = args.threads or default_threads()

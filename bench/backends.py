@@ -24,10 +24,11 @@ import numpy as np
 import torch
 
 from bench.common import PROXY_MODEL, REPO, RUNS, build_datastore, lama_queries, machine, write_result
-from datastore_builder.encoder import MaskedLMEncoder, top_entries, top_set
-from datastore_builder.format import Datastore
-from service.cache import InMemoryCache
-from service.pipeline import AnswerPipeline, Query
+from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.format import Datastore
+from bertknn.core.topk import top_entries, top_set
+from bertknn.service.cache import InMemoryCache
+from bertknn.service.pipeline import AnswerPipeline, Query
 
 BACKENDS = ("eager", "torchscript", "onnx")
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=RUNS / "bench-serving")
     args = p.parse_args(argv)
 
-    from service.main import default_threads
+    from bertknn.service.main import default_threads
 
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from bench.common import REPO, lama_queries, machine, write_result
-from service.pipeline import AnswerPipeline, Query
+from bertknn.service.pipeline import AnswerPipeline, Query
 
 
 def run(datastore: Path, dtype: str, queries: list[tuple[str, str]], batch: int) -> tuple[list[str], list[str], float]:

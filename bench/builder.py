@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 
 from bench.common import PROXY_MODEL, RESULTS, SHARED, machine
-from datastore_builder.build import build, cpu_quota_threads
-from datastore_builder.encoder import EncoderOutput, MaskedInput, MaskedLMEncoder
-from datastore_builder.format import read_manifest
-from datastore_builder.settings import BuildSettings
+from bertknn.builder.build import build
+from bertknn.builder.settings import BuildSettings
+from bertknn.core.encoder import EncoderOutput, MaskedInput, MaskedLMEncoder
+from bertknn.core.format import read_manifest
+from bertknn.core.runtime import cpu_quota_threads
 
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 if TYPE_CHECKING:
-    from datastore_builder.encoder import MaskedLMEncoder
+    from bertknn.core.encoder import MaskedLMEncoder
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -4,7 +4,7 @@
 every candidate that returns the exact k nearest by squared L2, including the float16 -> float32 conversion each
 one needs. Row counts span a short article (64 rows) to N=3 long ones (30,000 rows); dims 384 (the proxy MiniLM)
 and 768 (bert-base). Prints p50 per call and its ratio to the fastest, and writes ``bench/results/knn_calls.json``.
-The service uses the candidate ``service.retrieval.knn.SEARCH`` names; this benchmark is how it was chosen.
+The service uses the candidate ``bertknn.service.retrieval.knn.SEARCH`` names; this benchmark is how it was chosen.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _faiss_knn(xb16: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.
 
 
 def _faiss_sq_fp16(xb16: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    from service.retrieval.knn import fp16_search
+    from bertknn.service.retrieval.knn import fp16_search
 
     d, i = fp16_search(np.ascontiguousarray(xb16), q, k)
     return d, i

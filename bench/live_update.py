@@ -28,10 +28,11 @@ import httpx
 import torch
 
 from bench.common import PROXY_MODEL, REPO, machine, percentiles, service_process, write_result
-from datastore_builder.build import build, cpu_quota_threads
-from datastore_builder.encoder import MaskedLMEncoder
-from datastore_builder.settings import AddSettings, BuildSettings
-from datastore_builder.update import add_articles
+from bertknn.builder.build import build
+from bertknn.builder.settings import AddSettings, BuildSettings
+from bertknn.builder.update import add_articles
+from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.runtime import cpu_quota_threads
 
 TOKEN = "bench-admin-token"
 

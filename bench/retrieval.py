@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 def corpus_articles(files: list[Path]) -> Iterator[tuple[str, str]]:
     """(normalised title, text) per article, first title wins: what the builder would index."""
-    from datastore_builder.corpus import read_jsonl
+    from bertknn.builder.corpus import read_jsonl
 
     seen: set[str] = set()
     for path in files:
@@ -43,7 +43,7 @@ def corpus_articles(files: list[Path]) -> Iterator[tuple[str, str]]:
 
 
 def corpus_id(files: list[Path]) -> str:
-    from datastore_builder.format import sha256_file
+    from bertknn.core.format import sha256_file
 
     return "|".join(f"{p.name}:{sha256_file(p)}" for p in files)
 
@@ -91,12 +91,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from datastore_builder.build import cpu_quota_threads
-    from datastore_builder.encoder import MaskedLMEncoder
-    from datastore_builder.format import BM25_DIR, TFIDF_DIR
-    from datastore_builder.sparse_index import write_sparse_indexes
-    from datastore_builder.titles import normalize_title
-    from service.retrieval.sparse import Bm25Retriever, TfidfRetriever
+    from bertknn.builder.sparse_index import write_sparse_indexes
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.format import BM25_DIR, TFIDF_DIR
+    from bertknn.core.runtime import cpu_quota_threads
+    from bertknn.core.titles import normalize_title
+    from bertknn.service.retrieval.sparse import Bm25Retriever, TfidfRetriever
 
     load_start = os.getloadavg()[0]
     files = sorted(WIKI.glob("*.jsonl"))

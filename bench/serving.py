@@ -49,9 +49,9 @@ from bench.common import (
     write_result,
 )
 from bench.rawhttp import AsyncRawClient, RawClient
-from datastore_builder.encoder import MaskedLMEncoder
-from datastore_builder.format import Datastore, write_manifest
-from datastore_builder.writer import ShardData, write_shard
+from bertknn.builder.writer import ShardData, write_shard
+from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.format import Datastore, write_manifest
 
 CLIENTS = ("raw", "httpx")  # the lean client (bench/rawhttp.py) and httpx, measured in the same run
 # the throughput runs add locust (FastHttpUser, in its own process: bench/locust_load.py)
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.queries < 10 or args.articles < 1 or args.threads < 0:
         p.error("--queries must be at least 10, --articles at least 1, --threads at least 0")
 
-    from service.main import default_threads
+    from bertknn.service.main import default_threads
 
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)

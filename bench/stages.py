@@ -120,15 +120,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    import datastore_builder.encoder as encoder_mod
-    import service.api.routes as routes
-    import service.codec as codec
-    import service.main as service_main
-    import service.pipeline as pipeline_mod
-    import service.serving as serving
-    from service.pipeline import AnswerPipeline
-    from service.server import uvicorn_config
-    from service.settings import ServiceSettings
+    import bertknn.core.encoder as encoder_mod
+    import bertknn.service.api.routes as routes
+    import bertknn.service.codec as codec
+    import bertknn.service.main as service_main
+    import bertknn.service.pipeline as pipeline_mod
+    import bertknn.service.serving as serving
+    from bertknn.service.pipeline import AnswerPipeline
+    from bertknn.service.server import uvicorn_config
+    from bertknn.service.settings import ServiceSettings
 
     timers = Timers()
     timers.wrap(routes, "response_fields", "response fields")

@@ -101,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENAI_API_KEY", "unused")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
-    from datastore_builder.build import build, cpu_quota_threads
-    from datastore_builder.format import MANIFEST, read_manifest
-    from datastore_builder.settings import BuildSettings
-    from evaluation.__main__ import main as evaluate
+    from bertknn.builder.build import build
+    from bertknn.builder.settings import BuildSettings
+    from bertknn.core.format import MANIFEST, read_manifest
+    from bertknn.core.runtime import cpu_quota_threads
+    from bertknn.evaluation.__main__ import main as evaluate
 
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)

@@ -1,1 +1,1 @@
-"""Offline job: corpus -> masked-context embeddings -> memory-mappable datastore shards keyed by article."""
+"""Entry point kept for existing scripts: the datastore builder (python -m datastore_builder; same as bert-knn build|add|validate|merge|ivfpq)."""

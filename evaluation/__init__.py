@@ -1,1 +1,1 @@
-"""LAMA evaluation of the BERT-kNN pipeline: probe readers, query construction, metrics, runners, grid search."""
+"""Entry point kept for existing scripts: the evaluation (python -m evaluation; same as bert-knn eval)."""

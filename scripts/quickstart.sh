@@ -21,7 +21,7 @@ for _ in $(seq 1 120); do
   kill -0 $SERVER 2>/dev/null || { echo "quickstart: the service exited; see the log above" >&2; exit 1; }
   sleep 1
 done
-python -m service.client predict "albert einstein was born in [MASK] ." --subject "Albert Einstein" --url "http://127.0.0.1:$PORT"
+python -m bertknn.service.client predict "albert einstein was born in [MASK] ." --subject "Albert Einstein" --url "http://127.0.0.1:$PORT"
 if [ "${QUICKSTART_SERVE:-1}" = "1" ]; then
   echo
   echo "serving $OUT at http://127.0.0.1:$PORT (POST /predict, docs at /docs); Ctrl-C to stop"

@@ -1,1 +1,1 @@
-"""The online BERT-kNN answerer: FastAPI app over a datastore built by `datastore_builder`."""
+"""Entry point kept for existing scripts: the service (python -m service; same as bert-knn serve)."""

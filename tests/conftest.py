@@ -77,11 +77,11 @@ async def read_body(receive: Callable[[], Any]) -> bytes:
 @contextlib.contextmanager
 def serve_asgi(app: Any) -> Iterator[int]:
     """A real uvicorn server for ``app`` on a free loopback port, in a thread, configured as `python -m service`
-    configures its own (`service.server.uvicorn_config`); yields the port."""
+    configures its own (`bertknn.service.server.uvicorn_config`); yields the port."""
     import uvicorn
 
-    from service.server import uvicorn_config
-    from service.settings import ServiceSettings
+    from bertknn.service.server import uvicorn_config
+    from bertknn.service.settings import ServiceSettings
 
     port = free_port()
     srv = uvicorn.Server(uvicorn_config(app, ServiceSettings(host="127.0.0.1", port=port, log_level="warning")))
@@ -146,8 +146,8 @@ def tiny_datastore(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pat
 
 def build_tiny(out: Path, corpus: list[Path], model: Path, **overrides: object) -> Path:
     """Build a datastore with the real builder and small-test settings (CPU, inline tokenising)."""
-    from datastore_builder.build import build
-    from datastore_builder.settings import BuildSettings
+    from bertknn.builder.build import build
+    from bertknn.builder.settings import BuildSettings
 
     values: dict[str, object] = dict(
         corpus=corpus, model=str(model), out=out, device="cpu", articles_per_shard=2, workers=0, batch_size=16,

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _datastore_is_current(ds: Path, corpus_sha: str, model_sha: str) -> bool:
-    from datastore_builder.format import read_manifest, validate_datastore
+    from bertknn.core.format import read_manifest, validate_datastore
 
     if not (ds / "manifest.json").is_file():
         return False
@@ -174,12 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from bench.quality.corpus import write_corpus
-    from datastore_builder.build import build, cpu_quota_threads
-    from datastore_builder.encoder import MaskedLMEncoder
-    from datastore_builder.format import Datastore, read_manifest, sha256_file
-    from datastore_builder.settings import BuildSettings
-    from evaluation.grid import GridSpace, grid_search
-    from evaluation.lama import (
+    from bertknn.builder.build import build
+    from bertknn.builder.settings import BuildSettings
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.format import Datastore, read_manifest, sha256_file
+    from bertknn.core.runtime import cpu_quota_threads
+    from bertknn.evaluation.grid import GridSpace, grid_search
+    from bertknn.evaluation.lama import (
         DEV_PERCENT,
         GOOGLE_RE,
         TREX,
@@ -188,10 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_probe,
         load_vocab_file,
     )
-    from evaluation.metrics import format_table, report_dict, summarize
-    from evaluation.runner import PipelineRunner, RunSettings
-    from service.cache import InMemoryCache
-    from service.pipeline import AnswerPipeline
+    from bertknn.evaluation.metrics import format_table, report_dict, summarize
+    from bertknn.evaluation.runner import PipelineRunner, RunSettings
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.pipeline import AnswerPipeline
 
     t_start = time.perf_counter()
     timings: dict[str, float] = {}

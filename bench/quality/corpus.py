@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
-from datastore_builder.titles import normalize_title
+from bertknn.core.titles import normalize_title
 
 logger = logging.getLogger(__name__)
 

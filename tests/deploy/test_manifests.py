@@ -5,7 +5,7 @@
 (b) Drift: every ``BERTKNN_*`` variable in docker-compose.yml, .env.example, the Dockerfiles and the Kubernetes
     manifests is a field of ``ServiceSettings`` / ``BuildSettings`` (walked with their env prefix and ``__`` nesting)
     of the program that reads it, with a value the field accepts; every command line in them parses with the real
-    argparse parser (``datastore_builder.__main__._parser()``, ``service.__main__.build_parser()``,
+    argparse parser (``bertknn.builder.__main__._parser()``, ``bertknn.service.__main__.build_parser()``,
     ``docker/prefetch_model.py``); the Indexed Job's slice count agrees everywhere.
 (c) The hardening the manifests promise (non-root, read-only root filesystem, no privilege escalation, no
     capabilities, read-only datastore) holds for every container.
@@ -32,8 +32,8 @@ import yaml
 from pydantic import BaseModel, TypeAdapter
 from pydantic_settings import BaseSettings
 
-from datastore_builder.settings import BuildSettings
-from service.settings import ServiceSettings
+from bertknn.builder.settings import BuildSettings
+from bertknn.service.settings import ServiceSettings
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / ".ci" / "validate_deploy.sh"
@@ -408,11 +408,11 @@ ALL_CONSUMERS = [*compose_consumers(), *k8s_consumers(), *dockerfile_consumers()
 
 def _parser_for(program: str) -> argparse.ArgumentParser:
     if program == BUILDER:
-        from datastore_builder.__main__ import _parser
+        from bertknn.builder.__main__ import _parser
 
         return _parser()
     if program == SERVICE:
-        from service.__main__ import build_parser
+        from bertknn.service.__main__ import build_parser
 
         return build_parser()
     if program == PREFETCHER:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.interpolate import AdaptiveRule, confidence
-from service.main import create_app, open_pipeline
-from service.pipeline import AnswerPipeline, Query
-from service.settings import ServiceSettings
+from bertknn.service.interpolate import AdaptiveRule, confidence
+from bertknn.service.main import create_app, open_pipeline
+from bertknn.service.pipeline import AnswerPipeline, Query
+from bertknn.service.settings import ServiceSettings
 
 KNN_TEXT = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}  # kNN knows the answer: quimby
 SKIP_TEXT = {"text": "[MASK] is a small town near the sea ."}  # the MLM's top-1 is higher here

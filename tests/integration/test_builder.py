@@ -34,11 +34,15 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from datastore_builder.__main__ import main
-from datastore_builder.build import BuildError, build
-from datastore_builder.corpus import CorpusStats, SentenceSplitter, read_corpora
-from datastore_builder.encoder import MaskedLMEncoder
-from datastore_builder.format import (
+from bertknn.builder.__main__ import main
+from bertknn.builder.build import build
+from bertknn.builder.corpus import CorpusStats, SentenceSplitter, read_corpora
+from bertknn.builder.merge import merge_slices
+from bertknn.builder.settings import BuildSettings
+from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
+from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.errors import BuildError, MergeError
+from bertknn.core.format import (
     MANIFEST,
     REDIRECTS,
     SHARDS_DIR,
@@ -46,9 +50,6 @@ from datastore_builder.format import (
     read_manifest,
     validate_datastore,
 )
-from datastore_builder.merge import MergeError, merge_slices
-from datastore_builder.settings import BuildSettings
-from datastore_builder.targets import TargetSelector, load_stopwords, masked_ids
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import service_process
-from evaluation.__main__ import main
+from bertknn.evaluation.__main__ import main
 
 RELATIONS = [
     {"relation": "P19", "template": "[X] was born in [Y] .", "label": "place of birth"},
@@ -70,7 +70,7 @@ def tiny_lama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_datastore_ivfpq(tmp_path_factory: pytest.TempPathFactory, tiny_datastore: Path) -> Path:
     """A copy of the shared tiny datastore with the whole-datastore index added (the shared one is left alone)."""
-    from datastore_builder.ivfpq import add_ivfpq
+    from bertknn.builder.ivfpq import add_ivfpq
 
     copy = tmp_path_factory.mktemp("ds-ivfpq") / "tiny"
     shutil.copytree(tiny_datastore, copy)
@@ -247,8 +247,8 @@ def _many_facts_lama(tiny_lama: Path, root: Path) -> Path:
 def test_adaptive_rule_is_fitted_on_dev_and_reported_against_fixed_on_test(
     tiny_lama, tiny_datastore, tmp_path, capsys
 ):
-    from service.interpolate import AdaptiveRule
-    from service.pipeline import AnswerPipeline, Query
+    from bertknn.service.interpolate import AdaptiveRule
+    from bertknn.service.pipeline import AnswerPipeline, Query
 
     root = _many_facts_lama(tiny_lama, tmp_path / "lama")
     out, rule_path, preds = tmp_path / "adaptive.json", tmp_path / "rule.json", tmp_path / "preds.jsonl"

@@ -12,8 +12,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from bench.common import service_process
-from service.main import create_app
-from service.settings import ServiceSettings
+from bertknn.service.main import create_app
+from bertknn.service.settings import ServiceSettings
 from tests.conftest import RedisServer
 
 Q = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datastore_builder.format import Datastore, Manifest, ModelInfo, write_manifest
-from datastore_builder.ivfpq import MAX_TRAIN_ROWS, add_ivfpq, plan_ivfpq, read_ivfpq_meta
-from datastore_builder.writer import ShardData, write_shard
-from service.retrieval.global_knn import IvfPqKnn
+from bertknn.builder.ivfpq import MAX_TRAIN_ROWS, add_ivfpq, plan_ivfpq, read_ivfpq_meta
+from bertknn.builder.writer import ShardData, write_shard
+from bertknn.core.format import Datastore, Manifest, ModelInfo, write_manifest
+from bertknn.service.retrieval.global_knn import IvfPqKnn
 
 DIM = 32
 ROWS_PER_SHARD = 2500

@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from datastore_builder.__main__ import main
-from datastore_builder.build import BuildError
-from datastore_builder.format import (
+from bertknn.builder.__main__ import main
+from bertknn.builder.settings import AddSettings
+from bertknn.builder.update import add_articles
+from bertknn.core.errors import BuildError, UpdateError
+from bertknn.core.format import (
     MANIFEST,
     SHARDS_DIR,
     Datastore,
@@ -31,12 +33,10 @@ from datastore_builder.format import (
     validate_datastore,
     write_manifest,
 )
-from datastore_builder.settings import AddSettings
-from datastore_builder.update import UpdateError, add_articles
-from service.main import create_app
-from service.pipeline import AnswerPipeline, Query
-from service.retrieval.global_knn import IvfPqKnn
-from service.settings import ServiceSettings
+from bertknn.service.main import create_app
+from bertknn.service.pipeline import AnswerPipeline, Query
+from bertknn.service.retrieval.global_knn import IvfPqKnn
+from bertknn.service.settings import ServiceSettings
 from tests.conftest import REPO, TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
 
 NEW_ARTICLE = {"id": "7", "title": "Brindle Pax", "text": "Brindle Pax was born in zandor. Brindle Pax wrote many songs about boats."}
@@ -169,7 +169,7 @@ def test_a_crash_before_the_manifest_write_leaves_the_old_version(
     def crash(*_: object) -> None:
         raise KeyboardInterrupt("killed before the commit")
 
-    monkeypatch.setattr("datastore_builder.update.write_manifest", crash)
+    monkeypatch.setattr("bertknn.builder.update.write_manifest", crash)
     with pytest.raises(KeyboardInterrupt):
         _add(ds, update_corpus)
     assert (ds / "shards" / "shard-00003").is_dir() and (ds / "index" / "v2" / "bm25").is_dir()  # work was done

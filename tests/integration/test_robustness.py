@@ -30,23 +30,22 @@ from xml.sax.saxutils import escape
 import pytest
 from fastapi.testclient import TestClient
 
-from datastore_builder.__main__ import main
-from datastore_builder.encoder import ModelLoadError
-from datastore_builder.format import (
+from bertknn.builder.__main__ import main
+from bertknn.builder.writer import finished_shard
+from bertknn.core.errors import DatastoreError, ModelLoadError
+from bertknn.core.format import (
     INDEX_DIR,
     MANIFEST,
     SHARD_MARKER,
     SHARDS_DIR,
-    DatastoreError,
     read_manifest,
     shard_name,
     validate_datastore,
 )
-from datastore_builder.sparse_index import BM25_META
-from datastore_builder.writer import finished_shard
-from service.main import create_app
-from service.pipeline import AnswerPipeline, reduce_jvm_signals
-from service.settings import ServiceSettings
+from bertknn.core.format.sparse import BM25_META
+from bertknn.service.main import create_app
+from bertknn.service.pipeline import AnswerPipeline, reduce_jvm_signals
+from bertknn.service.settings import ServiceSettings
 from tests.conftest import REPO, corpus_words, make_tiny_bert, write_jsonl
 
 ARTICLES_PER_SHARD = 4

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from datastore_builder.encoder import ModelLoadError
-from datastore_builder.format import DatastoreError, read_manifest, write_manifest
-from service.api import routes
-from service.api.schemas import BatchResponse, PredictRequest, PredictResponse
-from service.main import create_app
-from service.pipeline import AnswerPipeline, Query
-from service.settings import ServiceSettings
+from bertknn.core.errors import DatastoreError, ModelLoadError
+from bertknn.core.format import read_manifest, write_manifest
+from bertknn.service.api import routes
+from bertknn.service.api.schemas import BatchResponse, PredictRequest, PredictResponse
+from bertknn.service.main import create_app
+from bertknn.service.pipeline import AnswerPipeline, Query
+from bertknn.service.settings import ServiceSettings
 from tests.conftest import TINY_ARTICLES, corpus_words, make_tiny_bert
 
 QUESTION = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}
@@ -272,7 +272,7 @@ def test_every_backend_serves_the_same_answers(tiny_datastore: Path) -> None:
     questions = [QUESTION, {"text": "emile grusk was born in [MASK] .", "subject": "emile grusk"},
                  {"text": "the bridge of [MASK] is large ."}]
     bodies: dict[str, list[dict]] = {}
-    for backend in ("eager", "torchscript", "onnx", "auto"):
+    for backend in ("eager", "onnx", "auto"):
         settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu", "backend": backend})
         app = create_app(settings)
         with TestClient(app) as c:
@@ -291,9 +291,9 @@ def test_a_cached_query_does_not_wait_behind_a_busy_model(tiny_datastore: Path) 
     import asyncio
     import threading
 
-    from service.metrics import Metrics
-    from service.serving import AsyncAnswerer
-    from service.settings import BatchingSettings
+    from bertknn.service.metrics import Metrics
+    from bertknn.service.serving import AsyncAnswerer
+    from bertknn.service.settings import BatchingSettings
 
     pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
 
@@ -431,10 +431,10 @@ def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the
     import threading
     import time
 
-    from service.cache import InMemoryCache, RedisCache
-    from service.metrics import Metrics
-    from service.serving import AsyncAnswerer
-    from service.settings import BatchingSettings
+    from bertknn.service.cache import InMemoryCache, RedisCache
+    from bertknn.service.metrics import Metrics
+    from bertknn.service.serving import AsyncAnswerer
+    from bertknn.service.settings import BatchingSettings
 
     texts = ["zorblat was born in [MASK] .", "quimby is a small [MASK] near the sea .", "the bridge of [MASK] is large ."]
     queries = [Query(t) for t in texts]

@@ -10,19 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datastore_builder.format import (
-    BM25_DIR,
-    IVFPQ_FILE,
-    TFIDF_DIR,
-    Datastore,
-    DatastoreError,
-    validate_datastore,
-)
-from datastore_builder.ivfpq import add_ivfpq, read_ivfpq_meta
-from datastore_builder.sparse_index import TFIDF_POSTINGS, build_sparse_indexes, write_sparse_indexes
-from service.retrieval.global_knn import IvfPqKnn
-from service.retrieval.sparse import Bm25Retriever, Retriever, TfidfRetriever
-from service.retrieval.subject import SubjectResolver
+from bertknn.builder.ivfpq import add_ivfpq, read_ivfpq_meta
+from bertknn.builder.sparse_index import build_sparse_indexes, write_sparse_indexes
+from bertknn.core.errors import DatastoreError
+from bertknn.core.format import BM25_DIR, IVFPQ_FILE, TFIDF_DIR, Datastore, validate_datastore
+from bertknn.core.format.sparse import TFIDF_POSTINGS
+from bertknn.service.retrieval.global_knn import IvfPqKnn
+from bertknn.service.retrieval.sparse import Bm25Retriever, Retriever, TfidfRetriever
+from bertknn.service.retrieval.subject import SubjectResolver
 from tests.conftest import TINY_ARTICLES, build_tiny, write_jsonl
 
 HARBOUR = "Ōtaru Harbour 🚢"  # accents, NFC and an astral character in a Lucene docid
@@ -194,8 +189,8 @@ def test_unknown_subjects_and_dangling_redirects_resolve_to_none(subject: str, d
 def test_the_subject_rule_wins_over_the_ranker(
     datastore: Datastore, bm25: Bm25Retriever, tiny_model_dir: Path
 ) -> None:
-    from datastore_builder.encoder import MaskedLMEncoder
-    from service.pipeline import AnswerPipeline, Query
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.service.pipeline import AnswerPipeline, Query
 
     text = "Zorblat was born in [MASK] ."
     assert bm25.top_articles(text, 1)[0][0] == "Zorblat"

@@ -15,14 +15,14 @@ import torch
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer, BertForMaskedLM
 
-from datastore_builder.build import BuildError
-from datastore_builder.encoder import MaskedLMEncoder
-from datastore_builder.format import WORDS, Datastore, read_manifest, validate_datastore
-from datastore_builder.merge import MergeError, merge_slices
-from evaluation.__main__ import main as evaluation_main
-from service.main import create_app
-from service.pipeline import AnswerPipeline, Query
-from service.settings import ServiceSettings
+from bertknn.builder.merge import merge_slices
+from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.errors import BuildError, MergeError
+from bertknn.core.format import WORDS, Datastore, read_manifest, validate_datastore
+from bertknn.evaluation.__main__ import main as evaluation_main
+from bertknn.service.main import create_app
+from bertknn.service.pipeline import AnswerPipeline, Query
+from bertknn.service.settings import ServiceSettings
 from tests.conftest import TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
 
 WORD_ARTICLES = [

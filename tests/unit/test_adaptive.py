@@ -9,17 +9,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from evaluation.adaptive import AdaptiveSpace, fit_rule, hits_for_lambdas, score_query
-from evaluation.runner import gold_rank
-from service.interpolate import (
-    AdaptiveRule,
-    AdaptiveRuleError,
-    adaptive_lambda,
-    confidence,
-    interpolate,
-    knn_skipped,
-)
-from service.settings import ServiceSettings
+from bertknn.core.errors import AdaptiveRuleError
+from bertknn.evaluation.adaptive import AdaptiveSpace, fit_rule, hits_for_lambdas, score_query
+from bertknn.evaluation.runner import gold_rank
+from bertknn.service.interpolate import AdaptiveRule, adaptive_lambda, confidence, interpolate, knn_skipped
+from bertknn.service.settings import ServiceSettings
 
 
 def test_confidence_measures_by_hand():

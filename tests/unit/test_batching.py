@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from service.batching import MicroBatcher, QueueFull
+from bertknn.core.errors import Overloaded
+from bertknn.service.batching import MicroBatcher
 
 
 def test_concurrent_items_share_one_call():
@@ -45,7 +46,7 @@ def test_full_queue_refuses_at_once_and_errors_reach_every_waiter():
         await asyncio.sleep(0.05)  # 1 is running; the queue (2) can take two more
         queued = [asyncio.ensure_future(b.submit(2)), asyncio.ensure_future(b.submit(-1))]
         await asyncio.sleep(0.01)
-        with pytest.raises(QueueFull):
+        with pytest.raises(Overloaded):
             await b.submit(4)
         gate.set()
         assert await first == 1
@@ -160,7 +161,7 @@ def test_a_batcher_nobody_stopped_does_not_keep_the_process_alive():
     script = (
         "import asyncio\n"
         "from concurrent.futures import ThreadPoolExecutor\n"
-        "from service.batching import MicroBatcher\n"
+        "from bertknn.service.batching import MicroBatcher\n"
         "async def main():\n"
         "    b = MicroBatcher(lambda xs: list(xs), executor=ThreadPoolExecutor(1), max_wait_ms=0)\n"
         "    b.start()\n"

@@ -8,7 +8,7 @@ from transformers import BertConfig
 
 from bench.bert_base import BERT_BASE, TOKENIZER, make
 from bench.common import PROXY_MODEL, result_name
-from datastore_builder.encoder import MaskedLMEncoder
+from bertknn.core.encoder import MaskedLMEncoder
 
 
 def test_the_shape_is_bert_base_uncased() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.cache import InMemoryCache, cache_key
-from service.codec import CorruptValue, QueryEncoding, decode_hits, encode_hits
+from bertknn.core.errors import CorruptCacheValue
+from bertknn.service.cache import InMemoryCache, cache_key
+from bertknn.service.codec import QueryEncoding, decode_hits, encode_hits
 
 
 def _enc(seed: int = 0, vocab: int = 100, hidden: int = 8) -> QueryEncoding:
@@ -40,7 +41,7 @@ def test_bytes_written_most_probable_first_decode_to_the_same_encoding():
     assert np.array_equal(back.top_ids, enc.top_ids) and np.array_equal(back.top_probs, enc.top_probs)
     assert back.to_bytes() == enc.to_bytes()
     repeated = QueryEncoding(enc.embedding, np.r_[enc.top_ids[1:], enc.top_ids[1]], enc.top_probs, 100)
-    with pytest.raises(CorruptValue, match="repeated"):
+    with pytest.raises(CorruptCacheValue, match="repeated"):
         QueryEncoding.from_bytes(repeated.to_bytes(), hidden=8, vocab_size=100)
 
 
@@ -53,14 +54,14 @@ def test_corrupted_values_are_rejected(damage):
         raw = raw[:-7]
     elif damage == "empty":
         raw = bytearray()
-    with pytest.raises(CorruptValue):
+    with pytest.raises(CorruptCacheValue):
         QueryEncoding.from_bytes(bytes(raw), hidden=8 if damage != "other_model" else 16, vocab_size=100)
 
 
 def test_hits_roundtrip_and_corruption():
     hits = [("Émile Grusk", None, "subject"), ("Plonk", 3.5, "bm25")]
     assert decode_hits(encode_hits(hits)) == hits
-    with pytest.raises(CorruptValue):
+    with pytest.raises(CorruptCacheValue):
         decode_hits(encode_hits(hits)[:-1] + b"x")
 
 
@@ -85,7 +86,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
-from datastore_builder.encoder import top_entries, top_set  # noqa: E402
+from bertknn.core.topk import top_entries, top_set
 
 
 def _full_sort_top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

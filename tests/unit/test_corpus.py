@@ -11,8 +11,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import pytest
 
-from datastore_builder.corpus import (
-    CorpusError,
+from bertknn.builder.corpus import (
     CorpusStats,
     SentenceSplitter,
     detect_format,
@@ -21,6 +20,7 @@ from datastore_builder.corpus import (
     read_mediawiki_xml,
     wikitext_to_text,
 )
+from bertknn.core.errors import CorpusError
 
 NS = "http://www.mediawiki.org/xml/export-0.11/"
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from datastore_builder.__main__ import main
-from datastore_builder.format import (
+from bertknn.builder.__main__ import main
+from bertknn.core.format import (
     ARTICLES,
     LABELS,
     MANIFEST,

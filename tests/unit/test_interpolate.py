@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from service.interpolate import interpolate, knn_distribution, rank_of, top_k
+from bertknn.service.interpolate import interpolate, knn_distribution, rank_of, top_k
 
 
 def test_knn_distribution_matches_hand_computation():
@@ -60,7 +60,7 @@ def test_top_k_and_rank():
 
 
 def test_fp16_search_matches_exact_float32_distances() -> None:
-    from service.retrieval.knn import fp16_search
+    from bertknn.service.retrieval.knn import fp16_search
 
     rng = np.random.default_rng(3)
     rows = (rng.standard_normal((257, 24)) * 3).astype(np.float16)
@@ -78,8 +78,8 @@ def test_fp16_search_matches_exact_float32_distances() -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from service.codec import QueryEncoding  # noqa: E402
-from service.interpolate import interpolated_top_k, knn_sparse, top_k_among  # noqa: E402
+from bertknn.service.codec import QueryEncoding  # noqa: E402
+from bertknn.service.interpolate import interpolated_top_k, knn_sparse, top_k_among  # noqa: E402
 
 
 def reference_top(p: np.ndarray, k: int) -> list[tuple[int, float]]:
@@ -134,7 +134,7 @@ def test_interpolated_top_k_equals_the_dense_ranking(
 
 def test_interpolated_top_k_ranks_only_the_head_of_a_vocabulary_sized_encoding() -> None:
     """The service's case: 2,048 stored entries, 128 neighbours; ties (float32, and more in float16) where the head ends."""
-    import service.interpolate as interp
+    import bertknn.service.interpolate as interp
 
     rng = np.random.default_rng(11)
     vocab = 30522

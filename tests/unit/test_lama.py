@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
 
-from evaluation.lama import (
+from bertknn.core.errors import LamaError
+from bertknn.evaluation.lama import (
     GOOGLE_RE,
     MASK,
     SQUAD,
     TREX,
     Fact,
-    LamaError,
     ObjectVocabulary,
     Relation,
     build_queries,

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from evaluation.metrics import (
+from bertknn.evaluation.metrics import (
     COLUMNS,
     QueryResult,
     format_table,
@@ -18,7 +18,7 @@ from evaluation.metrics import (
     score_relations,
     summarize,
 )
-from evaluation.runner import gold_rank
+from bertknn.evaluation.runner import gold_rank
 
 
 def _r(rel: str, ds: str, mlm: int | None, knn: int | None = None, both: int | None = None) -> QueryResult:

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
-from datastore_builder.encoder import ContextTokenizer, QueryError
-from service.api.schemas import PredictRequest
+from bertknn.core.encoder import ContextTokenizer
+from bertknn.core.errors import QueryError
+from bertknn.service.api.schemas import PredictRequest
 from tests.conftest import SHARED_DATA
 
 TOKENIZER = SHARED_DATA / "tokenizer" / "bert-base-uncased"
@@ -23,29 +24,6 @@ weird_text = st.text(
 @pytest.fixture(scope="module")
 def ctx() -> ContextTokenizer:
     return ContextTokenizer(AutoTokenizer.from_pretrained(TOKENIZER), max_seq_len=32)
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(parts=st.lists(st.one_of(weird_text, mask_spellings), max_size=6))
-def test_query_input_is_an_error_or_one_mask_inside_the_window(ctx, parts):
-    text = " ".join(parts)
-    try:
-        inp = ctx.query_input(text)
-    except QueryError as exc:
-        assert "MASK" in str(exc)
-        return
-    assert inp.input_ids.count(ctx.mask_id) == 1
-    assert inp.input_ids[inp.mask_pos] == ctx.mask_id
-    assert len(inp.input_ids) <= ctx.max_seq_len
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(parts=st.lists(st.one_of(weird_text, mask_spellings, st.sampled_from(["[CLS]", "[SEP]", "[PAD]", "[UNK]"])),
-                      max_size=6))
-def test_text_ids_from_the_rust_backend_equal_the_wrappers(ctx, parts):
-    assert ctx._backend is not None  # the real tokenizer takes the direct path
-    text = " ".join(parts)
-    assert ctx.text_ids(text) == ctx.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

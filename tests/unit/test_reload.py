@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from datastore_builder.encoder import ModelLoadError
-from datastore_builder.format import Manifest, ModelInfo, write_manifest
-from service.api.deps import Resources
-from service.metrics import Metrics
-from service.reload import DatastoreReloader, ReloadError
-from service.serving import AsyncAnswerer
-from service.settings import BatchingSettings, ServiceSettings
+from bertknn.core.errors import ModelLoadError, ReloadError
+from bertknn.core.format import Manifest, ModelInfo, write_manifest
+from bertknn.service.api.deps import Resources
+from bertknn.service.metrics import Metrics
+from bertknn.service.reload import DatastoreReloader
+from bertknn.service.serving import AsyncAnswerer
+from bertknn.service.settings import BatchingSettings, ServiceSettings
 
 
 class FakePipeline:

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 from tests.conftest import REPO
 
-SCANNED = ("service", "datastore_builder", "evaluation", "bench", "docker")
+SCANNED = ("bertknn", "service", "datastore_builder", "evaluation", "bench", "docker")
 UNPICKLING_MODULES = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "joblib", "shelve", "marshal"}
 SAFE_YAML_LOADERS = {"SafeLoader", "CSafeLoader"}
 ALWAYS_UNSAFE = {"pandas.read_pickle", "yaml.unsafe_load", "yaml.full_load", "yaml.unsafe_load_all", "yaml.full_load_all"}
@@ -160,8 +160,8 @@ def test_no_unpickling_eval_or_unsafe_yaml_in_the_project() -> None:
         np_loads += loads
     assert findings == []
     # The memory-mapped shard reader and the TF-IDF reader are among the np.load calls checked above.
-    assert any(w.startswith("datastore_builder/format.py:") for w in np_loads), np_loads
-    assert any(w.startswith("service/retrieval/sparse.py:") for w in np_loads), np_loads
+    assert any(w.startswith("bertknn/core/format/reader.py:") for w in np_loads), np_loads
+    assert any(w.startswith("bertknn/service/retrieval/sparse.py:") for w in np_loads), np_loads
 
 
 def test_numpy_and_scipy_refuse_pickles_by_default(tmp_path: Path) -> None:
@@ -182,7 +182,8 @@ def test_numpy_and_scipy_refuse_pickles_by_default(tmp_path: Path) -> None:
 
 
 def test_the_shard_reader_refuses_an_object_array(tmp_path: Path) -> None:
-    from datastore_builder.format import DatastoreError, FileInfo, Shard, ShardInfo
+    from bertknn.core.errors import DatastoreError
+    from bertknn.core.format import FileInfo, Shard, ShardInfo
 
     shard_dir = tmp_path / "shards" / "shard-00000"
     shard_dir.mkdir(parents=True)
@@ -194,7 +195,7 @@ def test_the_shard_reader_refuses_an_object_array(tmp_path: Path) -> None:
 
 
 def test_models_load_from_safetensors(tiny_model_dir: Path) -> None:
-    from datastore_builder.encoder import MaskedLMEncoder
+    from bertknn.core.encoder import MaskedLMEncoder
 
     tree = ast.parse(inspect.getsource(MaskedLMEncoder))
     load = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "load")
@@ -218,7 +219,7 @@ KEY = re.compile(r"^[A-Za-z0-9_.:-]+:(enc|ret):[0-9a-f]{64}$")
 
 
 def test_cache_keys_are_digests() -> None:
-    from service.cache import cache_key
+    from bertknn.service.cache import cache_key
 
     hostile = f"{MARKER}\r\nFLUSHALL\r\n* {{}} [MASK] \x00"
     key = cache_key("bertknn", "ret", "bm25", "ds1", hostile, None, 3)
@@ -246,8 +247,8 @@ def _hostile_requests() -> list[tuple[str, dict]]:
 def test_logs_never_contain_request_text(tiny_datastore: Path, caplog: pytest.LogCaptureFixture) -> None:
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
-    from service.settings import ServiceSettings
+    from bertknn.service.main import create_app
+    from bertknn.service.settings import ServiceSettings
 
     caplog.set_level(logging.DEBUG)
     settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu"}, log_level="debug")  # type: ignore[arg-type]
@@ -265,8 +266,8 @@ def test_redis_keys_and_logs_hold_no_request_text_or_password(
     import redis
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
-    from service.settings import ServiceSettings
+    from bertknn.service.main import create_app
+    from bertknn.service.settings import ServiceSettings
 
     caplog.set_level(logging.DEBUG)
     settings = ServiceSettings(  # type: ignore[arg-type]

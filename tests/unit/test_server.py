@@ -12,8 +12,8 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-import service.server as server_mod
-from service.server import CorkedTransport
+import bertknn.service.server as server_mod
+from bertknn.service.server import CorkedTransport
 from tests.conftest import serve_asgi
 
 

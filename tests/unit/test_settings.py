@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from service.settings import ServiceSettings
+from bertknn.service.settings import ServiceSettings
 
 
 def test_model_shorthand_nested_and_json(monkeypatch):
@@ -45,8 +45,8 @@ def test_backend_threads_and_jvm_options(monkeypatch):
 
 
 def test_default_threads_leave_a_core(monkeypatch):
-    import datastore_builder.build as build
-    from service.main import default_threads
+    import bertknn.core.runtime as build
+    from bertknn.service.main import default_threads
 
     for quota, want in ((1, 1), (2, 1), (8, 7)):
         monkeypatch.setattr(build, "cpu_quota_threads", lambda q=quota: q)
@@ -56,7 +56,7 @@ def test_default_threads_leave_a_core(monkeypatch):
 def test_jvm_options_apply_only_before_the_jvm_starts(monkeypatch):
     import jnius_config  # pyjnius is a dependency (Lucene runs through it)
 
-    from service.pipeline import configure_jvm
+    from bertknn.service.pipeline import configure_jvm
 
     added: list[str] = []
     monkeypatch.setattr(jnius_config, "get_options", lambda: ["-Xrs"])

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from datastore_builder.encoder import ContextTokenizer
-from datastore_builder.targets import (
+from bertknn.builder.targets import (
     TargetSelector,
     TokenizedSentence,
-    is_punctuation,
     load_stopwords,
     masked_ids,
     stopwords_sha256,
 )
+from bertknn.core.encoder import ContextTokenizer
+from bertknn.core.text import is_punctuation
 
 
 @pytest.fixture(scope="module")

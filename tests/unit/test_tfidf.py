@@ -9,14 +9,9 @@ import numpy as np
 import pytest
 from sklearn.utils import murmurhash3_32
 
-from datastore_builder.sparse_index import (
-    N_FEATURES,
-    NgramHasher,
-    SparseIndexError,
-    default_hasher,
-    drqa_idf,
-    tfidf_tables,
-)
+from bertknn.builder.sparse_index import default_hasher, drqa_idf, tfidf_tables
+from bertknn.core.errors import SparseIndexError
+from bertknn.core.format.sparse import N_FEATURES, NgramHasher
 
 STOP = frozenset({"the", "of", "in", "a", "is"})
 

@@ -6,7 +6,7 @@ import unicodedata
 
 import pytest
 
-from datastore_builder.titles import fold_title, normalize_title, pick_among_folded
+from bertknn.core.titles import fold_title, normalize_title, pick_among_folded
 
 NFC = "Émile Zola"
 NFD = unicodedata.normalize("NFD", NFC)

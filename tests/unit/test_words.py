@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from datastore_builder.targets import TargetSelector, load_stopwords, masked_ids
-from datastore_builder.words import (
+from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
+from bertknn.core.words import (
     MAX_WORD_PIECES,
     WordEntry,
     WordTable,

@@ -1,0 +1,1 @@
+"""The datastore builder: corpus -> masked contexts -> embeddings -> shards and article indexes (offline)."""

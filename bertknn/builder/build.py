@@ -1,0 +1,437 @@
+"""The build loop: articles in fixed-size shards -> masked contexts -> embeddings -> shard files -> manifest."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import islice
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
+from bertknn.builder.settings import BuildSettings
+from bertknn.builder.targets import TargetMode, TargetSelector, load_stopwords, masked_ids, stopwords_sha256
+from bertknn.builder.writer import ShardData, finished_shard, remove_stale_temp, write_shard
+from bertknn.core.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
+from bertknn.core.errors import BuildError, DatastoreError
+from bertknn.core.format import (
+    REDIRECTS,
+    Counts,
+    Manifest,
+    ModelInfo,
+    ShardInfo,
+    SliceInfo,
+    SourceInfo,
+    atomic_write_json,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
+from bertknn.core.runtime import cpu_quota_threads
+from bertknn.core.words import WordTable, WordTableBuilder
+
+logger = logging.getLogger(__name__)
+BUILD_STATE = "build.json"
+
+
+
+@dataclass
+class PreparedShard:
+    """Everything but the embeddings: made by worker processes while the model runs on the previous shard."""
+
+    index: int
+    articles: list[dict]
+    sentences: list[str]
+    inputs: list[MaskedInput]
+    labels: np.ndarray
+    sentence_ids: np.ndarray
+    spans: np.ndarray
+    words: WordTable | None = None  # whole-word targets: the shard's word table (labels index it)
+
+
+class ShardPreparer:
+    """Sentence splitting, target selection and masking for one shard's articles (no model needed)."""
+
+    def __init__(
+        self,
+        tokenizer_path: str,
+        max_seq_len: int,
+        stopwords: frozenset[str],
+        min_sentence_chars: int,
+        targets: TargetMode = "single-piece",
+    ):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=True)
+        self.tokenizer = tokenizer
+        self.inputs = ContextTokenizer(tokenizer, max_seq_len)
+        self.selector = TargetSelector(tokenizer, stopwords, targets)
+        self.splitter = SentenceSplitter()
+        self.min_sentence_chars = min_sentence_chars
+
+    def prepare(self, index: int, articles: list[Article]) -> PreparedShard:
+        metas: list[dict] = []
+        sentences: list[str] = []
+        inputs: list[MaskedInput] = []
+        labels: list[int] = []
+        sent_ids: list[int] = []
+        spans: list[tuple[int, int]] = []
+        words = WordTableBuilder(self.tokenizer) if self.selector.mode == "whole-word" else None
+        for art in articles:
+            sents = [s for s in self.splitter.split(art.text) if len(s) >= self.min_sentence_chars]
+            row_start, sent_start = len(labels), len(sentences)
+            for tok_sent in self.selector.select(sents):
+                sid = len(sentences)
+                sentences.append(tok_sent.text)
+                for target in tok_sent.targets:
+                    ids, pos = masked_ids(tok_sent, target, self.inputs.mask_id)
+                    inputs.append(self.inputs.masked_input(ids, pos))
+                    labels.append(target.token_id if words is None else words.add(target.pieces))
+                    sent_ids.append(sid)
+                    spans.append((target.char_start, target.char_end))
+            metas.append(
+                {
+                    "title": art.title,
+                    "id": art.id,
+                    "source": Path(art.source).name,
+                    "row_start": row_start,
+                    "row_end": len(labels),
+                    "sent_start": sent_start,
+                    "sent_end": len(sentences),
+                }
+            )
+        return PreparedShard(
+            index,
+            metas,
+            sentences,
+            inputs,
+            np.asarray(labels, dtype=np.int32),
+            np.asarray(sent_ids, dtype=np.int32),
+            np.asarray(spans, dtype=np.int32).reshape(-1, 2),
+            None if words is None else words.table(),
+        )
+
+
+_WORKER: ShardPreparer | None = None
+
+
+def _init_worker(*args: object) -> None:
+    global _WORKER
+    torch.set_num_threads(1)
+    _WORKER = ShardPreparer(*args)  # type: ignore[arg-type]
+
+
+def _prepare_in_worker(index: int, articles: list[Article]) -> PreparedShard:
+    assert _WORKER is not None
+    return _WORKER.prepare(index, articles)
+
+
+def embed_prepared(encoder: MaskedLMEncoder, prepared: PreparedShard, batch_size: int) -> np.ndarray:
+    """Embed every context of a shard in length-sorted batches; rows come back in the shard's order."""
+    n = len(prepared.inputs)
+    out = np.empty((n, encoder.hidden_size), dtype=np.float16)
+    order = sorted(range(n), key=lambda i: len(prepared.inputs[i].input_ids))
+    for start in range(0, n, batch_size):
+        idx = order[start : start + batch_size]
+        emb = encoder.encode([prepared.inputs[i] for i in idx]).embeddings
+        out[idx] = emb.astype(np.float16)
+    return out
+
+
+def iter_shard_chunks(settings: BuildSettings, stats: CorpusStats, counts: Counts) -> Iterator[tuple[int, list[Article]]]:
+    """Articles in corpus order, first title wins, cut into fixed-size chunks: chunk j is shard j."""
+    seen: set[str] = set()
+
+    def unique() -> Iterator[Article]:
+        for art in read_corpora(settings.corpus, stats):
+            if art.title in seen:
+                counts.skipped_duplicate_titles += 1
+                continue
+            seen.add(art.title)
+            yield art
+
+    stream = unique()
+    if settings.limit_articles is not None:
+        stream = islice(stream, settings.limit_articles)
+    index = 0
+    while chunk := list(islice(stream, settings.articles_per_shard)):
+        yield index, chunk
+        index += 1
+
+
+def _build_state(settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: str, sources: list[SourceInfo]) -> dict:
+    """What a resumed build must share with the build it resumes."""
+    return {
+        "corpus": [str(Path(p).resolve()) for p in settings.corpus],
+        "corpus_sha256": [s.sha256 for s in sources],
+        "model_sha256": encoder.weights_sha256,
+        "dtype": str(encoder.dtype).removeprefix("torch."),
+        "layer": encoder.layer,
+        "max_seq_len": settings.max_seq_len,
+        "articles_per_shard": settings.articles_per_shard,
+        "limit_articles": settings.limit_articles,
+        "min_sentence_chars": settings.min_sentence_chars,
+        "stopwords_sha256": stop_hash,
+        "num_shards": settings.num_shards,
+        "shard_index": settings.shard_index,
+        # only when not the default, so that a build started before this setting existed still resumes
+        **({"targets": settings.targets} if settings.targets != "single-piece" else {}),
+        # the forward backend in use (a resumed build does not mix backends); likewise only when not eager
+        **({"backend": encoder.backend} if encoder.backend != "eager" else {}),
+    }
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    """How articles become shard rows: the same for a build and for an ``add`` to the datastore it made."""
+
+    max_seq_len: int
+    stopwords: frozenset[str]
+    min_sentence_chars: int
+    targets: TargetMode
+    batch_size: int
+    workers: int
+
+
+def embed_shards(
+    out: Path,
+    chunks: Iterator[tuple[int, list[Article]]],
+    encoder: MaskedLMEncoder,
+    options: ShardOptions,
+    written: Callable[[ShardInfo], None],
+) -> float:
+    """Prepare (worker processes), embed and write one shard per ``(index, articles)`` chunk, in order.
+
+    Each finished shard is renamed into ``out/shards/`` atomically and reported to ``written``; returns the
+    seconds spent in the model.
+    """
+    encode_seconds = 0.0
+    tok_dir = tempfile.mkdtemp(prefix="bertknn-tok-")
+    try:
+        encoder.tokenizer.save_pretrained(tok_dir)
+        prep_args = (tok_dir, options.max_seq_len, options.stopwords, options.min_sentence_chars, options.targets)
+        pool = (
+            ProcessPoolExecutor(options.workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=prep_args)
+            if options.workers > 0
+            else None
+        )
+        local = ShardPreparer(*prep_args) if pool is None else None
+        pending: list[Future[PreparedShard]] = []
+        lookahead = max(1, options.workers) + 1
+
+        def refill() -> None:
+            while len(pending) < lookahead:
+                nxt = next(chunks, None)
+                if nxt is None:
+                    return
+                assert pool is not None
+                pending.append(pool.submit(_prepare_in_worker, *nxt))
+
+        writer = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
+        writing: list[Future[ShardInfo]] = []
+
+        def finish_write() -> None:
+            while writing:
+                written(writing.pop(0).result())
+
+        try:
+            while True:
+                if pool is not None:
+                    refill()
+                    if not pending:
+                        break
+                    prepared = pending.pop(0).result()
+                    refill()
+                else:
+                    nxt = next(chunks, None)
+                    if nxt is None:
+                        break
+                    assert local is not None
+                    prepared = local.prepare(*nxt)
+                t1 = time.perf_counter()
+                vectors = embed_prepared(encoder, prepared, options.batch_size)
+                encode_seconds += time.perf_counter() - t1
+                # the previous shard's write (fsyncs, checksums) ran while this one was embedded
+                finish_write()
+                data = ShardData(
+                    vectors,
+                    prepared.labels,
+                    prepared.sentence_ids,
+                    prepared.spans,
+                    prepared.sentences,
+                    prepared.articles,
+                    prepared.words,
+                )
+                writing.append(writer.submit(write_shard, out, prepared.index, data))
+            finish_write()
+        finally:
+            writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+    finally:
+        shutil.rmtree(tok_dir, ignore_errors=True)
+    return encode_seconds
+
+
+def check_corpus_files(paths: list[Path]) -> None:
+    """Every corpus file exists, has a known format and can be read: checked before the model loads, so a bad
+    path fails in a second, not after minutes."""
+    if not paths:
+        raise BuildError("no corpus given: pass --corpus FILE (JSONL or MediaWiki XML dump), repeatable")
+    for path in paths:
+        if not Path(path).is_file():
+            what = "not a regular file" if Path(path).exists() else "no such corpus file"
+            raise BuildError(f"{path}: {what}")
+        detect_format(Path(path))
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+        except OSError as exc:
+            raise BuildError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from exc
+
+
+def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Manifest:
+    """Build (or resume) a datastore as the settings say, and return its manifest."""
+    check_corpus_files(settings.corpus)
+    out = Path(settings.out)
+    updated = existing_manifest(out)
+    if updated is not None and updated.updates:
+        raise BuildError(
+            f"{out} holds version {updated.version} of a datastore that `add` updated; building into it again would "
+            "drop what was added. Use `python -m datastore_builder add` to update it, or another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(settings.threads or cpu_quota_threads())
+    encoder = encoder or MaskedLMEncoder.load(
+        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype, max_seq_len=settings.max_seq_len
+    )
+    if settings.backend != "eager":
+        used = encoder.set_backend(settings.backend, with_mlm=False)
+        logger.info("forward backend: %s (asked: %s)", used, settings.backend)
+    stopwords = load_stopwords(settings.stopwords)
+    stop_hash = stopwords_sha256(stopwords)
+    sources = [
+        SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
+    ]
+    state = _build_state(settings, encoder, stop_hash, sources)
+    state_path = out / BUILD_STATE
+    if state_path.is_file():
+        previous = json.loads(state_path.read_text())
+        if previous != state:
+            diff = sorted(k for k in {*state, *previous} if previous.get(k) != state.get(k))
+            raise BuildError(
+                f"{out} holds a build made with other settings ({', '.join(diff)} differ); "
+                "use another --out, or delete the directory to start over"
+            )
+    else:
+        atomic_write_json(state_path, state)
+    remove_stale_temp(out)
+
+    stats = CorpusStats()
+    counts = Counts()
+    infos: list[ShardInfo] = []
+    whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
+    t0 = time.perf_counter()
+    new_contexts = 0
+    bar = tqdm(desc="contexts", unit="ctx", dynamic_ncols=True, disable=None)
+
+    def chunks_to_build() -> Iterator[tuple[int, list[Article]]]:
+        for index, articles in iter_shard_chunks(settings, stats, counts):
+            if not whole and index % settings.num_shards != settings.shard_index:
+                continue
+            done = finished_shard(out, index)
+            if done is not None:
+                infos.append(done)
+                logger.info("shard %05d already complete, skipped (resume)", index)
+                continue
+            yield index, articles
+
+    def written(info: ShardInfo) -> None:
+        nonlocal new_contexts
+        infos.append(info)
+        new_contexts += info.rows
+        bar.update(info.rows)
+
+    options = ShardOptions(
+        settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
+        settings.workers,
+    )
+    try:
+        encode_seconds = embed_shards(out, chunks_to_build(), encoder, options, written)
+    finally:
+        bar.close()
+
+    infos.sort(key=lambda i: i.index)
+    counts.articles = sum(i.articles for i in infos)
+    counts.sentences = sum(i.sentences for i in infos)
+    counts.contexts = sum(i.rows for i in infos)
+    counts.skipped_pages = stats.skipped_pages
+    atomic_write_json(out / REDIRECTS, dict(sorted(stats.redirects.items())))
+    manifest = Manifest(
+        model=ModelInfo(
+            name=encoder.name,
+            weights_sha256=encoder.weights_sha256,
+            architecture=type(encoder.model).__name__,
+            num_layers=encoder.num_layers,
+            hidden_size=encoder.hidden_size,
+            vocab_size=encoder.vocab_size,
+        ),
+        layer=encoder.layer,
+        max_seq_len=settings.max_seq_len,
+        articles_per_shard=settings.articles_per_shard,
+        stopwords_sha256=stop_hash,
+        counts=counts,
+        sources=sources,
+        shards=infos,
+        slice=None if whole else SliceInfo(index=settings.shard_index, count=settings.num_shards),
+        targets=settings.targets,
+    )
+    if whole:
+        manifest.indexes.update(_build_indexes(out, settings, manifest))
+    manifest.datastore_id = manifest.compute_id()
+    write_manifest(out, manifest)
+    elapsed = time.perf_counter() - t0
+    disk = sum(f.bytes for i in infos for f in i.files.values())
+    summary = {
+        "articles": counts.articles,
+        "sentences": counts.sentences,
+        "contexts": counts.contexts,
+        "new_contexts": new_contexts,
+        "bytes_per_context": round(disk / max(1, counts.contexts), 1),
+        "contexts_per_s": round(new_contexts / elapsed, 1) if new_contexts else None,
+        "encode_contexts_per_s": round(new_contexts / encode_seconds, 1) if encode_seconds else None,
+        "seconds": round(elapsed, 2),
+    }
+    logger.info("build finished: %s", json.dumps(summary))
+    return manifest
+
+
+def _build_indexes(out: Path, settings: BuildSettings, manifest: Manifest) -> dict[str, str]:
+    """Sparse article indexes (and optionally IVF-PQ) over the finished shards."""
+    indexes: dict[str, str] = {}
+    if settings.sparse_indexes:
+        from bertknn.builder.sparse_index import build_sparse_indexes
+
+        indexes.update(build_sparse_indexes(out, manifest))
+    if settings.ivfpq:
+        from bertknn.builder.ivfpq import build_ivfpq
+
+        indexes.update(build_ivfpq(out, manifest))
+    return indexes
+
+
+def existing_manifest(out: Path) -> Manifest | None:
+    try:
+        return read_manifest(out)
+    except DatastoreError:
+        return None
+

@@ -1,0 +1,219 @@
+"""Corpus readers (JSON lines, MediaWiki XML dumps) -> articles -> sentences."""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import gzip
+import json
+import logging
+import re
+import xml.etree.ElementTree as ET
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal, cast
+
+import mwparserfromhell
+import pysbd
+
+from bertknn.core.errors import CorpusError
+from bertknn.core.titles import normalize_title
+
+logger = logging.getLogger(__name__)
+
+CorpusFormat = Literal["jsonl", "mediawiki-xml"]
+_DISAMBIG_TEMPLATES = re.compile(
+    r"\{\{\s*(disambiguation|disambig|dab|hndis|geodis|set index article|surname|given name)\b", re.IGNORECASE
+)
+_LIST_TITLE = re.compile(r"^(List|Lists|Index|Outline) of ", re.IGNORECASE)
+_HIDDEN_LINK = re.compile(r"^(file|image|media|category)\s*:", re.IGNORECASE)
+_INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
+_HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
+
+
+
+@dataclass(frozen=True)
+class Article:
+    """One article. A dump page keeps its raw wikitext and is converted to text on first use of ``text``: in the
+    worker that prepares the article's shard, not in the reader, which every slice of a parallel build runs over
+    the whole corpus."""
+
+    id: str
+    title: str  # normalised with titles.normalize_title
+    raw: str
+    source: str
+    markup: Literal["text", "wikitext"] = "text"
+
+    @property
+    def text(self) -> str:
+        return wikitext_to_text(self.raw) if self.markup == "wikitext" else self.raw
+
+
+@dataclass
+class CorpusStats:
+    redirects: dict[str, str] = field(default_factory=dict)
+    skipped_pages: int = 0
+
+
+def detect_format(path: Path) -> CorpusFormat:
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.bz2", ".json")):
+        return "jsonl"
+    if name.endswith((".xml", ".xml.bz2", ".xml.gz")):
+        return "mediawiki-xml"
+    raise CorpusError(
+        f"{path}: unknown corpus format; use JSON lines (*.jsonl) with id/title/text or a MediaWiki XML dump "
+        "(*.xml or *.xml.bz2)"
+    )
+
+
+def _open(path: Path) -> IO[bytes]:
+    if path.suffix == ".bz2":
+        return cast(IO[bytes], bz2.open(path, "rb"))
+    if path.suffix == ".gz":
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    return open(path, "rb")
+
+
+def _truncated(exc: Exception) -> str:
+    """bz2 and gzip report a cut-off stream as EOFError (zlib.error for garbage), which is not an OSError."""
+    return f"the compressed data is truncated or corrupt ({exc}); download or compress the file again"
+
+
+def read_jsonl(path: Path) -> Iterator[Article]:
+    """``{"id", "title", "text"}`` per line, as WikiExtractor and most Wikipedia tools emit."""
+    lineno = 0
+    try:
+        with _open(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw)
+                except json.JSONDecodeError as exc:
+                    raise CorpusError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                except UnicodeDecodeError as exc:
+                    raise CorpusError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason})") from exc
+                if not isinstance(obj, dict) or not isinstance(obj.get("title"), str) or not isinstance(
+                    obj.get("text"), str
+                ):
+                    raise CorpusError(f'{path}:{lineno}: expected an object with string "title" and "text"')
+                title = normalize_title(obj["title"])
+                if not title:
+                    raise CorpusError(f"{path}:{lineno}: empty title")
+                yield Article(str(obj.get("id", lineno)), title, obj["text"], str(path))
+    except (EOFError, zlib.error) as exc:
+        where = f" after line {lineno}" if lineno else ""
+        raise CorpusError(f"{path}: {_truncated(exc)}{where}") from exc
+    except OSError as exc:
+        raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _is_hidden_link(link: mwparserfromhell.nodes.Wikilink) -> bool:
+    """Files, categories and interlanguage links render as no text; strip_code would keep their titles."""
+    title = str(link.title).strip()
+    return bool(_HIDDEN_LINK.match(title) or (link.text is None and _INTERLANGUAGE_LINK.match(title)))
+
+
+def wikitext_to_text(wikitext: str) -> str:
+    """Markup removed with mwparserfromhell; templates, refs, tables, headings, files and categories dropped."""
+    code = mwparserfromhell.parse(wikitext)
+    hidden = [
+        *(n for n in code.filter_wikilinks(recursive=True) if _is_hidden_link(n)),
+        *(n for n in code.filter_tags(recursive=True) if str(n.tag).lower() in _HIDDEN_TAGS),
+        *code.filter_headings(recursive=True),
+    ]
+    for node in hidden:
+        with contextlib.suppress(ValueError):  # already gone with an enclosing node (a link in a file caption)
+            code.remove(node)
+    text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
+    text = re.sub(r"\n{2,}", "\n", text)
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip() and not line.startswith(("|", "{")))
+
+
+def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
+    """Stream a ``pages-articles`` dump (plain, .bz2 or .gz); main namespace only.
+
+    Redirects are recorded in ``stats.redirects`` (normalised source -> target) and skipped, as are
+    disambiguation pages and list pages.
+    """
+    try:
+        with _open(path) as f:
+            root: ET.Element | None = None
+            for event, elem in ET.iterparse(f, events=("start", "end")):
+                if root is None:
+                    root = elem
+                if event != "end" or _local(elem.tag) != "page":
+                    continue
+                fields = {_local(c.tag): c for c in elem}
+                title = normalize_title(fields["title"].text or "") if "title" in fields else ""
+                ns = fields["ns"].text if "ns" in fields else "0"
+                rev = fields.get("revision")
+                text_el = None
+                if rev is not None:
+                    text_el = next((c for c in rev if _local(c.tag) == "text"), None)
+                wikitext = (text_el.text or "") if text_el is not None else ""
+                redirect = fields.get("redirect")
+                # Drop the finished page from the tree (clearing it alone would leave an empty element per page).
+                assert root is not None
+                root.clear()
+                if ns != "0" or not title:
+                    continue
+                if redirect is not None or wikitext.lstrip().lower().startswith("#redirect"):
+                    target = redirect.get("title") if redirect is not None else None
+                    if target is None:
+                        m = re.search(r"\[\[([^\]|#]+)", wikitext)
+                        target = m.group(1) if m else None
+                    if target:
+                        stats.redirects[title] = normalize_title(target)
+                    continue
+                if (
+                    title.endswith("(disambiguation)")
+                    or _DISAMBIG_TEMPLATES.search(wikitext)
+                    or _LIST_TITLE.match(title)
+                ):
+                    stats.skipped_pages += 1
+                    continue
+                page_id = fields["id"].text if "id" in fields else title
+                yield Article(str(page_id), title, wikitext, str(path), markup="wikitext")
+    except ET.ParseError as exc:
+        raise CorpusError(f"{path}: malformed XML ({exc})") from exc
+    except (EOFError, zlib.error) as exc:
+        raise CorpusError(f"{path}: {_truncated(exc)}") from exc
+    except OSError as exc:
+        raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+
+
+def read_corpora(paths: Iterable[Path], stats: CorpusStats) -> Iterator[Article]:
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise CorpusError(f"{path}: no such corpus file")
+        if detect_format(path) == "jsonl":
+            yield from read_jsonl(path)
+        else:
+            yield from read_mediawiki_xml(path, stats)
+
+
+class SentenceSplitter:
+    """pysbd's rule-based splitter (abbreviations, decimals, initials), over each paragraph of an article."""
+
+    def __init__(self, language: str = "en"):
+        self._seg = pysbd.Segmenter(language=language, clean=False)
+
+    def split(self, text: str) -> list[str]:
+        out = []
+        for para in text.split("\n"):
+            if not para.strip():
+                continue
+            for s in self._seg.segment(para):
+                s = s.strip()
+                if s:
+                    out.append(s)
+        return out

@@ -1,0 +1,362 @@
+"""``python -m datastore_builder add``: new or changed articles into new shards and a new manifest version.
+
+An update never modifies a file an older version reads, so a reader (or a running service) that holds the
+old manifest keeps working, and a crash at any point leaves the old version valid:
+
+1. the corpus is read once to sort its articles into added (new title), replaced (known title, other stored
+   sentences) and unchanged (same stored sentences: skipped) -- before the model loads, so bad input fails fast;
+2. the added and replaced articles are embedded into new shards ``shard-{max+1:05d}...`` by the build's own
+   loop (``build.embed_shards``: same model, layer, max_seq_len, stopwords and targets as the manifest);
+3. the sparse indexes (BM25 + TF-IDF) are rebuilt from all current article texts into ``index/v{N}/``, and the
+   IVF-PQ index, when the datastore has one, is copied there with the new rows appended (not retrained);
+4. the new manifest (version N, an ``updates`` record, counts of reachable and superseded rows) is validated,
+   then written atomically: that rename is the commit;
+5. index folders of versions older than N-1 are deleted (a service still on N-1 keeps its files).
+
+A replaced article's old rows stay in their shard (shards are immutable and may be hard-linked) and become
+unreachable: see ``format.Datastore`` ("a later shard wins") and ``Datastore.superseded_rows``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+
+import torch
+
+from bertknn.builder.build import BUILD_STATE, ShardOptions, check_corpus_files, embed_shards
+from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
+from bertknn.builder.settings import AddSettings
+from bertknn.builder.targets import load_stopwords, stopwords_sha256
+from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.errors import UpdateError
+from bertknn.core.format import (
+    BM25_DIR,
+    INDEX_DIR,
+    IVFPQ_FILE,
+    REDIRECTS,
+    SHARDS_DIR,
+    TFIDF_DIR,
+    Counts,
+    Datastore,
+    Manifest,
+    ShardInfo,
+    SourceInfo,
+    UpdateInfo,
+    atomic_write_json,
+    read_manifest,
+    sha256_file,
+    validate_datastore,
+    write_manifest,
+)
+from bertknn.core.runtime import cpu_quota_threads
+
+logger = logging.getLogger(__name__)
+DEFAULT_MIN_SENTENCE_CHARS = 10
+
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    manifest: Manifest
+    added: int
+    replaced: int
+    unchanged: int
+    duplicates: int  # later occurrences of a title within the new corpus (the first one wins, as in build)
+    shards: list[str]
+    seconds: float
+
+    def summary(self) -> dict[str, object]:
+        m = self.manifest
+        return {
+            "version": m.version,
+            "id": m.datastore_id,
+            "added": self.added,
+            "replaced": self.replaced,
+            "unchanged": self.unchanged,
+            "duplicate_titles": self.duplicates,
+            "shards": self.shards,
+            "articles": m.counts.articles,
+            "contexts": m.counts.contexts,
+            "superseded_contexts": m.counts.superseded_contexts,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+@dataclass
+class _Plan:
+    """What the new corpus holds, relative to the datastore (titles in corpus order)."""
+
+    embed: dict[str, str] = field(default_factory=dict)  # title -> "added" | "replaced"
+    unchanged: int = 0
+    duplicates: int = 0
+    stats: CorpusStats = field(default_factory=CorpusStats)
+
+    @property
+    def total(self) -> int:
+        return len(self.embed) + self.unchanged
+
+    def count(self, kind: str) -> int:
+        return sum(1 for v in self.embed.values() if v == kind)
+
+
+def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) -> UpdateResult:
+    """Embed the new and changed articles of ``settings.corpus`` into ``settings.datastore`` (see module doc).
+
+    Raises:
+        UpdateError: bad input (no corpus, no articles, another model, another stopword list, a slice, a datastore
+            that fails validation) or a new version that fails validation; the datastore is unchanged.
+    """
+    t0 = time.perf_counter()
+    root = Path(settings.datastore)
+    check_corpus_files(settings.corpus)
+    if not root.is_dir():
+        raise UpdateError(f"{root}: no such datastore directory; build one first (python -m datastore_builder build)")
+    read_manifest(root)  # a directory without a finished datastore gets no lock file either
+    with _exclusive(root):
+        old = read_manifest(root)
+        if old.slice is not None:
+            raise UpdateError(
+                f"{root} is slice {old.slice.index} of {old.slice.count}; merge the slices first, then add to the merge"
+            )
+        problems = validate_datastore(root, hashes=False)
+        if problems:
+            raise UpdateError(f"{root} failed validation, so nothing was added: {problems[0]}")
+        datastore = Datastore(root, old)
+        stopwords = load_stopwords(settings.stopwords)
+        if stopwords_sha256(stopwords) != old.stopwords_sha256:
+            raise UpdateError(
+                f"the stopword list {settings.stopwords or '(bundled)'} is not the one {root} was built with; "
+                "pass the build's --stopwords FILE"
+            )
+        min_chars = settings.min_sentence_chars
+        if min_chars is None:
+            min_chars = _recorded_min_sentence_chars(root)
+        plan = _classify(settings.corpus, datastore, min_chars)
+        if plan.total == 0:
+            names = ", ".join(str(p) for p in settings.corpus)
+            raise UpdateError(f"{names}: no articles found; nothing was added")
+        if not plan.embed:
+            logger.info("add: all %d articles are unchanged; %s stays at version %d", plan.unchanged, root, old.version)
+            return UpdateResult(old, 0, 0, plan.unchanged, plan.duplicates, [], time.perf_counter() - t0)
+
+        torch.set_num_threads(settings.threads or cpu_quota_threads())
+        encoder = encoder or MaskedLMEncoder.load(
+            settings.model or old.model.name,
+            layer=old.layer,
+            device=settings.device,
+            dtype=settings.dtype,
+            max_seq_len=old.max_seq_len,
+        )
+        check_same_model(encoder, old)
+
+        version = old.version + 1
+        index_dir = f"{INDEX_DIR}/v{version}"
+        _remove_debris(root, old, index_dir)
+        first = max((s.index for s in old.shards), default=-1) + 1
+        per_shard = settings.articles_per_shard or old.articles_per_shard
+        options = ShardOptions(
+            old.max_seq_len, stopwords, min_chars, old.targets, settings.batch_size, settings.workers
+        )
+        infos: list[ShardInfo] = []
+        encode_s = embed_shards(
+            root, _chunks(settings.corpus, plan, first, per_shard), encoder, options, infos.append
+        )
+        infos.sort(key=lambda i: i.index)
+
+        new = old.model_copy(deep=True)
+        new.version = version
+        new.shards = [*old.shards, *infos]
+        sources = [
+            SourceInfo(path=p.name, format=detect_format(p), sha256=sha256_file(p)) for p in map(Path, settings.corpus)
+        ]
+        new.updates = [
+            *old.updates,
+            UpdateInfo(
+                version=version,
+                shards=[i.name for i in infos],
+                added=plan.count("added"),
+                replaced=plan.count("replaced"),
+                unchanged=plan.unchanged,
+                sources=sources,
+            ),
+        ]
+        updated = Datastore(root, new)
+        new.counts = _counts(updated, old.counts)
+        new.indexes = {}
+        if "bm25" in old.indexes or "tfidf" in old.indexes:
+            from bertknn.builder.sparse_index import write_sparse_indexes
+
+            new.indexes.update(
+                write_sparse_indexes(
+                    root, updated.iter_article_texts(), content_id=new.compute_id(), index_dir=index_dir
+                )
+            )
+        if "ivfpq" in old.indexes:
+            from bertknn.builder.ivfpq import extend_ivfpq
+
+            new.indexes.update(extend_ivfpq(root, old, new, f"{index_dir}/ivfpq.faiss"))
+        new.datastore_id = new.compute_id()
+        problems = validate_datastore(root, hashes=False, manifest=new)
+        if problems:
+            raise UpdateError(f"the new version failed validation, so {root} stays at version {old.version}: {problems[0]}")
+        _merge_redirects(root, plan.stats.redirects)
+        write_manifest(root, new)  # the commit: readers see version N from here on
+        _prune_indexes(root, keep={*old.indexes.values(), *new.indexes.values()})
+        result = UpdateResult(
+            new,
+            plan.count("added"),
+            plan.count("replaced"),
+            plan.unchanged,
+            plan.duplicates,
+            [i.name for i in infos],
+            time.perf_counter() - t0,
+        )
+        logger.info(
+            "add finished: %s",
+            json.dumps({**result.summary(), "new_contexts": sum(i.rows for i in infos), "encode_s": round(encode_s, 2)}),
+        )
+        return result
+
+
+def check_same_model(encoder: MaskedLMEncoder, manifest: Manifest) -> None:
+    """New rows must come from the weights the existing rows came from, or distances between them mean nothing."""
+    if encoder.weights_sha256 != manifest.model.weights_sha256:
+        raise UpdateError(
+            f"model {encoder.name!r} (weights sha256 {encoder.weights_sha256[:12]}...) is not the model this datastore "
+            f"was built with: {manifest.model.name!r} ({manifest.model.weights_sha256[:12]}...); add with that model "
+            "(leave out --model to use it), or build a new datastore with this one"
+        )
+
+
+@contextmanager
+def _exclusive(root: Path) -> Iterator[None]:
+    """One ``add`` at a time per datastore: an advisory lock on the directory itself (no lock file is left
+    behind; a killed holder releases it)."""
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise UpdateError(f"{root}: another `add` is updating this datastore; wait for it to finish") from exc
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _recorded_min_sentence_chars(root: Path) -> int:
+    try:
+        return int(json.loads((root / BUILD_STATE).read_text())["min_sentence_chars"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_MIN_SENTENCE_CHARS
+
+
+def stored_sentences(splitter: SentenceSplitter, article: Article, min_chars: int) -> list[str]:
+    """The sentences the build would store for ``article`` (its unchanged-test compares these)."""
+    return [s for s in splitter.split(article.text) if len(s) >= min_chars]
+
+
+def _classify(corpus: list[Path], datastore: Datastore, min_chars: int) -> _Plan:
+    plan = _Plan()
+    splitter = SentenceSplitter()
+    seen: set[str] = set()
+    for art in read_corpora(corpus, plan.stats):
+        if art.title in seen:
+            plan.duplicates += 1
+            continue
+        seen.add(art.title)
+        if art.title not in datastore.articles:
+            plan.embed[art.title] = "added"
+        elif stored_sentences(splitter, art, min_chars) == datastore.article_sentences(art.title):
+            plan.unchanged += 1
+        else:
+            plan.embed[art.title] = "replaced"
+    logger.info(
+        "add: %d new, %d changed, %d unchanged articles, %d duplicate titles skipped",
+        plan.count("added"), plan.count("replaced"), plan.unchanged, plan.duplicates,
+    )  # fmt: skip
+    return plan
+
+
+def _chunks(corpus: list[Path], plan: _Plan, first: int, per_shard: int) -> Iterator[tuple[int, list[Article]]]:
+    """The articles to embed (second pass over the corpus, first occurrence of each title), in shard-size chunks."""
+
+    def wanted() -> Iterator[Article]:
+        taken: set[str] = set()
+        for art in read_corpora(corpus, CorpusStats()):
+            if art.title in plan.embed and art.title not in taken:
+                taken.add(art.title)
+                yield art
+
+    stream = wanted()
+    index = first
+    while chunk := list(islice(stream, per_shard)):
+        yield index, chunk
+        index += 1
+
+
+def _counts(datastore: Datastore, previous: Counts) -> Counts:
+    live = datastore.articles.values()
+    gone = datastore.superseded
+    return Counts(
+        articles=len(datastore.articles),
+        sentences=sum(e.sent_end - e.sent_start for e in live),
+        contexts=sum(e.rows for e in live),
+        skipped_duplicate_titles=previous.skipped_duplicate_titles,
+        skipped_pages=previous.skipped_pages,
+        superseded_articles=len(gone),
+        superseded_sentences=sum(e.sent_end - e.sent_start for e in gone),
+        superseded_contexts=sum(e.rows for e in gone),
+    )
+
+
+def _remove_debris(root: Path, manifest: Manifest, index_dir: str) -> None:
+    """What an interrupted ``add`` left: shards past the manifest's last one, and the next version's index folder.
+    No manifest names them, so no reader uses them."""
+    last = max((s.index for s in manifest.shards), default=-1)
+    shards = root / SHARDS_DIR
+    for p in shards.iterdir() if shards.is_dir() else ():
+        later = p.name.startswith("shard-") and p.name[6:].isdigit() and int(p.name[6:]) > last
+        if later or p.name.startswith(".tmp-"):
+            shutil.rmtree(p, ignore_errors=True)
+    shutil.rmtree(root / index_dir, ignore_errors=True)
+
+
+def _merge_redirects(root: Path, new: dict[str, str]) -> None:
+    if not new:
+        return
+    path = root / REDIRECTS
+    old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    merged = {**old, **new}
+    if merged != old:
+        atomic_write_json(path, dict(sorted(merged.items())))
+
+
+def _prune_indexes(root: Path, keep: set[str]) -> None:
+    """Delete index folders and files that neither the new version nor the one before it uses."""
+    index = root / INDEX_DIR
+    if not index.is_dir():
+        return
+
+    def kept(rel: str) -> bool:
+        return any(k == rel or k.startswith(rel + "/") for k in keep)
+
+    for p in index.iterdir():
+        if p.is_dir() and p.name[:1] == "v" and p.name[1:].isdigit() and not kept(f"{INDEX_DIR}/{p.name}"):
+            shutil.rmtree(p, ignore_errors=True)
+    # the first build's own indexes, once no kept version names them
+    for rel in (BM25_DIR, TFIDF_DIR):
+        if not kept(rel) and (root / rel).is_dir():
+            shutil.rmtree(root / rel, ignore_errors=True)
+    if not kept(IVFPQ_FILE):
+        (root / IVFPQ_FILE).unlink(missing_ok=True)
+        (root / IVFPQ_FILE).with_suffix(".json").unlink(missing_ok=True)

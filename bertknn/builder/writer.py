@@ -1,0 +1,139 @@
+"""Shard writer: arrays into a temporary directory, checksums, then one atomic rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.core.format import (
+    ARTICLES,
+    INDEX_DIR,
+    LABELS,
+    SENTENCE_IDS,
+    SENTENCE_OFFSETS,
+    SENTENCES,
+    SHARD_FILES,
+    SHARD_MARKER,
+    SHARDS_DIR,
+    SPANS,
+    VECTORS,
+    WORDS,
+    FileInfo,
+    ShardInfo,
+    check_shard_files,
+    naming_write_errors,
+    read_shard_info,
+    save_npy,
+    sha256_file,
+    shard_name,
+)
+from bertknn.core.words import WordTable
+
+
+@dataclass
+class ShardData:
+    vectors: np.ndarray  # float16 [rows, hidden]
+    labels: np.ndarray  # int32 [rows]
+    sentence_ids: np.ndarray  # int32 [rows]
+    spans: np.ndarray  # int32 [rows, 2]
+    sentences: list[str]
+    articles: list[dict]  # title, id, source, row_start, row_end, sent_start, sent_end
+    words: WordTable | None = None  # whole-word datastores: what the labels index
+
+
+def _fsync_save(path: Path, array: np.ndarray) -> None:
+    save_npy(path, np.ascontiguousarray(array), fsync=True)
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with naming_write_errors(path), open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def finished_shard(root: Path, index: int) -> ShardInfo | None:
+    """The shard's info when a complete, intact copy is on disk (resume skips it), else None."""
+    shard_dir = Path(root) / SHARDS_DIR / shard_name(index)
+    info = read_shard_info(shard_dir)
+    if info is None or check_shard_files(shard_dir, info, hashes=True) is not None:
+        return None
+    return info
+
+
+def write_shard(root: Path, index: int, data: ShardData) -> ShardInfo:
+    """Write every file of shard ``index`` to a temp dir, then rename it into place (all or nothing)."""
+    shards = Path(root) / SHARDS_DIR
+    shards.mkdir(parents=True, exist_ok=True)
+    final = shards / shard_name(index)
+    tmp = shards / f".tmp-{shard_name(index)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        return _write_shard_files(tmp, final, index, data)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # never trusted anyway; a full disk gets its space back now
+        raise
+
+
+def _write_shard_files(tmp: Path, final: Path, index: int, data: ShardData) -> ShardInfo:
+    encoded = [s.encode("utf-8") for s in data.sentences]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    _fsync_save(tmp / VECTORS, data.vectors.astype(np.float16, copy=False))
+    _fsync_save(tmp / LABELS, data.labels.astype(np.int32, copy=False))
+    _fsync_save(tmp / SENTENCE_IDS, data.sentence_ids.astype(np.int32, copy=False))
+    _fsync_save(tmp / SPANS, data.spans.astype(np.int32, copy=False).reshape(-1, 2))
+    _fsync_save(tmp / SENTENCE_OFFSETS, offsets)
+    _fsync_write(tmp / SENTENCES, b"".join(encoded))
+    _fsync_write(tmp / ARTICLES, json.dumps(data.articles, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+    names: tuple[str, ...] = SHARD_FILES
+    if data.words is not None:
+        _fsync_write(tmp / WORDS, data.words.to_json())
+        names = (*SHARD_FILES, WORDS)
+    info = ShardInfo(
+        name=shard_name(index),
+        index=index,
+        rows=int(len(data.labels)),
+        articles=len(data.articles),
+        sentences=len(data.sentences),
+        files={
+            name: FileInfo(bytes=(tmp / name).stat().st_size, sha256=sha256_file(tmp / name)) for name in names
+        },
+    )
+    _fsync_write(tmp / SHARD_MARKER, info.model_dump_json(indent=1).encode())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    dir_fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return info
+
+
+def remove_stale_temp(root: Path) -> None:
+    """Temp dirs left by a killed build are never trusted: delete them before resuming."""
+    shards = Path(root) / SHARDS_DIR
+    if shards.is_dir():
+        for p in shards.glob(".tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+    for p in Path(root).glob(".*.tmp-*"):
+        p.unlink(missing_ok=True)
+    # A build killed while writing an index leaves `.ivfpq.faiss.tmp-PID` (possibly gigabytes), `.ivfpq.json.tmp-PID`,
+    # or a directory a sparse-index swap renamed away; nothing else ever deletes them.
+    index_dir = Path(root) / INDEX_DIR
+    if index_dir.is_dir():
+        for p in index_dir.iterdir():
+            if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)

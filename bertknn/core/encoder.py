@@ -1,0 +1,377 @@
+"""Masked contexts -> [MASK] embeddings at one hidden layer (and, for the service, the MLM distribution).
+
+`MaskedLMEncoder.encode` is the single function that embeds both datastore contexts and queries; a mismatch
+between the two would silently ruin the kNN search, so there is no second code path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import numpy as np
+import torch
+from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from bertknn.core.errors import ModelLoadError, QueryError
+from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
+from bertknn.core.text import MASK_RE
+from bertknn.core.topk import top_entries
+
+logger = logging.getLogger(__name__)
+
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """Hash of the float32 weights by parameter name: the model identity recorded in the manifest."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class MaskedInput:
+    """Token ids with special tokens added, and the position of the single [MASK]."""
+
+    input_ids: tuple[int, ...]
+    mask_pos: int
+
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    embeddings: np.ndarray  # float32 [n, hidden]
+    mlm_log_probs: torch.Tensor | None  # float32 [n, vocab], log-softmax at the [MASK] position
+    # with ``encode(..., mlm_top=t)``: the t largest log p_MLM of each row, most probable first (ties: smaller id
+    # first), as (values float32 [n, t], token ids int64 [n, t])
+    mlm_top: tuple[np.ndarray, np.ndarray] | None = None
+
+
+class ContextTokenizer:
+    """Token ids -> model inputs around one [MASK]; the shared path for datastore contexts and queries."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_seq_len: int):
+        self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len
+        self.mask_id = int(tokenizer.mask_token_id)
+
+    def text_ids(self, text: str) -> list[int]:
+        """``tokenizer(text, add_special_tokens=False)["input_ids"]``."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def masked_input(self, ids: Sequence[int], mask_pos: int) -> MaskedInput:
+        """Special tokens around ``ids`` (which hold the mask at ``mask_pos``), windowed to ``max_seq_len``.
+
+        Shared by the builder (a sentence with one target replaced by the mask id) and the service (a query
+        tokenised as is), so both embed identically.
+        """
+        budget = self.max_seq_len - 2
+        if len(ids) > budget:
+            start = min(max(0, mask_pos - budget // 2), len(ids) - budget)
+            ids = ids[start : start + budget]
+            mask_pos -= start
+        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        if cls_id is None or sep_id is None:
+            full = self.tokenizer.build_inputs_with_special_tokens(list(ids))
+            return MaskedInput(tuple(full), full.index(self.mask_id))
+        return MaskedInput((cls_id, *ids, sep_id), mask_pos + 1)
+
+    def normalize_query(self, text: str) -> str:
+        """Any spelling of [MASK] (``[mask]``, ``[ Mask ]``) becomes the tokenizer's mask token."""
+        return MASK_RE.sub(self.tokenizer.mask_token, text)
+
+    def query_input(self, text: str) -> MaskedInput:
+        """A cloze question -> model input; `QueryError` says what is wrong with the text."""
+        text = self.normalize_query(text)
+        n_masks = text.count(self.tokenizer.mask_token)
+        if n_masks != 1:
+            raise QueryError(f"the text must contain exactly one [MASK]; found {n_masks}")
+        if not text.replace(self.tokenizer.mask_token, "").strip():
+            raise QueryError("the text has nothing but [MASK]; give the words around it")
+        ids = self.text_ids(text)
+        positions = [i for i, t in enumerate(ids) if t == self.mask_id]
+        if len(positions) != 1:
+            raise QueryError(f"the text must tokenise to exactly one [MASK]; found {len(positions)}")
+        return self.masked_input(ids, positions[0])
+
+
+BackendName = Literal["auto", "eager", "onnx"]
+# (input_ids, attention_mask, rows, mask_pos as host int64 arrays, `_arrays`) -> ([MASK] embeddings float32,
+# log p_MLM at [MASK])
+_FastForward = Callable[..., tuple[np.ndarray, torch.Tensor | None]]
+
+
+class _MaskCore(torch.nn.Module):
+    """The forward as one module: the [MASK] row at ``layer`` and, with a head, log p_MLM there (that row only).
+
+    Eager `encode` runs it as it is; the ONNX backend exports it. Without a head (the
+    builder's embeddings) no LM head runs at all.
+    """
+
+    def __init__(self, base: torch.nn.Module, head: torch.nn.Module | None, layer: int):
+        super().__init__()
+        self.base, self.head, self.layer = base, head, layer
+
+    def forward(
+        self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        hidden = self.base(input_ids=ids, attention_mask=attn, output_hidden_states=True).hidden_states
+        emb = hidden[self.layer][rows, pos]
+        if self.head is None:
+            return (emb,)
+        return emb, torch.log_softmax(self.head(hidden[-1][rows, pos]).float(), dim=-1)
+
+
+class MaskedLMEncoder:
+    """A Hugging Face masked LM used for two things: the [MASK] embedding at ``layer`` and p_MLM at [MASK]."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        name: str,
+        layer: int | None = None,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        max_seq_len: int = 128,
+        weights_hash: str | None = None,
+    ):
+        if tokenizer.mask_token_id is None:
+            raise ModelLoadError(f"{name}: the tokenizer has no mask token; a masked LM is required")
+        if not getattr(tokenizer, "is_fast", False):
+            raise ModelLoadError(f"{name}: a fast (Rust) tokenizer is required for word alignment")
+        self.name = name
+        self.tokenizer = tokenizer
+        config: Any = model.config
+        self.config = config
+        self.num_layers = int(config.num_hidden_layers)
+        self.layer = self.num_layers - 1 if layer is None else (layer if layer >= 0 else self.num_layers + 1 + layer)
+        if not 0 <= self.layer <= self.num_layers:
+            raise ModelLoadError(
+                f"{name}: layer {layer} is out of range; the model has hidden_states[0..{self.num_layers}]"
+            )
+        limit = int(getattr(model.config, "max_position_embeddings", 512))
+        if max_seq_len > limit or max_seq_len < 8:
+            raise ModelLoadError(f"max_seq_len={max_seq_len} must be between 8 and the model's limit {limit}")
+        self.max_seq_len = max_seq_len
+        self.inputs = ContextTokenizer(tokenizer, max_seq_len)
+        self.weights_sha256 = weights_hash or weights_sha256(model)
+        self.device = device or torch.device("cpu")
+        self.dtype = dtype
+        model = model.to(self.device, dtype).eval()
+        self.model = model
+        self.base: torch.nn.Module = cast(torch.nn.Module, model.base_model)
+        heads = [m for n, m in model.named_children() if n != model.base_model_prefix]
+        # BERT-like models have exactly one head module (``cls``); it is applied at the [MASK] row only.
+        self.head: torch.nn.Module | None = heads[0] if len(heads) == 1 else None
+        self.vocab_size = int(config.vocab_size)
+        self.hidden_size = int(config.hidden_size)
+        # the forward, with p_MLM (the service) and embeddings only (the builder); the one place it is written
+        self._cores = {
+            with_mlm: _MaskCore(self.base, self.head if with_mlm else None, self.layer).eval()
+            for with_mlm in (True, False)
+        }
+        self.backend: str = "eager"
+        self._fast: _FastForward | None = None
+        self._fast_with_mlm = True  # which encode() call the compiled forward serves
+        self._fast_asked: tuple[str, bool] | None = None  # the set_backend call that built ``_fast``
+
+    @classmethod
+    def load(
+        cls,
+        name_or_path: str,
+        *,
+        layer: int | None = None,
+        device: DeviceName | str = "auto",
+        dtype: DtypeName | str = "auto",
+        max_seq_len: int = 128,
+    ) -> MaskedLMEncoder:
+        """Load any Hugging Face masked LM by hub name or local directory (safetensors preferred)."""
+        dev = resolve_device(device)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
+            model = AutoModelForMaskedLM.from_pretrained(name_or_path, dtype=torch.float32, use_safetensors=None)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(
+                f"cannot load the masked LM {name_or_path!r}: {exc}. Pass a local model directory "
+                "(--model /path or BERTKNN_MODEL) where the Hugging Face hub is unreachable."
+            ) from exc
+        return cls(
+            model,
+            tokenizer,
+            name=name_or_path,
+            layer=layer,
+            device=dev,
+            dtype=resolve_dtype(dtype, dev),
+            max_seq_len=max_seq_len,
+        )
+
+    # ---- inputs (delegated, so worker processes can tokenise without the model) ---------------------------
+
+    def masked_input(self, ids: Sequence[int], mask_pos: int) -> MaskedInput:
+        return self.inputs.masked_input(ids, mask_pos)
+
+    def query_input(self, text: str) -> MaskedInput:
+        return self.inputs.query_input(text)
+
+    # ---- backend ------------------------------------------------------------------------------------------
+
+    def set_backend(self, backend: BackendName | str, *, with_mlm: bool = True) -> str:
+        """How ``encode(..., with_mlm=...)`` runs the model: eagerly, or in ONNX Runtime.
+
+        ``with_mlm``: the call the compiled forward serves, with p_MLM (the service) or embeddings only (the
+        builder); the other call stays eager.
+
+        The same modules either way (`_MaskCore`: the [MASK] row at ``layer``, the head on that row only).
+        ``onnx`` runs the whole forward outside Python with fused CPU kernels (docs/decisions/onnx-runtime-on-cpu.md).
+        ``auto``: onnx on the CPU, eager on a GPU. A backend is used only after its outputs
+        matched the eager forward on padded batches of other shapes than the one it was built from; one that
+        cannot be built, or differs, falls back (logged). Returns the backend in use.
+
+        Asking again for the compiled backend already in use (same ``backend`` and ``with_mlm``) keeps it: an
+        ONNX export of bert-base takes about 5 s, which a builder handed a ready encoder should not pay twice.
+        """
+        if backend not in ("auto", "eager", "onnx"):
+            raise ValueError(f"backend must be auto, eager or onnx, not {backend!r}")
+        if self._fast is not None and self._fast_asked == (backend, with_mlm):
+            return self.backend
+        if backend == "auto":
+            order = ["onnx"] if self.device.type == "cpu" else []
+        else:
+            order = [] if backend == "eager" else [backend]
+        self._fast, self.backend, self._fast_with_mlm, self._fast_asked = None, "eager", with_mlm, None
+        if order and with_mlm and self.head is None:
+            logger.warning("%s: no single LM head module; the eager backend stays in use", self.name)
+            return self.backend
+        for want in order:
+            try:
+                fast = self._build_onnx()
+                self._check_against_eager(fast, want)
+            except Exception as exc:  # noqa: BLE001 - any failure to build or match falls back
+                logger.warning("%s: %s backend not used (%s)", self.name, want, exc)
+                continue
+            self._fast, self.backend, self._fast_asked = fast, want, (backend, with_mlm)
+            break
+        return self.backend
+
+    def _core_and_example(self) -> tuple[_MaskCore, tuple[torch.Tensor, ...]]:
+        mask = self.tokenizer.mask_token
+        # padded (two lengths), so that the attention mask is part of the traced or exported graph
+        example = [self.query_input(f"the {mask} ."), self.query_input(f"a b c d e f g h {mask} i j .")]
+        return self._cores[self._fast_with_mlm], self._tensors(example)
+
+    def _build_onnx(self) -> _FastForward:
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            raise RuntimeError("the onnx backend runs float32 on the CPU")
+        import onnxruntime as ort
+
+        core, example = self._core_and_example()
+        names = ["input_ids", "attention_mask", "rows", "mask_pos"]
+        with tempfile.TemporaryDirectory(prefix="bertknn-onnx-") as tmp, warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")
+            path = Path(tmp) / "mask_core.onnx"
+            torch.onnx.export(
+                core, example, path, input_names=names,
+                output_names=["embedding", "log_probs"] if core.head is not None else ["embedding"],
+                dynamic_axes={"input_ids": {0: "batch", 1: "width"}, "attention_mask": {0: "batch", 1: "width"},
+                              "rows": {0: "batch"}, "mask_pos": {0: "batch"}},
+                dynamo=False, opset_version=17,
+            )  # fmt: skip
+            model_bytes = path.read_bytes()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = torch.get_num_threads()  # the thread setting the process chose for torch
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+
+        def run(*arrays: np.ndarray) -> tuple[np.ndarray, torch.Tensor | None]:
+            out = session.run(None, dict(zip(names, arrays, strict=True)))
+            return out[0], torch.from_numpy(out[1]) if len(out) > 1 else None
+
+        return run
+
+    @torch.inference_mode()
+    def _check_against_eager(self, fast: _FastForward, name: str) -> None:
+        mask = self.tokenizer.mask_token
+        texts = (f"{mask} x y z w .", f"p q {mask} .", f"one two three four five {mask} six seven eight nine ten .")
+        check = [self.query_input(t) for t in texts]
+        core, _ = self._core_and_example()
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        for batch in (check[:1], check):
+            want = core(*self._tensors(batch))
+            got_emb, got_lp = fast(*self._arrays(batch))
+            err = float(np.abs(want[0].float().cpu().numpy() - got_emb).max())
+            if len(want) > 1:
+                assert got_lp is not None
+                err = max(err, float((want[1].cpu() - got_lp).abs().max()))
+            if not err <= tol:
+                raise RuntimeError(f"{name} differs from the eager forward by {err:.3g} (tolerance {tol})")
+
+    def _arrays(self, items: Sequence[MaskedInput]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Padded ids, attention mask, batch rows and [MASK] positions: host int64 arrays.
+
+        numpy, not torch: on the service's path (batches of one or a few) building them as tensors cost 7x more.
+        """
+        n = len(items)
+        width = max(len(x.input_ids) for x in items)
+        ids = np.full((n, width), self.tokenizer.pad_token_id or 0, dtype=np.int64)
+        attn = np.zeros((n, width), dtype=np.int64)
+        for i, x in enumerate(items):
+            ids[i, : len(x.input_ids)] = x.input_ids
+            attn[i, : len(x.input_ids)] = 1
+        return ids, attn, np.arange(n, dtype=np.int64), np.fromiter((x.mask_pos for x in items), np.int64, n)
+
+    def _to_device(self, arrays: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+        host = [torch.from_numpy(a) for a in arrays]
+        if self.device.type != "cuda":
+            return tuple(host)
+        # pinned host memory makes the copies of the (large) ids and mask asynchronous
+        return tuple((t.pin_memory() if t.dim() == 2 else t).to(self.device, non_blocking=True) for t in host)
+
+    def _tensors(self, items: Sequence[MaskedInput]) -> tuple[torch.Tensor, ...]:
+        """`_arrays` as tensors on the model's device."""
+        return self._to_device(self._arrays(items))
+
+    # ---- forward ------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def encode(self, items: Sequence[MaskedInput], *, with_mlm: bool = False, mlm_top: int = 0) -> EncoderOutput:
+        """One forward pass over a batch: [MASK] embeddings at ``self.layer`` and, optionally, log p_MLM there.
+
+        ``mlm_top`` > 0 (with ``with_mlm``): also the ``mlm_top`` most probable entries of each row
+        (`EncoderOutput.mlm_top`, `top_entries`).
+        """
+        if mlm_top < 0 or (mlm_top and not with_mlm):
+            raise ValueError("mlm_top must be >= 0, and only applies with with_mlm=True")
+        out = self._forward(items, with_mlm)
+        if not mlm_top or out.mlm_log_probs is None:
+            return out
+        k = min(mlm_top, self.vocab_size)
+        values = np.empty((len(items), k), np.float32)
+        ids = np.empty((len(items), k), np.int64)
+        for i, row in enumerate(out.mlm_log_probs.numpy()):
+            values[i], ids[i] = top_entries(row, k)
+        return EncoderOutput(out.embeddings, out.mlm_log_probs, (values, ids))
+
+    def _forward(self, items: Sequence[MaskedInput], with_mlm: bool) -> EncoderOutput:
+        if not items:
+            return EncoderOutput(
+                np.zeros((0, self.hidden_size), np.float32), torch.zeros((0, self.vocab_size)) if with_mlm else None
+            )
+        if self._fast is not None and with_mlm == self._fast_with_mlm:
+            return EncoderOutput(*self._fast(*self._arrays(items)))
+        ids, attn, rows, mask_pos = self._tensors(items)
+        if with_mlm and self.head is None:  # no single head module: the full model's logits, at the mask rows
+            out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+            emb, logits = out.hidden_states[self.layer][rows, mask_pos], out.logits[rows, mask_pos]
+            return EncoderOutput(emb.float().cpu().numpy(), torch.log_softmax(logits.float(), dim=-1).cpu())
+        out = self._cores[with_mlm](ids, attn, rows, mask_pos)
+        return EncoderOutput(out[0].float().cpu().numpy(), out[1].cpu() if with_mlm else None)

@@ -1,0 +1,101 @@
+"""The one error tree: every failure the project reports on purpose is a `BertKnnError`, free of HTTP.
+
+The service maps these classes to status codes in one table (`bertknn.service.api.errors`); the command line
+prints their message on one line. A message names what went wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class BertKnnError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+# ---- the datastore and the model -------------------------------------------------------------------------
+
+
+class DatastoreError(BertKnnError):
+    """A datastore is missing, incomplete or inconsistent; the message names the file and what to do."""
+
+
+class SparseIndexError(DatastoreError):
+    """A BM25 or TF-IDF index is missing, stale or unreadable."""
+
+
+class MergeError(DatastoreError):
+    """Slices that cannot be merged (other model, overlapping articles, missing slice)."""
+
+
+class ModelLoadError(BertKnnError):
+    """The masked LM cannot be loaded, or is not the one a datastore was built with."""
+
+
+# ---- offline: building --------------------------------------------------------------------------------------
+
+
+class CorpusError(BertKnnError):
+    """A corpus file cannot be read (unknown format, bad JSON line, missing file)."""
+
+
+class BuildError(BertKnnError):
+    """A build cannot start or resume (other settings than the interrupted run, bad output directory)."""
+
+
+class UpdateError(BuildError):
+    """``add`` cannot update this datastore."""
+
+
+# ---- online: answering --------------------------------------------------------------------------------------
+
+
+class QueryError(BertKnnError, ValueError):
+    """A cloze query the model cannot take (no [MASK], two of them, too long); the message says what to fix."""
+
+
+class InvalidRequest(BertKnnError, ValueError):
+    """A well-formed request that this server refuses (over a limit, options that contradict each other)."""
+
+
+class RetrieverUnavailable(BertKnnError):
+    """The requested retriever has no index in this datastore; the message says how to build it."""
+
+
+class AdaptiveRuleError(BertKnnError, ValueError):
+    """An adaptive-interpolation rule file that cannot be used."""
+
+
+class NotReady(BertKnnError):
+    """The service is starting, reloading its model or shutting down."""
+
+
+class Overloaded(BertKnnError):
+    """The queue in front of the model is full; retry after a short delay."""
+
+    retry_after_s = 1
+
+
+class ReloadError(BertKnnError):
+    """A new datastore version cannot be served; the running version keeps serving."""
+
+
+class Unauthorized(BertKnnError):
+    """An admin request without a valid bearer token."""
+
+
+class Forbidden(BertKnnError):
+    """An admin request that this server does not allow (no admin token configured)."""
+
+
+class CorruptCacheValue(BertKnnError, ValueError):
+    """A cached encoding that cannot be decoded (another version wrote it, or it was cut short)."""
+
+
+# ---- evaluation ---------------------------------------------------------------------------------------------
+
+
+class EvaluationError(BertKnnError):
+    """An evaluation that cannot run as asked (missing probe files, a datastore without the needed index)."""
+
+
+class LamaError(EvaluationError):
+    """The LAMA probe directory or one of its files cannot be used; the message names the file and what to do."""

@@ -1,0 +1,36 @@
+"""The on-disk datastore format: the contract (`contract`), file I/O (`files`), the reader and `validate`."""
+
+from bertknn.core.errors import DatastoreError
+from bertknn.core.format.contract import *  # noqa: F403
+from bertknn.core.format.contract import __all__ as _contract_all
+from bertknn.core.format.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    naming_write_errors,
+    read_ivfpq_meta,
+    read_manifest,
+    save_npy,
+    sha256_file,
+    write_manifest,
+)
+from bertknn.core.format.reader import ArticleEntry, ContextRef, Datastore, Shard
+from bertknn.core.format.validate import check_shard_files, validate_datastore
+
+__all__ = [
+    *_contract_all,
+    "DatastoreError",
+    "ArticleEntry",
+    "ContextRef",
+    "Datastore",
+    "Shard",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "check_shard_files",
+    "naming_write_errors",
+    "read_ivfpq_meta",
+    "read_manifest",
+    "save_npy",
+    "sha256_file",
+    "validate_datastore",
+    "write_manifest",
+]

@@ -1,0 +1,236 @@
+"""The on-disk datastore contract: file names and the manifest model (the reader and `validate` are beside it).
+
+Layout of a datastore directory (all arrays are ``.npy``, opened with ``mmap_mode="r"``; no pickle anywhere)::
+
+    manifest.json                 written last, atomically; its presence marks a finished datastore
+    redirects.json                {normalised redirect title: normalised target title}
+    shards/shard-00000/
+        vectors.npy               float16 [rows, hidden]   [MASK] embedding at ``manifest.layer``
+        labels.npy                int32   [rows]           token id of the masked word, row-aligned
+                                                           (whole-word datastores: id into words.json)
+        sentence_ids.npy          int32   [rows]           row -> sentence index within the shard
+        spans.npy                 int32   [rows, 2]        character span of the word in its sentence
+        sentences.txt             UTF-8 sentences, concatenated
+        sentence_offsets.npy      int64   [sentences + 1]  byte offsets of each sentence in sentences.txt
+        articles.json             [{"title", "id", "source", "row_start", "row_end", "sent_start", "sent_end"}]
+        words.json                whole-word datastores only: [[word text, [piece ids]], ...], the shard's words
+        SHARD.json                written last inside the shard: rows and sha256 of every file above
+    index/bm25/                   Lucene index (pyserini), one document per article, docid = title
+    index/tfidf/                  DrQA-style hashed TF-IDF (see ``bertknn.builder.sparse_index``)
+    index/ivfpq.faiss             optional whole-datastore IVF-PQ index (the no-retrieval ablation)
+    index/v2/ ...                 the indexes of version 2, 3, ... (``add``); ``manifest.indexes`` names the current
+
+Rows of one article are contiguous inside one shard, so a search restricted to a few articles reads only
+their rows, whatever the datastore's size.
+
+Versions: ``python -m datastore_builder add`` (``bertknn.builder.update``) appends shards and writes manifest
+version N+1 with an ``updates`` record naming them. An article of a later shard replaces the same title in
+earlier shards: the old rows stay on disk (shards are immutable) but are no longer reachable, and the manifest
+counts them as ``superseded_*``. Only shards an ``add`` made may repeat a title (``validate`` checks it).
+
+``manifest.targets`` says which words are stored (absent in older manifests: ``single-piece``):
+
+- ``single-piece`` (the paper's rule): whole words that are exactly one wordpiece; the word replaced by one
+  [MASK]; ``labels.npy`` holds the token id.
+- ``whole-word``: whole words of 1 to ``words.MAX_WORD_PIECES`` wordpieces; ALL the word's wordpieces are
+  replaced by ONE [MASK] (a query has one [MASK] too, whatever the answer's length); ``spans.npy`` covers the
+  whole word; ``labels.npy`` holds ids into the shard's own ``words.json`` (one-piece words included, so every
+  label means a word). Per-shard tables keep shards self-contained (resume, merge by hard links); a word is
+  identified by its text across shards. See ``bertknn.core.words``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bertknn.core.errors import DatastoreError
+
+__all__ = [
+    "IVFPQ_META",
+    "PAPER_NLIST",
+    "PAPER_CODE_BYTES",
+    "PAPER_NPROBE",
+    "ivfpq_meta_path",
+    "DatastoreError",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "REDIRECTS",
+    "SHARDS_DIR",
+    "SHARD_MARKER",
+    "VECTORS",
+    "LABELS",
+    "SENTENCE_IDS",
+    "SPANS",
+    "SENTENCES",
+    "SENTENCE_OFFSETS",
+    "ARTICLES",
+    "SHARD_FILES",
+    "WORDS",
+    "OPTIONAL_SHARD_FILES",
+    "INDEX_DIR",
+    "BM25_DIR",
+    "TFIDF_DIR",
+    "IVFPQ_FILE",
+    "shard_name",
+    "FileInfo",
+    "ShardInfo",
+    "ModelInfo",
+    "SourceInfo",
+    "Counts",
+    "UpdateInfo",
+    "SliceInfo",
+    "Manifest",
+    "read_shard_info",
+    "shard_file_names",
+]
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+REDIRECTS = "redirects.json"
+SHARDS_DIR = "shards"
+SHARD_MARKER = "SHARD.json"
+VECTORS = "vectors.npy"
+LABELS = "labels.npy"
+SENTENCE_IDS = "sentence_ids.npy"
+SPANS = "spans.npy"
+SENTENCES = "sentences.txt"
+SENTENCE_OFFSETS = "sentence_offsets.npy"
+ARTICLES = "articles.json"
+SHARD_FILES = (VECTORS, LABELS, SENTENCE_IDS, SPANS, SENTENCES, SENTENCE_OFFSETS, ARTICLES)
+WORDS = "words.json"  # whole-word datastores only
+OPTIONAL_SHARD_FILES = (WORDS,)
+INDEX_DIR = "index"
+BM25_DIR = "index/bm25"
+TFIDF_DIR = "index/tfidf"
+IVFPQ_FILE = "index/ivfpq.faiss"
+IVFPQ_META = "index/ivfpq.json"
+# the paper's IVF-PQ (Kassner & Schütze 2020, via Johnson et al.): lists, bytes per code, lists probed
+PAPER_NLIST = 40960
+PAPER_CODE_BYTES = 64
+PAPER_NPROBE = 64
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+class FileInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    bytes: int
+    sha256: str
+
+
+class ShardInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    index: int
+    rows: int
+    articles: int
+    sentences: int
+    files: dict[str, FileInfo]
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+    name: str
+    weights_sha256: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+
+class SourceInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    path: str
+    format: Literal["jsonl", "mediawiki-xml"]
+    sha256: str
+
+
+class Counts(BaseModel):
+    """``articles``/``sentences``/``contexts``: what readers can reach; ``superseded_*``: rows of articles that a
+    later ``add`` replaced, still in their (immutable) shards but never read. The two sum to the shards' totals."""
+
+    articles: int = 0
+    sentences: int = 0
+    contexts: int = 0
+    skipped_duplicate_titles: int = 0
+    skipped_pages: int = 0
+    superseded_articles: int = 0
+    superseded_sentences: int = 0
+    superseded_contexts: int = 0
+
+
+class UpdateInfo(BaseModel):
+    """One ``python -m datastore_builder add``: the version it made and the shards it appended."""
+
+    model_config = ConfigDict(frozen=True)
+    version: int
+    shards: list[str]
+    added: int  # articles whose title was new
+    replaced: int  # articles whose title existed with other text: their old rows are superseded
+    unchanged: int  # articles given again with the same stored sentences: skipped
+    sources: list[SourceInfo] = Field(default_factory=list)
+
+
+class SliceInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    index: int
+    count: int
+
+
+class Manifest(BaseModel):
+    """Everything a reader must know to trust and use a datastore."""
+
+    model_config = ConfigDict(protected_namespaces=())
+    format_version: int = FORMAT_VERSION
+    datastore_id: str = ""
+    version: int = 1
+    model: ModelInfo
+    layer: int
+    dtype: Literal["float16"] = "float16"
+    max_seq_len: int
+    articles_per_shard: int
+    stopwords_sha256: str
+    counts: Counts = Field(default_factory=Counts)
+    sources: list[SourceInfo] = Field(default_factory=list)
+    shards: list[ShardInfo] = Field(default_factory=list)
+    indexes: dict[str, str] = Field(default_factory=dict)
+    slice: SliceInfo | None = None
+    targets: Literal["single-piece", "whole-word"] = "single-piece"
+    updates: list[UpdateInfo] = Field(default_factory=list)  # one per `add`, oldest first
+
+    def compute_id(self) -> str:
+        """Content id: the model, the layer and every shard checksum (stable across identical builds)."""
+        h = hashlib.sha256()
+        h.update(self.model.weights_sha256.encode())
+        h.update(str(self.layer).encode())
+        for s in self.shards:
+            for name in sorted(s.files):
+                h.update(f"{s.name}/{name}:{s.files[name].sha256}".encode())
+        return h.hexdigest()[:16]
+
+
+def read_shard_info(shard_dir: Path) -> ShardInfo | None:
+    marker = shard_dir / SHARD_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        return ShardInfo.model_validate_json(marker.read_bytes())
+    except ValueError:
+        return None
+
+
+
+def shard_file_names(info: ShardInfo) -> tuple[str, ...]:
+    """The files a shard must have: the fixed ones, plus the optional ones its SHARD.json lists."""
+    return (*SHARD_FILES, *(n for n in OPTIONAL_SHARD_FILES if n in info.files))
+
+
+def ivfpq_meta_path(index_rel: str) -> str:
+    """The sidecar of an index file: ``index/ivfpq.faiss`` -> ``index/ivfpq.json`` (also under ``index/vN/``)."""
+    return str(Path(index_rel).with_suffix(".json"))

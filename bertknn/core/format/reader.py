@@ -1,0 +1,269 @@
+"""The datastore's read side: shards memory-mapped on first use, articles, contexts (opened, not loaded)."""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+
+from bertknn.core.errors import DatastoreError
+from bertknn.core.format.contract import (
+    ARTICLES,
+    FORMAT_VERSION,
+    LABELS,
+    MANIFEST,
+    REDIRECTS,
+    SENTENCE_IDS,
+    SENTENCE_OFFSETS,
+    SENTENCES,
+    SHARDS_DIR,
+    SPANS,
+    VECTORS,
+    WORDS,
+    Manifest,
+    ShardInfo,
+)
+from bertknn.core.format.files import read_manifest
+from bertknn.core.words import WordEntry, WordTable, read_word_table
+
+
+@dataclass(frozen=True)
+class ArticleEntry:
+    title: str
+    id: str
+    source: str
+    shard: int
+    row_start: int
+    row_end: int
+    sent_start: int
+    sent_end: int
+
+    @property
+    def rows(self) -> int:
+        return self.row_end - self.row_start
+
+
+@dataclass(frozen=True)
+class ContextRef:
+    article: str
+    sentence: str
+    span: tuple[int, int]
+
+
+class Shard:
+    """One shard's arrays, memory-mapped on first use.
+
+    They are handed out as plain ``ndarray`` views of the mapping: slicing an ``np.memmap`` runs Python code
+    (``__getitem__``, ``__array_finalize__``) on every access, which showed up in the query path's profile.
+    """
+
+    def __init__(self, root: Path, info: ShardInfo):
+        self.dir = Path(root) / SHARDS_DIR / info.name
+        self.info = info
+
+    def _load(self, name: str) -> np.ndarray:
+        path = self.dir / name
+        try:
+            return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
+        except (OSError, ValueError) as exc:
+            raise DatastoreError(f"{path}: cannot be read ({exc}); run `validate` and rebuild this shard") from exc
+
+    @cached_property
+    def vectors(self) -> np.ndarray:
+        return self._load(VECTORS)
+
+    @cached_property
+    def labels(self) -> np.ndarray:
+        return self._load(LABELS)
+
+    @cached_property
+    def sentence_ids(self) -> np.ndarray:
+        return self._load(SENTENCE_IDS)
+
+    @cached_property
+    def spans(self) -> np.ndarray:
+        return self._load(SPANS)
+
+    @cached_property
+    def sentence_offsets(self) -> np.ndarray:
+        return self._load(SENTENCE_OFFSETS)
+
+    @cached_property
+    def _sentences(self) -> np.ndarray:
+        return np.asarray(np.memmap(self.dir / SENTENCES, dtype=np.uint8, mode="r"))
+
+    def sentence(self, sentence_id: int) -> str:
+        a, b = int(self.sentence_offsets[sentence_id]), int(self.sentence_offsets[sentence_id + 1])
+        return bytes(self._sentences[a:b]).decode("utf-8")
+
+    def articles(self) -> list[dict]:
+        return json.loads((self.dir / ARTICLES).read_text(encoding="utf-8"))
+
+    @cached_property
+    def words(self) -> WordTable:
+        """The shard's word table (whole-word datastores)."""
+        path = self.dir / WORDS
+        try:
+            return read_word_table(path)
+        except (OSError, ValueError) as exc:
+            raise DatastoreError(f"{path}: cannot be read ({exc}); run `validate` and rebuild this shard") from exc
+
+
+class Datastore:
+    """Read side of the contract, shared by the service, the evaluation and the builder's `validate`."""
+
+    def __init__(self, root: Path | str, manifest: Manifest | None = None):
+        self.root = Path(root)
+        self.manifest = manifest or read_manifest(self.root)
+        if self.manifest.format_version != FORMAT_VERSION:
+            raise DatastoreError(
+                f"{self.root / MANIFEST}: format version {self.manifest.format_version}, this code reads "
+                f"{FORMAT_VERSION}; rebuild the datastore with this version of the builder"
+            )
+        self.shards = [Shard(self.root, s) for s in self.manifest.shards]
+        offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        np.cumsum([s.info.rows for s in self.shards], out=offsets[1:])
+        self.shard_offsets = offsets  # global row id = shard_offsets[shard] + row
+        self._offsets = offsets.tolist()  # the same as Python ints: `locate` bisects it (per neighbour, per query)
+        # `add` appends shards; an article in a later shard replaces the same title in earlier ones. The old rows
+        # stay in their immutable shard but become unreachable: not in `articles` (restricted kNN, subject
+        # lookup), not in `iter_article_texts` (sparse indexes), and in `superseded_rows` (whole-datastore kNN).
+        self.articles: dict[str, ArticleEntry] = {}
+        self.superseded: list[ArticleEntry] = []
+        for shard in self.shards:
+            for a in shard.articles():
+                entry = ArticleEntry(shard=shard.info.index, **a)
+                previous = self.articles.get(entry.title)
+                if previous is not None:
+                    self.superseded.append(previous)
+                self.articles[entry.title] = entry
+        redirects_path = self.root / REDIRECTS
+        self.redirects: dict[str, str] = (
+            json.loads(redirects_path.read_text(encoding="utf-8")) if redirects_path.is_file() else {}
+        )
+
+    @property
+    def id(self) -> str:
+        return self.manifest.datastore_id
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @cached_property
+    def superseded_rows(self) -> np.ndarray:
+        """Sorted global row ids of the articles a later shard replaced: a whole-datastore search skips them."""
+        parts = [np.zeros(0, np.int64)]
+        for e in self.superseded:
+            base = self.shard_offsets[self.shard_position(e.shard)]
+            parts.append(np.arange(base + e.row_start, base + e.row_end, dtype=np.int64))
+        return np.sort(np.concatenate(parts))
+
+    @property
+    def total_rows(self) -> int:
+        return int(self.shard_offsets[-1])
+
+    def shard_position(self, shard: int) -> int:
+        """Shard index (as in ShardInfo.index) -> position in ``self.shards``."""
+        return self._shard_positions[shard]
+
+    @cached_property
+    def _shard_positions(self) -> dict[int, int]:
+        return {s.info.index: i for i, s in enumerate(self.shards)}
+
+    def article_rows(self, titles: Iterable[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectors (float16), labels and global row ids of the given articles, reading only their rows."""
+        vecs, labels, ids = [], [], []
+        for title in titles:
+            entry = self.articles.get(title)
+            if entry is None or entry.rows == 0:
+                continue
+            pos = self.shard_position(entry.shard)
+            shard = self.shards[pos]
+            vecs.append(shard.vectors[entry.row_start : entry.row_end])
+            labels.append(shard.labels[entry.row_start : entry.row_end])
+            base = self.shard_offsets[pos]
+            ids.append(np.arange(base + entry.row_start, base + entry.row_end, dtype=np.int64))
+        if not vecs:
+            dim = self.manifest.model.hidden_size
+            return np.zeros((0, dim), np.float16), np.zeros(0, np.int32), np.zeros(0, np.int64)
+        return np.concatenate(vecs), np.concatenate(labels), np.concatenate(ids)
+
+    def iter_article_texts(self) -> Iterator[tuple[str, str]]:
+        """(title, text) per article, the text being its stored sentences: what the sparse indexes index."""
+        for shard in self.shards:
+            for a in shard.articles():
+                if self.articles[a["title"]].shard != shard.info.index:
+                    continue  # superseded by a later shard
+                yield a["title"], self.article_text(a["title"])
+
+    def article_sentences(self, title: str) -> list[str]:
+        """The stored sentences of an article (its current version)."""
+        entry = self.articles[title]
+        shard = self.shards[self.shard_position(entry.shard)]
+        return [shard.sentence(i) for i in range(entry.sent_start, entry.sent_end)]
+
+    def article_text(self, title: str) -> str:
+        return " ".join(self.article_sentences(title))
+
+    def locate(self, global_row: int) -> tuple[int, int]:
+        """(position in ``shards``, row in that shard) of a global row id."""
+        global_row = int(global_row)
+        pos = bisect.bisect_right(self._offsets, global_row) - 1
+        return pos, global_row - self._offsets[pos]
+
+    @property
+    def whole_words(self) -> bool:
+        return self.manifest.targets == "whole-word"
+
+    def word_at(self, global_row: int) -> WordEntry:
+        """The word stored at one row of a whole-word datastore."""
+        pos, row = self.locate(global_row)
+        shard = self.shards[pos]
+        return shard.words[int(shard.labels[row])]
+
+    def labels_at(self, global_rows: np.ndarray) -> np.ndarray:
+        out = np.empty(len(global_rows), dtype=np.int32)
+        for i, g in enumerate(global_rows):
+            pos, row = self.locate(int(g))
+            out[i] = self.shards[pos].labels[row]
+        return out
+
+    @cached_property
+    def _row_to_article(self) -> list[tuple[list[int], list[str]]]:
+        table = []
+        for shard in self.shards:
+            arts = sorted(shard.articles(), key=lambda a: a["row_start"])
+            table.append(([int(a["row_start"]) for a in arts], [a["title"] for a in arts]))
+        return table
+
+    def context(self, global_row: int) -> ContextRef:
+        """The article, sentence and word span behind one stored row."""
+        return self.contexts([global_row])[0]
+
+    def contexts(self, global_rows: Sequence[int]) -> list[ContextRef]:
+        """`context` of several rows, reading each shard's arrays once for all of them (one answer shows up
+        to a few dozen: row by row, the small reads from the memory-mapped arrays cost most of the time)."""
+        out: list[ContextRef | None] = [None] * len(global_rows)
+        by_shard: dict[int, list[tuple[int, int]]] = {}
+        for i, g in enumerate(global_rows):
+            pos, row = self.locate(g)
+            by_shard.setdefault(pos, []).append((i, row))
+        for pos, items in by_shard.items():
+            shard = self.shards[pos]
+            starts, titles = self._row_to_article[pos]
+            rows = np.fromiter((r for _, r in items), dtype=np.int64, count=len(items))
+            spans = shard.spans[rows].tolist()
+            sids = shard.sentence_ids[rows].astype(np.int64)
+            begin, end = shard.sentence_offsets[sids].tolist(), shard.sentence_offsets[sids + 1].tolist()
+            text = shard._sentences
+            for (i, row), (a, b), s0, s1 in zip(items, spans, begin, end, strict=True):
+                sentence = text[s0:s1].tobytes().decode("utf-8")
+                out[i] = ContextRef(titles[bisect.bisect_right(starts, row) - 1], sentence, (a, b))
+        return cast(list[ContextRef], out)

@@ -1,0 +1,86 @@
+"""The sparse indexes' part of the format: their file names and the text -> n-gram hashing both sides share.
+
+The formats themselves are documented in ``bertknn.builder.sparse_index``, which writes them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.feature_extraction.text import HashingVectorizer
+
+from bertknn.core.errors import SparseIndexError
+from bertknn.core.text import fold_text, is_punctuation
+
+SPARSE_FORMAT_VERSION = 1
+BM25_META = "bertknn-bm25.json"
+TFIDF_PARAMS = "params.json"
+TFIDF_TITLES = "titles.json"
+TFIDF_BUCKETS = "buckets.npy"
+TFIDF_IDF = "idf.npy"
+TFIDF_POSTINGS = "postings.npz"
+N_FEATURES = 2**24
+TOKEN_PATTERN = r"\w+|[^\w\s]"
+FOLD = "NFKD, combining marks removed, casefold"
+_TOKEN = re.compile(TOKEN_PATTERN)
+
+
+@dataclass(frozen=True)
+class NgramHasher:
+    """DrQA's n-gram features, hashed into ``n_features`` buckets: the one definition builder and service share."""
+
+    stopwords: frozenset[str]
+    ngram: int = 2
+    n_features: int = N_FEATURES
+
+    def ngrams(self, text: str) -> list[str]:
+        """Folded unigrams..``ngram``-grams of ``text``, without those made only of stopwords and punctuation."""
+        tokens = _TOKEN.findall(fold_text(text))
+        skip = [t in self.stopwords or is_punctuation(t) for t in tokens]
+        grams = [t for t, s in zip(tokens, skip, strict=True) if not s]
+        for n in range(2, self.ngram + 1):
+            grams.extend(
+                " ".join(tokens[i : i + n]) for i in range(len(tokens) - n + 1) if not all(skip[i : i + n])
+            )
+        return grams
+
+    @cached_property
+    def _vectorizer(self) -> HashingVectorizer:
+        return HashingVectorizer(
+            analyzer=self.ngrams,
+            n_features=self.n_features,
+            alternate_sign=False,
+            norm=None,
+            dtype=np.float32,
+        )
+
+    def counts(self, texts: Iterable[str]) -> sp.csr_array:
+        """Raw n-gram counts, documents x buckets (CSR, float32, duplicates summed, indices sorted)."""
+        m = sp.csr_array(self._vectorizer.transform(texts))
+        m.sum_duplicates()
+        return m
+
+    def to_params(self) -> dict[str, object]:
+        return {
+            "n_features": self.n_features,
+            "ngram": self.ngram,
+            "stopwords": sorted(self.stopwords),
+            "token_pattern": TOKEN_PATTERN,
+            "fold": FOLD,
+        }
+
+    @classmethod
+    def from_params(cls, params: dict, where: Path) -> NgramHasher:
+        """The hasher an index was built with; refuses an index whose text processing this code does not do."""
+        if params.get("token_pattern") != TOKEN_PATTERN or params.get("fold") != FOLD:
+            raise SparseIndexError(
+                f"{where}: built with another tokenisation ({params.get('token_pattern')!r}, {params.get('fold')!r}); "
+                "rebuild the datastore's sparse indexes with this version of the builder"
+            )
+        return cls(frozenset(params["stopwords"]), int(params["ngram"]), int(params["n_features"]))

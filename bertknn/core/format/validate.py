@@ -1,0 +1,211 @@
+"""``validate``: manifest, files, checksums, row counts and id maps; the first problem named first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.core.errors import DatastoreError
+from bertknn.core.format.contract import (
+    ARTICLES,
+    FORMAT_VERSION,
+    LABELS,
+    MANIFEST,
+    SENTENCE_IDS,
+    SENTENCE_OFFSETS,
+    SENTENCES,
+    SHARD_MARKER,
+    SHARDS_DIR,
+    SPANS,
+    VECTORS,
+    WORDS,
+    Counts,
+    Manifest,
+    ShardInfo,
+    read_shard_info,
+    shard_file_names,
+)
+from bertknn.core.format.files import read_manifest, sha256_file
+from bertknn.core.format.reader import Shard
+from bertknn.core.words import check_word_table
+
+
+def check_shard_files(shard_dir: Path, info: ShardInfo, *, hashes: bool) -> str | None:
+    """Return the first problem with a shard's files, or None. ``hashes=False`` checks sizes only."""
+    for name in shard_file_names(info):
+        path = shard_dir / name
+        expected = info.files.get(name)
+        if expected is None:
+            return f"{path}: not listed in {SHARD_MARKER}"
+        if not path.is_file():
+            return f"{path}: missing"
+        size = path.stat().st_size
+        if size != expected.bytes:
+            return f"{path}: {size} bytes, expected {expected.bytes} (truncated or rewritten)"
+        if hashes and sha256_file(path) != expected.sha256:
+            return f"{path}: sha256 mismatch (corrupted)"
+    return None
+
+
+
+def validate_datastore(root: Path | str, *, hashes: bool = True, manifest: Manifest | None = None) -> list[str]:
+    """Check manifest, files, checksums, row counts and id-map lengths. Returns problems (first one first).
+
+    ``manifest``: check this manifest (one about to be written, e.g. by ``add``) instead of the one on disk.
+    """
+    root = Path(root)
+    if manifest is None:
+        try:
+            manifest = read_manifest(root)
+        except DatastoreError as exc:
+            return [str(exc)]
+    problems: list[str] = []
+    if manifest.format_version != FORMAT_VERSION:
+        problems.append(f"{root / MANIFEST}: format version {manifest.format_version} != {FORMAT_VERSION}")
+    totals = Counts()
+    for info in manifest.shards:
+        shard_dir = root / SHARDS_DIR / info.name
+        on_disk = read_shard_info(shard_dir)
+        if on_disk is None:
+            problems.append(f"{shard_dir / SHARD_MARKER}: missing or unreadable")
+            continue
+        if on_disk != info:
+            problems.append(f"{shard_dir / SHARD_MARKER}: differs from the manifest's entry for {info.name}")
+        problem = check_shard_files(shard_dir, info, hashes=hashes)
+        if problem:
+            problems.append(problem)
+            continue
+        problems.extend(_check_shard_arrays(Shard(root, info), manifest))
+        totals.articles += info.articles
+        totals.sentences += info.sentences
+        totals.contexts += info.rows
+    if not problems:
+        problems.extend(_check_updates(root, manifest))
+    if not problems:
+        superseded = _superseded_totals(root, manifest, problems)
+        live = (
+            totals.articles - superseded.articles,
+            totals.sentences - superseded.sentences,
+            totals.contexts - superseded.contexts,
+        )
+        c = manifest.counts
+        if not problems and (c.articles, c.sentences, c.contexts) != live:
+            problems.append(
+                f"{root / MANIFEST}: counts {c.articles}/{c.sentences}/{c.contexts} (articles/sentences/contexts) "
+                f"do not match the shards' {live[0]}/{live[1]}/{live[2]}"
+            )
+        got = (c.superseded_articles, c.superseded_sentences, c.superseded_contexts)
+        if not problems and got != (superseded.articles, superseded.sentences, superseded.contexts):
+            problems.append(
+                f"{root / MANIFEST}: superseded counts {got[0]}/{got[1]}/{got[2]} do not match the shards' "
+                f"{superseded.articles}/{superseded.sentences}/{superseded.contexts}"
+            )
+        if manifest.datastore_id != manifest.compute_id():
+            problems.append(f"{root / MANIFEST}: datastore_id does not match the shard checksums")
+    for name, rel in manifest.indexes.items():
+        if not (root / rel).exists():
+            problems.append(f"{root / rel}: {name} index listed in the manifest is missing")
+    return problems
+
+
+def _check_updates(root: Path, manifest: Manifest) -> list[str]:
+    """The update records name shards of this manifest and count up to its version."""
+    names = {s.name for s in manifest.shards}
+    last = 1
+    for u in manifest.updates:
+        if u.version <= last:
+            return [f"{root / MANIFEST}: update versions must increase from 2 (found {u.version} after {last})"]
+        missing = [n for n in u.shards if n not in names]
+        if missing:
+            return [f"{root / MANIFEST}: update {u.version} names shards that are not in the manifest: {missing[:3]}"]
+        last = u.version
+    if manifest.updates and manifest.version != last:
+        return [f"{root / MANIFEST}: version {manifest.version}, but the last update made version {last}"]
+    return []
+
+
+def _superseded_totals(root: Path, manifest: Manifest, problems: list[str]) -> Counts:
+    """Articles, sentences and rows that a later shard replaced (by title). Only shards an ``add`` appended may
+    repeat a title; a title twice in one shard, or in two built shards, is a problem."""
+    added = {name for u in manifest.updates for name in u.shards}
+    latest: dict[str, tuple[str, dict]] = {}
+    out = Counts()
+    for info in manifest.shards:
+        path = root / SHARDS_DIR / info.name / ARTICLES
+        here: set[str] = set()
+        for a in Shard(root, info).articles():
+            title = a["title"]
+            if title in here:
+                problems.append(f"{path}: title {title!r} occurs twice")
+                return out
+            here.add(title)
+            previous = latest.get(title)
+            if previous is not None:
+                if info.name not in added:
+                    problems.append(
+                        f"{path}: title {title!r} is also in {previous[0]}, and no `add` made {info.name}; rebuild"
+                    )
+                    return out
+                old = previous[1]
+                out.articles += 1
+                out.sentences += old["sent_end"] - old["sent_start"]
+                out.contexts += old["row_end"] - old["row_start"]
+            latest[title] = (info.name, a)
+    return out
+
+
+def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
+    d = shard.dir
+    rows = shard.info.rows
+    try:
+        vec, lab, sid, spans, offs = (
+            shard.vectors,
+            shard.labels,
+            shard.sentence_ids,
+            shard.spans,
+            shard.sentence_offsets,
+        )
+    except DatastoreError as exc:
+        return [str(exc)]
+    expect = {
+        VECTORS: (vec.shape, (rows, manifest.model.hidden_size), vec.dtype, np.float16),
+        LABELS: (lab.shape, (rows,), lab.dtype, np.int32),
+        SENTENCE_IDS: (sid.shape, (rows,), sid.dtype, np.int32),
+        SPANS: (spans.shape, (rows, 2), spans.dtype, np.int32),
+        SENTENCE_OFFSETS: (offs.shape, (shard.info.sentences + 1,), offs.dtype, np.int64),
+    }
+    for name, (shape, want_shape, dtype, want_dtype) in expect.items():
+        if shape != want_shape or dtype != want_dtype:
+            return [f"{d / name}: shape {shape} {dtype}, expected {want_shape} {np.dtype(want_dtype)}"]
+    whole = manifest.targets == "whole-word"
+    if whole != (WORDS in shard.info.files):
+        what = "has no" if whole else "has a"
+        return [f"{d}: {what} {WORDS} but the manifest says targets={manifest.targets}; rebuild the datastore"]
+    if whole:
+        try:
+            words = shard.words
+        except DatastoreError as exc:
+            return [str(exc)]
+        problem = check_word_table(words, manifest.model.vocab_size)
+        if problem:
+            return [f"{d / WORDS}: {problem}"]
+        if rows and (lab.min() < 0 or lab.max() >= len(words)):
+            return [f"{d / LABELS}: label outside the word table [0, {len(words)})"]
+    elif rows and (lab.min() < 0 or lab.max() >= manifest.model.vocab_size):
+        return [f"{d / LABELS}: label outside the vocabulary [0, {manifest.model.vocab_size})"]
+    if rows and (sid.min() < 0 or sid.max() >= shard.info.sentences):
+        return [f"{d / SENTENCE_IDS}: sentence id outside [0, {shard.info.sentences})"]
+    if offs[-1] != (d / SENTENCES).stat().st_size:
+        return [f"{d / SENTENCE_OFFSETS}: last offset {offs[-1]} != size of {SENTENCES}"]
+    arts = sorted(shard.articles(), key=lambda a: a["row_start"])
+    cursor = 0
+    for a in arts:
+        if a["row_start"] != cursor or a["row_end"] < a["row_start"]:
+            return [f"{d / ARTICLES}: article {a['title']!r} rows [{a['row_start']}, {a['row_end']}) are not contiguous"]
+        cursor = a["row_end"]
+    if cursor != rows:
+        return [f"{d / ARTICLES}: article rows cover {cursor} of {rows} rows"]
+    if len(arts) != shard.info.articles:
+        return [f"{d / ARTICLES}: {len(arts)} articles, {SHARD_MARKER} says {shard.info.articles}"]
+    return []

@@ -1,0 +1,49 @@
+"""Where the work runs: the device and dtype decided once, and the CPUs this process may use."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from bertknn.core.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+DeviceName = Literal["auto", "cpu", "cuda"]
+DtypeName = Literal["auto", "float32", "float16", "bfloat16"]
+
+
+def resolve_device(device: DeviceName | str) -> torch.device:
+    """Decide the device once; log when `auto` falls back to the CPU."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        logger.info("device=auto: no CUDA device visible, using the CPU")
+        return torch.device("cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device=cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: DtypeName | str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
+
+def cpu_quota_threads() -> int:
+    """CPUs this process may use (cgroup quota or affinity), for torch thread settings."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            return max(1, int(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return len(os.sched_getaffinity(0))

@@ -1,0 +1,25 @@
+"""Text rules both sides share: the ``[MASK]`` marker in any case or spacing, the retrieval text, punctuation."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+MASK_RE = re.compile(r"\[\s*mask\s*\]", re.IGNORECASE)
+_SPACES = re.compile(r"\s+")
+
+
+def retrieval_text(text: str) -> str:
+    """Query text for the sparse retrievers: the cloze question without ``[MASK]``, whitespace collapsed."""
+    return _SPACES.sub(" ", MASK_RE.sub(" ", text)).strip()
+
+
+def is_punctuation(word: str) -> bool:
+    """True when a word has no letter or digit (``"."``, ``"--"``, ``"%"``)."""
+    return not any(unicodedata.category(ch)[0] in "LN" for ch in word)
+
+
+def fold_text(text: str) -> str:
+    """Case- and accent-insensitive form of a text, as both TF-IDF sides see it."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()

@@ -1,0 +1,1 @@
+"""LAMA evaluation of the BERT-kNN pipeline: probe readers, query construction, metrics, runners, grid search."""

@@ -1,0 +1,188 @@
+"""Hyper-parameter search over the paper's grid (N articles, lambda, k, temperature l), cheaply.
+
+Each query costs one forward pass and one retrieval (with the largest N), and one restricted kNN search per N
+(with the largest k); every other grid point is recomputed from those neighbours with the pure functions of
+`bertknn.service.interpolate`, exactly as the pipeline computes an answer: the k nearest are a prefix of the 512 nearest,
+and the first n articles of the N=5 retrieval are the articles an N=n query searches (the ranker's order; a query
+whose subject has its own article searches that article alone, whatever N).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from bertknn.evaluation.lama import LamaQuery
+from bertknn.evaluation.metrics import KS, Precisions
+from bertknn.evaluation.runner import RunSettings, gold_rank
+from bertknn.service.interpolate import interpolate, knn_distribution
+from bertknn.service.pipeline import AnswerPipeline, Query, RetrieverName
+from bertknn.service.retrieval.knn import Neighbours
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GridSpace:
+    """The paper's grid: N 1-5, lambda 0.2-0.8 (step 0.1), k 64/128/512, l 5-12."""
+
+    num_articles: tuple[int, ...] = (1, 2, 3, 4, 5)
+    lambdas: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+    ks: tuple[int, ...] = (64, 128, 512)
+    temperatures: tuple[float, ...] = (5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0)
+
+    def __post_init__(self) -> None:
+        if not (self.num_articles and self.lambdas and self.ks and self.temperatures):
+            raise ValueError("every grid axis needs at least one value")
+        if min(self.num_articles) < 1 or min(self.ks) < 1 or min(self.temperatures) <= 0:
+            raise ValueError("N and k must be >= 1 and l > 0")
+        if not all(0.0 <= lam <= 1.0 for lam in self.lambdas):
+            raise ValueError("lambda values must lie in [0, 1]")
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    num_articles: int | None  # None when there is no retrieval (kNN over the whole datastore)
+    lambda_: float
+    k: int
+    temperature: float
+
+    def apply(self, settings: RunSettings) -> RunSettings:
+        changes: dict[str, object] = {"lambda_": self.lambda_, "k": self.k, "temperature": self.temperature}
+        if self.num_articles is not None:
+            changes["num_articles"] = self.num_articles
+        return settings.with_(**changes)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "num_articles": self.num_articles,
+            "lambda": self.lambda_,
+            "k": self.k,
+            "temperature": self.temperature,
+        }
+
+
+@dataclass(frozen=True)
+class GridResult:
+    best: GridPoint
+    ranking: list[tuple[GridPoint, Precisions]]  # every point with its macro P@k (bert_knn), best first
+    queries: int
+    relations: int
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def format(self, top: int = 10) -> str:
+        lines = [
+            f"grid search on the dev split: {self.queries} queries, {self.relations} relations, "
+            f"{len(self.ranking)} settings, {self.seconds:.1f} s; macro P@k of bert_knn",
+            f"{'rank':>4} {'N':>4} {'lambda':>7} {'k':>5} {'l':>5} | {'P@1':>6} {'P@5':>6} {'P@10':>6}",
+        ]
+        for i, (pt, p) in enumerate(self.ranking[:top], 1):
+            n = "-" if pt.num_articles is None else str(pt.num_articles)
+            lines.append(
+                f"{i:>4} {n:>4} {pt.lambda_:>7.2f} {pt.k:>5} {pt.temperature:>5.1f} | "
+                f"{p['p@1']:6.1f} {p['p@5']:6.1f} {p['p@10']:6.1f}"
+            )
+        b = self.best
+        lines.append(
+            f"best: N={b.num_articles if b.num_articles is not None else '-'} lambda={b.lambda_} k={b.k} "
+            f"l={b.temperature}"
+        )
+        return "\n".join(lines)
+
+
+def grid_search(
+    pipeline: AnswerPipeline,
+    queries: Sequence[LamaQuery],
+    *,
+    retriever: RetrieverName = "bm25",
+    space: GridSpace | None = None,
+    allowed_ids: np.ndarray | None = None,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> GridResult:
+    """Macro P@1/5/10 of the interpolation for every grid point; the best is the highest macro P@1.
+
+    Ties are broken by P@10, then P@5, then grid order (smaller N, lambda, k, l first).
+    """
+    if not queries:
+        raise ValueError("the dev split has no queries; raise --limit or choose more relations")
+    space = space or GridSpace()
+    t0 = time.perf_counter()
+    ns: tuple[int | None, ...] = tuple(sorted(space.num_articles)) if retriever != "none" else (None,)
+    ks, temps, lams = tuple(sorted(space.ks)), tuple(space.temperatures), tuple(space.lambdas)
+    points = [GridPoint(n, lam, k, t) for n in ns for lam in lams for k in ks for t in temps]
+    index = {(p.num_articles, p.lambda_, p.k, p.temperature): i for i, p in enumerate(points)}
+    relations = sorted({q.relation for q in queries})
+    rel_index = {r: i for i, r in enumerate(relations)}
+    hits = np.zeros((len(points), len(relations), len(KS)), dtype=np.int64)
+    counts = np.zeros(len(relations), dtype=np.int64)
+    vocab = pipeline.encoder.vocab_size
+    max_n = max(n for n in ns if n is not None) if retriever != "none" else 1
+    max_k = max(ks)
+    kvals = np.asarray(KS)
+
+    bar = tqdm(total=len(queries), desc="grid", unit="q", disable=not progress)
+    try:
+        for start in range(0, len(queries), batch_size):
+            batch = queries[start : start + batch_size]
+            base = [
+                Query(
+                    text=q.text,
+                    subject=q.subject,
+                    retriever=retriever,
+                    num_articles=max_n,
+                    k=max_k,
+                    return_contexts=False,
+                )
+                for q in batch
+            ]
+            encs, _ = pipeline.encode([pipeline.check_query(b) for b in base])
+            for q, query, enc in zip(batch, base, encs, strict=True):
+                r = rel_index[q.relation]
+                counts[r] += 1
+                p_mlm = enc.p_mlm()
+                gold = q.obj_id
+                if allowed_ids is not None:
+                    p_mlm = p_mlm[allowed_ids]
+                    gold = int(np.searchsorted(allowed_ids, q.obj_id))
+                by_n: dict[int | None, Neighbours] = {}
+                if retriever == "none":
+                    by_n[None] = pipeline.neighbours(query, enc, [])
+                else:
+                    articles, _ = pipeline.retrieve(query)
+                    for n in ns:
+                        assert n is not None
+                        by_n[n] = pipeline.neighbours(query, enc, articles[:n])
+                for n, nbrs in by_n.items():
+                    for k in ks:
+                        dist, labels = nbrs.distances[:k], nbrs.labels[:k]
+                        for t in temps:
+                            p_knn = knn_distribution(dist, labels, vocab, t)
+                            if allowed_ids is not None:
+                                p_knn = p_knn[allowed_ids]
+                            for lam in lams:
+                                p = interpolate(p_knn, p_mlm, lam if len(dist) else 0.0)
+                                rank = gold_rank(p, gold)
+                                if rank is not None:
+                                    hits[index[(n, lam, k, t)], r] += rank <= kvals
+            bar.update(len(batch))
+    finally:
+        bar.close()
+
+    present = counts > 0
+    per_rel = 100.0 * hits[:, present, :] / counts[present][None, :, None]
+    macro = per_rel.mean(axis=1)  # [points, len(KS)]
+    p1, p5, p10 = (KS.index(1), KS.index(5), KS.index(10))
+    order = sorted(range(len(points)), key=lambda i: (-macro[i, p1], -macro[i, p10], -macro[i, p5], i))
+    ranking = [(points[i], {f"p@{k}": float(macro[i, j]) for j, k in enumerate(KS)}) for i in order]
+    result = GridResult(
+        ranking[0][0], ranking, len(queries), int(present.sum()), round(time.perf_counter() - t0, 2)
+    )
+    logger.info("grid: best %s (macro P@1 %.2f)", result.best.as_dict(), ranking[0][1]["p@1"])
+    return result

@@ -1,0 +1,209 @@
+"""Running LAMA queries: in process through `AnswerPipeline` (batched), or against a running service over HTTP."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from bertknn.evaluation.lama import LamaQuery
+from bertknn.evaluation.metrics import QueryResult
+from bertknn.service.client import BertKnnClient
+from bertknn.service.interpolate import AdaptiveRule, adaptive_lambda, interpolate, knn_skipped, rank_of
+from bertknn.service.pipeline import AnswerPipeline, Query, RetrieverName
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The pipeline knobs of one evaluation run (defaults: the service's)."""
+
+    retriever: RetrieverName = "bm25"
+    num_articles: int = 3
+    k: int = 128
+    temperature: float = 6.0
+    lambda_: float = 0.3
+    batch_size: int = 32
+
+    def with_(self, **changes: object) -> RunSettings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def gold_rank(p: np.ndarray, gold_id: int, allowed: np.ndarray | None = None) -> int | None:
+    """1-based rank of the gold id under ``p`` (ties: lower id first, as `top_k`); None when p(gold) is 0.
+
+    ``allowed`` (sorted ids) restricts the ranking to a sub-vocabulary, as LAMA's common vocabulary does. A
+    zero probability is no rank at all: an empty p_kNN must not "rank" low ids by tie-breaking.
+    """
+    if p[gold_id] <= 0:
+        return None
+    if allowed is None:
+        return rank_of(p, gold_id)
+    pos = int(np.searchsorted(allowed, gold_id))
+    if pos >= len(allowed) or allowed[pos] != gold_id:
+        raise ValueError(f"gold id {gold_id} is outside the restricted vocabulary")
+    return rank_of(p[allowed], pos)
+
+
+class Runner(Protocol):
+    def run(self, queries: Sequence[LamaQuery], settings: RunSettings) -> list[QueryResult]: ...
+
+
+def _batches(items: Sequence[LamaQuery], size: int) -> list[Sequence[LamaQuery]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class PipelineRunner:
+    """In process: one batched forward pass per batch; ranks from the full-vocabulary distributions.
+
+    With an ``adaptive`` rule each query is also ranked under the rule's lambda, from the same two
+    distributions (the `bert_knn_adaptive` column): exactly what the service answers in adaptive mode, where a
+    skipped query's p is p_MLM alone.
+    """
+
+    def __init__(
+        self,
+        pipeline: AnswerPipeline,
+        *,
+        allowed_ids: np.ndarray | None = None,
+        progress: bool = True,
+        adaptive: AdaptiveRule | None = None,
+    ):
+        self.pipeline = pipeline
+        self.allowed_ids = allowed_ids
+        self.progress = progress
+        self.adaptive = adaptive
+
+    @staticmethod
+    def to_query(q: LamaQuery, s: RunSettings) -> Query:
+        return Query(
+            text=q.text,
+            subject=q.subject,
+            top_k=1,
+            retriever=s.retriever,
+            num_articles=s.num_articles,
+            k=s.k,
+            temperature=s.temperature,
+            lambda_=s.lambda_,
+            return_contexts=False,
+        )
+
+    def run(self, queries: Sequence[LamaQuery], settings: RunSettings) -> list[QueryResult]:
+        out: list[QueryResult] = []
+        bar = tqdm(
+            total=len(queries), desc=f"lama ({settings.retriever})", unit="q", disable=not self.progress
+        )
+        try:
+            for batch in _batches(queries, settings.batch_size):
+                answers = self.pipeline.predict_batch(
+                    [self.to_query(q, settings) for q in batch], with_distributions=True
+                )
+                for q, ans in zip(batch, answers, strict=True):
+                    if self.pipeline.words is not None:  # whole-word datastore: ranks among candidate words
+                        from bertknn.evaluation.words import word_result
+
+                        out.append(word_result(self.pipeline, q, ans))
+                        continue
+                    d = ans.distributions
+                    assert d is not None
+                    top = (self._top1(d.p_mlm), self._top1(d.p_knn), self._top1(d.p))
+                    adaptive: dict[str, object] = {}
+                    if self.adaptive is not None:
+                        lam = adaptive_lambda(self.adaptive, d.p_mlm, d.p_knn)
+                        p_a = interpolate(d.p_knn, d.p_mlm, lam)
+                        adaptive = {
+                            "bert_knn_adaptive": gold_rank(p_a, q.obj_id, self.allowed_ids),
+                            "knn_skipped": knn_skipped(self.adaptive, d.p_mlm),
+                            "lambda_adaptive": lam,
+                        }
+                    out.append(
+                        QueryResult(
+                            q.relation,
+                            q.dataset,
+                            q.uid,
+                            gold_rank(d.p_mlm, q.obj_id, self.allowed_ids),
+                            gold_rank(d.p_knn, q.obj_id, self.allowed_ids),
+                            gold_rank(d.p, q.obj_id, self.allowed_ids),
+                            top,
+                            **adaptive,  # type: ignore[arg-type]
+                        )
+                    )
+                bar.update(len(batch))
+        finally:
+            bar.close()
+        return out
+
+    def _top1(self, p: np.ndarray) -> str:
+        if self.allowed_ids is not None:
+            sub = p[self.allowed_ids]
+            i = int(self.allowed_ids[int(np.argmax(sub))])
+            return self.pipeline.token(i) if sub.max() > 0 else ""
+        i = int(np.argmax(p))
+        return self.pipeline.token(i) if p[i] > 0 else ""
+
+
+class HttpRunner:
+    """Against a running service (`bertknn.service.client.BertKnnClient`): ranks from the returned top-k lists.
+
+    The service returns the top ``top_k`` tokens of each distribution, not the distributions, so a rank is known
+    only inside that list: P@1/5/10 are exact as long as ``top_k`` >= 10 tokens of the (restricted) vocabulary
+    are returned, which is why a restricted run asks for the maximum (100).
+    """
+
+    MAX_BATCH = 64
+
+    def __init__(
+        self, client: BertKnnClient, *, allowed_tokens: frozenset[str] | None = None, progress: bool = True
+    ):
+        self.client = client
+        self.allowed_tokens = allowed_tokens
+        self.top_k = 100 if allowed_tokens is not None else 10
+        self.progress = progress
+
+    def payload(self, q: LamaQuery, s: RunSettings) -> dict:
+        return {
+            "text": q.text,
+            "subject": q.subject,
+            "top_k": self.top_k,
+            "retriever": s.retriever,
+            "num_articles": s.num_articles,
+            "k": s.k,
+            "temperature": s.temperature,
+            "lambda": s.lambda_,
+            "return_contexts": False,
+        }
+
+    def _rank(self, tokens: list[str], gold: str) -> tuple[int | None, str]:
+        if self.allowed_tokens is not None:
+            tokens = [t for t in tokens if t in self.allowed_tokens]
+        top = tokens[0] if tokens else ""
+        try:
+            return tokens.index(gold) + 1, top
+        except ValueError:
+            return None, top
+
+    def run(self, queries: Sequence[LamaQuery], settings: RunSettings) -> list[QueryResult]:
+        out: list[QueryResult] = []
+        size = min(settings.batch_size, self.MAX_BATCH)
+        bar = tqdm(
+            total=len(queries), desc=f"lama http ({settings.retriever})", unit="q", disable=not self.progress
+        )
+        try:
+            for batch in _batches(queries, size):
+                resp = self.client.predict_batch([self.payload(q, settings) for q in batch])
+                for q, r in zip(batch, resp.results, strict=True):
+                    mlm, t_mlm = self._rank([t.token for t in r.mlm], q.obj)
+                    knn, t_knn = self._rank([t.token for t in r.knn], q.obj)
+                    both, t_both = self._rank([p.token for p in r.predictions], q.obj)
+                    out.append(
+                        QueryResult(q.relation, q.dataset, q.uid, mlm, knn, both, (t_mlm, t_knn, t_both))
+                    )
+                bar.update(len(batch))
+        finally:
+            bar.close()
+        return out

@@ -1,0 +1,1 @@
+"""The online BERT-kNN answerer: FastAPI app over a datastore built by `datastore_builder`."""

@@ -1,0 +1,42 @@
+"""Dependencies: the heavy objects live in one `Resources` object built by the lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from bertknn.service.api.errors import NotReady
+from bertknn.service.metrics import Metrics
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.reload import DatastoreReloader
+from bertknn.service.serving import AsyncAnswerer
+from bertknn.service.settings import ServiceSettings
+
+
+@dataclass
+class Resources:
+    settings: ServiceSettings
+    metrics: Metrics = field(default_factory=Metrics)
+    pipeline: AnswerPipeline | None = None
+    answerer: AsyncAnswerer | None = None
+    reloader: DatastoreReloader | None = None
+    ready: bool = False
+    draining: bool = False
+    error: str = ""
+
+
+# async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request for nothing
+async def get_resources(request: Request) -> Resources:
+    return request.app.state.resources
+
+
+async def get_answerer(resources: Annotated[Resources, Depends(get_resources)]) -> AsyncAnswerer:
+    if not resources.ready or resources.answerer is None:
+        raise NotReady(resources.error or "the service is starting or shutting down; retry shortly")
+    return resources.answerer
+
+
+ResourcesDep = Annotated[Resources, Depends(get_resources)]
+AnswererDep = Annotated[AsyncAnswerer, Depends(get_answerer)]

@@ -1,0 +1,203 @@
+"""Micro-batching: concurrent requests are gathered into one forward pass, formed by the model's thread itself.
+
+The model thread takes its next batch the moment its last one ends: whatever queued meanwhile (up to
+``max_batch_size``) goes in at once. An earlier version formed the batches in an asyncio task, so between two
+batches the model waited for the event loop; under load the loop was busy with HTTP work and the model sat
+idle for a few milliseconds per batch. Results go back to the loop in one callback per batch.
+
+The queue is bounded: when it is full, `submit` raises `Overloaded` at once (the API answers 503 with
+Retry-After) instead of letting latency and memory grow without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures.thread as _cf_thread
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from typing import Any, Generic, TypeVar
+
+from bertknn.core.errors import Overloaded
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+
+def _interpreter_exiting() -> bool:
+    """True once Python has begun to exit. ``concurrent.futures`` sets its (private) flag before it joins its
+    worker threads, so it is read defensively; the other two tests are public but come later in the exit."""
+    return bool(getattr(_cf_thread, "_shutdown", False)) or sys.is_finalizing() or not threading.main_thread().is_alive()
+
+
+def _deliver(pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    """On the event loop: hand each waiter its result (skipping those that gave up, e.g. a client gone)."""
+    for fut, result, error in pairs:
+        if fut.done():
+            continue
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+
+class MicroBatcher(Generic[T, R]):
+    """Batches `submit`ted items into calls of ``fn`` on the thread of ``executor`` (a single-thread pool).
+
+    Between `start` and `stop` that thread runs the batcher's loop; other work for it (for example extra
+    forward passes that must come from the model's thread) goes through `call`, which runs before the next batch.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[Sequence[T]], Sequence[R]],
+        *,
+        executor: Executor,
+        max_batch_size: int = 32,
+        max_wait_ms: float = 2.0,
+        max_queue: int = 256,
+        on_batch: Callable[[int, float], None] | None = None,
+        after_delivery: Callable[[], None] | None = None,
+    ):
+        """``after_delivery``: called on the worker thread once a batch's results are on their way to the
+        waiters (work that no request needs to wait for, e.g. cache writes)."""
+        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_ms >= 0")
+        self._fn = fn
+        self._executor = executor
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self._on_batch = on_batch
+        self._after_delivery = after_delivery
+        self._items: deque[tuple[T, asyncio.Future[R]]] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._running = False  # the worker is inside fn
+        self._worker: Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def depth(self) -> int:
+        """Items waiting for a batch (read from any thread: a hint)."""
+        return len(self._items)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a batch is being computed now, so that a new item will wait (a hint)."""
+        return self._running or bool(self._items)
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._loop = asyncio.get_running_loop()
+            self._stopping = False
+            self._worker = self._executor.submit(self._work)
+
+    async def stop(self) -> None:
+        """Finish what is queued, then stop; the executor's thread is free again afterwards."""
+        if self._worker is None:
+            return
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        await asyncio.wrap_future(self._worker)
+        self._worker = None
+
+    async def submit(self, item: T) -> R:
+        if self._worker is None or self._loop is None:
+            raise RuntimeError("MicroBatcher.start() was not called")
+        fut: asyncio.Future[R] = self._loop.create_future()
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the batcher is stopping")
+            if len(self._items) >= self.max_queue:
+                raise Overloaded(f"{self.max_queue} queries are already waiting")
+            self._items.append((item, fut))
+            self._cond.notify()
+        return await fut
+
+    def call(self, fn: Callable[[], R]) -> Future[R]:
+        """Run ``fn`` on the batcher's thread (before its next batch); thread-safe."""
+        if self._worker is None or self._worker.done():
+            return self._executor.submit(fn)
+        fut: Future[R] = Future()
+        with self._cond:
+            self._calls.append((fn, fut))
+            self._cond.notify()
+        return fut
+
+    # ---- the worker thread -------------------------------------------------------------------------------
+
+    def _next(self) -> tuple[Callable[[], Any], Future[Any]] | list[tuple[T, asyncio.Future[R]]] | None:
+        """Wait for work: a `call`, else a batch (after waiting up to max_wait for company); None: stop."""
+        with self._cond:
+            while not self._items and not self._calls and not self._stopping:
+                # wakes now and then: at interpreter exit (the main thread gone) a batcher nobody stopped lets its
+                # thread end, instead of keeping the process from exiting
+                if not self._cond.wait(timeout=0.5) and _interpreter_exiting():
+                    return None
+            if self._calls:
+                return self._calls.popleft()
+            if not self._items:
+                return None  # stopping, and nothing left
+            if self.max_wait_s > 0 and len(self._items) < self.max_batch_size and not self._stopping:
+                deadline = time.monotonic() + self.max_wait_s
+                while len(self._items) < self.max_batch_size and not self._stopping:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+            n = min(self.max_batch_size, len(self._items))
+            return [self._items.popleft() for _ in range(n)]
+
+    def _work(self) -> None:
+        assert self._loop is not None
+        loop = self._loop
+        while True:
+            work = self._next()
+            if work is None:
+                return
+            if isinstance(work, tuple):
+                fn, cfut = work
+                if cfut.set_running_or_notify_cancel():
+                    try:
+                        cfut.set_result(fn())
+                    except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                        cfut.set_exception(exc)
+                continue
+            live = [(x, f) for x, f in work if not f.done()]  # a waiter that gave up is not computed
+            if not live:
+                continue
+            t0 = time.perf_counter()
+            self._running = True
+            try:
+                results = self._fn([x for x, _ in live])
+                pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = [
+                    (f, r, None) for (_, f), r in zip(live, results, strict=True)
+                ]
+            except Exception as exc:  # the whole batch failed: every waiter gets the error
+                logger.debug("batch of %d failed: %s", len(live), exc)
+                pairs = [(f, None, exc) for _, f in live]
+            finally:
+                self._running = False
+            if self._on_batch:
+                try:
+                    self._on_batch(len(live), time.perf_counter() - t0)
+                except Exception:  # a metrics hook never stops the model
+                    logger.exception("on_batch hook failed")
+            try:
+                loop.call_soon_threadsafe(_deliver, pairs)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+            if self._after_delivery:
+                try:
+                    self._after_delivery()
+                except Exception:  # e.g. a cache write: never stops the model
+                    logger.exception("after_delivery hook failed")

@@ -1,0 +1,105 @@
+"""Python client for a running service, and ``python -m bertknn.service.client predict "..."`` (a readable table)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import httpx
+
+from bertknn.service.api.schemas import BatchResponse, PredictRequest, PredictResponse
+
+
+class ServiceError(Exception):
+    """The service answered with an error body; ``code`` and ``request_id`` come from it."""
+
+    def __init__(self, status: int, code: str, message: str, request_id: str):
+        super().__init__(f"{status} {code}: {message} (request {request_id})")
+        self.status, self.code, self.message, self.request_id = status, code, message, request_id
+
+
+class BertKnnClient:
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0, **kwargs: Any):
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
+
+    def __enter__(self) -> BertKnnClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, payload: dict) -> dict:
+        r = self._http.post(path, json=payload)
+        if r.status_code >= 400:
+            try:
+                err = r.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                err = {"code": "http_error", "message": r.text[:200], "request_id": r.headers.get("x-request-id", "-")}
+            raise ServiceError(r.status_code, err["code"], err["message"], err["request_id"])
+        return r.json()
+
+    def predict(self, text: str, **options: Any) -> PredictResponse:
+        req = PredictRequest.model_validate({"text": text, **options})
+        return PredictResponse.model_validate(self._post("/predict", req.model_dump(by_alias=True, exclude_none=True)))
+
+    def predict_batch(self, queries: list[dict]) -> BatchResponse:
+        reqs = [PredictRequest.model_validate(q).model_dump(by_alias=True, exclude_none=True) for q in queries]
+        return BatchResponse.model_validate(self._post("/predict/batch", {"queries": reqs}))
+
+    def ready(self) -> dict:
+        return self._http.get("/readyz").json()
+
+
+def format_table(resp: PredictResponse) -> str:
+    lines = [f"{'#':>2}  {'answer':<16} {'p':>7} {'p_mlm':>7} {'p_knn':>7}  context"]
+    for i, p in enumerate(resp.predictions, 1):
+        ctx = p.contexts[0] if p.contexts else None
+        where = f"[{ctx.article}] {ctx.sentence}" if ctx else ""
+        lines.append(f"{i:>2}  {p.token:<16} {p.prob:7.4f} {p.p_mlm:7.4f} {p.p_knn:7.4f}  {where[:100]}")
+    arts = ", ".join(f"{a.title} ({a.rule})" for a in resp.articles) or "-"
+    lines.append(f"articles: {arts}")
+    lines.append("mlm: " + ", ".join(f"{t.token} {t.prob:.3f}" for t in resp.mlm[:5]))
+    lines.append("knn: " + ", ".join(f"{t.token} {t.prob:.3f}" for t in resp.knn[:5]))
+    skipped = " (kNN skipped: the MLM was confident)" if resp.knn_skipped else ""
+    lines.append(f"lambda: {resp.lambda_used:.3f} ({resp.interpolation}){skipped}")
+    lines.append(f"timings_ms: {json.dumps(resp.timings_ms)}  cache: {json.dumps(resp.cache)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bertknn.service.client")
+    sub = p.add_subparsers(dest="command", required=True)
+    pr = sub.add_parser("predict", help="ask a running service one cloze question")
+    pr.add_argument("text", help='e.g. "albert einstein was born in [MASK] ."')
+    pr.add_argument("--url", default="http://127.0.0.1:8000")
+    pr.add_argument("--subject")
+    pr.add_argument("--top-k", type=int)
+    pr.add_argument("--retriever", choices=["bm25", "tfidf", "none"])
+    pr.add_argument("--interpolation", choices=["fixed", "adaptive"], help="default: the server's")
+    pr.add_argument("--json", action="store_true", help="print the raw JSON response")
+    args = p.parse_args(argv)
+    given = {"subject": args.subject, "top_k": args.top_k, "retriever": args.retriever, "interpolation": args.interpolation}
+    options = {k: v for k, v in given.items() if v}
+    try:
+        with BertKnnClient(args.url) as client:
+            resp = client.predict(args.text, **options)
+    except ServiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as exc:
+        print(f"error: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(resp.model_dump_json(indent=1) if args.json else format_table(resp))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

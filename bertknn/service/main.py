@@ -1,0 +1,226 @@
+"""create_app(settings) + lifespan: the only wiring code."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from bertknn.service.api.admin import router as admin_router
+from bertknn.service.api.deps import Resources
+from bertknn.service.api.errors import error_response, install_error_handlers, request_id_var
+from bertknn.service.api.routes import router
+from bertknn.service.cache import Cache, InMemoryCache, RedisCache
+from bertknn.service.pipeline import AnswerPipeline, configure_jvm
+from bertknn.service.reload import DatastoreReloader
+from bertknn.service.serving import AsyncAnswerer
+from bertknn.service.settings import ServiceSettings
+
+logger = logging.getLogger("service")
+_RID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def make_cache(settings: ServiceSettings) -> Cache:
+    c = settings.cache
+    if c.redis_url:
+        cache = RedisCache(c.redis_url, ttl_s=c.ttl_s, timeout_ms=c.timeout_ms)
+        if not cache.ping():
+            logger.warning("redis at start-up: unreachable; serving with the cache bypassed until it answers")
+        return cache
+    return InMemoryCache(c.lru_size)
+
+
+def default_threads() -> int:
+    """torch threads when none are set: the container's CPU quota less one, at least one.
+
+    The spare core serves the event loop, Lucene and the kNN pool. With every core in the model's OpenMP team,
+    any of that work stalls the team at its barriers: on 2 cores, 2 threads gave the same single-client latency
+    as 1 thread and 20% less throughput at 32 clients (`python -m bench.serving --threads N` compares).
+    """
+    from bertknn.core.runtime import cpu_quota_threads
+
+    return max(1, cpu_quota_threads() - 1)
+
+
+def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
+    torch.set_num_threads(settings.model.threads or default_threads())
+    jvm_options = settings.jvm_options.split()
+    if jvm_options and not configure_jvm(jvm_options):
+        logger.warning("jvm_options ignored: the JVM of this process is already running")
+    pipeline = AnswerPipeline.open(
+        Path(settings.datastore).resolve(),  # a symlink is followed once: a reload re-resolves it
+        model=settings.model.name,
+        device=settings.model.device,
+        dtype=settings.model.dtype,
+        cache=make_cache(settings),
+        key_prefix=settings.cache.key_prefix,
+        mlm_top_entries=settings.cache.mlm_top_entries,
+        verify_checksums=settings.verify_checksums,
+    )
+    backend = pipeline.encoder.set_backend(settings.model.backend)
+    logger.info("model backend: %s, %d torch threads", backend, torch.get_num_threads())
+    return pipeline
+
+
+class RequestContextMiddleware:
+    """Request id (``X-Request-ID``, taken from the client when well formed), metrics, access log, last-resort 500.
+
+    A plain ASGI middleware: Starlette's ``BaseHTTPMiddleware`` runs each request through an extra task and
+    memory streams, which cost more than the rest of the HTTP layer together on the cached path.
+    """
+
+    def __init__(self, app: ASGIApp, resources: Resources):
+        self.app = app
+        self.resources = resources
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = next((v for k, v in scope.get("headers") or () if k == b"x-request-id"), b"").decode("latin-1")
+        rid = incoming if _RID_OK.match(incoming) else uuid.uuid4().hex[:16]
+        token = request_id_var.set(rid)
+        t0 = time.perf_counter()
+        status = 500
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                started = True
+                status = message["status"]
+                headers = MutableHeaders(scope=message)
+                headers["X-Request-ID"] = rid
+            await send(message)
+
+        try:
+            try:
+                await self.app(scope, receive, send_with_id)
+            except Exception:  # errors escaping the handlers still get the one body shape
+                logger.exception("unhandled error (request %s)", rid)
+                if started:
+                    raise
+                response = error_response(500, "internal", "internal error; the request id identifies it in the log")
+                await response(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - t0
+            path = getattr(scope.get("route"), "path", "unmatched")
+            metrics = self.resources.metrics
+            metrics.requests.labels(path, str(status)).inc()
+            metrics.latency.labels(path).observe(elapsed)
+            if status >= 400:
+                metrics.errors.labels(str(status)).inc()
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "request id=%s method=%s path=%s status=%d latency_ms=%.1f",
+                    rid, scope.get("method"), scope.get("path"), status, elapsed * 1000,
+                )  # fmt: skip
+            request_id_var.reset(token)
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over ``max_bytes`` (by header, and while streaming) with 413."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_big(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return msg
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await self._too_big(scope, receive, send)
+
+    async def _too_big(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await error_response(413, "payload_too_large", f"request body over {self.max_bytes} bytes")(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def create_app(
+    settings: ServiceSettings, *, pipeline_factory: Callable[[ServiceSettings], AnswerPipeline] | None = None
+) -> FastAPI:
+    resources = Resources(settings=settings)
+    factory = pipeline_factory or open_pipeline
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+        try:
+            # loaded on the thread that will run every forward pass (one OpenMP team; see AsyncAnswerer)
+            pipeline = await asyncio.get_running_loop().run_in_executor(model_thread, factory, settings)
+        except Exception as exc:
+            model_thread.shutdown(wait=False)
+            logger.error("start-up failed: %s", exc)
+            raise
+        resources.pipeline = pipeline
+        resources.metrics.watch_cache(pipeline.cache)
+        resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics, model_thread=model_thread)
+        resources.answerer.start()
+        resources.reloader = DatastoreReloader(resources)
+        watch = (
+            asyncio.create_task(resources.reloader.watch(settings.reload_poll_s)) if settings.reload_poll_s > 0 else None
+        )
+        resources.ready = True
+        logger.info("ready: %s", pipeline.identity())
+        try:
+            yield
+        finally:
+            resources.ready = False
+            resources.draining = True
+            if watch is not None:
+                watch.cancel()
+            await resources.reloader.close()
+            await resources.answerer.stop()
+            (resources.pipeline or pipeline).close()  # the version serving last (a reload may have swapped it)
+            logger.info("stopped")
+
+    app = FastAPI(
+        title="BERT-kNN",
+        version="0.1.0",
+        description="Cloze question answering: a masked LM interpolated with kNN over an embedded Wikipedia "
+        "(Kassner & Schütze 2020).",
+        lifespan=lifespan,
+        telemetry=None if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False},
+    )
+    app.state.resources = resources
+    install_error_handlers(app)
+    app.include_router(router)
+    app.include_router(admin_router)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)  # type: ignore[arg-type]
+    # outermost: every response (a 413 from the body limit too) carries the request id and is counted
+    app.add_middleware(RequestContextMiddleware, resources=resources)  # type: ignore[arg-type]
+    return app

@@ -1,0 +1,133 @@
+"""Live datastore reload: open the new version beside the running one, swap, release the old one once drained.
+
+The new `AnswerPipeline` reuses the loaded model and the cache (`AnswerPipeline.for_datastore`); only the
+datastore's own parts are opened (manifest, validation, article table, sparse indexes, subject lookup). The
+swap is one attribute assignment on the event loop: requests that started before it hold the old pipeline
+(`AsyncAnswerer.lease`) and finish on it; later ones get the new one. The old pipeline's indexes are closed
+after its last request. A datastore that fails validation, or was built with another model, is refused and the
+running version keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from bertknn.core.errors import DatastoreError, ModelLoadError, ReloadError
+from bertknn.core.format import MANIFEST, read_manifest
+from bertknn.service.pipeline import AnswerPipeline
+
+if TYPE_CHECKING:
+    from bertknn.service.api.deps import Resources
+
+logger = logging.getLogger(__name__)
+
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    status: Literal["reloaded", "unchanged"]
+    previous: dict[str, object]  # identity()["datastore"] of the version served before
+    current: dict[str, object]
+    seconds: float
+    draining: int  # requests still finishing on the previous version
+
+
+class DatastoreReloader:
+    """Serialises reloads (HTTP or file watch) of the datastore directory the service was started with."""
+
+    def __init__(self, resources: Resources, *, drain_timeout_s: float = 300.0):
+        self.resources = resources
+        self.drain_timeout_s = drain_timeout_s
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+
+    def _root(self) -> Path:
+        # Resolved at each reload: a symlink flipped to another directory is followed, while the running
+        # pipeline keeps the directory it opened.
+        return Path(self.resources.settings.datastore).resolve()
+
+    async def reload(self) -> ReloadOutcome:
+        """Serve the datastore's current manifest if it differs from the one being served."""
+        async with self._lock:
+            answerer = self.resources.answerer
+            if answerer is None or not self.resources.ready or self.resources.draining:
+                raise ReloadError("the service is starting or stopping; retry when /readyz says ready")
+            old = answerer.pipeline
+            before = old.identity()["datastore"]
+            root = self._root()
+            t0 = time.perf_counter()
+            try:
+                manifest = await asyncio.to_thread(read_manifest, root)
+            except DatastoreError as exc:
+                raise ReloadError(f"{exc}; still serving version {before['version']}") from exc
+            if (
+                manifest.datastore_id == old.datastore.id
+                and manifest.version == old.datastore.version
+                and root == old.datastore.root.resolve()
+            ):
+                return ReloadOutcome("unchanged", before, before, 0.0, 0)
+            try:
+                new = await asyncio.to_thread(
+                    old.for_datastore, root, verify_checksums=self.resources.settings.verify_checksums
+                )
+            except (DatastoreError, ModelLoadError) as exc:
+                raise ReloadError(f"{exc}; still serving version {before['version']}") from exc
+            except Exception as exc:
+                logger.exception("reload of %s failed", root)
+                raise ReloadError(
+                    f"opening {root} failed ({type(exc).__name__}; see the server log); still serving version "
+                    f"{before['version']}"
+                ) from exc
+            answerer.pipeline = new  # the swap: new requests lease the new version from here on
+            self.resources.pipeline = new
+            seconds = time.perf_counter() - t0
+            draining = answerer.in_flight(old)
+            task = asyncio.create_task(self._retire(old))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            after = new.identity()["datastore"]
+            logger.info(
+                "datastore reloaded: version %s (%s) -> %s (%s) in %.2f s, %d requests finishing on the old one",
+                before["version"], before["id"], after["version"], after["id"], seconds, draining,
+            )  # fmt: skip
+            return ReloadOutcome("reloaded", before, after, seconds, draining)
+
+    async def _retire(self, old: AnswerPipeline) -> None:
+        answerer = self.resources.answerer
+        if answerer is not None and not await answerer.drained(old, self.drain_timeout_s):
+            logger.warning(
+                "requests still hold datastore version %s after %.0f s; its indexes stay open",
+                old.datastore.version, self.drain_timeout_s,
+            )  # fmt: skip
+            return
+        await asyncio.to_thread(old.release)
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = (self._root() / MANIFEST).stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    async def watch(self, interval_s: float) -> None:
+        """Poll the manifest (inode, size, mtime: ``add`` replaces it by a rename) and reload when it changes."""
+        last = self._stamp()
+        while True:
+            await asyncio.sleep(interval_s)
+            stamp = self._stamp()
+            if stamp is None or stamp == last:
+                continue
+            last = stamp  # a refused version is not retried until the manifest changes again
+            try:
+                await self.reload()
+            except ReloadError as exc:
+                logger.error("datastore reload (file watch) refused: %s", exc)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()

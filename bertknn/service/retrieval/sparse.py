@@ -1,0 +1,198 @@
+"""Article rankers for the service: BM25 over the Lucene index (pyserini) and DrQA-style TF-IDF.
+
+Both read the indexes that ``bertknn.builder.sparse_index`` writes (its docstring documents the formats).
+Construct each once at start-up and share it: the constructors pay the loading cost (for BM25, pyserini's
+import and the JVM, seconds and hundreds of MB, once per process); ``top_articles`` is then cheap and may be
+called from worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import scipy.sparse as sp
+
+from bertknn.core.errors import SparseIndexError
+from bertknn.core.format.sparse import (
+    BM25_META,
+    TFIDF_BUCKETS,
+    TFIDF_IDF,
+    TFIDF_PARAMS,
+    TFIDF_POSTINGS,
+    TFIDF_TITLES,
+    NgramHasher,
+)
+
+logger = logging.getLogger(__name__)
+
+_MASK = re.compile(r"\[\s*mask\s*\]", re.IGNORECASE)
+_SPACES = re.compile(r"\s+")
+_WORD = re.compile(r"\w")
+
+
+def strip_mask(query: str) -> str:
+    """The cloze question without ``[MASK]`` (any case or spacing), whitespace collapsed."""
+    return _SPACES.sub(" ", _MASK.sub(" ", query)).strip()
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Ranks the datastore's articles for a cloze question."""
+
+    name: str
+
+    def top_articles(self, query: str, n: int) -> list[tuple[str, float]]:
+        """Up to ``n`` ``(normalised title, score)`` pairs, best first; ``[MASK]`` in ``query`` is ignored."""
+        ...
+
+
+_PYSERINI_LOCK = threading.Lock()
+_LUCENE_SEARCHER_CLASS: Any = None
+
+
+def _lucene_searcher_class() -> Any:
+    """pyserini's ``LuceneSearcher``, imported once per process (this import starts the JVM)."""
+    global _LUCENE_SEARCHER_CLASS
+    with _PYSERINI_LOCK:
+        if _LUCENE_SEARCHER_CLASS is None:
+            # pyserini 0.25 creates an OpenAI client when imported and fails without a key; BM25 never calls it.
+            os.environ.setdefault("OPENAI_API_KEY", "unused")
+            try:
+                from pyserini.search.lucene import LuceneSearcher
+            except ImportError as exc:
+                raise SparseIndexError(
+                    f"the bm25 retriever needs pyserini 0.25 ({exc}); install it (see pyproject.toml), or serve "
+                    "with another retriever"
+                ) from exc
+            except Exception as exc:  # JVM start failures surface from pyjnius as various exception types
+                raise SparseIndexError(
+                    f"pyserini could not start the Java VM ({exc}); pyserini 0.25 needs JDK 17 "
+                    "(apt-get install openjdk-17-jdk-headless, or set JAVA_HOME)"
+                ) from exc
+            _LUCENE_SEARCHER_CLASS = LuceneSearcher
+        return _LUCENE_SEARCHER_CLASS
+
+
+class Bm25Retriever:
+    """BM25 (Anserini's defaults, k1 = 0.9, b = 0.4) over ``index/bm25``; Lucene docids are the titles.
+
+    Searches are serialised by a lock. Java code runs without the GIL, so unlocked searches could overlap,
+    but one takes about a millisecond against tens for the model's forward pass, so serialising them costs
+    nothing measurable, and correctness then does not rest on the undocumented thread-safety of Anserini's
+    ``SimpleSearcher``. Any thread may call ``top_articles`` (pyjnius attaches it to the JVM).
+    """
+
+    name = "bm25"
+
+    def __init__(self, index_dir: Path):
+        self.index_dir = Path(index_dir)
+        if not (self.index_dir / BM25_META).is_file():
+            raise SparseIndexError(
+                f"{self.index_dir}: no BM25 index (missing {BM25_META}); rebuild the datastore with sparse indexes"
+            )
+        meta = json.loads((self.index_dir / BM25_META).read_text(encoding="utf-8"))
+        searcher_class = _lucene_searcher_class()
+        try:
+            self._searcher: Any = searcher_class(str(self.index_dir))
+        except Exception as exc:  # a Java exception (corrupt or foreign index) arrives as JavaException
+            raise SparseIndexError(
+                f"{self.index_dir}: Lucene cannot open the index ({exc}); rebuild it"
+            ) from exc
+        self.num_docs = int(self._searcher.num_docs)
+        if self.num_docs != meta.get("documents"):
+            raise SparseIndexError(
+                f"{self.index_dir}: Lucene holds {self.num_docs} documents, {BM25_META} says "
+                f"{meta.get('documents')}; rebuild the sparse indexes"
+            )
+        self._lock = threading.Lock()
+        self._searcher.search("warm up", k=1)  # the first search loads Lucene's classes: not on a request
+        logger.info("bm25: %s opened, %d articles", self.index_dir, self.num_docs)
+
+    def top_articles(self, query: str, n: int) -> list[tuple[str, float]]:
+        text = strip_mask(query)
+        if n <= 0 or not _WORD.search(text):
+            return []
+        with self._lock:
+            if self._searcher is None:
+                raise SparseIndexError(f"{self.index_dir}: this BM25 retriever was closed")
+            hits = self._searcher.search(text, k=n)
+            return [(str(h.docid), float(h.score)) for h in hits]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._searcher is not None:
+                self._searcher.close()
+                self._searcher = None
+
+
+class TfidfRetriever:
+    """DrQA's TF-IDF ranking over ``index/tfidf``: hashed unigrams + bigrams, ``log(1 + tf) * idf`` dot product."""
+
+    name = "tfidf"
+
+    def __init__(self, index_dir: Path):
+        self.index_dir = Path(index_dir)
+        params_path = self.index_dir / TFIDF_PARAMS
+        if not params_path.is_file():
+            raise SparseIndexError(
+                f"{self.index_dir}: no TF-IDF index (missing {TFIDF_PARAMS}); rebuild the datastore with sparse indexes"
+            )
+        try:
+            params = json.loads(params_path.read_text(encoding="utf-8"))
+            if params.get("format") != "bertknn-tfidf":
+                raise ValueError(f"format {params.get('format')!r}")
+            self.hasher = NgramHasher.from_params(params, params_path)
+            self.titles: list[str] = json.loads((self.index_dir / TFIDF_TITLES).read_text(encoding="utf-8"))
+            self.buckets = np.load(self.index_dir / TFIDF_BUCKETS, allow_pickle=False)
+            self.idf = np.load(self.index_dir / TFIDF_IDF, allow_pickle=False)
+            # load_npz reads with allow_pickle=False
+            self.postings = sp.csr_array(sp.load_npz(self.index_dir / TFIDF_POSTINGS))
+        except (OSError, ValueError, KeyError) as exc:
+            raise SparseIndexError(
+                f"{self.index_dir}: unreadable TF-IDF index ({exc}); rebuild the sparse indexes"
+            ) from exc
+        n_buckets, n_docs = self.postings.shape
+        if not (
+            len(self.titles) == n_docs == params.get("n_docs")
+            and len(self.buckets) == len(self.idf) == n_buckets
+        ):
+            raise SparseIndexError(
+                f"{self.index_dir}: sizes disagree (titles {len(self.titles)}, postings {self.postings.shape}, "
+                f"buckets {len(self.buckets)}, idf {len(self.idf)}); rebuild the sparse indexes"
+            )
+        logger.info("tfidf: %s opened, %d articles, %d buckets", self.index_dir, n_docs, n_buckets)
+
+    def query_vector(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of the postings matrix the query touches and their weights ``log(1 + tf) * idf``."""
+        counts = self.hasher.counts([strip_mask(query)])
+        if counts.nnz == 0 or len(self.buckets) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        rows = np.minimum(np.searchsorted(self.buckets, counts.indices), len(self.buckets) - 1)
+        known = self.buckets[rows] == counts.indices  # buckets no document has score nothing
+        rows = rows[known]
+        weights = np.log1p(counts.data[known]).astype(np.float32) * self.idf[rows]
+        nonzero = weights > 0
+        return rows[nonzero], weights[nonzero]
+
+    def top_articles(self, query: str, n: int) -> list[tuple[str, float]]:
+        rows, weights = self.query_vector(query)
+        if n <= 0 or len(rows) == 0:
+            return []
+        # (1 x k) @ (k x n_docs): reads only the k postings lists; the result holds the matching documents only.
+        q = sp.csr_array(
+            (weights, (np.zeros(len(rows), dtype=np.int64), np.arange(len(rows)))), shape=(1, len(rows))
+        )
+        scores = sp.csr_array(q @ self.postings[rows])
+        docs, values = scores.indices, scores.data
+        if len(values) > n:
+            top = np.argpartition(-values, n - 1)[:n]
+            docs, values = docs[top], values[top]
+        order = np.lexsort((docs, -values))  # best first; ties by document order, so results are stable
+        return [(self.titles[int(docs[i])], float(values[i])) for i in order]

@@ -1,0 +1,297 @@
+"""The async side of answering: micro-batched forward passes, retrieval overlapped with them, off the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from bertknn.core.encoder import MaskedInput
+from bertknn.service.batching import MicroBatcher
+from bertknn.service.codec import QueryEncoding
+from bertknn.service.metrics import Metrics
+from bertknn.service.pipeline import Answer, AnswerPipeline, ArticleHit, PendingEncoding, Query, Stage
+from bertknn.service.retrieval.knn import ArticleSearch
+from bertknn.service.settings import BatchingSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Retrieved:
+    """A query's articles and their rows, made ready on the retrieval thread while the forward pass runs."""
+
+    articles: tuple[list[ArticleHit], str]  # (articles, cache state), as `AnswerPipeline.retrieve` returns them
+    seconds: float  # the retrieval's
+    search: ArticleSearch | None  # their rows, read and indexed for the kNN (`AnswerPipeline.prepare_search`)
+    search_seconds: float
+
+    def record(self, stage: Stage) -> None:
+        stage.add("retrieval", self.seconds)
+        stage.add("knn", self.search_seconds)  # reading the rows is the kNN's work, done ahead of it
+
+
+@dataclass
+class _Job:
+    """One query on its way through the batcher to the model thread."""
+
+    inp: MaskedInput
+    query: Query
+    pipe: AnswerPipeline  # the datastore version the request holds
+    stage: Stage
+    submitted: float
+    # started on arrival when the model is busy, else by the model thread as the forward pass starts
+    retrieval: Future[_Retrieved] | None = None
+
+    def start_retrieval(self, executor: ThreadPoolExecutor, *, prepare: bool = False) -> Future[_Retrieved]:
+        """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also read and index their rows
+        for the kNN there. Only for a query that is the model's only one: it is answered right after its forward
+        pass, while a queued query's rows (megabytes for long articles) would sit in memory until its turn."""
+        if self.retrieval is None:
+            pipe, query = self.pipe, self.query
+
+            def retrieve() -> _Retrieved:
+                t0 = time.perf_counter()
+                articles = pipe.retrieve(query)
+                t1 = time.perf_counter()
+                search = pipe.prepare_search(query, articles[0]) if prepare else None
+                return _Retrieved(articles, t1 - t0, search, time.perf_counter() - t1)
+
+            self.retrieval = executor.submit(retrieve)
+        return self.retrieval
+
+
+_Encoded = tuple[QueryEncoding | PendingEncoding, bool, Answer | None]
+
+
+def _quietly(fn: Callable[[], None]) -> None:
+    """Run work nobody waits for (a cache write); a failure is logged, never raised."""
+    try:
+        fn()
+    except Exception:
+        logger.exception("deferred work failed")
+
+
+class AsyncAnswerer:
+    """Runs an `AnswerPipeline` for the web layer.
+
+    The model runs in one dedicated thread fed by a `MicroBatcher`; the sparse retrievers (Lucene through
+    the JVM) run in another single thread; kNN and interpolation run in a small pool. The event loop only
+    awaits. When the model has nothing else to do (a batch of one, nobody queued), the model thread finishes
+    the query itself (kNN, interpolation), saving the hand-offs to the pool and back.
+    """
+
+    def __init__(
+        self,
+        pipeline: AnswerPipeline,
+        batching: BatchingSettings,
+        metrics: Metrics,
+        *,
+        model_thread: ThreadPoolExecutor | None = None,
+    ):
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self._leases: dict[int, int] = {}  # id(pipeline) -> requests holding it
+        self._drained: dict[int, asyncio.Event] = {}
+        # Every torch call must come from this one thread (the model was loaded on it too): each OS thread that
+        # calls torch gets its own OpenMP team, and two spinning teams on few cores halve the forward's speed.
+        self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="model")
+        self._retrieval_thread = ThreadPoolExecutor(1, thread_name_prefix="retrieval")
+        self._cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="knn")
+        self.batcher: MicroBatcher[_Job, _Encoded] = MicroBatcher(
+            self._encode_batch,
+            executor=self._model_thread,
+            max_batch_size=batching.max_batch_size,
+            max_wait_ms=batching.max_wait_ms,
+            max_queue=batching.max_queue,
+            on_batch=lambda n, s: metrics.batch_size.observe(n),
+            after_delivery=self._store_encodings,
+        )
+        self._deferred: list[Callable[[], None]] = []  # cache writes of the last batch (model thread only)
+
+    @property
+    def pipeline(self) -> AnswerPipeline:
+        return self._pipeline
+
+    @pipeline.setter
+    def pipeline(self, pipeline: AnswerPipeline) -> None:
+        # A whole-word pipeline runs extra forward passes (sequential fill) from the kNN pool: on the model thread,
+        # which the batcher's loop occupies, so they go through it.
+        self._pipeline = pipeline
+        words = getattr(pipeline, "words", None)
+        if words is not None:
+            words.run_model = lambda fn: self.batcher.call(fn).result()
+
+    def _encode_batch(self, jobs: Sequence[_Job]) -> list[_Encoded]:
+        # Retrieval (Lucene, its own thread) runs during this batch's forward pass. For a query that found the
+        # model idle it starts here rather than when the request came in: the Python half of a retrieval then
+        # waits for the GIL while the forward runs outside it, instead of delaying the forward's start
+        # (measured: +0.6 ms per query at 1 client). A query that had to wait started it on arrival.
+        # With other queries queued or batched, the heads of p_MLM (`top_entries`, a few hundred µs a query) are
+        # selected in the pool, so that the model's thread goes on to the next batch: at 32 clients this thread
+        # was the bottleneck, and the selection took 8% of it.
+        idle = len(jobs) == 1 and self.batcher.depth == 0  # (read from this thread: a hint, not a promise)
+        for job in jobs:
+            job.start_retrieval(self._retrieval_thread, prepare=idle)
+        encs, hits = self.pipeline.forward([j.inp for j in jobs], defer_store=self._deferred, select_heads=idle)
+        return [
+            (enc, hit, self._finish_here(job, enc, hit) if isinstance(enc, QueryEncoding) and idle else None)
+            for job, enc, hit in zip(jobs, encs, hits, strict=True)
+        ]
+
+    def _store_encodings(self) -> None:
+        """After a batch's answers went out: its new encodings into the cache (on the model thread)."""
+        while self._deferred:
+            self._deferred.pop()()
+
+    def _finish_here(self, job: _Job, enc: QueryEncoding, hit: bool) -> Answer | None:
+        """The rest of the query on the model thread, when that costs nobody a wait; None: the pool does it.
+
+        Not for adaptive queries (the skip decision comes first), not while the retrieval still runs (the
+        model thread never waits for it), and not for whole-word datastores (their answers run more forward
+        passes on this same thread).
+        """
+        if job.query.interpolation == "adaptive" or job.pipe.words is not None:
+            return None
+        if job.retrieval is None or not job.retrieval.done():
+            return None
+        job.stage.add("embedding", time.perf_counter() - job.submitted)
+        got = job.retrieval.result()
+        got.record(job.stage)
+        return job.pipe.finish(
+            job.query, enc, "hit" if hit else "miss", job.stage, articles=got.articles, search=got.search
+        )
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def answer(
+        self, query: Query, inp: MaskedInput | None = None, *, pipeline: AnswerPipeline | None = None
+    ) -> Answer:
+        """Answer one query; ``inp`` is its tokenised form when the caller already checked it.
+
+        ``pipeline``: the datastore version to answer from (a `lease`); default the current one. Every stage of
+        the query uses that one, even when a reload swaps ``self.pipeline`` meanwhile. (The batched forward pass
+        runs through whichever is current: all versions share one encoder and one cache.)
+        """
+        pipe = pipeline or self.pipeline
+        if inp is None:
+            inp = pipe.check_query(query)  # fast tokenisation; raises QueryError before queueing
+        stage = Stage()
+        t0 = time.perf_counter()
+        job = _Job(inp, query, pipe, stage, t0)
+        try:
+            # A repeated query found in an in-process cache skips the batcher: it never waits behind a forward.
+            cached = pipe.local_encoding(inp)
+            enc: QueryEncoding | PendingEncoding
+            if cached is not None:
+                enc, hit, answer = cached, True, None
+            else:
+                self.metrics.queue_depth.set(self.batcher.depth)
+                if self.batcher.busy:  # it will wait for the model: retrieve meanwhile (see `_encode_batch`)
+                    job.start_retrieval(self._retrieval_thread)
+                enc, hit, answer = await self.batcher.submit(job)
+            if answer is None:
+                stage.add("embedding", time.perf_counter() - t0)
+                answer = await self._finish(query, pipe, enc, hit, stage, job.start_retrieval(self._retrieval_thread))
+        finally:
+            # An adaptive query may turn out not to need its retrieval (p_MLM confident): a retrieval still
+            # queued behind others' is cancelled before it starts (a no-op once it has started).
+            if job.retrieval is not None:
+                job.retrieval.cancel()
+        if answer.knn_skipped:
+            self.metrics.knn_skipped.inc()
+        # stages overlap: total is the wall time, not their sum
+        answer.timings_ms["total"] = round((time.perf_counter() - t0) * 1000.0, 3)
+        for name, ms in answer.timings_ms.items():
+            if name != "total":
+                self.metrics.stage.labels(name).observe(ms / 1000.0)
+        return answer
+
+    async def _finish(
+        self,
+        query: Query,
+        pipe: AnswerPipeline,
+        enc: QueryEncoding | PendingEncoding,
+        hit: bool,
+        stage: Stage,
+        retrieval: Future[_Retrieved],
+    ) -> Answer:
+        loop = asyncio.get_running_loop()
+        stores: list[Callable[[], None]] = []
+        if isinstance(enc, PendingEncoding):  # its p_MLM head, here in the pool (see `_encode_batch`)
+            t, pending = time.perf_counter(), enc
+            full = await loop.run_in_executor(self._cpu_pool, lambda: pipe.complete(pending, defer_store=stores))
+            stage.add("embedding", time.perf_counter() - t)
+        else:
+            full = enc
+        skip = query.interpolation == "adaptive" and await loop.run_in_executor(self._cpu_pool, pipe.skips_knn, query, full)
+        if skip:
+            articles: tuple[list, str] = ([], "none")
+            search = None
+        else:
+            got = await asyncio.wrap_future(retrieval)
+            got.record(stage)
+            articles, search = got.articles, got.search
+        answer = await loop.run_in_executor(
+            self._cpu_pool,
+            lambda: pipe.finish(query, full, "hit" if hit else "miss", stage, articles=articles, search=search),
+        )
+        for store in stores:  # a remote cache's write, after the answer (nobody waits for it)
+            self._cpu_pool.submit(_quietly, store)
+        return answer
+
+    async def answer_many(
+        self, queries: Sequence[Query], inputs: Sequence[MaskedInput], *, pipeline: AnswerPipeline | None = None
+    ) -> list[Answer]:
+        pipe = pipeline or self.pipeline
+        return list(
+            await asyncio.gather(*(self.answer(q, x, pipeline=pipe) for q, x in zip(queries, inputs, strict=True)))
+        )
+
+    # ---- live reload: requests hold the pipeline they started on -------------------------------------------
+
+    @contextmanager
+    def lease(self) -> Iterator[AnswerPipeline]:
+        """The current pipeline, held for the length of one request (event-loop side only).
+
+        A reload assigns a new ``pipeline``; requests already holding the old one finish on it, and the old one
+        is released only after `drained` says its last lease ended.
+        """
+        pipe = self.pipeline
+        key = id(pipe)
+        self._leases[key] = self._leases.get(key, 0) + 1
+        try:
+            yield pipe
+        finally:
+            left = self._leases[key] - 1
+            if left:
+                self._leases[key] = left
+            else:
+                del self._leases[key]
+                event = self._drained.pop(key, None)
+                if event is not None:
+                    event.set()
+
+    def in_flight(self, pipeline: AnswerPipeline) -> int:
+        return self._leases.get(id(pipeline), 0)
+
+    async def drained(self, pipeline: AnswerPipeline, timeout_s: float) -> bool:
+        """Wait until no request holds ``pipeline``; False if some still do after ``timeout_s``."""
+        if id(pipeline) not in self._leases:
+            return True
+        event = self._drained.setdefault(id(pipeline), asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+        for pool in (self._model_thread, self._retrieval_thread, self._cpu_pool):
+            pool.shutdown(wait=True)

@@ -1,0 +1,138 @@
+"""Service settings: pydantic-settings, nested groups, env prefix ``BERTKNN_`` and ``__`` for nesting.
+
+Examples: ``BERTKNN_DATASTORE=/data/ds``, ``BERTKNN_CACHE__REDIS_URL=redis://:pw@redis:6379/0``,
+``BERTKNN_MODEL__DEVICE=cuda``, ``BERTKNN_BATCHING__MAX_WAIT_MS=5``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from bertknn.core.encoder import BackendName
+from bertknn.service.interpolate import AdaptiveRule, Interpolation
+
+RetrieverName = Literal["bm25", "tfidf", "none"]
+
+
+class ModelSettings(BaseModel):
+    model_config = {"protected_namespaces": ()}
+    name: str | None = Field(None, description="masked LM name or directory; default: the one the manifest names")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    threads: int = Field(
+        0, ge=0, description="torch intra-op threads; 0 = the container's CPU quota less one (at least 1), which "
+        "leaves a core to the HTTP, retrieval and kNN threads"
+    )
+    backend: BackendName = Field(
+        "auto", description="forward pass: onnx (ONNX Runtime, CPU, float32), eager, or auto (onnx on the CPU, eager "
+        "on a GPU). onnx is checked against the eager forward at start-up "
+        "and falls back when it cannot be built or differs"
+    )
+
+
+class CacheSettings(BaseModel):
+    redis_url: str | None = Field(None, description="redis:// or rediss:// URL; unset = in-process LRU cache")
+    key_prefix: str = Field("bertknn", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    ttl_s: int = Field(86400, ge=1)
+    lru_size: int = Field(4096, ge=0)
+    timeout_ms: int = Field(50, ge=1, le=10000, description="socket timeout of one Redis call")
+    mlm_top_entries: int = Field(2048, ge=16, description="p_MLM entries kept in the cache (float16)")
+
+
+class BatchingSettings(BaseModel):
+    max_batch_size: int = Field(32, ge=1, le=1024)
+    max_wait_ms: float = Field(
+        0.0, ge=0, le=1000, description="extra wait for company when the model is idle (requests that arrive while "
+        "it is busy are batched anyway)"
+    )
+    max_queue: int = Field(256, ge=1, description="queued queries before 503 + Retry-After")
+
+
+class LimitSettings(BaseModel):
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+    max_text_chars: int = Field(2000, ge=16)
+    max_batch_queries: int = Field(64, ge=1)
+    max_top_k: int = Field(100, ge=1)
+    max_k: int = Field(2048, ge=1)
+    max_num_articles: int = Field(50, ge=1)
+
+
+class DefaultsSettings(BaseModel):
+    retriever: RetrieverName = "bm25"
+    num_articles: int = Field(3, ge=1)
+    k: int = Field(128, ge=1)
+    temperature: float = Field(6.0, gt=0)
+    lambda_: float = Field(0.3, ge=0, le=1, alias="lambda")
+    top_k: int = Field(10, ge=1)
+    interpolation: Interpolation = Field("fixed", description="fixed: lambda; adaptive: adaptive_rule per query")
+    # BERTKNN_DEFAULTS__ADAPTIVE_RULE may be the path of a rule JSON (`python -m evaluation lama --adaptive-out`)
+    # or a JSON object; single fields also work: BERTKNN_DEFAULTS__ADAPTIVE_RULE__SKIP_THRESHOLD=0.8
+    adaptive_rule: Annotated[AdaptiveRule, NoDecode] = Field(default_factory=AdaptiveRule)
+
+    model_config = {"populate_by_name": True}
+
+    @field_validator("adaptive_rule", mode="before")
+    @classmethod
+    def _rule_file(cls, value: Any) -> Any:
+        if isinstance(value, str | Path):
+            text = str(value).strip()
+            return json.loads(text) if text.startswith("{") else AdaptiveRule.load(text)
+        return value
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="BERTKNN_", env_nested_delimiter="__", extra="ignore", protected_namespaces=()
+    )
+
+    datastore: Path = Field(Path("datastore"), description="datastore directory built by datastore_builder")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    verify_checksums: bool = Field(False, description="hash every shard file at start-up (slow on big datastores)")
+    shutdown_delay_s: float = Field(0.0, ge=0, le=60, description="after SIGTERM, report not-ready this long first")
+    admin_token: str | None = Field(None, description="bearer token for /admin endpoints; unset disables them")
+    reload_poll_s: float = Field(
+        0.0, ge=0, le=3600, description="check the datastore's manifest this often and serve a new version when one "
+        "appears (0 = off; POST /admin/reload works either way)"
+    )
+    # BERTKNN_MODEL may be a plain name or path (as the quick start and the builder use it) or a JSON object
+    model: Annotated[ModelSettings, NoDecode] = Field(default_factory=ModelSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    batching: BatchingSettings = Field(default_factory=BatchingSettings)
+    jvm_options: str = Field(
+        "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        description="options for the JVM that runs Lucene (BM25), separated by spaces. The default compiles with "
+        "the C1 JIT only: on 2 cores the C2 compiler kept taking CPU from the model for thousands of queries, "
+        "while BM25's steady-state latency stayed the same; and it collects with the serial GC (Lucene's index is "
+        "memory-mapped, the heap small): 5 JVM threads fewer than G1, about 0.1 ms less per /predict (the README, "
+        "section Performance); '' keeps the JVM's defaults",
+    )
+    opentelemetry: bool = Field(
+        False, description="FastAPI's native OpenTelemetry spans, metrics and logs, sent to the providers the process "
+        "configures. Off by default: the service has its own Prometheus metrics and request ids, and with it on, "
+        "FastAPI looks for providers on every request (about 30-50 µs, a tenth of the HTTP layer's cost)",
+    )
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    defaults: DefaultsSettings = Field(default_factory=DefaultsSettings)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("{") else {"name": text}
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceSettings:
+        if self.defaults.top_k > self.limits.max_top_k:
+            raise ValueError("defaults.top_k must not exceed limits.max_top_k")
+        if self.defaults.k > self.limits.max_k:
+            raise ValueError("defaults.k must not exceed limits.max_k")
+        return self

@@ -1,0 +1,253 @@
+"""Whole-word answers over a whole-word datastore: p_kNN over words, p_MLM of multi-piece words by sequential fill.
+
+Candidates: every word of the k neighbours (in order of its nearest neighbour) plus the MLM's most probable
+one-piece words (the top ``max(top_k, MLM_CANDIDATES)`` tokens that are whole words), each word once (by text).
+
+p_kNN(w) = the sum of softmax(-d/l) over the neighbours whose stored word is w, as for tokens.
+
+p_MLM(w): a one-piece word takes the ordinary p_MLM at the query's single [MASK] (the forward pass every query
+has). A word of m >= 2 wordpieces is scored by **sequential fill, left to right**: the query's [MASK] is replaced
+by m masks; pass j reads p(piece_j) at mask j while the masks before it hold the word's own pieces 1..j-1;
+p_MLM(w) = the product of the m piece probabilities. All candidates share the passes: pass j is one batched
+forward pass with one row per distinct (length, prefix), so a query costs max(m) extra passes whatever the
+number of words (the longest candidate's length; none when every candidate is one piece).
+The scores are cached (key: model, query tokens, pieces). These are not one distribution normalised over all
+words: each length is its own event space, as in LAMA-style multi-token probing. A word whose masks do not fit
+the model's window scores 0.
+
+Answers are ranked by p(w) = lambda * p_kNN(w) + (1 - lambda) * p_MLM(w) over the candidates (ties: candidate
+order). Single-piece datastores never come here: their path is the one forward pass of `AnswerPipeline.answer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
+from bertknn.core.words import WordEntry as Word
+from bertknn.core.words import word_text
+from bertknn.service.cache import cache_key
+from bertknn.service.codec import QueryEncoding
+from bertknn.service.interpolate import interpolate, knn_distribution, top_k
+from bertknn.service.pipeline import Context, Distributions, Prediction, Query, TokenProb
+from bertknn.service.retrieval.knn import Neighbours
+
+if TYPE_CHECKING:
+    from bertknn.service.pipeline import AnswerPipeline
+
+logger = logging.getLogger(__name__)
+
+MLM_CANDIDATES = 10  # one-piece words the MLM contributes (at least top_k): exact ranks up to P@10
+FILL_BATCH = 64  # rows per forward pass of the sequential fill
+
+
+@dataclass(frozen=True)
+class WordDistributions(Distributions):
+    """`Distributions` over the candidate words (``p_mlm``, ``p_knn``, ``p`` indexed like ``words``)."""
+
+    words: tuple[Word, ...] = ()
+    token_p_mlm: np.ndarray | None = None  # the query's p_MLM over single tokens (scores a one-piece word)
+
+    def index(self, text: str) -> int | None:
+        for i, w in enumerate(self.words):
+            if w.text == text:
+                return i
+        return None
+
+
+WordResult = tuple[list[Prediction], list[TokenProb], list[TokenProb], float, Distributions | None]
+
+
+def _pack(p: float) -> bytes:
+    body = struct.pack("<d", p)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _unpack(raw: bytes) -> float | None:
+    if len(raw) != 12 or zlib.crc32(raw[:8]) != struct.unpack("<I", raw[8:])[0]:
+        return None
+    (p,) = struct.unpack("<d", raw[:8])
+    return p if np.isfinite(p) and 0.0 <= p <= 1.0 else None
+
+
+class WordAnswerer:
+    """The whole-word counterpart of `AnswerPipeline.answer` (see the module docstring for the method)."""
+
+    def __init__(self, pipeline: AnswerPipeline):
+        self.pipeline = pipeline
+        self.encoder: MaskedLMEncoder = pipeline.encoder
+        self.datastore = pipeline.datastore
+        self.mask_id = int(self.encoder.tokenizer.mask_token_id)
+        # Runs a model call; the async server points it at its model thread (all torch calls from one thread).
+        self.run_model: Callable[[Callable[[], Any]], Any] = lambda fn: fn()
+        self._special = set(self.encoder.tokenizer.all_special_ids)
+        # filled lazily: only the MLM's top tokens are ever asked
+        self._token_words: dict[int, Word | None] = {}
+
+    # ---- vocabulary --------------------------------------------------------------------------------------
+
+    def token_word(self, token_id: int) -> Word | None:
+        """The whole word a token spells on its own (its text tokenises back to it), or None: continuation
+        pieces (``##s``), special tokens."""
+        if token_id not in self._token_words:
+            tok = self.encoder.tokenizer
+            text = word_text(tok, [token_id])
+            back = tok(text, add_special_tokens=False)["input_ids"] if text else []
+            ok = bool(text) and token_id not in self._special and list(back) == [token_id]
+            self._token_words[token_id] = Word(text, (token_id,)) if ok else None
+        return self._token_words[token_id]
+
+    # ---- p_MLM of words ----------------------------------------------------------------------------------
+
+    def mlm_probs(self, query: Query, token_p: np.ndarray, words: Sequence[Word]) -> np.ndarray:
+        """p_MLM of each word: one-piece words from ``token_p``, multi-piece words by sequential fill."""
+        out = np.zeros(len(words), dtype=np.float64)
+        multi = []
+        for i, w in enumerate(words):
+            if w.multi_piece:
+                multi.append(i)
+            else:
+                out[i] = float(token_p[w.pieces[0]])
+        if multi:
+            out[multi] = self.fill_probs(query.text, [words[i].pieces for i in multi])
+        return out
+
+    def fill_probs(self, text: str, words: Sequence[tuple[int, ...]]) -> np.ndarray:
+        """Sequential-fill p_MLM of multi-piece words at the [MASK] of ``text`` (cached)."""
+        inp = self.encoder.query_input(text)
+        cache = self.pipeline.cache
+        prefix, sha = self.pipeline.key_prefix, self.encoder.weights_sha256
+        keys = [cache_key(prefix, "fill", sha, inp.input_ids, pieces) for pieces in words]
+        out = np.zeros(len(words), dtype=np.float64)
+        todo: list[int] = []
+        for i, raw in enumerate(cache.get_many(keys)):
+            value = _unpack(raw) if raw is not None else None
+            if value is None:
+                todo.append(i)
+            else:
+                out[i] = value
+        if todo:
+            fresh = self._fill(inp, [words[i] for i in todo])
+            out[todo] = fresh
+            cache.set_many({keys[i]: _pack(float(p)) for i, p in zip(todo, fresh, strict=True)})
+        return out
+
+    def _fill(self, inp: MaskedInput, words: Sequence[tuple[int, ...]]) -> np.ndarray:
+        cls_id, sep_id = self.encoder.tokenizer.cls_token_id, self.encoder.tokenizer.sep_token_id
+        ids = list(inp.input_ids)
+        body, pos = ids, inp.mask_pos
+        # back to the bare tokens: masked_input adds the special tokens again
+        if ids and ids[0] == cls_id and ids[-1] == sep_id:
+            body, pos = ids[1:-1], inp.mask_pos - 1
+        by_length: dict[int, list[int]] = {}
+        for i, pieces in enumerate(words):
+            by_length.setdefault(len(pieces), []).append(i)
+        groups: list[tuple[int, list[int], tuple[int, ...], int]] = []  # (m, words, m-mask input, first mask)
+        for m, members in sorted(by_length.items()):
+            base = self.encoder.masked_input([*body[:pos], *[self.mask_id] * m, *body[pos + 1 :]], pos)
+            first = base.mask_pos
+            if first + m > len(base.input_ids) or any(
+                base.input_ids[first + j] != self.mask_id for j in range(m)
+            ):
+                logger.debug(
+                    "sequential fill: %d masks do not fit the window; %d words score 0", m, len(members)
+                )
+                continue
+            groups.append((m, members, base.input_ids, first))
+        log_p = np.zeros(len(words), dtype=np.float64)
+        # Pass j fills piece j of every word of every length > j at once: max(m) passes in all, one row per
+        # distinct (length, prefix).
+        for j in range(max((g[0] for g in groups), default=0)):
+            items: list[MaskedInput] = []
+            row_of: dict[tuple[int, tuple[int, ...]], int] = {}
+            for m, members, base_ids, first in groups:
+                if j >= m:
+                    continue
+                for w in members:
+                    key = (m, words[w][:j])
+                    if key not in row_of:
+                        row = list(base_ids)
+                        row[first : first + j] = key[1]
+                        row_of[key] = len(items)
+                        items.append(MaskedInput(tuple(row), first + j))
+            step = self._log_probs(items)
+            for m, members, _, _ in groups:
+                if j < m:
+                    for w in members:
+                        log_p[w] += step[row_of[(m, words[w][:j])], words[w][j]]
+        out = np.zeros(len(words), dtype=np.float64)
+        scored = [w for g in groups for w in g[1]]
+        out[scored] = np.exp(log_p[scored])
+        return out
+
+    def _log_probs(self, items: list[MaskedInput]) -> np.ndarray:
+        parts = []
+        for start in range(0, len(items), FILL_BATCH):
+            chunk = items[start : start + FILL_BATCH]
+            result = self.run_model(partial(self.encoder.encode, chunk, with_mlm=True))
+            assert result.mlm_log_probs is not None
+            parts.append(result.mlm_log_probs.numpy())
+        return np.concatenate(parts)
+
+    # ---- the answer --------------------------------------------------------------------------------------
+
+    def candidates(self, query: Query, enc: QueryEncoding, nbrs: Neighbours) -> tuple[list[Word], np.ndarray]:
+        """Candidate words (neighbours' words first, then the MLM's top one-piece words) and each neighbour's
+        candidate index."""
+        words: list[Word] = []
+        index: dict[str, int] = {}
+        labels = np.empty(len(nbrs), dtype=np.int64)
+        for n, row in enumerate(nbrs.rows):
+            entry = self.datastore.word_at(int(row))
+            c = index.get(entry.text)
+            if c is None:
+                c = index[entry.text] = len(words)
+                words.append(entry)  # the shard's word-table entry (frozen)
+            labels[n] = c
+        want, taken = max(query.top_k, MLM_CANDIDATES), 0
+        for token_id in enc.ranked_ids():  # most probable first
+            w = self.token_word(int(token_id))
+            if w is None:
+                continue
+            if w.text not in index:
+                index[w.text] = len(words)
+                words.append(w)
+            taken += 1
+            if taken >= want:
+                break
+        return words, labels
+
+    def answer(
+        self, query: Query, enc: QueryEncoding, nbrs: Neighbours, *, with_distributions: bool
+    ) -> WordResult:
+        token_p = enc.p_mlm()
+        words, labels = self.candidates(query, enc, nbrs)
+        p_mlm = self.mlm_probs(query, token_p, words).astype(np.float32)
+        p_knn = knn_distribution(nbrs.distances, labels, len(words), query.temperature)
+        lam = self.pipeline.lambda_for(query, p_mlm, p_knn, nbrs)
+        p = interpolate(p_knn, p_mlm, lam)
+        preds = []
+        for c, prob in top_k(p, query.top_k):
+            w = words[c]
+            contexts = (
+                self._contexts(nbrs, labels, c, query.contexts_per_answer) if query.return_contexts else []
+            )
+            token_id = w.pieces[0] if not w.multi_piece else -1
+            preds.append(
+                Prediction(w.text, token_id, prob, float(p_mlm[c]), float(p_knn[c]), contexts, len(w.pieces))
+            )
+        mlm = [TokenProb(words[c].text, pr) for c, pr in top_k(p_mlm, query.top_k)]
+        knn = [TokenProb(words[c].text, pr) for c, pr in top_k(p_knn, query.top_k, nonzero=True)]
+        dists = WordDistributions(p_mlm, p_knn, p, tuple(words), token_p) if with_distributions else None
+        return preds, mlm, knn, lam, dists
+
+    def _contexts(self, nbrs: Neighbours, labels: np.ndarray, candidate: int, limit: int) -> list[Context]:
+        return self.pipeline.contexts(nbrs, np.flatnonzero(labels == candidate)[:limit].tolist())
