@@ -7,17 +7,23 @@ import contextlib
 import json
 import os
 import platform
-import shutil
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
+from tests.support.processes import (  # noqa: F401
+    RedisServer,
+    ServiceProcess,
+    free_port,
+    host_port,
+    running_service,
+    service_process,
+)
 
 if TYPE_CHECKING:
     from bertknn.core.encoder import MaskedLMEncoder
@@ -111,118 +117,6 @@ async def httpx_clients(url: str, n: int, *, timeout: float = 60) -> AsyncIterat
             await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits))
             for _ in range(n)
         ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def host_port(url: str) -> tuple[str, int]:
-    """(host, port) of an ``http://host:port`` URL."""
-    host, port = url.split("//", 1)[1].rsplit(":", 1)
-    return host, int(port)
-
-
-@dataclass
-class ServiceProcess:
-    url: str
-    proc: subprocess.Popen
-
-
-@contextlib.contextmanager
-def service_process(
-    datastore: Path,
-    *,
-    env: dict[str, str] | None = None,
-    timeout_s: float = 300,
-    args: tuple[str, ...] = (),
-    checkout: Path = REPO,
-) -> Iterator[ServiceProcess]:
-    """Start ``python -m service`` on a free loopback port and wait until /readyz answers 200; stop it after.
-
-    ``checkout``: the copy of this project whose code runs (`bench.ab` serves two side by side)."""
-    import httpx
-
-    port = free_port()
-    full_env = {**os.environ, "OPENAI_API_KEY": "unused", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    if checkout != REPO:
-        full_env["PYTHONPATH"] = str(checkout)
-    cmd = [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=checkout)  # the cwd is first on sys.path
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"service exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        else:
-            raise RuntimeError("service did not become ready")
-        yield ServiceProcess(url, proc)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-@contextlib.contextmanager
-def running_service(datastore: Path, *, env: dict[str, str] | None = None, timeout_s: float = 300) -> Iterator[str]:
-    """`service_process`, yielding only its URL."""
-    with service_process(datastore, env=env, timeout_s=timeout_s) as svc:
-        yield svc.url
-
-
-class RedisServer:
-    """A real redis-server on a free loopback port, owned by the test."""
-
-    def __init__(self, port: int | None = None, password: str | None = None, maxmemory: str | None = None):
-        self.port = port or free_port()
-        self.password = password
-        self.maxmemory = maxmemory
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        import redis
-
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server is not installed (scripts/bootstrap.sh installs it)")
-        cmd = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--enable-debug-command", "local"]  # DEBUG SLEEP simulates a stalled Redis
-        if self.password:
-            cmd += ["--requirepass", self.password]
-        if self.maxmemory:
-            cmd += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url)
-        for _ in range(100):
-            try:
-                if client.ping():
-                    return self
-            except redis.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
 
 def build_datastore(corpus: list[Path], out: Path, model: Path | str, *, limit: int | None = None, ivfpq: bool = False) -> Path:

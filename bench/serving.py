@@ -6,8 +6,7 @@ latency on datastores 10x and 100x larger (synthetic extra articles). One comman
 Prints a table and writes bench/results/serving.json (with ``--backend`` or ``--threads``:
 serving-BACKEND-Nt.json). All ratios are measured in the same run. Latency and throughput are measured with two
 load generators against the same server: a lean keep-alive HTTP/1.1 client (``raw``, bench/rawhttp.py) and
-httpx, each simulated client with its own connection; throughput also with locust (FastHttpUser, in its own
-process: bench/locust_load.py). All share this machine's cores with the server; the CPU each spends per request
+httpx, each simulated client with its own connection. Both share this machine's cores with the server; the CPU each spends per request
 is printed beside it.
 """
 
@@ -20,8 +19,6 @@ import functools
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -54,8 +51,7 @@ from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.format import Datastore, write_manifest
 
 CLIENTS = ("raw", "httpx")  # the lean client (bench/rawhttp.py) and httpx, measured in the same run
-# the throughput runs add locust (FastHttpUser, in its own process: bench/locust_load.py)
-LOAD_CLIENTS = (*CLIENTS, "locust")
+LOAD_CLIENTS = CLIENTS
 
 
 _Post = Callable[[dict], tuple[int, bytes]]
@@ -142,18 +138,6 @@ async def _load(url: str, queries: list[tuple[str, str]], concurrency: int, kind
         return time.perf_counter() - t, ok, err
 
 
-def _locust_load(url: str, queries: list[tuple[str, str]], users: int) -> tuple[float, int, int, float]:
-    """`_load` with locust users in a subprocess; returns (seconds, ok, errors, the subprocess's CPU seconds)."""
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.locust_load", "--url", url, "--users", str(users)],
-        input=json.dumps(queries), capture_output=True, text=True, cwd=REPO, check=False,
-    )  # fmt: skip
-    if run.returncode != 0:
-        raise RuntimeError(f"bench.locust_load failed ({run.returncode}): {run.stderr[-2000:]}")
-    out = json.loads(run.stdout.strip().splitlines()[-1])
-    return out["seconds"], out["ok"], out["errors"], out["cpu_s"]
-
-
 def scaled_copy(base: Path, factor: int, out: Path, seed: int = 0) -> Path:
     """A copy of ``base`` (shards hard-linked) plus synthetic articles making it ``factor`` times larger."""
     if (out / "manifest.json").is_file():
@@ -231,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="device of the bare forward and the service (default: the service's, auto: a GPU when torch "
                    "sees one); the dtype is the service's default for it (float32 on the CPU, bf16/fp16 on a GPU)")
-    p.add_argument("--backend", choices=["auto", "eager", "torchscript", "onnx"], default="auto",
+    p.add_argument("--backend", choices=["auto", "eager", "onnx"], default="auto",
                    help="forward backend of the bare forward and the service (default: the service's, auto)")
     args = p.parse_args(argv)
     if args.queries < 10 or args.articles < 1 or args.threads < 0:
@@ -299,11 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                 offset += per_level[c]
                 bare_before = sum(bare_forward(enc, [t for t, _ in qs], batch=c))
                 server0, client0 = process_cpu_s(svc.proc.pid), time.process_time()
-                if client == "locust":
-                    secs, ok, err, client_cpu = _locust_load(url, qs, c)
-                else:
-                    secs, ok, err = run_async(_load(url, qs, c, client))
-                    client_cpu = time.process_time() - client0
+                secs, ok, err = run_async(_load(url, qs, c, client))
+                client_cpu = time.process_time() - client0
                 server_ms = (process_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
                 client_ms = client_cpu * 1000 / max(1, ok)
                 # the bare batched forward before and after the load run, averaged: the host's drift during the
@@ -347,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
           "before the service started: "
           f"{result['bare_forward_eager_ms']['p50']:.1f} ms)")
     for client, r in result["clients"].items():
-        if "uncached_ms" in r:  # (locust: throughput only)
+        if "uncached_ms" in r:
             print(f"[{client} client] /predict uncached p50 {r['uncached_ms']['p50']:.1f} ms p99 {r['uncached_ms']['p99']:.1f} ms"
                   f" vs bare forward p50 {r['bare_forward_ms']['p50']:.1f} ms -> p50 ratio {r['uncached_p50_over_bare_p50']:.2f}x, p99 ratio {r['uncached_p99_over_bare_p50']:.2f}x; "
                   f"cached p50 {r['cached_ms']['p50']:.2f} ms p99 {r['cached_ms']['p99']:.2f} ms")

@@ -52,7 +52,7 @@ def prefetch(model: str, revision: str | None) -> Path:
         raise RuntimeError(
             f"{model} is not in the cache at {os.environ.get('HF_HOME', '~/.cache/huggingface')} and cannot be "
             "downloaded (offline?). Run this step with network access and HF_HUB_OFFLINE unset, or mount a model "
-            "directory and set BERTKNN_MODEL__NAME / BERTKNN_BUILD_MODEL to it."
+            "directory and set BERTKNN_MODEL__NAME / BERTKNN_BUILD__MODEL to it."
         ) from exc
     except HfHubHTTPError as exc:
         raise RuntimeError(f"{model}: download failed ({exc}); check the model id, the revision and the network") from exc

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench.common import RedisServer, free_port  # noqa: F401  (re-exported for the tests)
+from tests.support.processes import RedisServer, free_port  # noqa: F401  (re-exported for the tests)
 
 os.environ.setdefault("OPENAI_API_KEY", "unused")  # pyserini asks for it at import
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -76,15 +76,12 @@ async def read_body(receive: Callable[[], Any]) -> bytes:
 
 @contextlib.contextmanager
 def serve_asgi(app: Any) -> Iterator[int]:
-    """A real uvicorn server for ``app`` on a free loopback port, in a thread, configured as `python -m service`
-    configures its own (`bertknn.service.server.uvicorn_config`); yields the port."""
+    """A real uvicorn server for ``app`` on a free loopback port, in a thread (stock settings, as
+    `python -m service` runs it); yields the port."""
     import uvicorn
 
-    from bertknn.service.server import uvicorn_config
-    from bertknn.service.settings import ServiceSettings
-
     port = free_port()
-    srv = uvicorn.Server(uvicorn_config(app, ServiceSettings(host="127.0.0.1", port=port, log_level="warning")))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -1,4 +1,4 @@
-"""CLI: ``python -m datastore_builder build | add | validate | merge | ivfpq``."""
+"""``bert-knn build | add | validate | merge | ivfpq`` (also ``python -m datastore_builder ...``)."""
 
 from __future__ import annotations
 
@@ -10,43 +10,20 @@ import sys
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 
-from bertknn.builder.settings import BuildSettings
+from bertknn.builder.settings import AddSettings, BuildSettings
+from bertknn.core.settings_cli import add_settings_flags, adopt_legacy_env, flag_for, settings_overrides
 
 logger = logging.getLogger("datastore_builder")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m datastore_builder", description=__doc__)
+def _parser(prog: str = "python -m datastore_builder") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="build (or resume) a datastore from corpus files")
-    b.add_argument("--corpus", action="append", type=Path, help="JSONL or MediaWiki XML(.bz2) file; repeatable")
-    b.add_argument("--model", help="masked LM name or directory (default bert-base-uncased)")
-    b.add_argument("--out", type=Path, help="output directory")
-    b.add_argument("--layer", type=int, help="hidden_states index; -2 = second-to-last (default)")
-    b.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    b.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
-    b.add_argument("--batch-size", type=int)
-    b.add_argument("--max-seq-len", type=int)
-    b.add_argument("--shard-index", type=int, help="this worker's slice (0-based)")
-    b.add_argument("--num-shards", type=int, help="number of slices the build is split into")
-    b.add_argument("--limit-articles", type=int)
-    b.add_argument("--articles-per-shard", type=int)
-    b.add_argument("--stopwords", type=Path, help="stopword file, one word per line")
-    b.add_argument("--min-sentence-chars", type=int)
-    b.add_argument("--no-sparse-indexes", dest="sparse_indexes", action="store_const", const=False)
-    b.add_argument("--ivfpq", action="store_const", const=True, help="also build the whole-datastore IVF-PQ index")
-    b.add_argument("--threads", type=int, help="torch CPU threads (0 = CPU quota)")
-    b.add_argument("--workers", type=int, help="tokenising worker processes (0 = inline)")
-    b.add_argument("--backend", choices=["eager", "auto", "onnx", "torchscript"],
-                   help="forward backend (default eager, the reference; onnx is about 2x faster on a CPU)")
-    b.add_argument(
-        "--targets",
-        choices=["single-piece", "whole-word"],
-        help="single-piece: words of one wordpiece, labels are token ids (default, the paper's rule); whole-word: "
-        "words of up to 8 wordpieces, each masked by ONE [MASK], labels index the shard's words.json",
-    )
+    add_settings_flags(b, BuildSettings)
 
     v = sub.add_parser("validate", help="check a datastore and name the first problem")
     v.add_argument("datastore", type=Path)
@@ -65,54 +42,39 @@ def _parser() -> argparse.ArgumentParser:
         "add",
         help="embed new or changed articles into new shards of a datastore and bump its version (live update)",
     )
-    a.add_argument("--datastore", type=Path, required=True, help="the datastore directory to update")
-    a.add_argument("--corpus", action="append", type=Path, help="JSONL or MediaWiki XML(.bz2) file; repeatable")
-    a.add_argument("--model", help="default: the model the manifest names (other weights are refused)")
-    a.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    a.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
-    a.add_argument("--batch-size", type=int)
-    a.add_argument("--articles-per-shard", type=int, help="default: the manifest's")
-    a.add_argument("--stopwords", type=Path, help="the build's stopword file, if it was not the bundled list")
-    a.add_argument("--min-sentence-chars", type=int, help="default: the build's")
-    a.add_argument("--threads", type=int, help="torch CPU threads (0 = CPU quota)")
-    a.add_argument("--workers", type=int, help="tokenising worker processes (default 0 = inline)")
+    add_settings_flags(a, AddSettings)
     return p
 
 
-def _settings_or_errors(cls: type, args: argparse.Namespace) -> object | None:
+def _settings_or_errors(cls: type[BaseSettings], args: argparse.Namespace) -> BaseSettings | None:
     """Settings from the flags given (the rest from BERTKNN_* variables and defaults); errors printed per flag."""
-    overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     try:
-        return cls(**overrides)
+        return cls(**settings_overrides(args, cls))
     except ValidationError as exc:
         for err in exc.errors():
-            loc = "--" + "-".join(str(x) for x in err["loc"]).replace("_", "-") if err["loc"] else "settings"
-            print(f"error: {loc}: {err['msg']}", file=sys.stderr)
+            print(f"error: {flag_for(err['loc'])}: {err['msg']}", file=sys.stderr)
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = _parser().parse_args(argv)
-    from bertknn.core.errors import BuildError, CorpusError, DatastoreError, ModelLoadError
+    for old, new in (("BERTKNN_BUILD_", "BERTKNN_BUILD__"), ("BERTKNN_ADD_", "BERTKNN_ADD__")):
+        if legacy := adopt_legacy_env(old, new):
+            logger.warning("environment: %s read as %s* (the one scheme); rename them", ", ".join(legacy), new)
+    args = _parser(prog).parse_args(argv)
+    from bertknn.core.errors import BertKnnError
 
     try:
         if args.command == "build":
-            overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
-            try:
-                settings = BuildSettings(**overrides)
-            except ValidationError as exc:
-                for err in exc.errors():
-                    loc = "--" + "-".join(str(x) for x in err["loc"]).replace("_", "-") if err["loc"] else "settings"
-                    print(f"error: {loc}: {err['msg']}", file=sys.stderr)
+            settings = _settings_or_errors(BuildSettings, args)
+            if settings is None:
                 return 2
             from bertknn.builder.build import build
 
-            manifest = build(settings)
+            manifest = build(settings)  # type: ignore[arg-type]
             print(json.dumps({"datastore": str(settings.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
             return 0
         if args.command == "add":
-            from bertknn.builder.settings import AddSettings
             from bertknn.builder.update import add_articles
 
             add_settings = _settings_or_errors(AddSettings, args)
@@ -144,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             add_ivfpq(args.datastore)
             print(f"OK: IVF-PQ index added to {args.datastore}")
             return 0
-    except (BuildError, CorpusError, ModelLoadError, DatastoreError) as exc:
+    except BertKnnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

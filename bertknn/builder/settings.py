@@ -1,4 +1,5 @@
-"""Builder settings: CLI flags override environment variables (prefix ``BERTKNN_BUILD_``) override defaults."""
+"""Builder settings: CLI flags override environment variables (``BERTKNN_BUILD__<NAME>``, ``BERTKNN_ADD__<NAME>``)
+override defaults."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from bertknn.core.runtime import DeviceName, DtypeName
 
 
 class BuildSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BERTKNN_BUILD_", extra="forbid", protected_namespaces=())
+    model_config = SettingsConfigDict(env_prefix="BERTKNN_BUILD__", extra="forbid", protected_namespaces=())
 
     corpus: list[Path] = Field(default_factory=list, description="corpus files (JSONL or MediaWiki XML dump)")
     model: str = Field("bert-base-uncased", description="Hugging Face masked LM name or local directory")
@@ -54,7 +55,7 @@ class AddSettings(BaseSettings):
     """``add``: new or changed articles into an existing datastore. What shapes the rows (model, layer,
     max_seq_len, stopwords, targets) comes from its manifest; these are the knobs of the run itself."""
 
-    model_config = SettingsConfigDict(env_prefix="BERTKNN_ADD_", extra="forbid", protected_namespaces=())
+    model_config = SettingsConfigDict(env_prefix="BERTKNN_ADD__", extra="forbid", protected_namespaces=())
 
     datastore: Path = Field(description="the datastore to update (a finished build, merge or earlier add)")
     corpus: list[Path] = Field(default_factory=list, description="corpus files (JSONL or MediaWiki XML dump)")

@@ -99,3 +99,7 @@ class EvaluationError(BertKnnError):
 
 class LamaError(EvaluationError):
     """The LAMA probe directory or one of its files cannot be used; the message names the file and what to do."""
+
+
+class AdminDisabled(Forbidden):
+    """Admin endpoints are off on this server (no admin token configured)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertknn.core.errors import EvaluationError, LamaError
+from bertknn.evaluation.base import Runner, RunSettings
 from bertknn.evaluation.lama import (
     DEV_PERCENT,
     LamaQuery,
@@ -32,7 +33,6 @@ from bertknn.evaluation.metrics import (
     skipped_fraction,
     summarize,
 )
-from bertknn.evaluation.runner import Runner, RunSettings
 
 if TYPE_CHECKING:
     from bertknn.evaluation.adaptive import AdaptiveFit

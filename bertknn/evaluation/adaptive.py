@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
+from bertknn.evaluation.base import RunSettings, gold_rank
 from bertknn.evaluation.lama import LamaQuery
 from bertknn.evaluation.metrics import KS, Precisions
-from bertknn.evaluation.runner import PipelineRunner, RunSettings, gold_rank
+from bertknn.evaluation.runner import PipelineRunner
 from bertknn.service.interpolate import AdaptiveRule, ConfidenceMeasure, confidence, rule_lambda
 from bertknn.service.pipeline import AnswerPipeline
 

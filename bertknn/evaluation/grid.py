@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
+from bertknn.evaluation.base import RunSettings, gold_rank
 from bertknn.evaluation.lama import LamaQuery
 from bertknn.evaluation.metrics import KS, Precisions
-from bertknn.evaluation.runner import RunSettings, gold_rank
 from bertknn.service.interpolate import interpolate, knn_distribution
-from bertknn.service.pipeline import AnswerPipeline, Query, RetrieverName
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Query, RetrieverName
 from bertknn.service.retrieval.knn import Neighbours
 
 logger = logging.getLogger(__name__)

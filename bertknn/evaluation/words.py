@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertknn.core.words import MAX_WORD_PIECES, word_text
+from bertknn.evaluation.base import Runner, RunSettings, gold_rank
 from bertknn.evaluation.lama import (
     _MASK_RE,
     TREX,
@@ -34,8 +35,8 @@ from bertknn.evaluation.lama import (
     read_facts,
 )
 from bertknn.evaluation.metrics import QueryResult, format_table, report_dict, summarize
-from bertknn.evaluation.runner import Runner, RunSettings, gold_rank
-from bertknn.service.pipeline import Answer, AnswerPipeline
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Answer
 from bertknn.service.words import WordDistributions
 
 logger = logging.getLogger(__name__)

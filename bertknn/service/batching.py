@@ -12,7 +12,6 @@ Retry-After) instead of letting latency and memory grow without limit.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures.thread as _cf_thread
 import logging
 import sys
 import threading
@@ -29,11 +28,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-
 def _interpreter_exiting() -> bool:
-    """True once Python has begun to exit. ``concurrent.futures`` sets its (private) flag before it joins its
-    worker threads, so it is read defensively; the other two tests are public but come later in the exit."""
-    return bool(getattr(_cf_thread, "_shutdown", False)) or sys.is_finalizing() or not threading.main_thread().is_alive()
+    """True once Python has begun to exit (the main thread is marked stopped before the pools are joined)."""
+    return sys.is_finalizing() or not threading.main_thread().is_alive()
 
 
 def _deliver(pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
@@ -118,7 +115,7 @@ class MicroBatcher(Generic[T, R]):
             if self._stopping:
                 raise RuntimeError("the batcher is stopping")
             if len(self._items) >= self.max_queue:
-                raise Overloaded(f"{self.max_queue} queries are already waiting")
+                raise Overloaded(f"server busy: {self.max_queue} queries are already waiting; retry after the Retry-After delay")
             self._items.append((item, fut))
             self._cond.notify()
         return await fut

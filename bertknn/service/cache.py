@@ -207,3 +207,16 @@ class RedisCache:
     def close(self) -> None:
         with contextlib.suppress(*self._redis_errors):
             self._client.close()
+
+
+def count_hits(cache: Cache, hits: int, misses: int) -> None:
+    stats = getattr(cache, "stats", None)
+    if stats is not None:
+        stats.hits += hits
+        stats.misses += misses
+
+
+def count_corrupt(cache: Cache) -> None:
+    stats = getattr(cache, "stats", None)
+    if stats is not None:
+        stats.corrupt += 1

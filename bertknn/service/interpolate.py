@@ -230,6 +230,8 @@ class AdaptiveRule(BaseModel):
     --adaptive --adaptive-out rule.json`` fits the parameters on the dev split.
     """
 
+    __settings_leaf__ = True  # one setting (a rule file or JSON), not a group of flags
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     measure: ConfidenceMeasure = Field("top1", description="confidence of a distribution: top1, margin or entropy")

@@ -17,13 +17,20 @@ from fastapi import FastAPI
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from bertknn.core import runtime
 from bertknn.service.api.admin import router as admin_router
-from bertknn.service.api.deps import Resources
-from bertknn.service.api.errors import error_response, install_error_handlers, request_id_var
+from bertknn.service.api.errors import (
+    error_response,
+    install_error_handlers,
+    internal_error_response,
+    request_id_var,
+)
 from bertknn.service.api.routes import router
 from bertknn.service.cache import Cache, InMemoryCache, RedisCache
-from bertknn.service.pipeline import AnswerPipeline, configure_jvm
+from bertknn.service.jvm import configure_jvm
+from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.reload import DatastoreReloader
+from bertknn.service.resources import Resources
 from bertknn.service.serving import AsyncAnswerer
 from bertknn.service.settings import ServiceSettings
 
@@ -34,7 +41,7 @@ _RID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 def make_cache(settings: ServiceSettings) -> Cache:
     c = settings.cache
     if c.redis_url:
-        cache = RedisCache(c.redis_url, ttl_s=c.ttl_s, timeout_ms=c.timeout_ms)
+        cache = RedisCache(c.redis_url.get_secret_value(), ttl_s=c.ttl_s, timeout_ms=c.timeout_ms)
         if not cache.ping():
             logger.warning("redis at start-up: unreachable; serving with the cache bypassed until it answers")
         return cache
@@ -48,9 +55,7 @@ def default_threads() -> int:
     any of that work stalls the team at its barriers: on 2 cores, 2 threads gave the same single-client latency
     as 1 thread and 20% less throughput at 32 clients (`python -m bench.serving --threads N` compares).
     """
-    from bertknn.core.runtime import cpu_quota_threads
-
-    return max(1, cpu_quota_threads() - 1)
+    return max(1, runtime.cpu_quota_threads() - 1)
 
 
 def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
@@ -111,8 +116,7 @@ class RequestContextMiddleware:
                 logger.exception("unhandled error (request %s)", rid)
                 if started:
                     raise
-                response = error_response(500, "internal", "internal error; the request id identifies it in the log")
-                await response(scope, receive, send_with_id)
+                await internal_error_response()(scope, receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - t0
             path = getattr(scope.get("route"), "path", "unmatched")

@@ -15,14 +15,12 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from bertknn.core.errors import DatastoreError, ModelLoadError, ReloadError
 from bertknn.core.format import MANIFEST, read_manifest
 from bertknn.service.pipeline import AnswerPipeline
-
-if TYPE_CHECKING:
-    from bertknn.service.api.deps import Resources
+from bertknn.service.resources import Resources
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from bertknn.core.encoder import MaskedInput
 from bertknn.service.batching import MicroBatcher
 from bertknn.service.codec import QueryEncoding
+from bertknn.service.encoding import PendingEncoding
 from bertknn.service.metrics import Metrics
-from bertknn.service.pipeline import Answer, AnswerPipeline, ArticleHit, PendingEncoding, Query, Stage
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Answer, ArticleHit, Query, Stage
 from bertknn.service.retrieval.knn import ArticleSearch
 from bertknn.service.settings import BatchingSettings
 

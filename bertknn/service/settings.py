@@ -10,13 +10,12 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bertknn.core.encoder import BackendName
 from bertknn.service.interpolate import AdaptiveRule, Interpolation
-
-RetrieverName = Literal["bm25", "tfidf", "none"]
+from bertknn.service.results import RetrieverName
 
 
 class ModelSettings(BaseModel):
@@ -36,7 +35,9 @@ class ModelSettings(BaseModel):
 
 
 class CacheSettings(BaseModel):
-    redis_url: str | None = Field(None, description="redis:// or rediss:// URL; unset = in-process LRU cache")
+    redis_url: SecretStr | None = Field(
+        None, description="redis:// or rediss:// URL (its password is kept secret); unset = in-process LRU cache"
+    )
     key_prefix: str = Field("bertknn", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     ttl_s: int = Field(86400, ge=1)
     lru_size: int = Field(4096, ge=0)
@@ -95,8 +96,11 @@ class ServiceSettings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     verify_checksums: bool = Field(False, description="hash every shard file at start-up (slow on big datastores)")
-    shutdown_delay_s: float = Field(0.0, ge=0, le=60, description="after SIGTERM, report not-ready this long first")
-    admin_token: str | None = Field(None, description="bearer token for /admin endpoints; unset disables them")
+    graceful_shutdown_s: float = Field(
+        25.0, ge=0, le=3600, description="after SIGTERM, how long requests in flight may take to finish (uvicorn's "
+        "timeout_graceful_shutdown); keep it below Kubernetes' terminationGracePeriodSeconds less the preStop sleep"
+    )
+    admin_token: SecretStr | None = Field(None, description="bearer token for /admin endpoints; unset disables them")
     reload_poll_s: float = Field(
         0.0, ge=0, le=3600, description="check the datastore's manifest this often and serve a new version when one "
         "appears (0 = off; POST /admin/reload works either way)"

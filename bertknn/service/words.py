@@ -27,21 +27,29 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
+from bertknn.core.format import Datastore
 from bertknn.core.words import WordEntry as Word
 from bertknn.core.words import word_text
+from bertknn.service.answer import ContextReader, lambda_for
 from bertknn.service.cache import cache_key
 from bertknn.service.codec import QueryEncoding
+from bertknn.service.encoding import QueryEncoder
 from bertknn.service.interpolate import interpolate, knn_distribution, top_k
-from bertknn.service.pipeline import Context, Distributions, Prediction, Query, TokenProb
+from bertknn.service.results import (
+    ArticleHit,
+    Assembled,
+    Context,
+    Distributions,
+    Prediction,
+    Query,
+    TokenProb,
+)
 from bertknn.service.retrieval.knn import Neighbours
-
-if TYPE_CHECKING:
-    from bertknn.service.pipeline import AnswerPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +71,6 @@ class WordDistributions(Distributions):
         return None
 
 
-WordResult = tuple[list[Prediction], list[TokenProb], list[TokenProb], float, Distributions | None]
 
 
 def _pack(p: float) -> bytes:
@@ -81,10 +88,11 @@ def _unpack(raw: bytes) -> float | None:
 class WordAnswerer:
     """The whole-word counterpart of `AnswerPipeline.answer` (see the module docstring for the method)."""
 
-    def __init__(self, pipeline: AnswerPipeline):
-        self.pipeline = pipeline
-        self.encoder: MaskedLMEncoder = pipeline.encoder
-        self.datastore = pipeline.datastore
+    def __init__(self, encoder: MaskedLMEncoder, datastore: Datastore, queries: QueryEncoder, reader: ContextReader):
+        self.encoder = encoder
+        self.datastore = datastore
+        self.queries = queries  # its cache and key prefix hold the fill scores too
+        self.reader = reader
         self.mask_id = int(self.encoder.tokenizer.mask_token_id)
         # Runs a model call; the async server points it at its model thread (all torch calls from one thread).
         self.run_model: Callable[[Callable[[], Any]], Any] = lambda fn: fn()
@@ -123,8 +131,8 @@ class WordAnswerer:
     def fill_probs(self, text: str, words: Sequence[tuple[int, ...]]) -> np.ndarray:
         """Sequential-fill p_MLM of multi-piece words at the [MASK] of ``text`` (cached)."""
         inp = self.encoder.query_input(text)
-        cache = self.pipeline.cache
-        prefix, sha = self.pipeline.key_prefix, self.encoder.weights_sha256
+        cache = self.queries.cache
+        prefix, sha = self.queries.key_prefix, self.encoder.weights_sha256
         keys = [cache_key(prefix, "fill", sha, inp.input_ids, pieces) for pieces in words]
         out = np.zeros(len(words), dtype=np.float64)
         todo: list[int] = []
@@ -226,13 +234,13 @@ class WordAnswerer:
         return words, labels
 
     def answer(
-        self, query: Query, enc: QueryEncoding, nbrs: Neighbours, *, with_distributions: bool
-    ) -> WordResult:
+        self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *, with_distributions: bool
+    ) -> Assembled:
         token_p = enc.p_mlm()
         words, labels = self.candidates(query, enc, nbrs)
         p_mlm = self.mlm_probs(query, token_p, words).astype(np.float32)
         p_knn = knn_distribution(nbrs.distances, labels, len(words), query.temperature)
-        lam = self.pipeline.lambda_for(query, p_mlm, p_knn, nbrs)
+        lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []
         for c, prob in top_k(p, query.top_k):
@@ -247,7 +255,7 @@ class WordAnswerer:
         mlm = [TokenProb(words[c].text, pr) for c, pr in top_k(p_mlm, query.top_k)]
         knn = [TokenProb(words[c].text, pr) for c, pr in top_k(p_knn, query.top_k, nonzero=True)]
         dists = WordDistributions(p_mlm, p_knn, p, tuple(words), token_p) if with_distributions else None
-        return preds, mlm, knn, lam, dists
+        return Assembled(preds, mlm, knn, lam, dists, self.reader.articles_seen(query, nbrs, articles))
 
     def _contexts(self, nbrs: Neighbours, labels: np.ndarray, candidate: int, limit: int) -> list[Context]:
-        return self.pipeline.contexts(nbrs, np.flatnonzero(labels == candidate)[:limit].tolist())
+        return self.reader.contexts(nbrs, np.flatnonzero(labels == candidate)[:limit].tolist())

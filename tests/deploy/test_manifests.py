@@ -207,9 +207,9 @@ def test_settings_walker_sees_the_real_fields() -> None:
     for name in ("BERTKNN_DATASTORE", "BERTKNN_PORT", "BERTKNN_MODEL__DEVICE", "BERTKNN_CACHE__REDIS_URL",
                  "BERTKNN_BATCHING__MAX_WAIT_MS", "BERTKNN_DEFAULTS__LAMBDA", "BERTKNN_ADMIN_TOKEN"):
         assert name in SERVICE_ENV, name
-    for name in ("BERTKNN_BUILD_MODEL", "BERTKNN_BUILD_SHARD_INDEX", "BERTKNN_BUILD_BATCH_SIZE"):
+    for name in ("BERTKNN_BUILD__MODEL", "BERTKNN_BUILD__SHARD_INDEX", "BERTKNN_BUILD__BATCH_SIZE"):
         assert name in BUILD_ENV, name
-    assert "BERTKNN_MODEL_DEVICE" not in SERVICE_ENV and "BERTKNN_BUILD_SHARDS" not in BUILD_ENV
+    assert "BERTKNN_MODEL_DEVICE" not in SERVICE_ENV and "BERTKNN_BUILD__SHARDS" not in BUILD_ENV
 
 
 _COMPOSE_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
@@ -448,7 +448,7 @@ def test_found_the_commands_and_variables() -> None:
     merge = [inv for c in ALL_CONSUMERS for inv in c.invocations if inv.argv[:1] == ["merge"]]
     assert merge and merge[0].argv[-2:] == ["--out", "/data/datastore"], merge
     names = {n for c in ALL_CONSUMERS for n in c.env}
-    assert {"BERTKNN_CACHE__REDIS_URL", "BERTKNN_MODEL__DEVICE", "BERTKNN_BUILD_BATCH_SIZE"} <= names
+    assert {"BERTKNN_CACHE__REDIS_URL", "BERTKNN_MODEL__DEVICE", "BERTKNN_BUILD__BATCH_SIZE"} <= names
 
 
 @pytest.mark.parametrize("consumer", ALL_CONSUMERS, ids=lambda c: c.where)

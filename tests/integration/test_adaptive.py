@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 
 from bertknn.service.interpolate import AdaptiveRule, confidence
 from bertknn.service.main import create_app, open_pipeline
-from bertknn.service.pipeline import AnswerPipeline, Query
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Query
 from bertknn.service.settings import ServiceSettings
 
 KNN_TEXT = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}  # kNN knows the answer: quimby

@@ -15,7 +15,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from bench.common import service_process
+from tests.support.processes import service_process
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import service_process
 from bertknn.evaluation.__main__ import main
+from tests.support.processes import service_process
 
 RELATIONS = [
     {"relation": "P19", "template": "[X] was born in [Y] .", "label": "place of birth"},
@@ -248,7 +248,8 @@ def test_adaptive_rule_is_fitted_on_dev_and_reported_against_fixed_on_test(
     tiny_lama, tiny_datastore, tmp_path, capsys
 ):
     from bertknn.service.interpolate import AdaptiveRule
-    from bertknn.service.pipeline import AnswerPipeline, Query
+    from bertknn.service.pipeline import AnswerPipeline
+    from bertknn.service.results import Query
 
     root = _many_facts_lama(tiny_lama, tmp_path / "lama")
     out, rule_path, preds = tmp_path / "adaptive.json", tmp_path / "rule.json", tmp_path / "preds.jsonl"

@@ -11,10 +11,10 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from bench.common import service_process
 from bertknn.service.main import create_app
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import RedisServer
+from tests.support.processes import service_process
 
 Q = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}
 Q2 = {"text": "frelle dax was born in [MASK] .", "subject": "frelle dax"}
@@ -127,8 +127,10 @@ def test_corrupted_cache_values_are_detected_and_recomputed(tiny_datastore, refe
         server.stop()
 
 
-def test_sigterm_finishes_in_flight_requests_and_readiness_goes_false_first(tiny_datastore):
-    env = {"BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_SHUTDOWN_DELAY_S": "2"}
+def test_sigterm_finishes_in_flight_requests_then_exits(tiny_datastore):
+    """Stock uvicorn: SIGTERM stops new connections, lets the request in flight finish (graceful_shutdown_s), runs
+    the lifespan's shutdown and exits by the signal. (Kubernetes' preStop sleep covers the endpoint removal.)"""
+    env = {"BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_GRACEFUL_SHUTDOWN_S": "30"}
     with service_process(tiny_datastore, env=env) as svc:
         url, proc = svc.url, svc.proc
         results: list[int] = []
@@ -141,9 +143,8 @@ def test_sigterm_finishes_in_flight_requests_and_readiness_goes_false_first(tiny
         t.start()
         time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        assert httpx.get(f"{url}/readyz", timeout=5).status_code == 503  # not ready while draining
-        assert httpx.post(f"{url}/predict", json=Q, timeout=30).status_code == 200  # still answering
         t.join(60)
-        assert results == [200]
-        assert proc.wait(30) == 0
+        assert results == [200]  # the request in flight was answered
+        assert proc.wait(30) in (0, -signal.SIGTERM)  # a clean exit, or the signal re-raised after the drain
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/readyz", timeout=5)

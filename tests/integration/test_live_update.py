@@ -34,7 +34,8 @@ from bertknn.core.format import (
     write_manifest,
 )
 from bertknn.service.main import create_app
-from bertknn.service.pipeline import AnswerPipeline, Query
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Query
 from bertknn.service.retrieval.global_knn import IvfPqKnn
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import REPO, TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl

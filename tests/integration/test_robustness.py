@@ -43,8 +43,9 @@ from bertknn.core.format import (
     validate_datastore,
 )
 from bertknn.core.format.sparse import BM25_META
+from bertknn.service.jvm import reduce_jvm_signals
 from bertknn.service.main import create_app
-from bertknn.service.pipeline import AnswerPipeline, reduce_jvm_signals
+from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import REPO, corpus_words, make_tiny_bert, write_jsonl
 

@@ -190,7 +190,8 @@ def test_the_subject_rule_wins_over_the_ranker(
     datastore: Datastore, bm25: Bm25Retriever, tiny_model_dir: Path
 ) -> None:
     from bertknn.core.encoder import MaskedLMEncoder
-    from bertknn.service.pipeline import AnswerPipeline, Query
+    from bertknn.service.pipeline import AnswerPipeline
+    from bertknn.service.results import Query
 
     text = "Zorblat was born in [MASK] ."
     assert bm25.top_articles(text, 1)[0][0] == "Zorblat"

@@ -21,7 +21,8 @@ from bertknn.core.errors import BuildError, MergeError
 from bertknn.core.format import WORDS, Datastore, read_manifest, validate_datastore
 from bertknn.evaluation.__main__ import main as evaluation_main
 from bertknn.service.main import create_app
-from bertknn.service.pipeline import AnswerPipeline, Query
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Query
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from bertknn.core.errors import AdaptiveRuleError
 from bertknn.evaluation.adaptive import AdaptiveSpace, fit_rule, hits_for_lambdas, score_query
-from bertknn.evaluation.runner import gold_rank
+from bertknn.evaluation.base import gold_rank
 from bertknn.service.interpolate import AdaptiveRule, adaptive_lambda, confidence, interpolate, knn_skipped
 from bertknn.service.settings import ServiceSettings
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from bertknn.evaluation.base import gold_rank
 from bertknn.evaluation.metrics import (
     COLUMNS,
     QueryResult,
@@ -18,7 +19,6 @@ from bertknn.evaluation.metrics import (
     score_relations,
     summarize,
 )
-from bertknn.evaluation.runner import gold_rank
 
 
 def _r(rel: str, ds: str, mlm: int | None, knn: int | None = None, both: int | None = None) -> QueryResult:

@@ -9,7 +9,6 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from bertknn.core.encoder import ContextTokenizer
-from bertknn.core.errors import QueryError
 from bertknn.service.api.schemas import PredictRequest
 from tests.conftest import SHARED_DATA
 

@@ -56,7 +56,7 @@ def test_default_threads_leave_a_core(monkeypatch):
 def test_jvm_options_apply_only_before_the_jvm_starts(monkeypatch):
     import jnius_config  # pyjnius is a dependency (Lucene runs through it)
 
-    from bertknn.service.pipeline import configure_jvm
+    from bertknn.service.jvm import configure_jvm
 
     added: list[str] = []
     monkeypatch.setattr(jnius_config, "get_options", lambda: ["-Xrs"])

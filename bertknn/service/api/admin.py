@@ -5,23 +5,26 @@ from __future__ import annotations
 import hmac
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from bertknn.core.errors import AdminDisabled, Forbidden, NotReady, Unauthorized
 from bertknn.service.api.deps import ResourcesDep
-from bertknn.service.api.errors import AdminDisabled, Forbidden, NotReady, Unauthorized
 from bertknn.service.api.schemas import DatastoreIdentity, ErrorBody, ReloadResponse
 
+# auto_error=False: a missing or malformed header reaches require_admin, which answers in the one error shape
+_bearer = HTTPBearer(auto_error=False, description="the server's BERTKNN_ADMIN_TOKEN")
 
-def require_admin(resources: ResourcesDep, authorization: Annotated[str | None, Header()] = None) -> None:
+
+async def require_admin(
+    resources: ResourcesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
     token = resources.settings.admin_token
-    if not token:
+    if token is None or not token.get_secret_value():
         raise AdminDisabled("admin endpoints are disabled on this server; set BERTKNN_ADMIN_TOKEN to enable them")
-    if not authorization:
+    if credentials is None or not credentials.credentials.strip():
         raise Unauthorized("missing credentials: send the header 'Authorization: Bearer <BERTKNN_ADMIN_TOKEN>'")
-    scheme, _, given = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
-        raise Unauthorized("the Authorization header must read 'Bearer <token>'")
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+    if not hmac.compare_digest(credentials.credentials.strip().encode(), token.get_secret_value().encode()):
         raise Forbidden("wrong admin token")
 
 

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from bertknn.service.api.errors import NotReady
-from bertknn.service.metrics import Metrics
-from bertknn.service.pipeline import AnswerPipeline
-from bertknn.service.reload import DatastoreReloader
+from bertknn.core.errors import NotReady
+from bertknn.service.resources import Resources
 from bertknn.service.serving import AsyncAnswerer
-from bertknn.service.settings import ServiceSettings
-
-
-@dataclass
-class Resources:
-    settings: ServiceSettings
-    metrics: Metrics = field(default_factory=Metrics)
-    pipeline: AnswerPipeline | None = None
-    answerer: AsyncAnswerer | None = None
-    reloader: DatastoreReloader | None = None
-    ready: bool = False
-    draining: bool = False
-    error: str = ""
 
 
 # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request for nothing

@@ -10,59 +10,50 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bertknn.core.errors import QueryError, ReloadError, RetrieverUnavailable
+from bertknn.core.errors import (
+    AdaptiveRuleError,
+    AdminDisabled,
+    BertKnnError,
+    DatastoreError,
+    Forbidden,
+    InvalidRequest,
+    ModelLoadError,
+    NotReady,
+    Overloaded,
+    QueryError,
+    ReloadError,
+    RetrieverUnavailable,
+    Unauthorized,
+)
 
 logger = logging.getLogger(__name__)
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
+INTERNAL_MESSAGE = "internal error; the request id identifies it in the server log"
 
-
-class ServiceError(Exception):
-    status = 500
-    code = "internal"
-
-
-class BadRequest(ServiceError):
-    status = 422
-    code = "invalid_request"
-
-
-class NotReady(ServiceError):
-    status = 503
-    code = "not_ready"
-
-
-class Overloaded(ServiceError):
-    status = 503
-    code = "overloaded"
-    retry_after_s = 1
-
-
-class PayloadTooLarge(ServiceError):
-    status = 413
-    code = "payload_too_large"
-
-
-class Unauthorized(ServiceError):
-    status = 401
-    code = "unauthorized"
-
-
-class Forbidden(ServiceError):
-    status = 403
-    code = "forbidden"
-
-
-class AdminDisabled(ServiceError):
-    status = 403
-    code = "admin_disabled"
-
-
-# exception type -> (HTTP status, error code)
-ERROR_TABLE: dict[type[Exception], tuple[int, str]] = {
+# the one table: error class -> (HTTP status, error code). A subclass not listed takes its nearest listed base.
+ERROR_TABLE: dict[type[BertKnnError], tuple[int, str]] = {
     QueryError: (422, "invalid_query"),
+    InvalidRequest: (422, "invalid_request"),
+    AdaptiveRuleError: (422, "invalid_request"),
     RetrieverUnavailable: (422, "retriever_unavailable"),
+    Unauthorized: (401, "unauthorized"),
+    AdminDisabled: (403, "admin_disabled"),
+    Forbidden: (403, "forbidden"),
     ReloadError: (409, "reload_failed"),
+    NotReady: (503, "not_ready"),
+    Overloaded: (503, "overloaded"),
+    DatastoreError: (503, "datastore_unavailable"),
+    ModelLoadError: (503, "model_unavailable"),
+    BertKnnError: (500, "internal"),
 }
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+
+
+def status_and_code(exc: BertKnnError) -> tuple[int, str]:
+    for cls in type(exc).__mro__:
+        if cls in ERROR_TABLE:
+            return ERROR_TABLE[cls]
+    return 500, "internal"
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -74,6 +65,11 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     )
 
 
+def internal_error_response() -> JSONResponse:
+    """The catch-all: the traceback goes to the log (by the caller), the client gets a fixed message."""
+    return error_response(500, "internal", INTERNAL_MESSAGE)
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -83,12 +79,18 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
-        if isinstance(exc, Unauthorized):
+    @app.exception_handler(BertKnnError)
+    async def _domain(_: Request, exc: BertKnnError) -> JSONResponse:
+        status, code = status_and_code(exc)
+        if status >= 500 and code == "internal":
+            logger.error("unexpected domain error (request %s)", request_id_var.get(), exc_info=exc)
+            return internal_error_response()
+        headers = None
+        if isinstance(exc, Overloaded):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        elif isinstance(exc, Unauthorized):
             headers = {"WWW-Authenticate": 'Bearer realm="bertknn-admin"'}
-        return error_response(exc.status, exc.code, str(exc) or exc.code, headers)
+        return error_response(status, code, str(exc) or code, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -96,17 +98,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail))
-
-    for exc_type, (status, code) in ERROR_TABLE.items():
-
-        async def _mapped(_: Request, exc: Exception, status: int = status, code: str = code) -> JSONResponse:
-            return error_response(status, code, str(exc))
-
-        app.add_exception_handler(exc_type, _mapped)  # type: ignore[arg-type]
+        return error_response(
+            exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail), dict(exc.headers or {})
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error (request %s)", request_id_var.get())
-        return error_response(500, "internal", "internal error; the request id identifies it in the server log")
+        return internal_error_response()

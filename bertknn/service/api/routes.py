@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
-from fastapi import APIRouter, Request, Response
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
-from pydantic_core import to_json
 
-from bertknn.core.errors import Overloaded
+from bertknn.core.errors import InvalidRequest, QueryError
 from bertknn.service.api.deps import AnswererDep, ResourcesDep
-from bertknn.service.api.errors import BadRequest
 from bertknn.service.api.schemas import (
     BatchRequest,
     BatchResponse,
@@ -24,11 +20,10 @@ from bertknn.service.api.schemas import (
     PredictResponse,
     ReadyResponse,
 )
-from bertknn.service.pipeline import Answer, Query
+from bertknn.service.results import Answer, Query
 from bertknn.service.settings import ServiceSettings
 
 router = APIRouter()
-M = TypeVar("M", bound=BaseModel)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "body too large"},
     422: {"model": ErrorBody, "description": "invalid request or query (the message says what to fix)"},
@@ -39,7 +34,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
     d, lim = settings.defaults, settings.limits
     if req.interpolation == "adaptive" and req.lambda_ is not None:
-        raise BadRequest("lambda: a fixed kNN weight does not apply to interpolation 'adaptive'; drop one of them")
+        raise InvalidRequest("lambda: a fixed kNN weight does not apply to interpolation 'adaptive'; drop one of them")
     # a request that names its lambda wants it, whatever the server's default mode
     interpolation = req.interpolation or ("fixed" if req.lambda_ is not None else d.interpolation)
     q = Query(
@@ -64,7 +59,7 @@ def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
     ]
     for name, value, limit, unit in checks:
         if value > limit:
-            raise BadRequest(f"{name}: {value} {unit} exceeds this server's limit of {limit}".replace("  ", " "))
+            raise InvalidRequest(f"{name}: {value} {unit} exceeds this server's limit of {limit}".replace("  ", " "))
     return q
 
 
@@ -97,86 +92,35 @@ def response_fields(answer: Answer, identity: dict) -> dict[str, Any]:
 
 
 def to_response(answer: Answer, identity: dict) -> PredictResponse:
-    """The validated response model of an answer (the routes write `response_json` instead; the tests compare both)."""
+    """The response model of an answer."""
     return PredictResponse.model_validate(response_fields(answer, identity), from_attributes=True)
 
 
-def response_json(fields: Any) -> Response:
-    """JSON written by pydantic-core straight from `response_fields` (one answer, or a batch's list of them).
-
-    No validation pass: validating into `PredictResponse` and dumping that cost 0.35 ms per answer in the service
-    (`python -m bench.stages`), a tenth of what a query costs besides its forward pass. The tests check that both
-    ways give the same JSON and that it validates against the response schema.
-    """
-    return Response(to_json(fields), media_type="application/json")
-
-
-async def json_body(request: Request, model: type[M]) -> M:
-    """The request body as ``model``: JSON parsed and validated in one pydantic-core call.
-
-    What FastAPI's body parameter does (a JSON content type is required; every failure is a 422 naming the field),
-    without its generic body and dependency machinery, which cost 0.1-0.2 ms per request on this hot route.
-    """
-    raw = await request.body()
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if not raw:
-        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
-    if not (media == "application/json" or (media.startswith("application/") and media.endswith("+json"))):
-        raise RequestValidationError(
-            [{"type": "content_type", "loc": ("body",), "msg": f"send JSON with Content-Type: application/json "
-              f"(got {media or 'no content type'})", "input": None}]
-        )  # fmt: skip
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise RequestValidationError(
-            [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False, include_context=False)]
-        ) from None
-
-
-def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI ``requestBody`` of a route that reads its body with `json_body`."""
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-@router.post(
-    "/predict",
-    response_model=PredictResponse,
-    responses=_ERRORS,
-    summary="Answer one cloze question",
-    openapi_extra=_body_schema(PredictRequest),
-)
-async def predict(request: Request, answerer: AnswererDep, resources: ResourcesDep) -> Response:
-    query = to_query(await json_body(request, PredictRequest), resources.settings)
+@router.post("/predict", response_model=PredictResponse, responses=_ERRORS, summary="Answer one cloze question")
+async def predict(body: PredictRequest, answerer: AnswererDep, resources: ResourcesDep) -> PredictResponse:
+    query = to_query(body, resources.settings)
     with answerer.lease() as pipe:  # one datastore version for the whole request, even across a live reload
-        try:
-            answer = await answerer.answer(query, pipeline=pipe)
-        except Overloaded as exc:
-            raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
-        return response_json(response_fields(answer, pipe.identity()))
+        answer = await answerer.answer(query, pipeline=pipe)
+        return to_response(answer, pipe.identity())
 
 
 @router.post("/predict/batch", response_model=BatchResponse, responses=_ERRORS, summary="Answer several questions")
-async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: ResourcesDep) -> Response:
+async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: ResourcesDep) -> BatchResponse:
     limit = resources.settings.limits.max_batch_queries
     if len(body.queries) > limit:
-        raise BadRequest(f"queries: {len(body.queries)} exceeds this server's limit of {limit} per batch")
+        raise InvalidRequest(f"queries: {len(body.queries)} exceeds this server's limit of {limit} per batch")
     queries, inputs = [], []
     with answerer.lease() as pipe:  # every query of the batch from the same datastore version
         for i, req in enumerate(body.queries):
             try:
                 q = to_query(req, resources.settings)
                 inputs.append(pipe.check_query(q))
-            except (BadRequest, ValueError) as exc:
-                raise BadRequest(f"queries.{i}: {exc}") from exc
+            except (InvalidRequest, QueryError) as exc:
+                raise type(exc)(f"queries.{i}: {exc}") from exc
             queries.append(q)
-        try:
-            answers = await answerer.answer_many(queries, inputs, pipeline=pipe)
-        except Overloaded as exc:
-            raise Overloaded(f"server busy: {exc}; retry after the Retry-After delay") from exc
+        answers = await answerer.answer_many(queries, inputs, pipeline=pipe)
         identity = pipe.identity()
-        return response_json({"results": [response_fields(a, identity) for a in answers]})
+        return BatchResponse(results=[to_response(a, identity) for a in answers])
 
 
 @router.get("/healthz", response_model=HealthResponse, summary="Liveness: the process answers")

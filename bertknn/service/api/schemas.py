@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-RetrieverName = Literal["bm25", "tfidf", "none"]
+from bertknn.service.results import RetrieverName
 
 _EXAMPLE: Any = {"text": "albert einstein was born in [MASK] .", "subject": "Albert Einstein", "top_k": 5}
 
@@ -16,14 +16,14 @@ class PredictRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, json_schema_extra={"examples": [_EXAMPLE]})
 
-    text: str = Field(..., min_length=1, max_length=2000, description="cloze question with exactly one [MASK]")
+    text: str = Field(..., min_length=1, description="cloze question with exactly one [MASK] (length limit: the server's limits.max_text_chars)")
     subject: str | None = Field(
         None, min_length=1, max_length=300, description="the entity asked about; its own article is searched (alone) when it has one"
     )
-    top_k: int | None = Field(None, ge=1, le=100, description="answers returned (default 10)")
+    top_k: int | None = Field(None, ge=1, description="answers returned (default: the server's, 10; at most limits.max_top_k)")
     retriever: RetrieverName | None = Field(None, description="article ranker (default bm25); none = whole datastore")
-    num_articles: int | None = Field(None, ge=1, le=50, description="N articles searched (default 3)")
-    k: int | None = Field(None, ge=1, le=2048, description="neighbours (default 128)")
+    num_articles: int | None = Field(None, ge=1, description="N articles searched (default 3; at most limits.max_num_articles)")
+    k: int | None = Field(None, ge=1, description="neighbours (default 128; at most limits.max_k)")
     temperature: float | None = Field(None, gt=0, le=1000, description="l in softmax(-d/l) (default 6)")
     lambda_: float | None = Field(None, ge=0, le=1, alias="lambda", description="kNN weight (default 0.3)")
     interpolation: Literal["fixed", "adaptive"] | None = Field(

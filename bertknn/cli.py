@@ -1,0 +1,62 @@
+"""``bert-knn``: one command for everything: build, serve, evaluate, ask.
+
+Each subcommand is the module a ``python -m`` entry point also runs; ``bert-knn SUB --help`` lists its flags.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+USAGE = """usage: bert-knn COMMAND [FLAGS...]
+
+commands:
+  build      build (or resume) a datastore from corpus files (JSONL, MediaWiki XML dumps)
+  add        embed new or changed articles into a datastore (live update)
+  validate   check a datastore and name the first problem
+  merge      join the slices of a sliced build into one datastore
+  ivfpq      add the whole-datastore IVF-PQ index (the no-retrieval ablation)
+  serve      serve POST /predict over HTTP
+  eval       run the LAMA probe (in process, or against a running service)
+  predict    ask a running service one question
+
+`bert-knn COMMAND --help` lists a command's flags; docs/configuration.md lists every setting."""
+
+_BUILDER = ("build", "add", "validate", "merge", "ivfpq")
+
+
+def _runner(command: str) -> Callable[[list[str]], int]:
+    if command in _BUILDER:
+        from bertknn.builder.__main__ import main as builder
+
+        return lambda argv: builder([command, *argv], prog="bert-knn")
+    if command == "serve":
+        from bertknn.service.__main__ import main as serve
+
+        return lambda argv: serve(argv, prog="bert-knn serve")
+    if command == "eval":
+        from bertknn.evaluation.__main__ import main as evaluate
+
+        return lambda argv: evaluate(argv)
+    if command == "predict":
+        from bertknn.service.client import main as predict
+
+        return lambda argv: predict(argv)
+    raise KeyError(command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if args else 2
+    try:
+        run = _runner(args[0])
+    except KeyError:
+        print(f"bert-knn: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    return run(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

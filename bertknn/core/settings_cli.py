@@ -1,0 +1,160 @@
+"""Command-line flags generated from pydantic-settings classes, so that flags and settings never drift apart.
+
+Every field becomes ``--group-field`` (nested groups joined by ``-``); a flag given on the command line overrides
+the environment, which overrides the default. The same walk over the fields writes docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, SecretStr
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+_SEP = "__"
+
+
+@dataclass(frozen=True)
+class SettingField:
+    """One leaf setting: its path through the nested groups and what the flag needs."""
+
+    path: tuple[str, ...]  # keys as the settings class takes them (aliases where a field has one)
+    annotation: Any
+    info: FieldInfo
+
+    @property
+    def flag(self) -> str:
+        return "--" + "-".join(self.path).replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return _SEP.join(self.path)
+
+    @property
+    def env_suffix(self) -> str:
+        return _SEP.join(p.upper() for p in self.path)
+
+    @property
+    def default(self) -> Any:
+        if self.info.default_factory is not None:
+            return self.info.default_factory()  # type: ignore[call-arg]
+        return None if self.info.default is PydanticUndefined else self.info.default
+
+    @property
+    def required(self) -> bool:
+        return self.info.is_required()
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _strip_annotated(annotation: Any) -> Any:
+    while hasattr(annotation, "__metadata__"):
+        annotation = get_args(annotation)[0]
+    return annotation
+
+
+def iter_fields(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[SettingField]:
+    """The leaf settings of ``model``, nested groups (BaseModel fields) walked in declaration order."""
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        annotation = _unwrap_optional(_strip_annotated(info.annotation))
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and not _is_leaf_model(annotation):
+            yield from iter_fields(annotation, (*prefix, key))
+        else:
+            yield SettingField((*prefix, key), annotation, info)
+
+
+def _is_leaf_model(model: type[BaseModel]) -> bool:
+    """A model given as one value (a file path or JSON), not as a group of flags."""
+    return bool(getattr(model, "__settings_leaf__", False))
+
+
+def _flag_options(field: SettingField) -> dict[str, Any]:
+    ann = field.annotation
+    help_text = field.info.description or ""
+    opts: dict[str, Any] = {"dest": field.dest, "default": argparse.SUPPRESS}
+    if get_origin(ann) is Literal:
+        choices = list(get_args(ann))
+        opts.update(choices=choices, type=type(choices[0]))
+    elif ann is bool:
+        opts["action"] = argparse.BooleanOptionalAction
+    elif get_origin(ann) is list:
+        (item,) = get_args(ann) or (str,)
+        opts.update(action="append", type=item if item in (int, float, str, Path) else str)
+        help_text += " (repeatable)"
+    elif ann in (int, float, str, Path):
+        opts["type"] = ann
+    elif ann is SecretStr:
+        opts["type"] = str
+    else:
+        opts["type"] = str
+        help_text += " (a file path or a JSON object)"
+    default = field.default
+    if default not in (None, "", [], ()) and not isinstance(default, BaseModel):
+        help_text += f" [default: {default}]"
+    opts["help"] = help_text.strip() or None
+    return opts
+
+
+def add_settings_flags(
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel],
+    *,
+    aliases: Mapping[str, Sequence[str]] | None = None,
+    skip: Sequence[str] = (),
+) -> None:
+    """One flag per leaf setting of ``model``; ``aliases`` maps a dotted path (``model.name``) to extra flag
+    names kept for existing scripts (``--model``); paths in ``skip`` get no flag."""
+    aliases = aliases or {}
+    for field in iter_fields(model):
+        dotted = ".".join(field.path)
+        if dotted in skip:
+            continue
+        names = [*aliases.get(dotted, ()), field.flag]
+        parser.add_argument(*dict.fromkeys(names), **_flag_options(field))
+
+
+def settings_overrides(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
+    """The flags that were given, as the nested keyword arguments ``model(**overrides)`` takes."""
+    out: dict[str, Any] = {}
+    given = vars(args)
+    for field in iter_fields(model):
+        if field.dest not in given:
+            continue
+        node = out
+        for key in field.path[:-1]:
+            node = node.setdefault(key, {})
+        node[field.path[-1]] = given[field.dest]
+    return out
+
+
+def flag_for(loc: Sequence[object]) -> str:
+    """The flag that sets a validation error's location (``("cache", "ttl_s")`` -> ``--cache-ttl-s``)."""
+    parts = [str(x) for x in loc if not isinstance(x, int)]
+    return "--" + "-".join(parts).replace("_", "-") if parts else "settings"
+
+
+def adopt_legacy_env(old_prefix: str, new_prefix: str, environ: dict[str, str] | None = None) -> list[str]:
+    """Copy variables spelled the old way (``BERTKNN_BUILD_BATCH_SIZE``) to the one scheme
+    (``BERTKNN_BUILD__BATCH_SIZE``) when the new name is unset; returns the old names found, for a warning."""
+    import os
+
+    env = os.environ if environ is None else environ
+    found = []
+    for name in list(env):
+        if name.startswith(old_prefix) and not name.startswith(new_prefix):
+            found.append(name)
+            env.setdefault(new_prefix + name[len(old_prefix) :], env[name])
+    return found

@@ -1,0 +1,143 @@
+"""Answer assembly: p_kNN from the neighbours, mixed with p_MLM, the top answers and their supporting contexts."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from bertknn.core.format import Datastore
+from bertknn.service.codec import PMlmAt, QueryEncoding
+from bertknn.service.interpolate import (
+    AdaptiveRule,
+    adaptive_lambda,
+    interpolate,
+    interpolated_top_k,
+    knn_sparse,
+    top_k,
+    top_k_among,
+)
+from bertknn.service.results import (
+    ArticleHit,
+    Assembled,
+    Context,
+    Distributions,
+    Prediction,
+    Query,
+    TokenProb,
+)
+from bertknn.service.retrieval.knn import Neighbours
+
+DEFAULT_RULE = AdaptiveRule()
+
+
+class Answerer(Protocol):
+    """Turns a query's encoding and neighbours into its answers (tokens, or whole words)."""
+
+    def answer(
+        self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *, with_distributions: bool
+    ) -> Assembled: ...
+
+
+class ContextReader:
+    """The stored sentences of neighbours, the word in ``**bold**``; and the articles the neighbours came from."""
+
+    def __init__(self, datastore: Datastore):
+        self.datastore = datastore
+
+    def contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
+        """The stored sentences of the neighbours at these ranks (0-based), the word in ``**bold**``."""
+        out = []
+        refs = self.datastore.contexts([int(nbrs.rows[r]) for r in ranks])
+        for rank, ref in zip(ranks, refs, strict=True):
+            a, b = ref.span
+            marked = f"{ref.sentence[:a]}**{ref.sentence[a:b]}**{ref.sentence[b:]}"
+            out.append(Context(ref.article, marked, float(nbrs.distances[rank]), int(rank) + 1))
+        return out
+
+
+    def articles_seen(self, query: Query, nbrs: Neighbours, articles: list[ArticleHit]) -> list[ArticleHit]:
+        """Without retrieval, the articles the neighbours came from (by count); else the retrieved ones."""
+        if query.retriever != "none" or not len(nbrs):
+            return articles
+        counts: dict[str, int] = {}
+        for ref in self.datastore.contexts(nbrs.rows[: query.k].tolist()):
+            counts[ref.article] = counts.get(ref.article, 0) + 1
+        return [ArticleHit(t, float(c), "none") for t, c in sorted(counts.items(), key=lambda x: -x[1])]
+
+
+
+def lambda_for(query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray | None, nbrs: Neighbours) -> float:
+    """The kNN weight of this query: fixed, or the adaptive rule's; 0 when no neighbour was found.
+
+    ``p_mlm``, ``p_knn``: the dense distributions, which only the adaptive rule reads (None is fine in fixed mode).
+    """
+    if not len(nbrs):
+        return 0.0
+    if query.interpolation == "adaptive":
+        if p_mlm is None or p_knn is None:
+            raise ValueError("the adaptive rule needs the dense p_MLM and p_kNN")
+        return adaptive_lambda(query.rule or DEFAULT_RULE, p_mlm, p_knn)
+    return query.lambda_
+
+
+class TokenAnswerer:
+    """Answers over the vocabulary's tokens (single-piece datastores): the paper's interpolation."""
+
+    def __init__(self, vocab: list[str], contexts: ContextReader):
+        self.vocab = vocab
+        self.vocab_size = len(vocab)
+        self.reader = contexts
+
+    def answer(
+        self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *, with_distributions: bool
+    ) -> Assembled:
+        knn_ids, knn_probs = knn_sparse(nbrs.distances, nbrs.labels, query.temperature)
+
+        def dense_knn() -> np.ndarray:
+            p = np.zeros(self.vocab_size, dtype=np.float32)
+            p[knn_ids] = knn_probs
+            return p
+
+        # The dense p_MLM and p_kNN (vocabulary-sized arrays) only where a whole distribution is read: the
+        # adaptive rule, the returned distributions, the dense ranking below. Otherwise both are read at a few ids.
+        dense = enc.p_mlm() if with_distributions or query.interpolation == "adaptive" else None
+        p_knn = dense_knn() if dense is not None else None
+        lam = lambda_for(query, dense, p_knn, nbrs)
+        p_mlm: np.ndarray | PMlmAt = dense if dense is not None else enc.p_mlm_at()
+        # Rank the stored p_MLM entries and the neighbours' words only: every other id shares one p_MLM value
+        # and has no kNN mass. The dense path runs when that value could reach the top k, or for evaluation.
+        fast = None
+        if not with_distributions:
+            fast = interpolated_top_k(p_mlm, enc.top_ids, knn_ids, knn_probs, lam, query.top_k, mlm_rest=enc.rest_p_mlm())
+        if fast is None:
+            p_mlm = enc.p_mlm()
+            p_knn = dense_knn() if p_knn is None else p_knn
+            p = interpolate(p_knn, p_mlm, lam)
+            best, mlm_top = top_k(p, query.top_k), top_k(p_mlm, query.top_k)
+        else:
+            (best, mlm_top), p = fast, None
+        preds = []
+        ranks = _ranks_by_label(nbrs.labels, {t for t, _ in best}, query.contexts_per_answer) if query.return_contexts else {}
+        best_p_mlm = p_mlm[np.array([t for t, _ in best], dtype=np.int64)].tolist()
+        shown = iter(self.reader.contexts(nbrs, [r for t, _ in best for r in ranks.get(t, [])]))  # one read for all
+        knn_at = dict(zip(knn_ids.tolist(), knn_probs.tolist(), strict=True))  # float32 values, as in p_kNN
+        for (token_id, prob), pm in zip(best, best_p_mlm, strict=True):
+            contexts = [next(shown) for _ in ranks.get(token_id, [])]
+            preds.append(Prediction(self.vocab[token_id], token_id, prob, pm, knn_at.get(token_id, 0.0), contexts))
+        mlm = [TokenProb(self.vocab[i], pr) for i, pr in mlm_top]
+        knn = [TokenProb(self.vocab[i], pr) for i, pr in top_k_among(knn_ids, knn_probs, query.top_k, None) or []]
+        dists = Distributions(enc.p_mlm(), p_knn, p) if with_distributions and p is not None and p_knn is not None else None
+        return Assembled(preds, mlm, knn, lam, dists, self.reader.articles_seen(query, nbrs, articles))
+
+
+def _ranks_by_label(labels: np.ndarray, wanted: set[int], limit: int) -> dict[int, list[int]]:
+    """For each wanted label, the ranks (0-based, nearest first) of its first ``limit`` neighbours: one pass over
+    the neighbours for all answers (instead of one comparison of every neighbour per answer)."""
+    out: dict[int, list[int]] = {}
+    for rank, label in enumerate(labels.tolist()):
+        if label in wanted:
+            ranks = out.setdefault(label, [])
+            if len(ranks) < limit:
+                ranks.append(rank)
+    return out

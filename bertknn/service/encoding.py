@@ -1,0 +1,129 @@
+"""The cached forward pass: a query's embedding and p_MLM head, from the cache or one batched forward pass."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+
+from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
+from bertknn.core.errors import CorruptCacheValue
+from bertknn.core.topk import top_set
+from bertknn.service.cache import Cache, cache_key, count_corrupt, count_hits
+from bertknn.service.codec import QueryEncoding
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PendingEncoding:
+    """A query's forward-pass output before its p_MLM head is kept: `AnswerPipeline.complete` makes the
+    `QueryEncoding`. (The service selects the head off the model's thread when the model has other work.)"""
+
+    key: str  # the encoding's cache key
+    embedding: np.ndarray  # float32 [hidden]
+    log_probs: np.ndarray  # float32 [vocab], log p_MLM at the mask
+
+
+class QueryEncoder:
+    """Embeddings and p_MLM heads of queries: cache first, one batched forward pass for the misses."""
+
+    def __init__(self, encoder: MaskedLMEncoder, cache: Cache, *, key_prefix: str, mlm_top_entries: int):
+        self.encoder = encoder
+        self.cache = cache
+        self.key_prefix = key_prefix
+        self.mlm_top_entries = mlm_top_entries
+
+    def _enc_key(self, inp: MaskedInput) -> str:
+        return cache_key(self.key_prefix, "enc", self.encoder.weights_sha256, self.encoder.layer, inp.input_ids)
+
+    def _decode(self, raw: bytes | None) -> QueryEncoding | None:
+        if raw is None:
+            return None
+        try:
+            return QueryEncoding.from_bytes(raw, hidden=self.encoder.hidden_size, vocab_size=self.encoder.vocab_size)
+        except CorruptCacheValue as exc:
+            count_corrupt(self.cache)
+            logger.warning("corrupt cache value ignored (%s)", exc)
+            return None
+
+    def local_encoding(self, inp: MaskedInput) -> QueryEncoding | None:
+        """The cached encoding of ``inp`` when the cache lives in this process (a dictionary look-up, safe on
+        the event loop); None on a miss, or when the cache is remote (Redis: looked up with the batch instead)."""
+        if not self.cache.in_process:
+            return None
+        enc = self._decode(self.cache.get_many([self._enc_key(inp)])[0])
+        if enc is not None:
+            count_hits(self.cache, 1, 0)
+        return enc
+
+    def encode(
+        self, inputs: Sequence[MaskedInput], *, defer_store: list[Callable[[], None]] | None = None
+    ) -> tuple[list[QueryEncoding], list[bool]]:
+        """Embeddings and p_MLM heads for a batch: cache first, one batched forward pass for the misses.
+
+        ``defer_store``: with a remote cache (Redis), instead of writing the new encodings before returning,
+        append the write to this list: the service runs it after the answers went out, so the network round
+        trip is off the requests' path. (An in-process cache is written at once: it costs microseconds.)
+        """
+        out, hits = self.forward(inputs, defer_store=defer_store)
+        return cast(list[QueryEncoding], out), hits
+
+    def forward(
+        self,
+        inputs: Sequence[MaskedInput],
+        *,
+        defer_store: list[Callable[[], None]] | None = None,
+        select_heads: bool = True,
+    ) -> tuple[list[QueryEncoding | PendingEncoding], list[bool]]:
+        """`encode`; with ``select_heads=False`` the misses come back as `PendingEncoding`s, whose p_MLM heads
+        `complete` selects later, on another thread (the model's thread is then free for the next batch)."""
+        keys = [self._enc_key(x) for x in inputs]
+        out: list[QueryEncoding | PendingEncoding | None] = [self._decode(raw) for raw in self.cache.get_many(keys)]
+        hits = [enc is not None for enc in out]
+        todo = [i for i, enc in enumerate(out) if enc is None]
+        if todo:
+            result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True)
+            assert result.mlm_log_probs is not None
+            rows = result.mlm_log_probs.numpy()
+            pending = [PendingEncoding(keys[i], result.embeddings[j], rows[j]) for j, i in enumerate(todo)]
+            # with select_heads, the heads are kept here, on the calling (model) thread
+            fresh: Sequence[QueryEncoding | PendingEncoding] = (
+                self._complete_all(pending, defer_store) if select_heads else pending
+            )
+            for i, enc in zip(todo, fresh, strict=True):
+                out[i] = enc
+        count_hits(self.cache, sum(hits), len(hits) - sum(hits))
+        return [e for e in out if e is not None], hits
+
+    def complete(
+        self, pending: PendingEncoding, *, defer_store: list[Callable[[], None]] | None = None
+    ) -> QueryEncoding:
+        """The `QueryEncoding` of a `forward(..., select_heads=False)` miss: the same one `encode` makes, and
+        into the cache it goes (``defer_store`` as in `encode`)."""
+        return self._complete_all([pending], defer_store)[0]
+
+    def _complete_all(
+        self, pending: Sequence[PendingEncoding], defer_store: list[Callable[[], None]] | None
+    ) -> list[QueryEncoding]:
+        """Keep each row's `mlm_top_entries` most probable entries (`top_set`); one cache write for all."""
+        encs = []
+        for p in pending:
+            values, ids = top_set(p.log_probs, self.mlm_top_entries)
+            encs.append(QueryEncoding.from_top(p.embedding, values, ids, self.encoder.vocab_size))
+        self._store({p.key: enc for p, enc in zip(pending, encs, strict=True)}, defer_store)
+        return encs
+
+    def _store(self, fresh: dict[str, QueryEncoding], defer_store: list[Callable[[], None]] | None) -> None:
+        cache = self.cache
+
+        def store() -> None:
+            cache.set_many({key: enc.to_bytes() for key, enc in fresh.items()})
+
+        if defer_store is None or cache.in_process:
+            store()
+        else:
+            defer_store.append(store)

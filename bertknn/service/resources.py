@@ -1,0 +1,33 @@
+"""The heavy objects of a running service, built by the lifespan and held in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bertknn.service.metrics import Metrics
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.serving import AsyncAnswerer
+from bertknn.service.settings import ServiceSettings
+
+
+class Reloader(Protocol):
+    """What the routes and the lifespan need of `bertknn.service.reload.DatastoreReloader`."""
+
+    async def reload(self) -> Any: ...
+
+    async def watch(self, interval_s: float) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class Resources:
+    settings: ServiceSettings
+    metrics: Metrics = field(default_factory=Metrics)
+    pipeline: AnswerPipeline | None = None
+    answerer: AsyncAnswerer | None = None
+    reloader: Reloader | None = None
+    ready: bool = False
+    draining: bool = False
+    error: str = ""

@@ -1,0 +1,103 @@
+"""What the answering pipeline takes and gives: the query, its answer and their parts (frozen dataclasses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from bertknn.service.interpolate import AdaptiveRule, Interpolation
+
+RetrieverName = Literal["bm25", "tfidf", "none"]
+
+
+@dataclass(frozen=True)
+class Query:
+    text: str
+    subject: str | None = None
+    top_k: int = 10
+    retriever: RetrieverName = "bm25"
+    num_articles: int = 3
+    k: int = 128
+    temperature: float = 6.0
+    lambda_: float = 0.3
+    return_contexts: bool = True
+    contexts_per_answer: int = 3
+    interpolation: Interpolation = "fixed"  # adaptive: lambda from `rule`, kNN skipped when the MLM is confident
+    rule: AdaptiveRule | None = None  # the adaptive rule; None = AdaptiveRule() defaults
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    token: str
+    prob: float
+
+
+@dataclass(frozen=True)
+class Context:
+    article: str
+    sentence: str  # the word is marked as **word**
+    distance: float
+    rank: int  # 1-based rank of this neighbour among the k
+
+
+@dataclass(frozen=True)
+class Prediction:
+    token: str  # whole-word datastores: the word
+    token_id: int  # -1 for a word of several wordpieces
+    prob: float
+    p_mlm: float
+    p_knn: float
+    contexts: list[Context]
+    pieces: int = 1  # wordpieces of the answer (> 1 only from a whole-word datastore)
+
+
+@dataclass(frozen=True)
+class ArticleHit:
+    title: str
+    score: float | None
+    rule: Literal["subject", "bm25", "tfidf", "none"]
+
+
+@dataclass(frozen=True)
+class Distributions:
+    p_mlm: np.ndarray
+    p_knn: np.ndarray
+    p: np.ndarray
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """The answer's own parts, as an answerer (tokens or words) assembles them after the kNN search."""
+
+    predictions: list[Prediction]
+    mlm: list[TokenProb]
+    knn: list[TokenProb]
+    lambda_used: float
+    distributions: Distributions | None
+    articles: list[ArticleHit]
+
+
+@dataclass(frozen=True)
+class Answer:
+    predictions: list[Prediction]
+    mlm: list[TokenProb]
+    knn: list[TokenProb]
+    articles: list[ArticleHit]
+    lambda_used: float
+    timings_ms: dict[str, float]
+    cache: dict[str, str]
+    distributions: Distributions | None = None
+    interpolation: Interpolation = "fixed"
+    knn_skipped: bool = False  # adaptive: answered by the MLM alone, no retrieval and no kNN search ran
+
+
+@dataclass
+class Stage:
+    """Wall time of the pipeline's stages, in milliseconds."""
+
+    times: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.times[name] = self.times.get(name, 0.0) + seconds * 1000.0

@@ -1,0 +1,1 @@
+"""Helpers the tests share (and the benchmarks borrow): real processes, never mocks."""
