@@ -86,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=PROXY_MODEL)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("OPENAI_API_KEY", "unused")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     import torch

@@ -41,7 +41,7 @@ def _runner(command: str) -> Callable[[list[str]], int]:
     if command == "predict":
         from bertknn.service.client import main as predict
 
-        return lambda argv: predict(argv)
+        return lambda argv: predict(["predict", *argv])
     raise KeyError(command)
 
 

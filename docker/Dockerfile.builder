@@ -55,14 +55,10 @@ RUN mkdir -p /usr/share/man/man1 \
 COPY --from=build /opt/venv /opt/venv
 COPY docker/healthcheck.py docker/prefetch_model.py /opt/bertknn/
 
-# DL3064: OPENAI_API_KEY holds the fixed placeholder "unused" (pyserini demands the variable at import), no secret.
-# hadolint ignore=DL3064
 ENV PATH=/opt/venv/bin:$PATH \
     JAVA_HOME=/opt/java \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    # pyserini asks for an OpenAI key at import; nothing here calls OpenAI.
-    OPENAI_API_KEY=unused \
     # Everything that caches (onnxruntime, torch, triton) writes under /tmp: the only writable path needed.
     XDG_CACHE_HOME=/tmp/.cache \
     HF_HOME=/models/hf \

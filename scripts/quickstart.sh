@@ -7,13 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 . .venv/bin/activate
-export OPENAI_API_KEY=${OPENAI_API_KEY:-unused} TOKENIZERS_PARALLELISM=false
+export TOKENIZERS_PARALLELISM=false
 MODEL=${BERTKNN_MODEL:-bert-base-uncased}
 OUT=${QUICKSTART_OUT:-runs/quickstart}
 PORT=${BERTKNN_PORT:-8000}
-python -m datastore_builder build --corpus data/sample_wiki.jsonl --model "$MODEL" --out "$OUT"
-python -m datastore_builder validate "$OUT"
-python -m service --datastore "$OUT" --port "$PORT" --log-level warning &
+bert-knn build --corpus data/sample_wiki.jsonl --model "$MODEL" --out "$OUT"
+bert-knn validate "$OUT"
+bert-knn serve --datastore "$OUT" --port "$PORT" --log-level warning &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
@@ -21,7 +21,7 @@ for _ in $(seq 1 120); do
   kill -0 $SERVER 2>/dev/null || { echo "quickstart: the service exited; see the log above" >&2; exit 1; }
   sleep 1
 done
-python -m bertknn.service.client predict "albert einstein was born in [MASK] ." --subject "Albert Einstein" --url "http://127.0.0.1:$PORT"
+bert-knn predict "albert einstein was born in [MASK] ." --subject "Albert Einstein" --url "http://127.0.0.1:$PORT"
 if [ "${QUICKSTART_SERVE:-1}" = "1" ]; then
   echo
   echo "serving $OUT at http://127.0.0.1:$PORT (POST /predict, docs at /docs); Ctrl-C to stop"

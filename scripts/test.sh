@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d .venv ] || bash scripts/bootstrap.sh
 . .venv/bin/activate
-export OPENAI_API_KEY=${OPENAI_API_KEY:-unused} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 python -m pytest -q -m "not slow" "$@"

@@ -16,7 +16,6 @@ import pytest
 
 from tests.support.processes import RedisServer, free_port  # noqa: F401  (re-exported for the tests)
 
-os.environ.setdefault("OPENAI_API_KEY", "unused")  # pyserini asks for it at import
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -78,6 +78,7 @@ from bertknn.core.format.sparse import (
     TFIDF_TITLES,
     NgramHasher,
 )
+from bertknn.core.lucene import ready_pyserini_env
 
 logger = logging.getLogger(__name__)
 
@@ -360,8 +361,7 @@ def _run_lucene_indexer(docs_dir: Path, index_dir: Path, n_docs: int, threads: i
         "-memoryBuffer", "512",
         "-optimize",
     ]  # fmt: skip
-    env = dict(os.environ)
-    env.setdefault("OPENAI_API_KEY", "unused")  # pyserini 0.25 builds an OpenAI client at import
+    env = dict(ready_pyserini_env(dict(os.environ)))
     logger.info("Lucene: indexing %d articles with %d threads", n_docs, threads)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, errors="replace", check=False)
     log = (proc.stdout + proc.stderr).strip()

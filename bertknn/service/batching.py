@@ -28,11 +28,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def _interpreter_exiting() -> bool:
-    """True once Python has begun to exit (the main thread is marked stopped before the pools are joined)."""
-    return sys.is_finalizing() or not threading.main_thread().is_alive()
-
-
 def _deliver(pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
     """On the event loop: hand each waiter its result (skipping those that gave up, e.g. a client gone)."""
     for fut, result, error in pairs:
@@ -136,9 +131,9 @@ class MicroBatcher(Generic[T, R]):
         """Wait for work: a `call`, else a batch (after waiting up to max_wait for company); None: stop."""
         with self._cond:
             while not self._items and not self._calls and not self._stopping:
-                # wakes now and then: at interpreter exit (the main thread gone) a batcher nobody stopped lets its
-                # thread end, instead of keeping the process from exiting
-                if not self._cond.wait(timeout=0.5) and _interpreter_exiting():
+                # wakes now and then: a batcher nobody stopped ends with the event loop it serves (closed: nobody
+                # can take a result any more), instead of keeping the process from exiting
+                if not self._cond.wait(timeout=0.5) and self._orphaned():
                     return None
             if self._calls:
                 return self._calls.popleft()
@@ -153,6 +148,10 @@ class MicroBatcher(Generic[T, R]):
                     self._cond.wait(remaining)
             n = min(self.max_batch_size, len(self._items))
             return [self._items.popleft() for _ in range(n)]
+
+    def _orphaned(self) -> bool:
+        loop = self._loop
+        return loop is None or loop.is_closed() or sys.is_finalizing()
 
     def _work(self) -> None:
         assert self._loop is not None

@@ -21,7 +21,7 @@ from bertknn.service.encoding import PendingEncoding, QueryEncoder
 from bertknn.service.interpolate import knn_skipped
 from bertknn.service.results import Answer, ArticleHit, Assembled, Context, Query, Stage
 from bertknn.service.retrieval.articles import ArticleFinder, open_retrievers
-from bertknn.service.retrieval.knn import EMPTY, ArticleSearch, Neighbours
+from bertknn.service.retrieval.knn import EMPTY, ArticleSearch, Neighbours, RestrictedKnn
 from bertknn.service.retrieval.neighbours import GlobalKnn, NeighbourFinder
 from bertknn.service.retrieval.sparse import Retriever
 from bertknn.service.retrieval.subject import SubjectResolver
@@ -69,6 +69,7 @@ class AnswerPipeline:
         self.neighbours_of = NeighbourFinder(datastore, global_knn_factory=global_knn_factory)
         self.reader = ContextReader(datastore)
         self.answerer: Answerer = answerer or default_answerer(encoder, datastore, self.queries)
+        self._vocab: list[str] | None = None
 
     @classmethod
     def open(
@@ -181,6 +182,17 @@ class AnswerPipeline:
         return self.reader.contexts(nbrs, ranks)
 
     lambda_for = staticmethod(lambda_for)
+
+    def token(self, token_id: int) -> str:
+        """The vocabulary's spelling of a token id."""
+        if self._vocab is None:
+            self._vocab = self.encoder.tokenizer.convert_ids_to_tokens(list(range(self.encoder.vocab_size)))
+        return self._vocab[token_id]
+
+    @property
+    def knn(self) -> RestrictedKnn:
+        """The kNN restricted to articles' rows."""
+        return self.neighbours_of.knn
 
     @property
     def words(self) -> WordAnswerer | None:

@@ -43,6 +43,7 @@ from bertknn.core.format import (
     validate_datastore,
 )
 from bertknn.core.format.sparse import BM25_META
+from bertknn.core.lucene import ready_pyserini_env
 from bertknn.service.jvm import reduce_jvm_signals
 from bertknn.service.main import create_app
 from bertknn.service.pipeline import AnswerPipeline
@@ -131,7 +132,6 @@ def builder_env() -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        "OPENAI_API_KEY": "unused",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONDONTWRITEBYTECODE": "1",  # nothing but the builder writes under a file-size limit
@@ -203,7 +203,7 @@ def bm25_content(index_dir: Path) -> tuple[list[str], dict[str, list[tuple[str, 
     """Lucene writes random segment ids and timestamps into its files, so two identical BM25 indexes differ in
     bytes: compare what they hold (every docid) and what they answer (top hits and scores for a few queries)."""
     reduce_jvm_signals()
-    os.environ.setdefault("OPENAI_API_KEY", "unused")
+    ready_pyserini_env()
     from pyserini.search.lucene import LuceneSearcher
 
     searcher = LuceneSearcher(str(index_dir))

@@ -46,7 +46,7 @@ def service_process(
     import httpx
 
     port = free_port()
-    full_env = {**os.environ, "OPENAI_API_KEY": "unused", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     cmd = [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"

@@ -18,7 +18,8 @@ def test_model_shorthand_nested_and_json(monkeypatch):
     monkeypatch.setenv("BERTKNN_MODEL__DEVICE", "cpu")
     monkeypatch.setenv("BERTKNN_CACHE__REDIS_URL", "rediss://:pw@redis:6380/0")
     s = ServiceSettings()
-    assert s.model.device == "cpu" and s.model.name is None and s.cache.redis_url.startswith("rediss://")
+    assert s.model.device == "cpu" and s.model.name is None and s.cache.redis_url.get_secret_value().startswith("rediss://")
+    assert "pw" not in repr(s) and "pw" not in str(s.model_dump())  # a secret never shows
 
 
 def test_cross_field_and_range_checks(monkeypatch):

@@ -70,11 +70,28 @@ def internal_error_response() -> JSONResponse:
     return error_response(500, "internal", INTERNAL_MESSAGE)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _validation_message(exc: RequestValidationError, content_type: str | None) -> str:
+    """Pydantic's errors, each with the field it is about; a body that is not a JSON object says what to send."""
     parts = []
     for err in exc.errors()[:5]:
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+        loc = tuple(err.get("loc", ()))
+        where = ".".join(str(x) for x in loc if x != "body") or "body"
+        kind = err.get("type", "")
+        if loc == ("body",) and content_type is not None and not _is_json(content_type):
+            msg = f"send JSON with Content-Type: application/json (got {content_type or 'no content type'})"
+        elif kind == "json_invalid":
+            msg = f"Invalid JSON ({err.get('ctx', {}).get('error', 'cannot be parsed')})"
+            where = "body"
+        elif loc == ("body",) and kind in ("model_attributes_type", "dict_type"):
+            msg = "Input should be an object"
+        else:
+            msg = err.get("msg", "invalid")
+        parts.append(f"{where}: {msg}")
     return "; ".join(parts)
 
 
@@ -93,8 +110,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(status, code, str(exc) or code, headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, "invalid_request", _validation_message(exc))
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        has_body = request.method in ("POST", "PUT", "PATCH")
+        content_type = request.headers.get("content-type", "") if has_body else None
+        return error_response(422, "invalid_request", _validation_message(exc, content_type))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

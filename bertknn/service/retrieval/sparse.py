@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import threading
 from pathlib import Path
@@ -29,6 +28,7 @@ from bertknn.core.format.sparse import (
     TFIDF_TITLES,
     NgramHasher,
 )
+from bertknn.core.lucene import ready_pyserini_env
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +62,7 @@ def _lucene_searcher_class() -> Any:
     global _LUCENE_SEARCHER_CLASS
     with _PYSERINI_LOCK:
         if _LUCENE_SEARCHER_CLASS is None:
-            # pyserini 0.25 creates an OpenAI client when imported and fails without a key; BM25 never calls it.
-            os.environ.setdefault("OPENAI_API_KEY", "unused")
+            ready_pyserini_env()
             try:
                 from pyserini.search.lucene import LuceneSearcher
             except ImportError as exc:
