@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
@@ -46,7 +47,10 @@ def _parser(prog: str = "python -m datastore_builder") -> argparse.ArgumentParse
     return p
 
 
-def _settings_or_errors(cls: type[BaseSettings], args: argparse.Namespace) -> BaseSettings | None:
+S = TypeVar("S", bound=BaseSettings)
+
+
+def _settings_or_errors(cls: type[S], args: argparse.Namespace) -> S | None:
     """Settings from the flags given (the rest from BERTKNN_* variables and defaults); errors printed per flag."""
     try:
         return cls(**settings_overrides(args, cls))
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
                 return 2
             from bertknn.builder.build import build
 
-            manifest = build(settings)  # type: ignore[arg-type]
+            manifest = build(settings)
             print(json.dumps({"datastore": str(settings.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
             return 0
         if args.command == "add":
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
             add_settings = _settings_or_errors(AddSettings, args)
             if add_settings is None:
                 return 2
-            result = add_articles(add_settings)  # type: ignore[arg-type]
+            result = add_articles(add_settings)
             print(json.dumps({"datastore": str(args.datastore), **result.summary()}))
             return 0
         if args.command == "validate":

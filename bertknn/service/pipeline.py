@@ -30,12 +30,17 @@ from bertknn.service.words import WordAnswerer
 logger = logging.getLogger(__name__)
 
 
+def vocabulary(encoder: MaskedLMEncoder) -> list[str]:
+    """Every token id's spelling, in id order."""
+    return list(encoder.tokenizer.convert_ids_to_tokens(list(range(encoder.vocab_size))))
+
+
 def default_answerer(encoder: MaskedLMEncoder, datastore: Datastore, queries: QueryEncoder) -> Answerer:
     """Tokens for a single-piece datastore; whole words (`bertknn.service.words`) for a whole-word one."""
     reader = ContextReader(datastore)
     if datastore.whole_words:
         return WordAnswerer(encoder, datastore, queries, reader)
-    return TokenAnswerer(encoder.tokenizer.convert_ids_to_tokens(list(range(encoder.vocab_size))), reader)
+    return TokenAnswerer(vocabulary(encoder), reader)
 
 
 class AnswerPipeline:
@@ -186,7 +191,7 @@ class AnswerPipeline:
     def token(self, token_id: int) -> str:
         """The vocabulary's spelling of a token id."""
         if self._vocab is None:
-            self._vocab = self.encoder.tokenizer.convert_ids_to_tokens(list(range(self.encoder.vocab_size)))
+            self._vocab = vocabulary(self.encoder)
         return self._vocab[token_id]
 
     @property

@@ -96,8 +96,8 @@ class ServiceSettings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     verify_checksums: bool = Field(False, description="hash every shard file at start-up (slow on big datastores)")
-    graceful_shutdown_s: float = Field(
-        25.0, ge=0, le=3600, description="after SIGTERM, how long requests in flight may take to finish (uvicorn's "
+    graceful_shutdown_s: int = Field(
+        25, ge=0, le=3600, description="after SIGTERM, how long requests in flight may take to finish (uvicorn's "
         "timeout_graceful_shutdown); keep it below Kubernetes' terminationGracePeriodSeconds less the preStop sleep"
     )
     admin_token: SecretStr | None = Field(None, description="bearer token for /admin endpoints; unset disables them")

@@ -86,7 +86,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
-from bertknn.core.topk import top_entries, top_set
+from bertknn.core.topk import top_entries, top_set  # noqa: E402
 
 
 def _full_sort_top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
