@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
+from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
+from bertknn.core.model_ref import local_model_path
 from bertknn.builder.targets import TargetMode, TargetSelector, load_stopwords, masked_ids, stopwords_sha256
 from bertknn.builder.writer import ShardData, finished_shard, remove_stale_temp, write_shard
 from bertknn.core.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
@@ -135,8 +136,14 @@ def _prepare_in_worker(index: int, articles: list[Article]) -> PreparedShard:
     return _WORKER.prepare(index, articles)
 
 
-def embed_prepared(encoder: MaskedLMEncoder, prepared: PreparedShard, batch_size: int) -> np.ndarray:
-    """Embed every context of a shard in length-sorted batches; rows come back in the shard's order."""
+def embed_prepared(
+    encoder: MaskedLMEncoder,
+    prepared: PreparedShard,
+    batch_size: int,
+    on_batch: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Embed every context of a shard in length-sorted batches; rows come back in the shard's order.
+    ``on_batch`` hears the number of contexts of each batch done (progress)."""
     n = len(prepared.inputs)
     out = np.empty((n, encoder.hidden_size), dtype=np.float16)
     order = sorted(range(n), key=lambda i: len(prepared.inputs[i].input_ids))
@@ -144,6 +151,8 @@ def embed_prepared(encoder: MaskedLMEncoder, prepared: PreparedShard, batch_size
         idx = order[start : start + batch_size]
         emb = encoder.encode([prepared.inputs[i] for i in idx]).embeddings
         out[idx] = emb.astype(np.float16)
+        if on_batch is not None:
+            on_batch(len(idx))
     return out
 
 
@@ -208,6 +217,7 @@ def embed_shards(
     encoder: MaskedLMEncoder,
     options: ShardOptions,
     written: Callable[[ShardInfo], None],
+    on_batch: Callable[[int], None] | None = None,
 ) -> float:
     """Prepare (worker processes), embed and write one shard per ``(index, articles)`` chunk, in order.
 
@@ -258,7 +268,7 @@ def embed_shards(
                     assert local is not None
                     prepared = local.prepare(*nxt)
                 t1 = time.perf_counter()
-                vectors = embed_prepared(encoder, prepared, options.batch_size)
+                vectors = embed_prepared(encoder, prepared, options.batch_size, on_batch)
                 encode_seconds += time.perf_counter() - t1
                 # the previous shard's write (fsyncs, checksums) ran while this one was embedded
                 finish_write()
@@ -342,7 +352,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
     t0 = time.perf_counter()
     new_contexts = 0
-    bar = tqdm(desc="contexts", unit="ctx", dynamic_ncols=True, disable=None)
+    progress = BuildProgress(total_articles=settings.limit_articles)
 
     def chunks_to_build() -> Iterator[tuple[int, list[Article]]]:
         for index, articles in iter_shard_chunks(settings, stats, counts):
@@ -359,16 +369,16 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         nonlocal new_contexts
         infos.append(info)
         new_contexts += info.rows
-        bar.update(info.rows)
+        progress.shard_written(info.articles)
 
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
         settings.workers,
     )
     try:
-        encode_seconds = embed_shards(out, chunks_to_build(), encoder, options, written)
+        encode_seconds = embed_shards(out, chunks_to_build(), encoder, options, written, progress.embedded)
     finally:
-        bar.close()
+        progress.close()
 
     infos.sort(key=lambda i: i.index)
     counts.articles = sum(i.articles for i in infos)
@@ -379,6 +389,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     manifest = Manifest(
         model=ModelInfo(
             name=encoder.name,
+            path=local_model_path(encoder.name),
             weights_sha256=encoder.weights_sha256,
             architecture=type(encoder.model).__name__,
             num_layers=encoder.num_layers,

@@ -57,24 +57,48 @@ class CorpusStats:
     skipped_pages: int = 0
 
 
-def detect_format(path: Path) -> CorpusFormat:
-    name = path.name.lower()
-    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.bz2", ".json")):
-        return "jsonl"
-    if name.endswith((".xml", ".xml.bz2", ".xml.gz")):
-        return "mediawiki-xml"
-    raise CorpusError(
-        f"{path}: unknown corpus format; use JSON lines (*.jsonl) with id/title/text or a MediaWiki XML dump "
-        "(*.xml or *.xml.bz2)"
-    )
+_BZ2_MAGIC = b"BZh"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _compression(path: Path) -> str | None:
+    """bz2, gzip or None, from the file's first bytes (Wikimedia names split dumps ``...xml-p10p30302.bz2``)."""
+    with open(path, "rb") as f:
+        head = f.read(3)
+    if head.startswith(_BZ2_MAGIC):
+        return "bz2"
+    if head.startswith(_GZIP_MAGIC):
+        return "gzip"
+    return None
 
 
 def _open(path: Path) -> IO[bytes]:
-    if path.suffix == ".bz2":
+    kind = _compression(path)
+    if kind == "bz2":
         return cast(IO[bytes], bz2.open(path, "rb"))
-    if path.suffix == ".gz":
+    if kind == "gzip":
         return cast(IO[bytes], gzip.open(path, "rb"))
     return open(path, "rb")
+
+
+def detect_format(path: Path) -> CorpusFormat:
+    """JSON lines or a MediaWiki XML dump, from the first bytes of the (decompressed) content, whatever the name."""
+    try:
+        with _open(path) as f:
+            head = f.read(4096)
+    except OSError as exc:
+        raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    except (EOFError, zlib.error) as exc:
+        raise CorpusError(f"{path}: {_truncated(exc)}") from exc
+    text = head.lstrip(b"\xef\xbb\xbf").lstrip()
+    if text.startswith(b"{"):
+        return "jsonl"
+    if text.startswith(b"<mediawiki") or (text.startswith(b"<?xml") and b"<mediawiki" in text):
+        return "mediawiki-xml"
+    raise CorpusError(
+        f"{path}: unknown corpus format (the content starts with {text[:20]!r}); give JSON lines with "
+        '{"id", "title", "text"} per line, or a MediaWiki pages-articles XML dump (plain, .bz2 or .gz)'
+    )
 
 
 def _truncated(exc: Exception) -> str:

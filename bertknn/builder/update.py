@@ -36,6 +36,7 @@ import torch
 from bertknn.builder.build import BUILD_STATE, ShardOptions, check_corpus_files, embed_shards
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
 from bertknn.builder.settings import AddSettings
+from bertknn.core.model_ref import locate_model
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import UpdateError
@@ -151,7 +152,7 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
 
         torch.set_num_threads(settings.threads or cpu_quota_threads())
         encoder = encoder or MaskedLMEncoder.load(
-            settings.model or old.model.name,
+            locate_model(old.model.name, old.model.path, settings.model),
             layer=old.layer,
             device=settings.device,
             dtype=settings.dtype,

@@ -140,6 +140,7 @@ def grid_search(
                     num_articles=max_n,
                     k=max_k,
                     return_contexts=False,
+                    any_token=True,
                 )
                 for q in batch
             ]

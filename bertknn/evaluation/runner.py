@@ -57,6 +57,7 @@ class PipelineRunner:
             temperature=s.temperature,
             lambda_=s.lambda_,
             return_contexts=False,
+            any_token=True,  # LAMA's protocol: the whole vocabulary ranks (the service's default ranks words only)
         )
 
     def run(self, queries: Sequence[LamaQuery], settings: RunSettings) -> list[QueryResult]:
@@ -141,6 +142,7 @@ class HttpRunner:
             "temperature": s.temperature,
             "lambda": s.lambda_,
             "return_contexts": False,
+            "any_token": True,  # LAMA's protocol: the whole vocabulary ranks
         }
 
     def _rank(self, tokens: list[str], gold: str) -> tuple[int | None, str]:

@@ -8,6 +8,9 @@ import sys
 
 from pydantic import ValidationError
 
+from bertknn.core.errors import BertKnnError
+from bertknn.core.format import read_manifest
+from bertknn.core.model_ref import locate_model
 from bertknn.core.settings_cli import add_settings_flags, flag_for, settings_overrides
 from bertknn.service.settings import ServiceSettings
 
@@ -46,6 +49,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
             "`bert-knn build --corpus FILE --out DIR` and pass --datastore DIR",
             file=sys.stderr,
         )
+        return 2
+    try:  # the two mistakes a first run makes, said in one line before anything loads
+        manifest = read_manifest(settings.datastore)
+        locate_model(manifest.model.name, manifest.model.path, settings.model.name)
+    except BertKnnError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     import uvicorn
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
 
 from bertknn.core.format import Datastore
+from bertknn.core.text import is_punctuation
 from bertknn.service.codec import PMlmAt, QueryEncoding
 from bertknn.service.interpolate import (
     AdaptiveRule,
@@ -29,6 +32,7 @@ from bertknn.service.results import (
 from bertknn.service.retrieval.knn import Neighbours
 
 DEFAULT_RULE = AdaptiveRule()
+_UNUSED = re.compile(r"\[unused\d+\]")
 
 
 class Answerer(Protocol):
@@ -81,13 +85,28 @@ def lambda_for(query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray | None,
     return query.lambda_
 
 
-class TokenAnswerer:
-    """Answers over the vocabulary's tokens (single-piece datastores): the paper's interpolation."""
+def non_word_tokens(vocab: Sequence[str], special_ids: Iterable[int]) -> np.ndarray:
+    """Which token ids are never a cloze answer by default: special tokens (``[UNK]``, ``[unused7]``),
+    continuation pieces (``##s``) and punctuation (no letter or digit). Bool array over the vocabulary."""
+    out = np.zeros(len(vocab), dtype=bool)
+    out[list(special_ids)] = True
+    for i, tok in enumerate(vocab):
+        if tok.startswith("##") or is_punctuation(tok) or _UNUSED.fullmatch(tok):
+            out[i] = True
+    return out
 
-    def __init__(self, vocab: list[str], contexts: ContextReader):
+
+class TokenAnswerer:
+    """Answers over the vocabulary's tokens (single-piece datastores): the paper's interpolation.
+
+    The rankings (predictions, mlm, knn) leave out `non_word_tokens` unless a query asks for ``any_token``; the
+    distributions themselves (evaluation) are never changed."""
+
+    def __init__(self, vocab: list[str], contexts: ContextReader, *, special_ids: Iterable[int] = ()):
         self.vocab = vocab
         self.vocab_size = len(vocab)
         self.reader = contexts
+        self.non_words = non_word_tokens(vocab, special_ids)
 
     def answer(
         self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *, with_distributions: bool
@@ -105,16 +124,25 @@ class TokenAnswerer:
         p_knn = dense_knn() if dense is not None else None
         lam = lambda_for(query, dense, p_knn, nbrs)
         p_mlm: np.ndarray | PMlmAt = dense if dense is not None else enc.p_mlm_at()
+        # The ids that may be answers: all, or the words (no special token, piece or punctuation)
+        skip = None if query.any_token else self.non_words
+        mlm_ids, rank_ids, rank_probs = enc.top_ids, knn_ids, knn_probs
+        if skip is not None:
+            mlm_ids = mlm_ids[~skip[mlm_ids]]
+            keep = ~skip[knn_ids]
+            rank_ids, rank_probs = knn_ids[keep], knn_probs[keep]
         # Rank the stored p_MLM entries and the neighbours' words only: every other id shares one p_MLM value
         # and has no kNN mass. The dense path runs when that value could reach the top k, or for evaluation.
         fast = None
         if not with_distributions:
-            fast = interpolated_top_k(p_mlm, enc.top_ids, knn_ids, knn_probs, lam, query.top_k, mlm_rest=enc.rest_p_mlm())
+            fast = interpolated_top_k(p_mlm, mlm_ids, rank_ids, rank_probs, lam, query.top_k, mlm_rest=enc.rest_p_mlm())
         if fast is None:
             p_mlm = enc.p_mlm()
             p_knn = dense_knn() if p_knn is None else p_knn
             p = interpolate(p_knn, p_mlm, lam)
-            best, mlm_top = top_k(p, query.top_k), top_k(p_mlm, query.top_k)
+            ranked_p, ranked_mlm = (p, p_mlm) if skip is None else (np.where(skip, 0, p), np.where(skip, 0, p_mlm))
+            nz = skip is not None
+            best, mlm_top = top_k(ranked_p, query.top_k, nonzero=nz), top_k(ranked_mlm, query.top_k, nonzero=nz)
         else:
             (best, mlm_top), p = fast, None
         preds = []
@@ -126,7 +154,7 @@ class TokenAnswerer:
             contexts = [next(shown) for _ in ranks.get(token_id, [])]
             preds.append(Prediction(self.vocab[token_id], token_id, prob, pm, knn_at.get(token_id, 0.0), contexts))
         mlm = [TokenProb(self.vocab[i], pr) for i, pr in mlm_top]
-        knn = [TokenProb(self.vocab[i], pr) for i, pr in top_k_among(knn_ids, knn_probs, query.top_k, None) or []]
+        knn = [TokenProb(self.vocab[i], pr) for i, pr in top_k_among(rank_ids, rank_probs, query.top_k, None) or []]
         dists = Distributions(enc.p_mlm(), p_knn, p) if with_distributions and p is not None and p_knn is not None else None
         return Assembled(preds, mlm, knn, lam, dists, self.reader.articles_seen(query, nbrs, articles))
 

@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 from fastapi import FastAPI
 from starlette.datastructures import MutableHeaders
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bertknn.core import runtime
 from bertknn.service.api.admin import router as admin_router
+from bertknn.service.api.docs import install_docs
 from bertknn.service.api.errors import (
     error_response,
     install_error_handlers,
@@ -119,7 +121,7 @@ class RequestContextMiddleware:
                 await internal_error_response()(scope, receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - t0
-            path = getattr(scope.get("route"), "path", "unmatched")
+            path = route_label(scope)
             metrics = self.resources.metrics
             metrics.requests.labels(path, str(status)).inc()
             metrics.latency.labels(path).observe(elapsed)
@@ -131,6 +133,20 @@ class RequestContextMiddleware:
                     rid, scope.get("method"), scope.get("path"), status, elapsed * 1000,
                 )  # fmt: skip
             request_id_var.reset(token)
+
+
+def route_label(scope: Scope) -> str:
+    """The metrics label of a request: its route's template (``/predict``, ``/docs``, ``/docs/assets``), or
+    ``unmatched`` for a path no route serves (so that scanners cannot blow up the label set)."""
+    route = scope.get("route")
+    if route is not None:
+        return str(getattr(route, "path", "unmatched"))
+    app = scope.get("app")
+    for candidate in getattr(getattr(app, "router", None), "routes", ()):
+        match, _ = candidate.matches({**scope, "type": "http"})
+        if match is Match.FULL:
+            return str(getattr(candidate, "path", "unmatched"))
+    return "unmatched"
 
 
 class BodyLimitMiddleware:
@@ -218,11 +234,15 @@ def create_app(
         "(Kassner & Schütze 2020).",
         lifespan=lifespan,
         telemetry=None if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False},
+        docs_url=None,  # install_docs serves Swagger UI from local assets instead of a CDN
+        redoc_url=None,
+        redirect_slashes=False,  # /predict/ is a 404 that names /predict, never a 307 with an empty body
     )
     app.state.resources = resources
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(admin_router)
+    install_docs(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)  # type: ignore[arg-type]
     # outermost: every response (a 413 from the body limit too) carries the request id and is counted

@@ -14,6 +14,7 @@ from pathlib import Path
 from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
 from bertknn.core.errors import DatastoreError, ModelLoadError, QueryError
 from bertknn.core.format import Datastore, validate_datastore
+from bertknn.core.model_ref import locate_model
 from bertknn.service.answer import DEFAULT_RULE, Answerer, ContextReader, TokenAnswerer, lambda_for
 from bertknn.service.cache import Cache, InMemoryCache
 from bertknn.service.codec import QueryEncoding
@@ -40,7 +41,7 @@ def default_answerer(encoder: MaskedLMEncoder, datastore: Datastore, queries: Qu
     reader = ContextReader(datastore)
     if datastore.whole_words:
         return WordAnswerer(encoder, datastore, queries, reader)
-    return TokenAnswerer(vocabulary(encoder), reader)
+    return TokenAnswerer(vocabulary(encoder), reader, special_ids=encoder.tokenizer.all_special_ids)
 
 
 class AnswerPipeline:
@@ -95,7 +96,7 @@ class AnswerPipeline:
             raise DatastoreError(f"datastore failed validation: {problems[0]}")
         datastore = Datastore(datastore_dir)
         man = datastore.manifest
-        name = model or man.model.name
+        name = locate_model(man.model.name, man.model.path, model)
         encoder = MaskedLMEncoder.load(name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len)
         return cls(encoder, datastore, cache=cache, key_prefix=key_prefix, mlm_top_entries=mlm_top_entries)
 
@@ -278,6 +279,7 @@ class AnswerPipeline:
             parts.distributions,
             query.interpolation,
             skipped,
+            self.articles.subject_status(query),
         )
 
     def release(self) -> None:

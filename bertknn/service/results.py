@@ -10,6 +10,7 @@ import numpy as np
 from bertknn.service.interpolate import AdaptiveRule, Interpolation
 
 RetrieverName = Literal["bm25", "tfidf", "none"]
+SubjectStatus = Literal["found", "redirect", "folded", "not_found"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class Query:
     contexts_per_answer: int = 3
     interpolation: Interpolation = "fixed"  # adaptive: lambda from `rule`, kNN skipped when the MLM is confident
     rule: AdaptiveRule | None = None  # the adaptive rule; None = AdaptiveRule() defaults
+    any_token: bool = False  # rank every vocabulary entry (LAMA's protocol), not only words
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class Answer:
     distributions: Distributions | None = None
     interpolation: Interpolation = "fixed"
     knn_skipped: bool = False  # adaptive: answered by the MLM alone, no retrieval and no kNN search ran
+    subject_status: SubjectStatus | None = None  # how the query's subject found its article; None: no subject
 
 
 @dataclass

@@ -33,6 +33,7 @@ import numpy as np
 
 from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
 from bertknn.core.format import Datastore
+from bertknn.core.text import is_punctuation
 from bertknn.core.words import WordEntry as Word
 from bertknn.core.words import word_text
 from bertknn.service.answer import ContextReader, lambda_for
@@ -223,7 +224,7 @@ class WordAnswerer:
         want, taken = max(query.top_k, MLM_CANDIDATES), 0
         for token_id in enc.ranked_ids():  # most probable first
             w = self.token_word(int(token_id))
-            if w is None:
+            if w is None or (not query.any_token and is_punctuation(w.text)):  # a cloze answer is a word
                 continue
             if w.text not in index:
                 index[w.text] = len(words)

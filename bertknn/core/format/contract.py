@@ -136,7 +136,8 @@ class ShardInfo(BaseModel):
 
 class ModelInfo(BaseModel):
     model_config = ConfigDict(frozen=True, protected_namespaces=())
-    name: str
+    name: str  # as the build was given it (a hub name, or a directory)
+    path: str | None = None  # a local directory's absolute path, so that the service finds it from anywhere
     weights_sha256: str
     architecture: str
     num_layers: int

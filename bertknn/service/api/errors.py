@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
+from collections.abc import Sequence
 from contextvars import ContextVar
 
 from fastapi import FastAPI, Request
@@ -25,8 +27,13 @@ from bertknn.core.errors import (
     RetrieverUnavailable,
     Unauthorized,
 )
+from bertknn.service.api.schemas import BatchRequest, PredictRequest
 
 logger = logging.getLogger(__name__)
+# the names a request body may use: an unknown one is answered with the closest of these
+REQUEST_FIELDS: tuple[str, ...] = tuple(
+    sorted({*PredictRequest.model_json_schema(by_alias=True)["properties"], *BatchRequest.model_fields})
+)
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 INTERNAL_MESSAGE = "internal error; the request id identifies it in the server log"
 
@@ -75,7 +82,13 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def _validation_message(exc: RequestValidationError, content_type: str | None) -> str:
+def _unknown_field(name: str, allowed: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"unknown field; {hint}allowed: {', '.join(allowed)}"
+
+
+def _validation_message(exc: RequestValidationError, content_type: str | None, allowed_fields: Sequence[str] = ()) -> str:
     """Pydantic's errors, each with the field it is about; a body that is not a JSON object says what to send."""
     parts = []
     for err in exc.errors()[:5]:
@@ -89,6 +102,8 @@ def _validation_message(exc: RequestValidationError, content_type: str | None) -
             where = "body"
         elif loc == ("body",) and kind in ("model_attributes_type", "dict_type"):
             msg = "Input should be an object"
+        elif kind == "extra_forbidden":
+            msg = _unknown_field(str(loc[-1]), allowed_fields)
         else:
             msg = err.get("msg", "invalid")
         parts.append(f"{where}: {msg}")
@@ -113,12 +128,19 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         has_body = request.method in ("POST", "PUT", "PATCH")
         content_type = request.headers.get("content-type", "") if has_body else None
-        return error_response(422, "invalid_request", _validation_message(exc, content_type))
+        return error_response(422, "invalid_request", _validation_message(exc, content_type, REQUEST_FIELDS))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        path = request.url.path
+        if exc.status_code == 404 and path.endswith("/") and path != "/":
+            message = f"no route {path}: the API's paths have no trailing slash (use {path.rstrip('/')})"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {path}; use {allowed or 'another method'}"
         return error_response(
-            exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail), dict(exc.headers or {})
+            exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), message, dict(exc.headers or {})
         )
 
     @app.exception_handler(Exception)

@@ -48,6 +48,7 @@ def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
         lambda_=req.lambda_ if req.lambda_ is not None else d.lambda_,
         return_contexts=req.return_contexts,
         contexts_per_answer=req.contexts_per_answer,
+        any_token=req.any_token,
         interpolation=interpolation,
         rule=d.adaptive_rule,
     )
@@ -85,6 +86,7 @@ def response_fields(answer: Answer, identity: dict) -> dict[str, Any]:
         "lambda_used": answer.lambda_used,
         "interpolation": answer.interpolation,
         "knn_skipped": answer.knn_skipped,
+        "subject_status": answer.subject_status,
         "timings_ms": answer.timings_ms,
         "cache": answer.cache,
         **identity,

@@ -14,7 +14,10 @@ _EXAMPLE: Any = {"text": "albert einstein was born in [MASK] .", "subject": "Alb
 class PredictRequest(BaseModel):
     """One cloze question with exactly one [MASK] (any case: `[mask]` is accepted)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, json_schema_extra={"examples": [_EXAMPLE]})
+    # strict: `top_k: true` or `top_k: "5"` is an error, not 1 or 5
+    model_config = ConfigDict(
+        extra="forbid", strict=True, populate_by_name=True, json_schema_extra={"examples": [_EXAMPLE]}
+    )
 
     text: str = Field(..., min_length=1, description="cloze question with exactly one [MASK] (length limit: the server's limits.max_text_chars)")
     subject: str | None = Field(
@@ -33,11 +36,15 @@ class PredictRequest(BaseModel):
         "a request that sets lambda alone is fixed)",
     )
     return_contexts: bool = Field(True, description="include supporting contexts for each answer")
+    any_token: bool = Field(
+        False, description="rank every vocabulary entry: special tokens, punctuation and word pieces (##s) too, as "
+        "the LAMA probe does; by default answers are words"
+    )
     contexts_per_answer: int = Field(3, ge=0, le=20)
 
 
 class BatchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"queries": [_EXAMPLE]}]})
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{"queries": [_EXAMPLE]}]})
     queries: list[PredictRequest] = Field(..., min_length=1, max_length=64)
 
 
@@ -95,6 +102,11 @@ class PredictResponse(BaseModel):
     interpolation: Literal["fixed", "adaptive"] = Field("fixed", description="how lambda_used was chosen")
     knn_skipped: bool = Field(
         False, description="adaptive: p_MLM was confident, so no retrieval and no kNN search ran (lambda_used 0)"
+    )
+    subject_status: Literal["found", "redirect", "folded", "not_found"] | None = Field(
+        None, description="how the request's subject was matched to an article (found: its exact title; redirect: "
+        "through a redirect; folded: ignoring case and accents); not_found: no article, so the retriever ranked "
+        "the articles instead; null when the request named no subject"
     )
     timings_ms: dict[str, float]
     cache: dict[str, Literal["hit", "miss", "none"]]

@@ -10,7 +10,7 @@ from bertknn.core.text import retrieval_text
 from bertknn.service.cache import Cache, cache_key, count_corrupt
 from bertknn.service.codec import decode_hits, encode_hits
 from bertknn.service.jvm import reduce_jvm_signals
-from bertknn.service.results import ArticleHit, Query
+from bertknn.service.results import ArticleHit, Query, SubjectStatus
 from bertknn.service.retrieval.sparse import Retriever
 from bertknn.service.retrieval.subject import SubjectResolver
 
@@ -34,6 +34,15 @@ class ArticleFinder:
         self.key_prefix = key_prefix
         self.retrievers = retrievers
         self.subjects = subjects
+
+    def subject_status(self, query: Query) -> SubjectStatus | None:
+        """How the query's subject finds its article (a few dictionary look-ups); None without a subject."""
+        if not query.subject:
+            return None
+        found = self.subjects.resolve_with_rule(query.subject)
+        if found is None:
+            return "not_found"
+        return {"exact": "found", "redirect": "redirect"}.get(found.rule, "folded")  # type: ignore[return-value]
 
     def retrieve(self, query: Query) -> tuple[list[ArticleHit], str]:
         """The articles to search: the subject's own article when it has one, else the ranker's top N."""

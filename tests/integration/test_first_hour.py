@@ -1,0 +1,217 @@
+"""What a new user met in the first hour (issue: a new user's first hour), one test each, on real parts."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from bertknn.builder.corpus import CorpusStats, detect_format, read_corpora
+from bertknn.builder.progress import BuildProgress
+from bertknn.core.errors import CorpusError, ModelLoadError
+from bertknn.core.model_ref import local_model_path, locate_model
+from bertknn.service.answer import non_word_tokens
+from bertknn.service.api.routes import to_query
+from bertknn.service.api.schemas import PredictRequest
+from bertknn.service.interpolate import top_k
+from bertknn.service.main import create_app
+from bertknn.service.settings import ServiceSettings
+
+REPO = Path(__file__).resolve().parents[2]
+Q = {"text": "zorblat was born in [MASK] .", "subject": "Zorblat"}
+
+
+@pytest.fixture(scope="module")
+def client(tiny_datastore: Path):
+    settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu"})
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+# ---- answers are words ----------------------------------------------------------------------------------------
+
+
+def test_non_word_tokens_are_specials_pieces_and_punctuation() -> None:
+    vocab = ["[PAD]", "[UNK]", "paris", "##s", ".", ",", "[unused3]", "1921", "élan", "--", "x"]
+    got = non_word_tokens(vocab, special_ids=[0, 1])
+    assert [t for t, bad in zip(vocab, got, strict=True) if bad] == ["[PAD]", "[UNK]", "##s", ".", ",", "[unused3]", "--"]
+
+
+@pytest.mark.parametrize("text", ["zorblat was born in [MASK] .", "he said [MASK]", "[MASK] ."])
+def test_default_answers_are_words_and_any_token_ranks_the_whole_vocabulary(client: TestClient, text: str) -> None:
+    resources = client.app.state.resources
+    pipe = resources.pipeline
+    special = set(pipe.encoder.tokenizer.all_special_tokens)
+    body = client.post("/predict", json={"text": text, "top_k": 8}).json()
+    for section in (body["predictions"], body["mlm"], body["knn"]):
+        for item in section:
+            assert item["token"] not in special and not item["token"].startswith("##"), item
+            assert any(ch.isalnum() for ch in item["token"]), item
+    # any_token: exactly LAMA's ranking of the full distribution (p = 0.3 p_kNN + 0.7 p_MLM over every id)
+    full = client.post("/predict", json={"text": text, "top_k": 8, "any_token": True}).json()
+    query = to_query(PredictRequest.model_validate({"text": text, "top_k": 8, "any_token": True}), resources.settings)
+    dists = pipe.predict(query, with_distributions=True).distributions
+    want = [pipe.token(i) for i, _ in top_k(dists.p, 8)]
+    assert [p["token"] for p in full["predictions"]] == want
+    # and the default ranking is the same distribution with the non-words left out
+    words = np.where(pipe.answerer.non_words, 0, dists.p)
+    assert [p["token"] for p in body["predictions"]] == [pipe.token(i) for i, _ in top_k(words, 8, nonzero=True)]
+
+
+# ---- HTTP details ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("field", "value"), [("top_k", True), ("top_k", "5"), ("k", 1.5), ("return_contexts", "yes")])
+def test_numbers_and_booleans_are_strict(client: TestClient, field: str, value: object) -> None:
+    r = client.post("/predict", json={**Q, field: value})
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith(field), r.text
+
+
+def test_wrong_method_names_the_allowed_one(client: TestClient) -> None:
+    r = client.get("/predict")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["code"] == "method_not_allowed" and "use POST" in r.json()["error"]["message"]
+
+
+def test_a_trailing_slash_is_refused_with_the_right_path(client: TestClient) -> None:
+    r = client.post("/predict/", json=Q, follow_redirects=False)
+    assert r.status_code == 404 and "use /predict" in r.json()["error"]["message"]
+    assert client.post("/predict", json=Q).status_code == 200
+
+
+def test_an_unknown_field_names_the_closest_allowed_one(client: TestClient) -> None:
+    r = client.post("/predict", json={**Q, "topk": 3})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 422 and msg.startswith("topk: unknown field; did you mean 'top_k'?"), msg
+    batch = client.post("/predict/batch", json={"queries": [{**Q, "subjekt": "x"}]}).json()["error"]["message"]
+    assert "did you mean 'subject'?" in batch
+
+
+def test_docs_page_needs_no_cdn(client: TestClient) -> None:
+    html = client.get("/docs").text
+    assert "cdn" not in html.lower() and "/docs/assets/swagger-ui-bundle.js" in html
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        r = client.get(f"/docs/assets/{asset}")
+        assert r.status_code == 200 and len(r.content) > 10_000
+    assert client.get("/redoc").status_code == 404  # ReDoc would load from a CDN: not installed
+
+
+def test_metrics_label_every_route_by_its_template(client: TestClient) -> None:
+    client.get("/docs")
+    client.get("/openapi.json")
+    client.get("/no/such/path")
+    text = client.get("/metrics").text
+    assert 'path="/docs"' in text and 'path="/openapi.json"' in text and 'path="unmatched"' in text
+
+
+@pytest.mark.parametrize(
+    ("subject", "status"),
+    [("Zorblat", "found"), ("zorblat", "found"), ("EMILE GRUSK", "folded"), ("Nobody At All", "not_found"), (None, None)],
+)
+def test_subject_status_says_how_the_subject_was_found(client: TestClient, subject: str | None, status: str | None) -> None:
+    body = client.post("/predict", json={"text": "zorblat was born in [MASK] .", "subject": subject}).json()
+    assert body["subject_status"] == status
+    if status == "not_found":
+        assert {a["rule"] for a in body["articles"]} <= {"bm25"}  # fell back to the ranker, and says so
+
+
+def test_subject_status_follows_a_redirect(tmp_path: Path, tiny_datastore: Path) -> None:
+    ds = tmp_path / "ds"
+    shutil.copytree(tiny_datastore, ds)
+    (ds / "redirects.json").write_text(json.dumps({"Zorby": "Zorblat"}))
+    with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
+        assert c.post("/predict", json={**Q, "subject": "Zorby"}).json()["subject_status"] == "redirect"
+
+
+# ---- real files users have ------------------------------------------------------------------------------------
+
+XML = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/"><page><title>Ulm</title><ns>0</ns><id>8</id>
+<revision><text>'''Ulm''' is a city in [[Germany]]. It lies on the river Danube.</text></revision></page></mediawiki>"""
+LINE = json.dumps({"id": "1", "title": "Ulm", "text": "Ulm is a city in Germany. It lies on the river Danube."})
+
+
+@pytest.mark.parametrize(
+    ("name", "payload", "fmt"),
+    [
+        ("enwiki-latest-pages-articles1.xml-p000000010p000030302.bz2", bz2.compress(XML.encode()), "mediawiki-xml"),
+        ("dump.bz2", bz2.compress(XML.encode()), "mediawiki-xml"),
+        ("pages.gz", gzip.compress(XML.encode()), "mediawiki-xml"),
+        ("export", XML.encode(), "mediawiki-xml"),
+        ("articles.txt.gz", gzip.compress(LINE.encode()), "jsonl"),
+        ("articles.data", ("\ufeff" + LINE).encode(), "jsonl"),
+    ],
+)
+def test_corpus_format_comes_from_the_content(tmp_path: Path, name: str, payload: bytes, fmt: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(payload)
+    assert detect_format(path) == fmt
+    assert [a.title for a in read_corpora([path], CorpusStats())] == ["Ulm"]
+
+
+def test_unknown_content_is_named_with_what_it_starts_with(tmp_path: Path) -> None:
+    path = tmp_path / "enwiki.xml.bz2"
+    path.write_bytes(bz2.compress(b"hello, not a dump"))
+    with pytest.raises(CorpusError, match=r"enwiki\.xml\.bz2: unknown corpus format \(the content starts with b'hello"):
+        detect_format(path)
+
+
+def test_a_relative_model_directory_is_found_from_anywhere(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "models").mkdir()
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "m")
+    rel = "models/m"
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        recorded = local_model_path(rel)
+    finally:
+        os.chdir(cwd)
+    assert recorded == str((tmp_path / "models" / "m").resolve())
+    assert locate_model(rel, recorded) == recorded  # from another directory, the absolute path
+    assert locate_model(rel, recorded, "/other/model") == "/other/model"  # the caller's choice wins
+    assert locate_model("bert-base-uncased", None) == "bert-base-uncased"  # a hub name is left to the loader
+    shutil.rmtree(tmp_path / "models")
+    with pytest.raises(ModelLoadError, match=r"'models/m' \(.*\), which is not there from here; pass the same model with --model"):
+        locate_model(rel, recorded)
+
+
+def test_the_service_says_in_one_line_when_the_model_is_gone(tmp_path: Path, tiny_datastore: Path) -> None:
+    ds = tmp_path / "ds"
+    shutil.copytree(tiny_datastore, ds)
+    manifest = json.loads((ds / "manifest.json").read_text())
+    manifest["model"]["name"], manifest["model"]["path"] = "../models/gone", str(tmp_path / "models" / "gone")
+    (ds / "manifest.json").write_text(json.dumps(manifest))
+    run = subprocess.run([sys.executable, "-m", "service", "--datastore", str(ds)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120, check=False)  # fmt: skip
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pass the same model with --model DIR" in lines[0], run.stderr
+
+
+def test_a_build_off_a_terminal_logs_progress_at_an_interval(caplog: pytest.LogCaptureFixture) -> None:
+    progress = BuildProgress(interval_s=0.0, total_articles=10, stream=io.StringIO())
+    assert not progress.interactive
+    with caplog.at_level(logging.INFO, logger="bertknn.builder"):
+        progress.embedded(120)
+        progress.shard_written(5)
+        progress.close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress:")]
+    assert lines and "120 contexts" in lines[-1] and "5 articles" in lines[-1] and "contexts/s" in lines[-1]
+    assert "ETA" in lines[-1] and "min" in lines[-1].split("ETA")[1]
+
+
+def test_the_license_is_an_spdx_string() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
