@@ -21,7 +21,11 @@ for _ in $(seq 1 120); do
   kill -0 $SERVER 2>/dev/null || { echo "quickstart: the service exited; see the log above" >&2; exit 1; }
   sleep 1
 done
-bert-knn predict "albert einstein was born in [MASK] ." --subject "Albert Einstein" --url "http://127.0.0.1:$PORT"
+# Two questions the bundled sample answers (tests/integration/test_quickstart.py checks them): in both, the
+# masked LM alone is wrong (its line "mlm:") and the neighbours from the subject's article fix it.
+bert-knn predict "tokyo is the capital of [MASK] ." --subject "Tokyo" --top-k 3 --url "http://127.0.0.1:$PORT"
+echo
+bert-knn predict "marie curie won the nobel prize in [MASK] ." --subject "Marie Curie" --top-k 3 --url "http://127.0.0.1:$PORT"
 if [ "${QUICKSTART_SERVE:-1}" = "1" ]; then
   echo
   echo "serving $OUT at http://127.0.0.1:$PORT (POST /predict, docs at /docs); Ctrl-C to stop"
