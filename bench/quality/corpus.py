@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
+from bertknn.core.text import MASK_RE
 from bertknn.core.titles import normalize_title
 
 logger = logging.getLogger(__name__)
 
-_MASK_RE = re.compile(r"\[\s*mask\s*\]", re.IGNORECASE)
 _SPACES = re.compile(r"\s+")
 
 
@@ -58,9 +58,9 @@ def _jsonl(path: Path) -> Iterator[dict]:
 def evidence_sentence(evidence: dict) -> str | None:
     """A T-REx evidence's Wikipedia sentence: its masked sentence with the object's surface form put back."""
     masked, surface = evidence.get("masked_sentence"), evidence.get("obj_surface")
-    if not isinstance(masked, str) or not isinstance(surface, str) or not _MASK_RE.search(masked):
+    if not isinstance(masked, str) or not isinstance(surface, str) or not MASK_RE.search(masked):
         return None
-    text = _SPACES.sub(" ", _MASK_RE.sub(lambda _: surface, masked)).strip()
+    text = _SPACES.sub(" ", MASK_RE.sub(lambda _: surface, masked)).strip()
     return text or None
 
 

@@ -21,7 +21,6 @@ from transformers import AutoTokenizer
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
 from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
-from bertknn.core.model_ref import local_model_path
 from bertknn.builder.targets import TargetMode, TargetSelector, load_stopwords, masked_ids, stopwords_sha256
 from bertknn.builder.writer import ShardData, finished_shard, remove_stale_temp, write_shard
 from bertknn.core.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
@@ -39,6 +38,7 @@ from bertknn.core.format import (
     sha256_file,
     write_manifest,
 )
+from bertknn.core.model_ref import local_model_path
 from bertknn.core.runtime import cpu_quota_threads
 from bertknn.core.words import WordTable, WordTableBuilder
 

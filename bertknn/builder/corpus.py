@@ -87,11 +87,11 @@ def detect_format(path: Path) -> CorpusFormat:
         with _open(path) as f:
             head = f.read(4096)
     except OSError as exc:
-        raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+        raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from exc
     except (EOFError, zlib.error) as exc:
         raise CorpusError(f"{path}: {_truncated(exc)}") from exc
     text = head.lstrip(b"\xef\xbb\xbf").lstrip()
-    if text.startswith(b"{"):
+    if not text or text.startswith(b"{"):  # (an empty file reads as JSON lines without articles)
         return "jsonl"
     if text.startswith(b"<mediawiki") or (text.startswith(b"<?xml") and b"<mediawiki" in text):
         return "mediawiki-xml"

@@ -36,7 +36,6 @@ import torch
 from bertknn.builder.build import BUILD_STATE, ShardOptions, check_corpus_files, embed_shards
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
 from bertknn.builder.settings import AddSettings
-from bertknn.core.model_ref import locate_model
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import UpdateError
@@ -59,6 +58,7 @@ from bertknn.core.format import (
     validate_datastore,
     write_manifest,
 )
+from bertknn.core.model_ref import locate_model
 from bertknn.core.runtime import cpu_quota_threads
 
 logger = logging.getLogger(__name__)

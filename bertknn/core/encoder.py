@@ -6,7 +6,6 @@ between the two would silently ruin the kNN search, so there is no second code p
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import tempfile
 import warnings
@@ -20,6 +19,7 @@ import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from bertknn.core.errors import ModelLoadError, QueryError
+from bertknn.core.hashing import weights_sha256
 from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
 from bertknn.core.text import MASK_RE
 from bertknn.core.topk import top_entries
@@ -28,13 +28,6 @@ logger = logging.getLogger(__name__)
 
 
 
-def weights_sha256(model: torch.nn.Module) -> str:
-    """Hash of the float32 weights by parameter name: the model identity recorded in the manifest."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

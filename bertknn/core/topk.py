@@ -20,8 +20,8 @@ def _candidates(row: np.ndarray, k: int) -> np.ndarray:
 def top_entries(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` largest entries of one row: (values float32, ids int64), largest first, ties by smaller id.
 
-    Exact, and faster than ``argpartition`` over the whole vocabulary (``python -m bench.backends`` measures
-    both): `_candidates` keeps about 1.5 ``k`` candidates in id order, and a sort of those orders them.
+    Exact, and faster than ``argpartition`` over the whole vocabulary: `_candidates` keeps about 1.5 ``k``
+    candidates in id order, and a sort of those orders them.
     """
     row = np.asarray(log_probs, dtype=np.float32)
     n = len(row)
@@ -49,7 +49,7 @@ def top_set(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The same ``k`` entries as `top_entries` (the k largest, ties at the boundary by smaller id), in id order.
 
     For callers that need the set and not its order (the service's cached p_MLM head): no sort of the
-    candidates, which cost about as much as finding them (``python -m bench.backends`` measures both).
+    candidates, which cost about as much as finding them.
     """
     row = np.asarray(log_probs, dtype=np.float32)
     n = len(row)

@@ -30,11 +30,11 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from bertknn.core.errors import LamaError
+from bertknn.core.text import MASK_RE
 
 logger = logging.getLogger(__name__)
 
 MASK = "[MASK]"
-_MASK_RE = re.compile(r"\[\s*mask\s*\]", re.IGNORECASE)
 _PID = re.compile(r"^P(\d+)$")
 
 GOOGLE_RE = "Google-RE"
@@ -349,7 +349,7 @@ def fill_template(template: str, subject: str, *, lowercase: bool) -> str:
 
 def cloze_sentence(sentence: str, *, lowercase: bool) -> str | None:
     """A sentence with exactly one mask (any spelling) -> normalised cloze text; None when it has 0 or 2+."""
-    parts = _MASK_RE.split(sentence)
+    parts = MASK_RE.split(sentence)
     if len(parts) != 2:
         return None
     head, tail = parts
@@ -391,7 +391,7 @@ def build_queries(
             if not subject:
                 stats.no_subject += 1
                 continue
-            if _MASK_RE.search(subject):
+            if MASK_RE.search(subject):
                 stats.bad_mask += 1
                 continue
             text: str | None = fill_template(relation.template, subject, lowercase=vocab.lowercase)

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertknn.core.text import MASK_RE
 from bertknn.core.words import MAX_WORD_PIECES, word_text
 from bertknn.evaluation.base import Runner, RunSettings, gold_rank
 from bertknn.evaluation.lama import (
-    _MASK_RE,
     TREX,
     Fact,
     LamaQuery,
@@ -104,7 +104,7 @@ def build_multi_piece_queries(
         if not subject:
             stats.no_subject += 1
             continue
-        if _MASK_RE.search(subject):
+        if MASK_RE.search(subject):
             stats.bad_mask += 1
             continue
         word = object_word(vocab, fact.obj)

@@ -1,9 +1,8 @@
 """Micro-batching: concurrent requests are gathered into one forward pass, formed by the model's thread itself.
 
 The model thread takes its next batch the moment its last one ends: whatever queued meanwhile (up to
-``max_batch_size``) goes in at once. An earlier version formed the batches in an asyncio task, so between two
-batches the model waited for the event loop; under load the loop was busy with HTTP work and the model sat
-idle for a few milliseconds per batch. Results go back to the loop in one callback per batch.
+``max_batch_size``) goes in at once, so the model never waits for a busy event loop between batches. Results go
+back to the loop in one callback per batch.
 
 The queue is bounded: when it is full, `submit` raises `Overloaded` at once (the API answers 503 with
 Retry-After) instead of letting latency and memory grow without limit.

@@ -118,7 +118,7 @@ class QueryEncoding:
         probs = np.frombuffer(body, "<f2", n, off + 2 * h + 4 * n).astype(np.float16)
         if (ids < 0).any() or (ids >= v).any() or not np.isfinite(emb).all() or not np.isfinite(probs).all():
             raise CorruptCacheValue("values out of range")
-        ids, probs = _in_id_order(ids, probs)  # (an earlier version wrote them most probable first)
+        ids, probs = _in_id_order(ids, probs)  # (values written most probable first are read too)
         if (ids[1:] == ids[:-1]).any():
             raise CorruptCacheValue("repeated ids")
         return cls(emb, ids, probs, v)

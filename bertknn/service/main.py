@@ -53,9 +53,8 @@ def make_cache(settings: ServiceSettings) -> Cache:
 def default_threads() -> int:
     """torch threads when none are set: the container's CPU quota less one, at least one.
 
-    The spare core serves the event loop, Lucene and the kNN pool. With every core in the model's OpenMP team,
-    any of that work stalls the team at its barriers: on 2 cores, 2 threads gave the same single-client latency
-    as 1 thread and 20% less throughput at 32 clients (`python -m bench.serving --threads N` compares).
+    The spare core serves the event loop, Lucene and the kNN pool; with every core in the model's OpenMP team,
+    that work stalls the team at its barriers (docs/decisions/thread-counts.md).
     """
     return max(1, runtime.cpu_quota_threads() - 1)
 

@@ -131,11 +131,9 @@ class AsyncAnswerer:
     def _encode_batch(self, jobs: Sequence[_Job]) -> list[_Encoded]:
         # Retrieval (Lucene, its own thread) runs during this batch's forward pass. For a query that found the
         # model idle it starts here rather than when the request came in: the Python half of a retrieval then
-        # waits for the GIL while the forward runs outside it, instead of delaying the forward's start
-        # (measured: +0.6 ms per query at 1 client). A query that had to wait started it on arrival.
-        # With other queries queued or batched, the heads of p_MLM (`top_entries`, a few hundred µs a query) are
-        # selected in the pool, so that the model's thread goes on to the next batch: at 32 clients this thread
-        # was the bottleneck, and the selection took 8% of it.
+        # waits for the GIL while the forward runs outside it, instead of delaying the forward's start. A query
+        # that had to wait started it on arrival. With other queries queued or batched, the heads of p_MLM are
+        # selected in the pool, so that the model's thread, the bottleneck under load, goes on to the next batch.
         idle = len(jobs) == 1 and self.batcher.depth == 0  # (read from this thread: a hint, not a promise)
         for job in jobs:
             job.start_retrieval(self._retrieval_thread, prepare=idle)

@@ -111,16 +111,13 @@ class ServiceSettings(BaseSettings):
     batching: BatchingSettings = Field(default_factory=BatchingSettings)
     jvm_options: str = Field(
         "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        description="options for the JVM that runs Lucene (BM25), separated by spaces. The default compiles with "
-        "the C1 JIT only: on 2 cores the C2 compiler kept taking CPU from the model for thousands of queries, "
-        "while BM25's steady-state latency stayed the same; and it collects with the serial GC (Lucene's index is "
-        "memory-mapped, the heap small): 5 JVM threads fewer than G1, about 0.1 ms less per /predict (the README, "
-        "section Performance); '' keeps the JVM's defaults",
+        description="options for the JVM that runs Lucene (BM25), separated by spaces: by default the C1 JIT only "
+        "and the serial GC (docs/decisions/jvm-flags.md); '' keeps the JVM's defaults",
     )
     opentelemetry: bool = Field(
         False, description="FastAPI's native OpenTelemetry spans, metrics and logs, sent to the providers the process "
         "configures. Off by default: the service has its own Prometheus metrics and request ids, and with it on, "
-        "FastAPI looks for providers on every request (about 30-50 µs, a tenth of the HTTP layer's cost)",
+        "FastAPI looks for providers on every request",
     )
     limits: LimitSettings = Field(default_factory=LimitSettings)
     defaults: DefaultsSettings = Field(default_factory=DefaultsSettings)

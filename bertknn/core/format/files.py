@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -14,14 +13,7 @@ import numpy as np
 
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format.contract import IVFPQ_FILE, MANIFEST, Manifest, ivfpq_meta_path
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+from bertknn.core.hashing import sha256_file  # noqa: F401  (the format's checksum function)
 
 
 @contextmanager

@@ -11,7 +11,14 @@ from bertknn.service.cache import Cache, cache_key, count_corrupt
 from bertknn.service.codec import decode_hits, encode_hits
 from bertknn.service.jvm import reduce_jvm_signals
 from bertknn.service.results import ArticleHit, Query, SubjectStatus
-from bertknn.service.retrieval.sparse import Retriever
+from bertknn.service.retrieval.sparse import (
+    PYSERINI_MISSING,
+    Bm25Retriever,
+    Retriever,
+    TfidfRetriever,
+    UnavailableRetriever,
+    pyserini_installed,
+)
 from bertknn.service.retrieval.subject import SubjectResolver
 
 logger = logging.getLogger(__name__)
@@ -87,12 +94,12 @@ def open_retrievers(datastore: Datastore) -> dict[str, Retriever]:
     out: dict[str, Retriever] = {}
     idx = datastore.manifest.indexes
     if "bm25" in idx:
-        reduce_jvm_signals()
-        from bertknn.service.retrieval.sparse import Bm25Retriever
-
-        out["bm25"] = Bm25Retriever(datastore.root / idx["bm25"])
+        if not pyserini_installed():
+            logger.warning("bm25: %s", PYSERINI_MISSING)
+            out["bm25"] = UnavailableRetriever("bm25", PYSERINI_MISSING)
+        else:
+            reduce_jvm_signals()
+            out["bm25"] = Bm25Retriever(datastore.root / idx["bm25"])
     if "tfidf" in idx:
-        from bertknn.service.retrieval.sparse import TfidfRetriever
-
         out["tfidf"] = TfidfRetriever(datastore.root / idx["tfidf"])
     return out

@@ -27,8 +27,8 @@ def fp16_search(xb16: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray
     """Exact squared L2 of one float32 query against float16 rows, without converting the rows to float32.
 
     The rows' bytes become the codes of a FAISS ``QT_fp16`` scalar-quantizer index (a lossless float16 code),
-    whose distance kernel reads float16 directly: ``python -m bench.knn_calls`` measured it 4-20x faster than
-    converting to float32 for ``faiss.knn`` (the fastest of the other calls), with identical neighbours.
+    whose distance kernel reads float16 directly, with neighbours identical to an exact float32 search
+    (docs/decisions/fp16-scalar-quantizer-search.md).
     """
     n = len(xb16)
     dist, idx = _fp16_index(xb16).search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), min(k, n))
@@ -52,7 +52,7 @@ class ArticleSearch:
             return EMPTY
         kk = min(k, n)
         # One query against a few thousand rows: a single thread is fastest, and FAISS's own OpenMP team would
-        # otherwise spin next to torch's on the same cores (measured: the forward pass ran 2-3x slower).
+        # otherwise spin next to torch's on the same cores and slow the forward pass.
         faiss.omp_set_num_threads(1)
         q = np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32)
         if self.index is not None:

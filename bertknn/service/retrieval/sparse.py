@@ -8,6 +8,7 @@ called from worker threads.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
@@ -18,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import scipy.sparse as sp
 
-from bertknn.core.errors import SparseIndexError
+from bertknn.core.errors import RetrieverUnavailable, SparseIndexError
 from bertknn.core.format.sparse import (
     BM25_META,
     TFIDF_BUCKETS,
@@ -29,17 +30,12 @@ from bertknn.core.format.sparse import (
     NgramHasher,
 )
 from bertknn.core.lucene import ready_pyserini_env
+from bertknn.core.text import retrieval_text
 
 logger = logging.getLogger(__name__)
 
-_MASK = re.compile(r"\[\s*mask\s*\]", re.IGNORECASE)
-_SPACES = re.compile(r"\s+")
 _WORD = re.compile(r"\w")
 
-
-def strip_mask(query: str) -> str:
-    """The cloze question without ``[MASK]`` (any case or spacing), whitespace collapsed."""
-    return _SPACES.sub(" ", _MASK.sub(" ", query)).strip()
 
 
 @runtime_checkable
@@ -51,6 +47,28 @@ class Retriever(Protocol):
     def top_articles(self, query: str, n: int) -> list[tuple[str, float]]:
         """Up to ``n`` ``(normalised title, score)`` pairs, best first; ``[MASK]`` in ``query`` is ignored."""
         ...
+
+
+PYSERINI_MISSING = (
+    "the bm25 retriever needs pyserini 0.25 and a JDK 17, which are not installed: "
+    "pip install --no-deps pyserini==0.25.0 pyjnius (scripts/bootstrap.sh does it), or ask for retriever 'tfidf'"
+)
+
+
+class UnavailableRetriever:
+    """Stands in for a retriever whose index exists but whose software is missing: every request for it gets
+    a `RetrieverUnavailable` that says what to install; the other retrievers keep working."""
+
+    def __init__(self, name: str, reason: str):
+        self.name = name
+        self.reason = reason
+
+    def top_articles(self, query: str, n: int) -> list[tuple[str, float]]:
+        raise RetrieverUnavailable(self.reason)
+
+
+def pyserini_installed() -> bool:
+    return importlib.util.find_spec("pyserini") is not None
 
 
 _PYSERINI_LOCK = threading.Lock()
@@ -115,7 +133,7 @@ class Bm25Retriever:
         logger.info("bm25: %s opened, %d articles", self.index_dir, self.num_docs)
 
     def top_articles(self, query: str, n: int) -> list[tuple[str, float]]:
-        text = strip_mask(query)
+        text = retrieval_text(query)
         if n <= 0 or not _WORD.search(text):
             return []
         with self._lock:
@@ -170,7 +188,7 @@ class TfidfRetriever:
 
     def query_vector(self, query: str) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the postings matrix the query touches and their weights ``log(1 + tf) * idf``."""
-        counts = self.hasher.counts([strip_mask(query)])
+        counts = self.hasher.counts([retrieval_text(query)])
         if counts.nnz == 0 or len(self.buckets) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         rows = np.minimum(np.searchsorted(self.buckets, counts.indices), len(self.buckets) - 1)
