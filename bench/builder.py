@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,6 +56,21 @@ class RecordingEncoder:
         return out
 
 
+class _BuildSummary(logging.Handler):
+    """Catches the build's closing summary line (JSON), which holds the per-stage accounting."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.stages: dict = {}
+        self.bound = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith("build finished: "):
+            data = json.loads(msg.removeprefix("build finished: "))
+            self.stages, self.bound = data.get("stages", {}), data.get("bound", "")
+
+
 def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, backend: str) -> dict[str, object]:
     out = Path(tempfile.mkdtemp(prefix="bench-builder-"))
     try:
@@ -76,8 +92,19 @@ def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, ba
         t = time.perf_counter()
         encoder.set_backend(backend, with_mlm=False)
         setup_s = time.perf_counter() - t
+        summary = _BuildSummary()
+        log = logging.getLogger("bertknn.builder.build")
+        level, propagate = log.level, log.propagate
+        log.addHandler(summary)
+        log.setLevel(logging.INFO)  # the summary is an INFO line; it goes to this handler only
+        log.propagate = False
         t = time.perf_counter()
-        build(settings, encoder=recorder)  # type: ignore[arg-type]
+        try:
+            build(settings, encoder=recorder)  # type: ignore[arg-type]
+        finally:
+            log.removeHandler(summary)
+            log.setLevel(level)
+            log.propagate = propagate
         build_s = time.perf_counter() - t
         manifest = read_manifest(out)
         contexts = manifest.counts.contexts
@@ -108,6 +135,9 @@ def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, ba
             "bytes_per_context_shards": round(shard_bytes / contexts, 1),
             "bytes_per_context_dir": round(all_bytes / contexts, 1),
             "vector_bytes_per_context": manifest.model.hidden_size * 2,
+            # per stage: seconds, items, items/s per process, and the stage that bounds the build
+            "stages": summary.stages,
+            "bound": summary.bound,
         }
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -179,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"{'':30}" + "".join(f"{'run ' + str(i + 1):>12}" for i in range(len(runs)))]
     lines += [f"{label:30}" + "".join(f"{r[key]!s:>12}" for r in runs) for label, key in keys]
     lines.append(f"{'peak RSS MiB (main process)':30}{result['peak_rss_mib']:>12}")
+    lines.append("per stage, seconds (items/s per process), run 1:")
+    stages: dict[str, dict[str, Any]] = runs[0]["stages"]  # type: ignore[assignment]
+    for name, st in stages.items():
+        rate = next((v for k, v in st.items() if k.endswith("_per_s_per_process")), None)
+        lines.append(f"  {name:12} {st['seconds']:>9.2f} s  ({rate} per s)")
+    lines.append(f"  bound: {runs[0]['bound']}")
     sys.stdout.write(
         f"builder: {args.model.name}, layer {encoder.layer}, {result['device']} {result['dtype']}, "
         f"{torch.get_num_threads()} threads, {result['corpus']}\n" + "\n".join(lines) + f"\nwrote {args.out}\n"

@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from multiprocessing import get_context
 from pathlib import Path
@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
 from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
+from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, load_stopwords, masked_ids, stopwords_sha256
 from bertknn.builder.writer import ShardData, finished_shard, remove_stale_temp, write_shard
 from bertknn.core.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
@@ -59,6 +60,7 @@ class PreparedShard:
     sentence_ids: np.ndarray
     spans: np.ndarray
     words: WordTable | None = None  # whole-word targets: the shard's word table (labels index it)
+    times: StageTimes = field(default_factory=StageTimes)  # the worker's markup, split and targets
 
 
 class ShardPreparer:
@@ -87,8 +89,15 @@ class ShardPreparer:
         sent_ids: list[int] = []
         spans: list[tuple[int, int]] = []
         words = WordTableBuilder(self.tokenizer) if self.selector.mode == "whole-word" else None
+        times = StageTimes()
         for art in articles:
-            sents = [s for s in self.splitter.split(art.text) if len(s) >= self.min_sentence_chars]
+            t0 = time.perf_counter()
+            text = art.text  # wikitext -> text happens here, in the worker
+            t1 = time.perf_counter()
+            sents = [s for s in self.splitter.split(text) if len(s) >= self.min_sentence_chars]
+            t2 = time.perf_counter()
+            times.add("markup", t1 - t0, 1 if art.markup == "wikitext" else 0)
+            times.add("split", t2 - t1, len(sents))
             row_start, sent_start = len(labels), len(sentences)
             for tok_sent in self.selector.select(sents):
                 sid = len(sentences)
@@ -99,6 +108,7 @@ class ShardPreparer:
                     labels.append(target.token_id if words is None else words.add(target.pieces))
                     sent_ids.append(sid)
                     spans.append((target.char_start, target.char_end))
+            times.add("targets", time.perf_counter() - t2, len(labels) - row_start)
             metas.append(
                 {
                     "title": art.title,
@@ -119,6 +129,7 @@ class ShardPreparer:
             np.asarray(sent_ids, dtype=np.int32),
             np.asarray(spans, dtype=np.int32).reshape(-1, 2),
             None if words is None else words.table(),
+            times,
         )
 
 
@@ -218,6 +229,7 @@ def embed_shards(
     options: ShardOptions,
     written: Callable[[ShardInfo], None],
     on_batch: Callable[[int], None] | None = None,
+    times: StageTimes | None = None,
 ) -> float:
     """Prepare (worker processes), embed and write one shard per ``(index, articles)`` chunk, in order.
 
@@ -269,7 +281,11 @@ def embed_shards(
                     prepared = local.prepare(*nxt)
                 t1 = time.perf_counter()
                 vectors = embed_prepared(encoder, prepared, options.batch_size, on_batch)
-                encode_seconds += time.perf_counter() - t1
+                forward_s = time.perf_counter() - t1
+                encode_seconds += forward_s
+                if times is not None:
+                    times.merge(prepared.times)
+                    times.add("forward", forward_s, len(prepared.inputs))
                 # the previous shard's write (fsyncs, checksums) ran while this one was embedded
                 finish_write()
                 data = ShardData(
@@ -281,7 +297,7 @@ def embed_shards(
                     prepared.articles,
                     prepared.words,
                 )
-                writing.append(writer.submit(write_shard, out, prepared.index, data))
+                writing.append(writer.submit(_timed_write, out, prepared.index, data, times))
             finish_write()
         finally:
             writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
@@ -290,6 +306,14 @@ def embed_shards(
     finally:
         shutil.rmtree(tok_dir, ignore_errors=True)
     return encode_seconds
+
+
+def _timed_write(out: Path, index: int, data: ShardData, times: StageTimes | None) -> ShardInfo:
+    t = time.perf_counter()
+    info = write_shard(out, index, data)
+    if times is not None:
+        times.add("write", time.perf_counter() - t, info.rows)  # one writer thread: no concurrent adds
+    return info
 
 
 def check_corpus_files(paths: list[Path]) -> None:
@@ -352,7 +376,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
     t0 = time.perf_counter()
     new_contexts = 0
-    progress = BuildProgress(total_articles=settings.limit_articles)
+    progress = BuildProgress(total_articles=settings.limit_articles, stages=stats.times, workers=settings.workers)
 
     def chunks_to_build() -> Iterator[tuple[int, list[Article]]]:
         for index, articles in iter_shard_chunks(settings, stats, counts):
@@ -376,7 +400,9 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         settings.workers,
     )
     try:
-        encode_seconds = embed_shards(out, chunks_to_build(), encoder, options, written, progress.embedded)
+        encode_seconds = embed_shards(
+            out, chunks_to_build(), encoder, options, written, progress.embedded, stats.times
+        )
     finally:
         progress.close()
 
@@ -421,6 +447,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         "contexts_per_s": round(new_contexts / elapsed, 1) if new_contexts else None,
         "encode_contexts_per_s": round(new_contexts / encode_seconds, 1) if encode_seconds else None,
         "seconds": round(elapsed, 2),
+        **stats.times.summary(settings.workers),
     }
     logger.info("build finished: %s", json.dumps(summary))
     return manifest

@@ -8,6 +8,7 @@ import gzip
 import json
 import logging
 import re
+import time
 import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Iterable, Iterator
@@ -18,6 +19,7 @@ from typing import IO, Literal, cast
 import mwparserfromhell
 import pysbd
 
+from bertknn.builder.stages import StageTimes
 from bertknn.core.errors import CorpusError
 from bertknn.core.titles import normalize_title
 
@@ -55,6 +57,56 @@ class Article:
 class CorpusStats:
     redirects: dict[str, str] = field(default_factory=dict)
     skipped_pages: int = 0
+    times: StageTimes = field(default_factory=StageTimes)  # decompress and parse, in the reading process
+
+
+class _TimedReader:
+    """A binary file whose reads are timed as the ``decompress`` stage (bytes out of bz2/gzip, or the file)."""
+
+    def __init__(self, f: IO[bytes], times: StageTimes):
+        self._f = f
+        self._times = times
+
+    def read(self, n: int = -1) -> bytes:
+        t = time.perf_counter()
+        data = self._f.read(n)
+        self._times.add("decompress", time.perf_counter() - t, len(data))
+        return data
+
+    def readline(self, n: int = -1) -> bytes:
+        t = time.perf_counter()
+        data = self._f.readline(n)
+        self._times.add("decompress", time.perf_counter() - t, len(data))
+        return data
+
+    def __iter__(self) -> Iterator[bytes]:
+        while line := self.readline():
+            yield line
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> _TimedReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _ParseClock:
+    """Times a reader generator's own work (between resuming and yielding) as ``parse``, less its reads."""
+
+    def __init__(self, times: StageTimes):
+        self.times = times
+        self.resume()
+
+    def resume(self) -> None:
+        self.t0 = time.perf_counter()
+        self.read0 = self.times.seconds["decompress"]
+
+    def pause(self, pages: int = 1) -> None:
+        own = time.perf_counter() - self.t0 - (self.times.seconds["decompress"] - self.read0)
+        self.times.add("parse", max(0.0, own), pages)
 
 
 _BZ2_MAGIC = b"BZh"
@@ -106,11 +158,13 @@ def _truncated(exc: Exception) -> str:
     return f"the compressed data is truncated or corrupt ({exc}); download or compress the file again"
 
 
-def read_jsonl(path: Path) -> Iterator[Article]:
+def read_jsonl(path: Path, times: StageTimes | None = None) -> Iterator[Article]:
     """``{"id", "title", "text"}`` per line, as WikiExtractor and most Wikipedia tools emit."""
     lineno = 0
+    times = times if times is not None else StageTimes()
+    clock = _ParseClock(times)
     try:
-        with _open(path) as f:
+        with _TimedReader(_open(path), times) as f:
             for lineno, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
@@ -127,7 +181,9 @@ def read_jsonl(path: Path) -> Iterator[Article]:
                 title = normalize_title(obj["title"])
                 if not title:
                     raise CorpusError(f"{path}:{lineno}: empty title")
+                clock.pause()
                 yield Article(str(obj.get("id", lineno)), title, obj["text"], str(path))
+                clock.resume()
     except (EOFError, zlib.error) as exc:
         where = f" after line {lineno}" if lineno else ""
         raise CorpusError(f"{path}: {_truncated(exc)}{where}") from exc
@@ -167,8 +223,9 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
     Redirects are recorded in ``stats.redirects`` (normalised source -> target) and skipped, as are
     disambiguation pages and list pages.
     """
+    clock = _ParseClock(stats.times)
     try:
-        with _open(path) as f:
+        with _TimedReader(_open(path), stats.times) as f:
             root: ET.Element | None = None
             for event, elem in ET.iterparse(f, events=("start", "end")):
                 if root is None:
@@ -205,7 +262,9 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
                     stats.skipped_pages += 1
                     continue
                 page_id = fields["id"].text if "id" in fields else title
+                clock.pause()
                 yield Article(str(page_id), title, wikitext, str(path), markup="wikitext")
+                clock.resume()
     except ET.ParseError as exc:
         raise CorpusError(f"{path}: malformed XML ({exc})") from exc
     except (EOFError, zlib.error) as exc:
@@ -220,7 +279,7 @@ def read_corpora(paths: Iterable[Path], stats: CorpusStats) -> Iterator[Article]
         if not path.is_file():
             raise CorpusError(f"{path}: no such corpus file")
         if detect_format(path) == "jsonl":
-            yield from read_jsonl(path)
+            yield from read_jsonl(path, stats.times)
         else:
             yield from read_mediawiki_xml(path, stats)
 

@@ -9,6 +9,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from bertknn.builder.stages import StageTimes
+
 logger = logging.getLogger("bertknn.builder")
 
 
@@ -25,11 +27,15 @@ class BuildProgress:
         interval_s: float = 30.0,
         total_articles: int | None = None,
         stream: TextIO | None = None,
+        stages: StageTimes | None = None,
+        workers: int = 0,
     ):
         self.stream = stream if stream is not None else sys.stderr
         self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval_s = interval_s
         self.total_articles = total_articles
+        self.stages = stages
+        self.workers = workers
         self.contexts = 0
         self.articles = 0
         self.shards = 0
@@ -57,9 +63,10 @@ class BuildProgress:
         if self.total_articles and self.articles:
             left = max(0, self.total_articles - self.articles) * elapsed / self.articles
             eta = f"{left / 60:.1f} min"
+        stages = f"; {self.stages.line(self.workers)}" if self.stages is not None else ""
         return (
             f"progress: {self.contexts:,} contexts, {self.articles:,} articles in {self.shards} shards, "
-            f"{rate:.1f} contexts/s, {elapsed / 60:.1f} min elapsed, ETA {eta}"
+            f"{rate:.1f} contexts/s, {elapsed / 60:.1f} min elapsed, ETA {eta}{stages}"
         )
 
     def _maybe_log(self) -> None:

@@ -1,0 +1,67 @@
+"""Where a build's time goes: seconds and items per stage, so that a user sees which stage bounds the build.
+
+Stages, in order: ``decompress`` (bytes read out of bz2/gzip, or the file), ``parse`` (XML or JSON: pages),
+``markup`` (wikitext to text: articles), ``split`` (sentences), ``targets`` (target selection and tokenisation:
+contexts), ``forward`` (the model: contexts), ``write`` (shard files: contexts). The first two run in the
+reading process; markup, split and targets in the tokenising workers (in parallel); forward and write in the
+main process (the write overlaps the next shard's forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STAGES = ("decompress", "parse", "markup", "split", "targets", "forward", "write")
+UNITS = {"decompress": "bytes", "parse": "pages", "markup": "articles", "split": "sentences",
+         "targets": "contexts", "forward": "contexts", "write": "contexts"}  # fmt: skip
+WORKER_STAGES = ("markup", "split", "targets")
+
+
+def _zeros() -> dict[str, float]:
+    return dict.fromkeys(STAGES, 0.0)
+
+
+@dataclass
+class StageTimes:
+    """Seconds and items per stage (picklable: workers send theirs back with each prepared shard)."""
+
+    seconds: dict[str, float] = field(default_factory=_zeros)
+    items: dict[str, float] = field(default_factory=_zeros)
+
+    def add(self, stage: str, seconds: float, items: float = 0) -> None:
+        self.seconds[stage] += seconds
+        self.items[stage] += items
+
+    def merge(self, other: StageTimes) -> None:
+        for s in STAGES:
+            if other.seconds[s] or other.items[s]:  # (untouched stages stay untouched: the writer thread adds
+                self.seconds[s] += other.seconds[s]  # its own stage meanwhile)
+                self.items[s] += other.items[s]
+
+    def wall(self, workers: int) -> dict[str, float]:
+        """Seconds of wall time per stage: the workers' stages divided among them."""
+        share = max(1, workers)
+        return {s: self.seconds[s] / (share if s in WORKER_STAGES else 1) for s in STAGES}
+
+    def bound(self, workers: int) -> str:
+        """The stage that took the most wall time: what bounds the build."""
+        wall = self.wall(workers)
+        return max(STAGES, key=lambda s: wall[s])
+
+    def summary(self, workers: int) -> dict[str, object]:
+        """Per stage: seconds (CPU-seconds summed over workers for theirs), items and items per second per
+        worker process; and the bound."""
+        stages = {}
+        for s in STAGES:
+            secs = self.seconds[s]
+            stages[s] = {
+                "seconds": round(secs, 3),
+                UNITS[s]: int(self.items[s]),
+                f"{UNITS[s]}_per_s_per_process": round(self.items[s] / secs, 1) if secs > 0 else None,
+            }
+        return {"stages": stages, "workers": workers, "bound": self.bound(workers)}
+
+    def line(self, workers: int) -> str:
+        wall = self.wall(workers)
+        parts = " ".join(f"{s} {wall[s]:.1f}s" for s in STAGES if self.seconds[s] > 0)
+        return f"stages (wall): {parts}; bound: {self.bound(workers)}"

@@ -1,0 +1,58 @@
+"""Per-stage accounting of a build: the arithmetic, and a real build that reports every stage."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from bertknn.builder.stages import STAGES, StageTimes
+from tests.conftest import TINY_ARTICLES, build_tiny
+
+
+def test_wall_time_divides_the_workers_stages_and_names_the_bound() -> None:
+    t = StageTimes()
+    t.add("decompress", 1.0, 1000)
+    t.add("parse", 2.0, 10)
+    t.add("split", 8.0, 40)  # a worker stage: 8 CPU-seconds over 4 workers are 2 s of wall time
+    t.add("forward", 3.0, 500)
+    assert t.wall(4)["split"] == 2.0 and t.wall(4)["forward"] == 3.0
+    assert t.bound(4) == "forward" and t.bound(1) == "split"
+    summary = t.summary(4)
+    assert summary["bound"] == "forward"
+    assert summary["stages"]["forward"] == {"seconds": 3.0, "contexts": 500, "contexts_per_s_per_process": 166.7}
+    assert summary["stages"]["write"]["contexts_per_s_per_process"] is None
+    other = StageTimes()
+    other.add("split", 1.0, 5)
+    t.merge(other)
+    assert t.seconds["split"] == 9.0 and t.items["split"] == 45
+    assert "bound: forward" in t.line(4)
+
+
+def _xml_dump(path: Path) -> Path:
+    pages = "".join(
+        f"<page><title>{a['title']}</title><ns>0</ns><id>{a['id']}</id><revision><text>'''{a['title']}''' "
+        f"{a['text']} [[Category:Made up]]</text></revision></page>"
+        for a in TINY_ARTICLES
+    )
+    path.write_text(f'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">{pages}</mediawiki>')
+    return path
+
+
+def test_a_build_reports_every_stage(tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dump = _xml_dump(tmp_path / "dump.xml")
+    with caplog.at_level(logging.INFO, logger="bertknn.builder.build"):
+        build_tiny(tmp_path / "ds", [dump], tiny_model_dir, sparse_indexes=False)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("build finished: "))
+    summary = json.loads(line.removeprefix("build finished: "))
+    stages = summary["stages"]
+    assert set(stages) == set(STAGES) and summary["bound"] in STAGES
+    contexts = summary["contexts"]
+    assert stages["parse"]["pages"] == len(TINY_ARTICLES) and stages["markup"]["articles"] == len(TINY_ARTICLES)
+    assert stages["decompress"]["bytes"] == dump.stat().st_size
+    assert stages["targets"]["contexts"] == stages["forward"]["contexts"] == stages["write"]["contexts"] == contexts
+    assert stages["split"]["sentences"] == summary["sentences"]
+    for name in STAGES:
+        assert stages[name]["seconds"] >= 0
