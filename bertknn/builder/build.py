@@ -23,6 +23,7 @@ from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, load_stopwords, masked_ids, stopwords_sha256
+from bertknn.builder.wikitext import TEXT_RULES, sentence_problem
 from bertknn.builder.writer import ShardData, finished_shard, remove_stale_temp, write_shard
 from bertknn.core.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
 from bertknn.core.errors import BuildError, DatastoreError
@@ -94,7 +95,13 @@ class ShardPreparer:
             t0 = time.perf_counter()
             text = art.text  # wikitext -> text happens here, in the worker
             t1 = time.perf_counter()
-            sents = [s for s in self.splitter.split(text) if len(s) >= self.min_sentence_chars]
+            sents = []
+            for sent in self.splitter.split(text):
+                problem = "short" if len(sent) < self.min_sentence_chars else sentence_problem(sent)
+                if problem is None:
+                    sents.append(sent)
+                else:
+                    times.drop(problem)
             t2 = time.perf_counter()
             times.add("markup", t1 - t0, 1 if art.markup == "wikitext" else 0)
             times.add("split", t2 - t1, len(sents))
@@ -207,6 +214,8 @@ def _build_state(settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: s
         **({"targets": settings.targets} if settings.targets != "single-piece" else {}),
         # the forward backend in use (a resumed build does not mix backends); likewise only when not eager
         **({"backend": encoder.backend} if encoder.backend != "eager" else {}),
+        # the rules that turn wikitext into sentences: a build started under other rules is not resumed
+        "text_rules": TEXT_RULES,
     }
 
 

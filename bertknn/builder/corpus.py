@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bz2
-import contextlib
 import gzip
 import json
 import logging
@@ -16,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal, cast
 
-import mwparserfromhell
 import pysbd
 
 from bertknn.builder.stages import StageTimes
+from bertknn.builder.wikitext import wikitext_to_text
 from bertknn.core.errors import CorpusError
 from bertknn.core.titles import normalize_title
 
@@ -30,9 +29,6 @@ _DISAMBIG_TEMPLATES = re.compile(
     r"\{\{\s*(disambiguation|disambig|dab|hndis|geodis|set index article|surname|given name)\b", re.IGNORECASE
 )
 _LIST_TITLE = re.compile(r"^(List|Lists|Index|Outline) of ", re.IGNORECASE)
-_HIDDEN_LINK = re.compile(r"^(file|image|media|category)\s*:", re.IGNORECASE)
-_INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
-_HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
 
 
 
@@ -193,28 +189,6 @@ def read_jsonl(path: Path, times: StageTimes | None = None) -> Iterator[Article]
 
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
-
-
-def _is_hidden_link(link: mwparserfromhell.nodes.Wikilink) -> bool:
-    """Files, categories and interlanguage links render as no text; strip_code would keep their titles."""
-    title = str(link.title).strip()
-    return bool(_HIDDEN_LINK.match(title) or (link.text is None and _INTERLANGUAGE_LINK.match(title)))
-
-
-def wikitext_to_text(wikitext: str) -> str:
-    """Markup removed with mwparserfromhell; templates, refs, tables, headings, files and categories dropped."""
-    code = mwparserfromhell.parse(wikitext)
-    hidden = [
-        *(n for n in code.filter_wikilinks(recursive=True) if _is_hidden_link(n)),
-        *(n for n in code.filter_tags(recursive=True) if str(n.tag).lower() in _HIDDEN_TAGS),
-        *code.filter_headings(recursive=True),
-    ]
-    for node in hidden:
-        with contextlib.suppress(ValueError):  # already gone with an enclosing node (a link in a file caption)
-            code.remove(node)
-    text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
-    text = re.sub(r"\n{2,}", "\n", text)
-    return "\n".join(line.strip() for line in text.splitlines() if line.strip() and not line.startswith(("|", "{")))
 
 
 def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:

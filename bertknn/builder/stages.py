@@ -27,12 +27,18 @@ class StageTimes:
 
     seconds: dict[str, float] = field(default_factory=_zeros)
     items: dict[str, float] = field(default_factory=_zeros)
+    dropped: dict[str, int] = field(default_factory=dict)  # sentences left out, by reason (short, fragment, markup)
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
     def add(self, stage: str, seconds: float, items: float = 0) -> None:
         self.seconds[stage] += seconds
         self.items[stage] += items
 
     def merge(self, other: StageTimes) -> None:
+        for reason, n in other.dropped.items():
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
         for s in STAGES:
             if other.seconds[s] or other.items[s]:  # (untouched stages stay untouched: the writer thread adds
                 self.seconds[s] += other.seconds[s]  # its own stage meanwhile)
@@ -59,7 +65,12 @@ class StageTimes:
                 UNITS[s]: int(self.items[s]),
                 f"{UNITS[s]}_per_s_per_process": round(self.items[s] / secs, 1) if secs > 0 else None,
             }
-        return {"stages": stages, "workers": workers, "bound": self.bound(workers)}
+        return {
+            "stages": stages,
+            "workers": workers,
+            "bound": self.bound(workers),
+            "sentences_dropped": dict(sorted(self.dropped.items())),
+        }
 
     def line(self, workers: int) -> str:
         wall = self.wall(workers)

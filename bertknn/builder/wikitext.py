@@ -1,0 +1,137 @@
+"""Wikitext to article text that reads like Wikipedia: the words templates render, no references, no back matter.
+
+Rules (docs/building.md, "Article text"):
+- Sections that are not article text are dropped whole: See also, Notes, References, Further reading, External
+  links, Bibliography, Sources, Citations, Footnotes, Works cited (and their "and"-combinations).
+- Templates that render words give their words: ``convert``/``cvt`` (``{{convert|70|mi|km}}`` -> "70 mi", ranges
+  "2 to 4 km"), ``lang``/``lang-xx``/``transl`` (the text), ``nowrap``, ``nobr``, ``small``, ``big``, ``nobold``,
+  ``noitalic``, ``ill``, ``vanchor`` (their first argument), dates (``birth date``, ``death date``, ``start date``,
+  ``end date``, their ``and age`` forms, ``dts``: "14 March 1879"), ``circa`` ("c."). Every other template is
+  dropped (infoboxes, citations, pronunciation: IPA renders symbols, not words).
+- List items (lines starting ``*``, ``#`` or ``;``), references (``<ref>``, ``<references>``), tables,
+  galleries, files, categories and headings are dropped; the
+  brackets and separators that dropped pronunciations leave behind ("(, ; ; )") are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import mwparserfromhell
+from mwparserfromhell.nodes import Template, Wikilink
+
+# the version of these rules, recorded in a build's state: a resumed build must use the same
+TEXT_RULES = 2
+_HIDDEN_LINK = re.compile(r"^(file|image|media|category)\s*:", re.IGNORECASE)
+_INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
+_HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
+# (a pattern string: mwparserfromhell compiles it with re.IGNORECASE itself)
+BACK_MATTER = (
+    r"^\s*((see also|notes?|references?|further reading|external links?|bibliography|sources|citations|footnotes|"
+    r"works cited|explanatory notes|general references?)(\s*(and|&)\s*)?)+\s*$"
+)
+_FIRST_ARG = frozenset({"nowrap", "nobr", "small", "smaller", "big", "nobold", "noitalic", "ill", "vanchor",
+                        "visible anchor", "lang-x", "transl", "sic", "nowr"})  # fmt: skip
+_DATES = frozenset({"birth date", "death date", "start date", "end date", "birth date and age",
+                    "death date and age", "start date and age", "end date and age", "dts", "birth-date", "death-date"})  # fmt: skip
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")  # fmt: skip
+_RANGE = frozenset({"-", "–", "to", "and", "or", "x", "by", "&"})
+_EMPTY_BRACKETS = re.compile(r"\s*\(\s*[,;:–-]*(\s*[,;:]\s*)*\s*\)")
+_LEADING_SEPARATOR = re.compile(r"\(\s*[,;]\s*")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?])")
+_LIST_ITEM = re.compile(r"^[*#;].*$", re.MULTILINE)  # list items (filmographies, bibliographies, links)
+_SPACES = re.compile(r"[ \t\u00a0]{2,}")
+
+
+def _positional(tpl: Template) -> list[str]:
+    return [str(p.value).strip() for p in tpl.params if not p.showkey]
+
+
+def _name(tpl: Template) -> str:
+    return re.sub(r"[\s_]+", " ", str(tpl.name)).strip().lower()
+
+
+def render_template(tpl: Template) -> str | None:
+    """The words a template renders, or None when it renders none worth keeping (it is then dropped)."""
+    name, args = _name(tpl), _positional(tpl)
+    if name in ("convert", "cvt") and len(args) >= 2:
+        if len(args) >= 4 and args[1].lower() in _RANGE:
+            return f"{args[0]} {args[1]} {args[2]} {args[3]}"
+        return f"{args[0]} {args[1]}"
+    if name == "lang" and len(args) >= 2:
+        return args[1]
+    if name.startswith("lang-") and args:
+        return args[0]
+    if name in _FIRST_ARG and args:
+        return args[0]
+    if name in _DATES:
+        nums = [a for a in args if a.isdigit()]
+        if len(nums) >= 3 and 1 <= int(nums[1]) <= 12:
+            return f"{int(nums[2])} {_MONTHS[int(nums[1]) - 1]} {nums[0]}"
+        if len(nums) >= 2 and 1 <= int(nums[1]) <= 12:
+            return f"{_MONTHS[int(nums[1]) - 1]} {nums[0]}"
+        return nums[0] if nums else None
+    if name in ("circa", "c."):
+        return f"c. {args[0]}" if args else "c."
+    return None
+
+
+def _hidden_link(link: Wikilink) -> bool:
+    """Files, categories and interlanguage links render as no text; strip_code would keep their titles."""
+    title = str(link.title).strip()
+    return bool(_HIDDEN_LINK.match(title) or (link.text is None and _INTERLANGUAGE_LINK.match(title)))
+
+
+def wikitext_to_text(wikitext: str) -> str:
+    """Article text of a page's wikitext (the module docstring lists the rules)."""
+    code = mwparserfromhell.parse(_LIST_ITEM.sub("", wikitext))
+    for section in code.get_sections(matches=BACK_MATTER, include_lead=False, include_headings=True):
+        with contextlib.suppress(ValueError):  # (a subsection of one already removed)
+            code.remove(section)
+    for tpl in code.filter_templates(recursive=True):
+        words = render_template(tpl)
+        with contextlib.suppress(ValueError):  # already gone with an enclosing template
+            if words is None:
+                code.remove(tpl)
+            else:
+                code.replace(tpl, words)
+    hidden = [
+        *(n for n in code.filter_wikilinks(recursive=True) if _hidden_link(n)),
+        *(n for n in code.filter_tags(recursive=True) if str(n.tag).lower() in _HIDDEN_TAGS),
+        *code.filter_headings(recursive=True),
+    ]
+    for node in hidden:
+        with contextlib.suppress(ValueError):  # already gone with an enclosing node (a link in a file caption)
+            code.remove(node)
+    text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
+    text = re.sub(r"\n{2,}", "\n", text)
+    lines = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("|", "{", "!")):  # table rows and template residue
+            continue
+        line = _LEADING_SEPARATOR.sub("(", _EMPTY_BRACKETS.sub("", line))
+        line = _SPACE_BEFORE_PUNCT.sub(r"\1", _SPACES.sub(" ", line))
+        lines.append(line)
+    return "\n".join(lines)
+
+
+_WORD = re.compile(r"[^\W\d_]{2,}")
+_RESIDUE = re.compile(r"colspan|rowspan|align\s*=|style\s*=|\{\{|\}\}|\[\[|\]\]|<ref|</ref|^\s*[!|*#]")
+_HATNOTE = re.compile(r"^(see also|main articles?|further information|for other uses|not to be confused)\b", re.I)
+MIN_WORDS = 4
+
+
+def sentence_problem(sentence: str) -> str | None:
+    """Why a sentence is not kept as a context, or None: ``markup`` (table or template residue, a raw
+    reference), ``fragment`` (fewer than `MIN_WORDS` words of two letters or more: list items, bibliography
+    entries, captions, a lone "." or "ISBN ..."), ``hatnote`` ("See also ...", "Main article: ...")."""
+    if _RESIDUE.search(sentence):
+        return "markup"
+    if _HATNOTE.match(sentence):
+        return "hatnote"
+    if len(_WORD.findall(sentence)) < MIN_WORDS:
+        return "fragment"
+    return None
