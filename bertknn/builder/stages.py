@@ -75,4 +75,6 @@ class StageTimes:
     def line(self, workers: int) -> str:
         wall = self.wall(workers)
         parts = " ".join(f"{s} {wall[s]:.1f}s" for s in STAGES if self.seconds[s] > 0)
-        return f"stages (wall): {parts}; bound: {self.bound(workers)}"
+        # the workers' and the model's times arrive with each finished shard: no bound before the first
+        bound = self.bound(workers) if self.seconds["forward"] > 0 else "known after the first shard"
+        return f"stages (wall): {parts}; bound: {bound}"

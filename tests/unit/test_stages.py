@@ -29,6 +29,9 @@ def test_wall_time_divides_the_workers_stages_and_names_the_bound() -> None:
     t.merge(other)
     assert t.seconds["split"] == 9.0 and t.items["split"] == 45
     assert "bound: forward" in t.line(4)
+    early = StageTimes()
+    early.add("parse", 1.0, 3)
+    assert "bound: known after the first shard" in early.line(1)
 
 
 def _xml_dump(path: Path) -> Path:
