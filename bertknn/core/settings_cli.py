@@ -7,6 +7,7 @@ the environment, which overrides the default. The same walk over the fields writ
 from __future__ import annotations
 
 import argparse
+import os
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -149,8 +150,6 @@ def flag_for(loc: Sequence[object]) -> str:
 def adopt_legacy_env(old_prefix: str, new_prefix: str, environ: dict[str, str] | None = None) -> list[str]:
     """Copy variables spelled the old way (``BERTKNN_BUILD_BATCH_SIZE``) to the one scheme
     (``BERTKNN_BUILD__BATCH_SIZE``) when the new name is unset; returns the old names found, for a warning."""
-    import os
-
     env = os.environ if environ is None else environ
     found = []
     for name in list(env):

@@ -15,7 +15,7 @@ from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
 from bertknn.core.errors import DatastoreError, ModelLoadError, QueryError
 from bertknn.core.format import Datastore, validate_datastore
 from bertknn.core.model_ref import locate_model
-from bertknn.service.answer import DEFAULT_RULE, Answerer, ContextReader, TokenAnswerer, lambda_for
+from bertknn.service.answer import DEFAULT_RULE, Answerer, ContextReader, TokenAnswerer
 from bertknn.service.cache import Cache, InMemoryCache
 from bertknn.service.codec import QueryEncoding
 from bertknn.service.encoding import PendingEncoding, QueryEncoder
@@ -36,12 +36,13 @@ def vocabulary(encoder: MaskedLMEncoder) -> list[str]:
     return list(encoder.tokenizer.convert_ids_to_tokens(list(range(encoder.vocab_size))))
 
 
-def default_answerer(encoder: MaskedLMEncoder, datastore: Datastore, queries: QueryEncoder) -> Answerer:
+def default_answerer(
+    encoder: MaskedLMEncoder, datastore: Datastore, queries: QueryEncoder, reader: ContextReader, vocab: list[str]
+) -> Answerer:
     """Tokens for a single-piece datastore; whole words (`bertknn.service.words`) for a whole-word one."""
-    reader = ContextReader(datastore)
     if datastore.whole_words:
         return WordAnswerer(encoder, datastore, queries, reader)
-    return TokenAnswerer(vocabulary(encoder), reader, special_ids=encoder.tokenizer.all_special_ids)
+    return TokenAnswerer(vocab, reader, special_ids=encoder.tokenizer.all_special_ids)
 
 
 class AnswerPipeline:
@@ -74,8 +75,8 @@ class AnswerPipeline:
         )  # fmt: skip
         self.neighbours_of = NeighbourFinder(datastore, global_knn_factory=global_knn_factory)
         self.reader = ContextReader(datastore)
-        self.answerer: Answerer = answerer or default_answerer(encoder, datastore, self.queries)
-        self._vocab: list[str] | None = None
+        self.vocab = vocabulary(encoder)
+        self.answerer: Answerer = answerer or default_answerer(encoder, datastore, self.queries, self.reader, self.vocab)
 
     @classmethod
     def open(
@@ -187,13 +188,9 @@ class AnswerPipeline:
     def contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
         return self.reader.contexts(nbrs, ranks)
 
-    lambda_for = staticmethod(lambda_for)
-
     def token(self, token_id: int) -> str:
         """The vocabulary's spelling of a token id."""
-        if self._vocab is None:
-            self._vocab = vocabulary(self.encoder)
-        return self._vocab[token_id]
+        return self.vocab[token_id]
 
     @property
     def knn(self) -> RestrictedKnn:

@@ -10,11 +10,11 @@ from bertknn.core.format.files import (
     read_ivfpq_meta,
     read_manifest,
     save_npy,
-    sha256_file,
     write_manifest,
 )
 from bertknn.core.format.reader import ArticleEntry, ContextRef, Datastore, Shard
 from bertknn.core.format.validate import check_shard_files, validate_datastore
+from bertknn.core.hashing import sha256_file
 
 __all__ = [
     *_contract_all,

@@ -13,7 +13,6 @@ import numpy as np
 
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format.contract import IVFPQ_FILE, MANIFEST, Manifest, ivfpq_meta_path
-from bertknn.core.hashing import sha256_file  # noqa: F401  (the format's checksum function)
 
 
 @contextmanager

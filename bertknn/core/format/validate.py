@@ -26,8 +26,9 @@ from bertknn.core.format.contract import (
     read_shard_info,
     shard_file_names,
 )
-from bertknn.core.format.files import read_manifest, sha256_file
+from bertknn.core.format.files import read_manifest
 from bertknn.core.format.reader import Shard
+from bertknn.core.hashing import sha256_file
 from bertknn.core.words import check_word_table
 
 
