@@ -1,4 +1,5 @@
-"""The build loop: articles in fixed-size shards -> masked contexts -> embeddings -> shard files -> manifest."""
+"""The build loop: blocks of articles -> masked contexts -> parts cut by contexts -> embeddings -> shard files ->
+manifest."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import islice
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -18,13 +18,14 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
+from bertknn.builder.blocks import check_slicing, iter_blocks, plan_blocks
+from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format
 from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, load_stopwords, masked_ids, stopwords_sha256
 from bertknn.builder.wikitext import TEXT_RULES, sentence_problem
-from bertknn.builder.writer import ShardData, finished_shard, remove_stale_temp, write_shard
+from bertknn.builder.writer import ShardData, finished_parts, remove_stale_temp, write_shard
 from bertknn.core.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
 from bertknn.core.errors import BuildError, DatastoreError
 from bertknn.core.format import (
@@ -42,7 +43,7 @@ from bertknn.core.format import (
 )
 from bertknn.core.model_ref import local_model_path
 from bertknn.core.runtime import cpu_quota_threads
-from bertknn.core.words import WordTable, WordTableBuilder
+from bertknn.core.words import WordEntry, WordTable, WordTableBuilder
 
 logger = logging.getLogger(__name__)
 BUILD_STATE = "build.json"
@@ -62,6 +63,87 @@ class PreparedShard:
     spans: np.ndarray
     words: WordTable | None = None  # whole-word targets: the shard's word table (labels index it)
     times: StageTimes = field(default_factory=StageTimes)  # the worker's markup, split and targets
+
+    @property
+    def rows(self) -> int:
+        return len(self.inputs)
+
+    def select(self, a: int, b: int) -> PreparedShard:
+        """Articles ``[a, b)`` alone, rows and sentences renumbered from 0 (the word table is kept whole)."""
+        if a == 0 and b == len(self.articles):
+            return self
+        if a == b:
+            return _empty_prepared(self.index, self.words is not None)
+        r0, r1 = self.articles[a]["row_start"], self.articles[b - 1]["row_end"]
+        s0, s1 = self.articles[a]["sent_start"], self.articles[b - 1]["sent_end"]
+        metas = [
+            {**m, "row_start": m["row_start"] - r0, "row_end": m["row_end"] - r0,
+             "sent_start": m["sent_start"] - s0, "sent_end": m["sent_end"] - s0}
+            for m in self.articles[a:b]
+        ]  # fmt: skip
+        return PreparedShard(
+            self.index, metas, self.sentences[s0:s1], self.inputs[r0:r1], self.labels[r0:r1],
+            self.sentence_ids[r0:r1] - s0, self.spans[r0:r1], self.words,
+        )  # fmt: skip
+
+    @staticmethod
+    def concat(index: int, pieces: list[PreparedShard], whole_words: bool) -> PreparedShard:
+        """One shard's worth of prepared pieces, in order: offsets shifted, word tables merged by word text."""
+        if len(pieces) == 1 and not whole_words:
+            pieces[0].index = index
+            return pieces[0]
+        out = _empty_prepared(index, whole_words)
+        labels, sent_ids, spans = [out.labels], [out.sentence_ids], [out.spans]
+        words = _WordTableMerger() if whole_words else None
+        for piece in pieces:
+            rows, sents = len(out.inputs), len(out.sentences)
+            out.articles.extend(
+                {**m, "row_start": m["row_start"] + rows, "row_end": m["row_end"] + rows,
+                 "sent_start": m["sent_start"] + sents, "sent_end": m["sent_end"] + sents}
+                for m in piece.articles
+            )  # fmt: skip
+            out.sentences.extend(piece.sentences)
+            out.inputs.extend(piece.inputs)
+            labels.append(piece.labels if words is None or piece.words is None else words.remap(piece.words, piece.labels))
+            sent_ids.append(piece.sentence_ids + sents)
+            spans.append(piece.spans)
+        out.labels = np.concatenate(labels).astype(np.int32, copy=False)
+        out.sentence_ids = np.concatenate(sent_ids).astype(np.int32, copy=False)
+        out.spans = np.concatenate(spans).astype(np.int32, copy=False).reshape(-1, 2)
+        if words is not None:
+            out.words = words.table()
+        return out
+
+
+def _empty_prepared(index: int, whole_words: bool) -> PreparedShard:
+    return PreparedShard(
+        index, [], [], [], np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros((0, 2), np.int32),
+        WordTable([]) if whole_words else None,
+    )  # fmt: skip
+
+
+class _WordTableMerger:
+    """Word ids of several pieces' tables -> ids of one shard table, in first-occurrence order (by word text,
+    as ``WordTableBuilder`` assigns them within a piece)."""
+
+    def __init__(self) -> None:
+        self._by_text: dict[str, int] = {}
+        self.entries: list[WordEntry] = []
+
+    def remap(self, table: WordTable, labels: np.ndarray) -> np.ndarray:
+        used, first = np.unique(labels, return_index=True)
+        mapping = np.zeros(max(len(table), 1), dtype=np.int32)
+        for old in used[np.argsort(first)].tolist():  # first occurrence order
+            entry = table[old]
+            new = self._by_text.get(entry.text)
+            if new is None:
+                new = self._by_text[entry.text] = len(self.entries)
+                self.entries.append(entry)
+            mapping[old] = new
+        return mapping[labels] if len(labels) else labels
+
+    def table(self) -> WordTable:
+        return WordTable(self.entries)
 
 
 class ShardPreparer:
@@ -174,28 +256,9 @@ def embed_prepared(
     return out
 
 
-def iter_shard_chunks(settings: BuildSettings, stats: CorpusStats, counts: Counts) -> Iterator[tuple[int, list[Article]]]:
-    """Articles in corpus order, first title wins, cut into fixed-size chunks: chunk j is shard j."""
-    seen: set[str] = set()
-
-    def unique() -> Iterator[Article]:
-        for art in read_corpora(settings.corpus, stats):
-            if art.title in seen:
-                counts.skipped_duplicate_titles += 1
-                continue
-            seen.add(art.title)
-            yield art
-
-    stream = unique()
-    if settings.limit_articles is not None:
-        stream = islice(stream, settings.limit_articles)
-    index = 0
-    while chunk := list(islice(stream, settings.articles_per_shard)):
-        yield index, chunk
-        index += 1
-
-
-def _build_state(settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: str, sources: list[SourceInfo]) -> dict:
+def _build_state(
+    settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: str, sources: list[SourceInfo], unit: str
+) -> dict:
     """What a resumed build must share with the build it resumes."""
     return {
         "corpus": [str(Path(p).resolve()) for p in settings.corpus],
@@ -216,6 +279,8 @@ def _build_state(settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: s
         **({"backend": encoder.backend} if encoder.backend != "eager" else {}),
         # the rules that turn wikitext into sentences: a build started under other rules is not resumed
         "text_rules": TEXT_RULES,
+        "contexts_per_shard": settings.contexts_per_shard,
+        "blocks": unit,
     }
 
 
@@ -229,21 +294,93 @@ class ShardOptions:
     targets: TargetMode
     batch_size: int
     workers: int
+    contexts_per_shard: int | None = None  # None: one part per block
+
+
+@dataclass
+class Work:
+    """A block's articles still to embed, written as parts ``first_part``, ``first_part + 1``, ...; resuming a
+    block starts after its finished parts."""
+
+    block: int
+    first_part: int
+    articles: list[Article]
+
+
+# What one worker call prepares: a bound on the memory in flight, not on the shards (parts are cut by contexts,
+# between articles, whatever the pieces were).
+PIECE_CHARS = 1 << 18
+PIECE_ARTICLES = 64
+
+
+def _pieces(works: Iterator[Work]) -> Iterator[tuple[Work, list[Article], bool]]:
+    """(work, a few consecutive articles, whether they end the block)."""
+    for w in works:
+        if not w.articles:
+            yield w, [], True
+            continue
+        batch: list[Article] = []
+        chars = 0
+        for i, art in enumerate(w.articles):
+            batch.append(art)
+            chars += len(art.raw)
+            if chars >= PIECE_CHARS or len(batch) >= PIECE_ARTICLES or i == len(w.articles) - 1:
+                yield w, batch, i == len(w.articles) - 1
+                batch, chars = [], 0
+
+
+class _PartCutter:
+    """Prepared pieces in, parts out: a part closes before the article that would start past ``limit`` contexts
+    (never inside an article), and a block's final part closes with the block (``last``, even when empty)."""
+
+    def __init__(self, limit: int | None, whole_words: bool):
+        self.limit = limit
+        self.whole_words = whole_words
+        self.segments: list[PreparedShard] = []
+        self.rows = 0
+        self.articles = 0
+        self.part = 0
+        self.work: Work | None = None
+
+    def feed(self, work: Work, prepared: PreparedShard, last: bool) -> Iterator[tuple[int, int, bool, PreparedShard]]:
+        """(block, part, last, the part's prepared rows) for each part the piece closes."""
+        if work is not self.work:
+            self.work, self.part = work, work.first_part
+        start = 0
+        for i, meta in enumerate(prepared.articles):
+            if self.limit is not None and self.articles and self.rows >= self.limit:
+                self.segments.append(prepared.select(start, i))
+                yield self._close(work.block, last=False)
+                start = i
+            self.rows += meta["row_end"] - meta["row_start"]
+            self.articles += 1
+        self.segments.append(prepared.select(start, len(prepared.articles)))
+        if last:
+            yield self._close(work.block, last=True)
+
+    def _close(self, block: int, *, last: bool) -> tuple[int, int, bool, PreparedShard]:
+        joined = PreparedShard.concat(block, [s for s in self.segments if s.articles] or self.segments[:1],
+                                      self.whole_words)  # fmt: skip
+        out = (block, self.part, last, joined)
+        self.segments, self.rows, self.articles = [], 0, 0
+        self.part += 1
+        return out
 
 
 def embed_shards(
     out: Path,
-    chunks: Iterator[tuple[int, list[Article]]],
+    works: Iterator[Work],
     encoder: MaskedLMEncoder,
     options: ShardOptions,
     written: Callable[[ShardInfo], None],
     on_batch: Callable[[int], None] | None = None,
     times: StageTimes | None = None,
 ) -> float:
-    """Prepare (worker processes), embed and write one shard per ``(index, articles)`` chunk, in order.
+    """Prepare (worker processes, a few articles per call), cut into parts of at most ``contexts_per_shard``
+    contexts, embed and write every part of every work's block, in order.
 
-    Each finished shard is renamed into ``out/shards/`` atomically and reported to ``written``; returns the
-    seconds spent in the model.
+    Each finished part is renamed into ``out/shards/`` atomically and reported to ``written``; returns the
+    seconds spent in the model. Memory in flight: the pieces being prepared plus one part.
     """
     encode_seconds = 0.0
     tok_dir = tempfile.mkdtemp(prefix="bertknn-tok-")
@@ -256,17 +393,40 @@ def embed_shards(
             else None
         )
         local = ShardPreparer(*prep_args) if pool is None else None
-        pending: list[Future[PreparedShard]] = []
-        lookahead = max(1, options.workers) + 1
+        pieces = _pieces(works)
+        pending: list[tuple[Work, bool, Future[PreparedShard]]] = []
+        lookahead = 2 * max(1, options.workers)
 
         def refill() -> None:
             while len(pending) < lookahead:
-                nxt = next(chunks, None)
+                nxt = next(pieces, None)
                 if nxt is None:
                     return
                 assert pool is not None
-                pending.append(pool.submit(_prepare_in_worker, *nxt))
+                work, arts, last = nxt
+                pending.append((work, last, pool.submit(_prepare_in_worker, work.block, arts)))
 
+        def prepared_pieces() -> Iterator[tuple[Work, PreparedShard, bool]]:
+            while True:
+                if pool is not None:
+                    refill()
+                    if not pending:
+                        return
+                    work, last, fut = pending.pop(0)
+                    prepared = fut.result()
+                    refill()
+                else:
+                    nxt = next(pieces, None)
+                    if nxt is None:
+                        return
+                    assert local is not None
+                    work, arts, last = nxt
+                    prepared = local.prepare(work.block, arts)
+                if times is not None:
+                    times.merge(prepared.times)
+                yield work, prepared, last
+
+        cutter = _PartCutter(options.contexts_per_shard, options.targets == "whole-word")
         writer = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
         writing: list[Future[ShardInfo]] = []
 
@@ -275,38 +435,26 @@ def embed_shards(
                 written(writing.pop(0).result())
 
         try:
-            while True:
-                if pool is not None:
-                    refill()
-                    if not pending:
-                        break
-                    prepared = pending.pop(0).result()
-                    refill()
-                else:
-                    nxt = next(chunks, None)
-                    if nxt is None:
-                        break
-                    assert local is not None
-                    prepared = local.prepare(*nxt)
-                t1 = time.perf_counter()
-                vectors = embed_prepared(encoder, prepared, options.batch_size, on_batch)
-                forward_s = time.perf_counter() - t1
-                encode_seconds += forward_s
-                if times is not None:
-                    times.merge(prepared.times)
-                    times.add("forward", forward_s, len(prepared.inputs))
-                # the previous shard's write (fsyncs, checksums) ran while this one was embedded
-                finish_write()
-                data = ShardData(
-                    vectors,
-                    prepared.labels,
-                    prepared.sentence_ids,
-                    prepared.spans,
-                    prepared.sentences,
-                    prepared.articles,
-                    prepared.words,
-                )
-                writing.append(writer.submit(_timed_write, out, prepared.index, data, times))
+            for work, piece, last in prepared_pieces():
+                for block, part, is_last, prepared in cutter.feed(work, piece, last):
+                    t1 = time.perf_counter()
+                    vectors = embed_prepared(encoder, prepared, options.batch_size, on_batch)
+                    forward_s = time.perf_counter() - t1
+                    encode_seconds += forward_s
+                    if times is not None:
+                        times.add("forward", forward_s, len(prepared.inputs))
+                    # the previous part's write (fsyncs, checksums) ran while this one was embedded
+                    finish_write()
+                    data = ShardData(
+                        vectors,
+                        prepared.labels,
+                        prepared.sentence_ids,
+                        prepared.spans,
+                        prepared.sentences,
+                        prepared.articles,
+                        prepared.words,
+                    )
+                    writing.append(writer.submit(_timed_write, out, block, part, is_last, data, times))
             finish_write()
         finally:
             writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
@@ -317,9 +465,9 @@ def embed_shards(
     return encode_seconds
 
 
-def _timed_write(out: Path, index: int, data: ShardData, times: StageTimes | None) -> ShardInfo:
+def _timed_write(out: Path, index: int, part: int, last: bool, data: ShardData, times: StageTimes | None) -> ShardInfo:
     t = time.perf_counter()
-    info = write_shard(out, index, data)
+    info = write_shard(out, index, data, part=part, last=last)
     if times is not None:
         times.add("write", time.perf_counter() - t, info.rows)  # one writer thread: no concurrent adds
     return info
@@ -345,6 +493,8 @@ def check_corpus_files(paths: list[Path]) -> None:
 def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Manifest:
     """Build (or resume) a datastore as the settings say, and return its manifest."""
     check_corpus_files(settings.corpus)
+    plan = plan_blocks(settings.corpus, settings.index, settings.multistream)
+    check_slicing(plan, settings.limit_articles, settings.num_shards)
     out = Path(settings.out)
     updated = existing_manifest(out)
     if updated is not None and updated.updates:
@@ -365,7 +515,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     sources = [
         SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
     ]
-    state = _build_state(settings, encoder, stop_hash, sources)
+    state = _build_state(settings, encoder, stop_hash, sources, plan.unit)
     state_path = out / BUILD_STATE
     if state_path.is_file():
         previous = json.loads(state_path.read_text())
@@ -387,16 +537,22 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     new_contexts = 0
     progress = BuildProgress(total_articles=settings.limit_articles, stages=stats.times, workers=settings.workers)
 
-    def chunks_to_build() -> Iterator[tuple[int, list[Article]]]:
-        for index, articles in iter_shard_chunks(settings, stats, counts):
-            if not whole and index % settings.num_shards != settings.shard_index:
+    def works() -> Iterator[Work]:
+        blocks = iter_blocks(
+            plan, settings.articles_per_shard, stats, counts,
+            num_slices=settings.num_shards, slice_index=settings.shard_index, limit_articles=settings.limit_articles,
+        )  # fmt: skip
+        for block in blocks:
+            done = finished_parts(out, block.index)
+            infos.extend(done)
+            for info in done:
+                logger.info("shard %s already complete, skipped (resume)", info.name.removeprefix("shard-"))
+            if done and done[-1].last:
                 continue
-            done = finished_shard(out, index)
-            if done is not None:
-                infos.append(done)
-                logger.info("shard %05d already complete, skipped (resume)", index)
-                continue
-            yield index, articles
+            skip = sum(i.articles for i in done)
+            if done:
+                logger.info("block %05d resumed after its %d finished parts", block.index, len(done))
+            yield Work(block.index, len(done), block.articles[skip:])
 
     def written(info: ShardInfo) -> None:
         nonlocal new_contexts
@@ -406,16 +562,14 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
 
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
-        settings.workers,
+        settings.workers, settings.contexts_per_shard or None,
     )
     try:
-        encode_seconds = embed_shards(
-            out, chunks_to_build(), encoder, options, written, progress.embedded, stats.times
-        )
+        encode_seconds = embed_shards(out, works(), encoder, options, written, progress.embedded, stats.times)
     finally:
         progress.close()
 
-    infos.sort(key=lambda i: i.index)
+    infos.sort(key=lambda i: i.key)
     counts.articles = sum(i.articles for i in infos)
     counts.sentences = sum(i.sentences for i in infos)
     counts.contexts = sum(i.rows for i in infos)
@@ -434,11 +588,12 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         layer=encoder.layer,
         max_seq_len=settings.max_seq_len,
         articles_per_shard=settings.articles_per_shard,
+        contexts_per_shard=settings.contexts_per_shard or None,
         stopwords_sha256=stop_hash,
         counts=counts,
         sources=sources,
         shards=infos,
-        slice=None if whole else SliceInfo(index=settings.shard_index, count=settings.num_shards),
+        slice=None if whole else SliceInfo(index=settings.shard_index, count=settings.num_shards, unit=plan.unit),
         targets=settings.targets,
     )
     if whole:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
 import logging
 import re
@@ -191,6 +192,35 @@ def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
+def _page_article(elem: ET.Element, path: Path, stats: CorpusStats) -> Article | None:
+    """The article of one finished ``<page>`` element, or None (another namespace, a redirect: recorded in
+    ``stats.redirects``, a disambiguation or list page: counted)."""
+    fields = {_local(c.tag): c for c in elem}
+    title = normalize_title(fields["title"].text or "") if "title" in fields else ""
+    ns = fields["ns"].text if "ns" in fields else "0"
+    rev = fields.get("revision")
+    text_el = None
+    if rev is not None:
+        text_el = next((c for c in rev if _local(c.tag) == "text"), None)
+    wikitext = (text_el.text or "") if text_el is not None else ""
+    redirect = fields.get("redirect")
+    if ns != "0" or not title:
+        return None
+    if redirect is not None or wikitext.lstrip().lower().startswith("#redirect"):
+        target = redirect.get("title") if redirect is not None else None
+        if target is None:
+            m = re.search(r"\[\[([^\]|#]+)", wikitext)
+            target = m.group(1) if m else None
+        if target:
+            stats.redirects[title] = normalize_title(target)
+        return None
+    if title.endswith("(disambiguation)") or _DISAMBIG_TEMPLATES.search(wikitext) or _LIST_TITLE.match(title):
+        stats.skipped_pages += 1
+        return None
+    page_id = fields["id"].text if "id" in fields else title
+    return Article(str(page_id), title, wikitext, str(path), markup="wikitext")
+
+
 def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
     """Stream a ``pages-articles`` dump (plain, .bz2 or .gz); main namespace only.
 
@@ -206,45 +236,141 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
                     root = elem
                 if event != "end" or _local(elem.tag) != "page":
                     continue
-                fields = {_local(c.tag): c for c in elem}
-                title = normalize_title(fields["title"].text or "") if "title" in fields else ""
-                ns = fields["ns"].text if "ns" in fields else "0"
-                rev = fields.get("revision")
-                text_el = None
-                if rev is not None:
-                    text_el = next((c for c in rev if _local(c.tag) == "text"), None)
-                wikitext = (text_el.text or "") if text_el is not None else ""
-                redirect = fields.get("redirect")
+                article = _page_article(elem, path, stats)
                 # Drop the finished page from the tree (clearing it alone would leave an empty element per page).
-                assert root is not None
                 root.clear()
-                if ns != "0" or not title:
-                    continue
-                if redirect is not None or wikitext.lstrip().lower().startswith("#redirect"):
-                    target = redirect.get("title") if redirect is not None else None
-                    if target is None:
-                        m = re.search(r"\[\[([^\]|#]+)", wikitext)
-                        target = m.group(1) if m else None
-                    if target:
-                        stats.redirects[title] = normalize_title(target)
-                    continue
-                if (
-                    title.endswith("(disambiguation)")
-                    or _DISAMBIG_TEMPLATES.search(wikitext)
-                    or _LIST_TITLE.match(title)
-                ):
-                    stats.skipped_pages += 1
-                    continue
-                page_id = fields["id"].text if "id" in fields else title
-                clock.pause()
-                yield Article(str(page_id), title, wikitext, str(path), markup="wikitext")
-                clock.resume()
+                if article is not None:
+                    clock.pause()
+                    yield article
+                    clock.resume()
     except ET.ParseError as exc:
         raise CorpusError(f"{path}: malformed XML ({exc})") from exc
     except (EOFError, zlib.error) as exc:
         raise CorpusError(f"{path}: {_truncated(exc)}") from exc
     except OSError as exc:
         raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+
+
+# --- multistream dumps ---------------------------------------------------------------------------------------------
+# ``pages-articles-multistream.xml.bz2`` is a concatenation of bz2 streams of (normally) 100 pages each, after one
+# stream with the <siteinfo> header; ``...-multistream-index.txt.bz2`` has one line ``offset:page_id:title`` per
+# page, offset being the byte offset of the page's stream. A reader seeks to a stream and decompresses only it.
+
+_MULTISTREAM = re.compile(r"multistream(\d*)\.xml")
+
+
+@dataclass(frozen=True)
+class StreamIndex:
+    """The page streams of a multistream dump, in file order: byte offsets and pages per stream."""
+
+    dump: Path
+    path: Path
+    offsets: tuple[int, ...]
+    pages: tuple[int, ...]
+
+    def groups(self, max_pages: int) -> list[tuple[int, int]]:
+        """Consecutive streams ``[a, b)`` of at most ``max_pages`` pages together (at least one stream each): the
+        blocks of a build, a function of the index alone, so that every slice cuts the same blocks."""
+        out: list[tuple[int, int]] = []
+        start, pages = 0, 0
+        for k, n in enumerate(self.pages):
+            if k > start and pages + n > max_pages:
+                out.append((start, k))
+                start, pages = k, 0
+            pages += n
+        if start < len(self.pages):
+            out.append((start, len(self.pages)))
+        return out
+
+
+def index_beside(dump: Path) -> Path | None:
+    """Wikimedia's name for a multistream dump's index (``...-multistream.xml.bz2`` ->
+    ``...-multistream-index.txt.bz2``; ``...-multistream1.xml-p1p41242.bz2`` -> ``...-multistream-index1.txt-p1p41242.bz2``)
+    when that file exists beside it."""
+    name, n = _MULTISTREAM.subn(r"multistream-index\1.txt", dump.name, count=1)
+    candidate = dump.with_name(name)
+    return candidate if n and candidate.is_file() else None
+
+
+def read_stream_index(dump: Path, path: Path) -> StreamIndex:
+    """Parse ``offset:page_id:title`` lines (plain or bz2); streams are the distinct offsets, ascending."""
+    counts: dict[int, int] = {}
+    try:
+        with _open(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                line = raw.strip()
+                if not line:
+                    continue
+                head, sep, _ = line.partition(b":")
+                if not sep or not head.isdigit():
+                    raise CorpusError(f"{path}:{lineno}: not a multistream index line (offset:page_id:title)")
+                offset = int(head)
+                counts[offset] = counts.get(offset, 0) + 1
+    except (EOFError, zlib.error) as exc:
+        raise CorpusError(f"{path}: {_truncated(exc)}") from exc
+    except OSError as exc:
+        raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    if not counts:
+        raise CorpusError(f"{path}: an empty multistream index; give the index that belongs to {dump.name}")
+    offsets = tuple(sorted(counts))
+    size = dump.stat().st_size
+    if offsets[-1] >= size:
+        raise CorpusError(
+            f"{path}: offset {offsets[-1]} lies past the end of {dump.name} ({size} bytes); the index belongs to "
+            "another dump"
+        )
+    return StreamIndex(dump, path, offsets, tuple(counts[o] for o in offsets))
+
+
+def _read_stream(f: IO[bytes], offset: int, times: StageTimes) -> bytes:
+    """Decompress the one bz2 stream that starts at ``offset``."""
+    f.seek(offset)
+    dec = bz2.BZ2Decompressor()
+    parts = []
+    t = time.perf_counter()
+    while not dec.eof:
+        chunk = f.read(1 << 20)
+        if not chunk:
+            raise EOFError("the file ends inside a bz2 stream")
+        parts.append(dec.decompress(chunk))
+    data = b"".join(parts)
+    times.add("decompress", time.perf_counter() - t, len(data))
+    return data
+
+
+def read_streams(index: StreamIndex, first: int, end: int, stats: CorpusStats) -> Iterator[Article]:
+    """The articles of streams ``[first, end)`` of a multistream dump, decompressing only those streams."""
+    path = index.dump
+    k = first
+    try:
+        with open(path, "rb") as f:
+            for k in range(first, end):
+                data = _read_stream(f, index.offsets[k], stats.times)
+                t = time.perf_counter()
+                # a stream holds <page> elements without a root (the first and last streams of a dump hold the
+                # <mediawiki> header and footer instead, and are not in the index; trimmed here all the same)
+                start, stop = data.find(b"<page>"), data.rfind(b"</page>")
+                pages: list[Article] = []
+                if start >= 0 and stop >= 0:
+                    body = io.BytesIO(b"<pages>" + data[start : stop + len(b"</page>")] + b"</pages>")
+                    n = 0
+                    for _, elem in ET.iterparse(body, events=("end",)):
+                        if _local(elem.tag) != "page":
+                            continue
+                        n += 1
+                        article = _page_article(elem, path, stats)
+                        elem.clear()
+                        if article is not None:
+                            pages.append(article)
+                    stats.times.add("parse", time.perf_counter() - t, n)
+                yield from pages
+    except ET.ParseError as exc:
+        raise CorpusError(f"{path}: malformed XML in the stream at byte {index.offsets[k]} ({exc})") from exc
+    except (EOFError, OSError, zlib.error) as exc:
+        raise CorpusError(
+            f"{path}: the bz2 stream at byte {index.offsets[k]} cannot be read ({exc}); check that {index.path.name} "
+            "is this dump's index, or download the dump again"
+        ) from exc
 
 
 def read_corpora(paths: Iterable[Path], stats: CorpusStats) -> Iterator[Article]:

@@ -1,8 +1,8 @@
 """Join the slices of a ``--shard-index i --num-shards n`` build into one datastore (``merge`` subcommand).
 
-Slice ``i`` holds the global shards ``j`` with ``j % n == i``, already named ``shard-{j:05d}``, so merging is
-checking that the slices belong together, linking (or copying) their shard directories side by side, and
-writing the indexes and the manifest of the whole. The result equals a single-worker build byte for byte in
+Slice ``i`` holds the blocks ``j`` with ``j % n == i``, their parts already named ``shard-{j:05d}[.{part:03d}]``,
+so merging is checking that the slices belong together, linking (or copying) their shard directories side by
+side, and writing the indexes and the manifest of the whole. The result equals a single-worker build byte for byte in
 its shard files and its manifest.
 """
 
@@ -31,6 +31,7 @@ from bertknn.core.format import (
     read_manifest,
     read_shard_info,
     shard_file_names,
+    validate_parts,
     write_manifest,
 )
 
@@ -50,6 +51,9 @@ _SHARED_BUILD_STATE = (
     "stopwords_sha256",
     "num_shards",
     "targets",
+    "contexts_per_shard",
+    "blocks",
+    "text_rules",
 )
 
 
@@ -89,8 +93,8 @@ def merge_slices(
     shards: list[tuple[Path, ShardInfo]] = []
     for slice_dir, m in by_index:
         shards.extend((slice_dir / SHARDS_DIR / info.name, info) for info in m.shards)
-    shards.sort(key=lambda item: item[1].index)
-    indexes = [info.index for _, info in shards]
+    shards.sort(key=lambda item: item[1].key)
+    indexes = sorted({info.index for _, info in shards})
     if indexes != list(range(len(indexes))):
         missing = sorted(set(range(max(indexes, default=-1) + 1)) - set(indexes))
         dupes = sorted(j for j, k in Counter(indexes).items() if k > 1)
@@ -99,6 +103,9 @@ def merge_slices(
             f"missing {missing[:10]}, duplicated {dupes[:10]}; rebuild the slices that own the missing shards "
             "(shard j belongs to slice j % n) with the same arguments"
         )
+    problems = validate_parts(Path("<merged>"), [info for _, info in shards])
+    if problems:
+        raise MergeError(f"{problems[0]}; rebuild that slice with the same arguments (it resumes)")
 
     out.mkdir(parents=True, exist_ok=True)
     (out / SHARDS_DIR).mkdir(exist_ok=True)
@@ -117,13 +124,15 @@ def merge_slices(
     logger.info("merge: %d shards from %d slices (%d files linked, %d copied)", len(shards), len(slices), linked, copied)
 
     atomic_write_json(out / REDIRECTS, _merge_redirects(slices))
+    # By articles, every slice reads the whole corpus, so its corpus-wide counts are the same in each slice; by
+    # streams, each slice counts what it read.
+    own = [m for _, m in by_index] if first.slice is not None and first.slice.unit == "streams" else [first]
     counts = Counts(
         articles=sum(m.counts.articles for m in manifests),
         sentences=sum(m.counts.sentences for m in manifests),
         contexts=sum(m.counts.contexts for m in manifests),
-        # Every slice reads the whole corpus, so these corpus-wide counts are the same in each slice.
-        skipped_duplicate_titles=first.counts.skipped_duplicate_titles,
-        skipped_pages=first.counts.skipped_pages,
+        skipped_duplicate_titles=sum(m.counts.skipped_duplicate_titles for m in own),
+        skipped_pages=sum(m.counts.skipped_pages for m in own),
     )
     manifest = Manifest(
         model=first.model,
@@ -131,6 +140,7 @@ def merge_slices(
         dtype=first.dtype,
         max_seq_len=first.max_seq_len,
         articles_per_shard=first.articles_per_shard,
+        contexts_per_shard=first.contexts_per_shard,
         stopwords_sha256=first.stopwords_sha256,
         counts=counts,
         sources=first.sources,
@@ -171,13 +181,16 @@ def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[P
         "dtype": lambda m: m.dtype,
         "max_seq_len": lambda m: m.max_seq_len,
         "articles_per_shard": lambda m: m.articles_per_shard,
+        "contexts_per_shard": lambda m: m.contexts_per_shard,
+        "blocks cut by": lambda m: m.slice.unit if m.slice else None,
         "stopwords (sha256)": lambda m: m.stopwords_sha256,
         "targets": lambda m: m.targets,
         "num_shards": lambda m: m.slice.count if m.slice else None,
         "corpus sources": lambda m: [s.model_dump() for s in m.sources],
-        "skipped duplicate titles": lambda m: m.counts.skipped_duplicate_titles,
-        "skipped pages": lambda m: m.counts.skipped_pages,
     }
+    if ref.slice is not None and ref.slice.unit == "articles":
+        fields["skipped duplicate titles"] = lambda m: m.counts.skipped_duplicate_titles
+        fields["skipped pages"] = lambda m: m.counts.skipped_pages
     for path, m in zip(slices[1:], manifests[1:], strict=True):
         for name, get in fields.items():
             if get(m) != get(ref):

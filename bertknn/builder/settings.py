@@ -27,7 +27,21 @@ class BuildSettings(BaseSettings):
     shard_index: int = Field(0, ge=0)
     num_shards: int = Field(1, ge=1)
     limit_articles: int | None = Field(None, ge=1)
-    articles_per_shard: int = Field(500, ge=1)
+    articles_per_shard: int = Field(
+        500, ge=1, description="articles per block: the unit a parallel build's slices divide (block j: slice j % n)"
+    )
+    contexts_per_shard: int = Field(
+        100_000,
+        ge=0,
+        description="contexts per shard: a block is written in parts of about this many (cut between articles), "
+        "the unit of resume; it bounds the builder's memory. 0: one shard per block",
+    )
+    index: Path | None = Field(
+        None,
+        description="the multistream index of the one --corpus dump (default: Wikimedia's "
+        "...-multistream-index.txt.bz2 beside it, when there); slices then read only their own streams",
+    )
+    multistream: bool = Field(True, description="use a multistream dump's index when there is one")
     stopwords: Path | None = None
     min_sentence_chars: int = Field(10, ge=0)
     sparse_indexes: bool = Field(True, description="build BM25 (Lucene) and TF-IDF article indexes")

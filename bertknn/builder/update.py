@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from bertknn.builder.build import BUILD_STATE, ShardOptions, check_corpus_files, embed_shards
+from bertknn.builder.build import BUILD_STATE, ShardOptions, Work, check_corpus_files, embed_shards
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
@@ -53,6 +53,7 @@ from bertknn.core.format import (
     SourceInfo,
     UpdateInfo,
     atomic_write_json,
+    parse_shard_name,
     read_manifest,
     sha256_file,
     validate_datastore,
@@ -166,13 +167,14 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
         first = max((s.index for s in old.shards), default=-1) + 1
         per_shard = settings.articles_per_shard or old.articles_per_shard
         options = ShardOptions(
-            old.max_seq_len, stopwords, min_chars, old.targets, settings.batch_size, settings.workers
+            old.max_seq_len, stopwords, min_chars, old.targets, settings.batch_size, settings.workers,
+            old.contexts_per_shard,
         )
         infos: list[ShardInfo] = []
         encode_s = embed_shards(
             root, _chunks(settings.corpus, plan, first, per_shard), encoder, options, infos.append
         )
-        infos.sort(key=lambda i: i.index)
+        infos.sort(key=lambda i: i.key)
 
         new = old.model_copy(deep=True)
         new.version = version
@@ -288,8 +290,9 @@ def _classify(corpus: list[Path], datastore: Datastore, min_chars: int) -> _Plan
     return plan
 
 
-def _chunks(corpus: list[Path], plan: _Plan, first: int, per_shard: int) -> Iterator[tuple[int, list[Article]]]:
-    """The articles to embed (second pass over the corpus, first occurrence of each title), in shard-size chunks."""
+def _chunks(corpus: list[Path], plan: _Plan, first: int, per_shard: int) -> Iterator[Work]:
+    """The articles to embed (second pass over the corpus, first occurrence of each title), in blocks of
+    ``per_shard`` articles numbered from ``first`` (each written in parts, as the build's were)."""
 
     def wanted() -> Iterator[Article]:
         taken: set[str] = set()
@@ -301,7 +304,7 @@ def _chunks(corpus: list[Path], plan: _Plan, first: int, per_shard: int) -> Iter
     stream = wanted()
     index = first
     while chunk := list(islice(stream, per_shard)):
-        yield index, chunk
+        yield Work(index, 0, chunk)
         index += 1
 
 
@@ -326,8 +329,8 @@ def _remove_debris(root: Path, manifest: Manifest, index_dir: str) -> None:
     last = max((s.index for s in manifest.shards), default=-1)
     shards = root / SHARDS_DIR
     for p in shards.iterdir() if shards.is_dir() else ():
-        later = p.name.startswith("shard-") and p.name[6:].isdigit() and int(p.name[6:]) > last
-        if later or p.name.startswith(".tmp-"):
+        key = parse_shard_name(p.name)
+        if (key is not None and key[0] > last) or p.name.startswith(".tmp-"):
             shutil.rmtree(p, ignore_errors=True)
     shutil.rmtree(root / index_dir, ignore_errors=True)
 

@@ -57,32 +57,45 @@ def _fsync_write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def finished_shard(root: Path, index: int) -> ShardInfo | None:
+def finished_shard(root: Path, index: int, part: int = 0) -> ShardInfo | None:
     """The shard's info when a complete, intact copy is on disk (resume skips it), else None."""
-    shard_dir = Path(root) / SHARDS_DIR / shard_name(index)
+    shard_dir = Path(root) / SHARDS_DIR / shard_name(index, part)
     info = read_shard_info(shard_dir)
-    if info is None or check_shard_files(shard_dir, info, hashes=True) is not None:
+    if info is None or info.key != (index, part) or check_shard_files(shard_dir, info, hashes=True) is not None:
         return None
     return info
 
 
-def write_shard(root: Path, index: int, data: ShardData) -> ShardInfo:
-    """Write every file of shard ``index`` to a temp dir, then rename it into place (all or nothing)."""
+def finished_parts(root: Path, index: int) -> list[ShardInfo]:
+    """The intact parts 0, 1, ... of block ``index`` on disk, up to the first missing one (resume keeps them;
+    the block is complete when the last of them is its ``last`` part)."""
+    parts: list[ShardInfo] = []
+    while (info := finished_shard(root, index, len(parts))) is not None:
+        parts.append(info)
+        if info.last:
+            break
+    return parts
+
+
+def write_shard(root: Path, index: int, data: ShardData, *, part: int = 0, last: bool = True) -> ShardInfo:
+    """Write every file of part ``part`` of block ``index`` to a temp dir, then rename it into place (all or
+    nothing)."""
     shards = Path(root) / SHARDS_DIR
     shards.mkdir(parents=True, exist_ok=True)
-    final = shards / shard_name(index)
-    tmp = shards / f".tmp-{shard_name(index)}-{os.getpid()}"
+    name = shard_name(index, part)
+    final = shards / name
+    tmp = shards / f".tmp-{name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        return _write_shard_files(tmp, final, index, data)
+        return _write_shard_files(tmp, final, index, part, last, data)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # never trusted anyway; a full disk gets its space back now
         raise
 
 
-def _write_shard_files(tmp: Path, final: Path, index: int, data: ShardData) -> ShardInfo:
+def _write_shard_files(tmp: Path, final: Path, index: int, part: int, last: bool, data: ShardData) -> ShardInfo:
     encoded = [s.encode("utf-8") for s in data.sentences]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
@@ -98,8 +111,10 @@ def _write_shard_files(tmp: Path, final: Path, index: int, data: ShardData) -> S
         _fsync_write(tmp / WORDS, data.words.to_json())
         names = (*SHARD_FILES, WORDS)
     info = ShardInfo(
-        name=shard_name(index),
+        name=shard_name(index, part),
         index=index,
+        part=part,
+        last=last,
         rows=int(len(data.labels)),
         articles=len(data.articles),
         sentences=len(data.sentences),

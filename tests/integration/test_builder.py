@@ -142,7 +142,7 @@ def check_alignment(root: Path, corpus: list[Path], tokenizer: PreTrainedTokeniz
     splitter = SentenceSplitter()
     selector = TargetSelector(tokenizer, load_stopwords())
     for title, entry in store.articles.items():
-        shard = store.shards[store.shard_position(entry.shard)]
+        shard = store.shards[entry.shard]
         sentences = [shard.sentence(i) for i in range(entry.sent_start, entry.sent_end)]
         want = [s for s in splitter.split(texts[title]) if len(s) >= MIN_SENTENCE_CHARS and sentence_problem(s) is None]
         assert sentences == want, title
@@ -302,7 +302,7 @@ def test_xml_dump_and_jsonl_build_together(
     assert json.loads((out / REDIRECTS).read_text()) == {"Numero zero": "0"}
     assert [s.format for s in m.sources] == ["jsonl", "mediawiki-xml"]
     for title in xml_titles:
-        text = " ".join(s for s in (store.shards[store.shard_position(store.articles[title].shard)].sentence(i)
+        text = " ".join(s for s in (store.shards[store.articles[title].shard].sentence(i)
                                     for i in range(store.articles[title].sent_start, store.articles[title].sent_end)))
         assert text
         for residue in ("[[", "{{", "'''", "<ref", "cite web", "thumb", "Category:", "Infobox"):

@@ -84,7 +84,7 @@ def test_whole_word_datastore_stores_the_word_once_with_one_mask(whole_ds: Path,
         assert WORDS in info.files and (whole_ds / "shards" / info.name / WORDS).is_file()
     ds = Datastore(whole_ds)
     entry = ds.articles["Brandle Mox"]
-    shard = ds.shards[ds.shard_position(entry.shard)]
+    shard = ds.shards[entry.shard]
     words = [shard.words[int(label)] for label in shard.labels[entry.row_start : entry.row_end]]
     texts = [w.text for w in words]
     assert texts.count("kelvadorn") == 1 and texts.count("brandle") == 2
@@ -108,7 +108,7 @@ def test_single_piece_datastore_is_unchanged(single_ds: Path, whole_ds: Path, mo
     tok = AutoTokenizer.from_pretrained(str(model_dir), use_fast=True)
     for title in ("Brandle Mox", "Zorblat"):
         entry = single.articles[title]
-        shard = single.shards[single.shard_position(entry.shard)]
+        shard = single.shards[entry.shard]
         rows = range(entry.row_start, entry.row_end)
         stored = [
             shard.sentence(int(shard.sentence_ids[r]))[shard.spans[r][0] : shard.spans[r][1]] for r in rows

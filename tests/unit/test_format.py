@@ -144,7 +144,7 @@ def test_reader_returns_the_rows_of_the_given_articles(built: Path, tiny_model_d
     vecs, labels, ids = store.article_rows(["Plonk", "No such article", "Zorblat"])
     plonk, zorblat = store.articles["Plonk"], store.articles["Zorblat"]
     assert len(ids) == plonk.rows + zorblat.rows
-    pos = store.shard_position(plonk.shard)
+    pos = plonk.shard
     np.testing.assert_array_equal(vecs[: plonk.rows], store.shards[pos].vectors[plonk.row_start : plonk.row_end])
     np.testing.assert_array_equal(labels, store.labels_at(ids))
     for g, label in zip(ids[: plonk.rows], labels[: plonk.rows], strict=True):
@@ -162,7 +162,7 @@ def test_contexts_of_rows_from_several_articles_in_any_order(built: Path, tiny_m
     owner = {}
     for title in titles:  # the article of each global row, from the article table
         entry = store.articles[title]
-        base = int(store.shard_offsets[store.shard_position(entry.shard)])
+        base = int(store.shard_offsets[entry.shard])
         owner.update({base + r: title for r in range(entry.row_start, entry.row_end)})
     label_of = dict(zip(ids.tolist(), labels.tolist(), strict=True))
     rng = np.random.default_rng(0)

@@ -13,7 +13,7 @@ from bertknn.core.format.files import (
     write_manifest,
 )
 from bertknn.core.format.reader import ArticleEntry, ContextRef, Datastore, Shard
-from bertknn.core.format.validate import check_shard_files, validate_datastore
+from bertknn.core.format.validate import check_shard_files, validate_datastore, validate_parts
 from bertknn.core.hashing import sha256_file
 
 __all__ = [
@@ -32,5 +32,6 @@ __all__ = [
     "save_npy",
     "sha256_file",
     "validate_datastore",
+    "validate_parts",
     "write_manifest",
 ]

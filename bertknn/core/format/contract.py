@@ -4,7 +4,7 @@ Layout of a datastore directory (all arrays are ``.npy``, opened with ``mmap_mod
 
     manifest.json                 written last, atomically; its presence marks a finished datastore
     redirects.json                {normalised redirect title: normalised target title}
-    shards/shard-00000/
+    shards/shard-00000/           block 0 (``shard-00000.001``, ... : its further parts, when it was cut by contexts)
         vectors.npy               float16 [rows, hidden]   [MASK] embedding at ``manifest.layer``
         labels.npy                int32   [rows]           token id of the masked word, row-aligned
                                                            (whole-word datastores: id into words.json)
@@ -76,6 +76,8 @@ __all__ = [
     "TFIDF_DIR",
     "IVFPQ_FILE",
     "shard_name",
+    "parse_shard_name",
+    "READABLE_FORMAT_VERSIONS",
     "FileInfo",
     "ShardInfo",
     "ModelInfo",
@@ -88,7 +90,8 @@ __all__ = [
     "shard_file_names",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a block of articles may be written as several shards (parts), see ShardInfo.part
+READABLE_FORMAT_VERSIONS = (1, 2)  # version 1 is version 2 with one part per block
 MANIFEST = "manifest.json"
 REDIRECTS = "redirects.json"
 SHARDS_DIR = "shards"
@@ -114,8 +117,19 @@ PAPER_CODE_BYTES = 64
 PAPER_NPROBE = 64
 
 
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}"
+def shard_name(index: int, part: int = 0) -> str:
+    """``shard-00012`` for the first (often only) part of block 12, ``shard-00012.003`` for its fourth."""
+    return f"shard-{index:05d}" if part == 0 else f"shard-{index:05d}.{part:03d}"
+
+
+def parse_shard_name(name: str) -> tuple[int, int] | None:
+    """(block index, part) of a shard directory name, or None when it is not one."""
+    if not name.startswith("shard-"):
+        return None
+    block, _, part = name[6:].partition(".")
+    if not block.isdigit() or (part and not part.isdigit()):
+        return None
+    return int(block), int(part or 0)
 
 
 class FileInfo(BaseModel):
@@ -125,13 +139,25 @@ class FileInfo(BaseModel):
 
 
 class ShardInfo(BaseModel):
+    """One shard directory. The corpus is cut into blocks of at most ``articles_per_shard`` articles (or, from a
+    multistream dump with its index, of whole bz2 streams): the unit of slicing (block j belongs to slice j % n).
+    A block is written as one or more parts of at most ``contexts_per_shard`` contexts each, cut between articles:
+    the unit of resume. ``last`` marks a block's final part (a block whose final part is on disk is complete)."""
+
     model_config = ConfigDict(frozen=True)
     name: str
-    index: int
+    index: int  # the block
     rows: int
     articles: int
     sentences: int
     files: dict[str, FileInfo]
+    part: int = 0
+    last: bool = True
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Sort key and identity: (block, part)."""
+        return self.index, self.part
 
 
 class ModelInfo(BaseModel):
@@ -182,6 +208,9 @@ class SliceInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
     index: int
     count: int
+    # "articles": every slice read the whole corpus and kept its blocks (corpus-wide counts are the same in each);
+    # "streams": each slice read only its blocks' bz2 streams (a multistream index), so its counts are its own
+    unit: Literal["articles", "streams"] = "articles"
 
 
 class Manifest(BaseModel):
@@ -195,7 +224,8 @@ class Manifest(BaseModel):
     layer: int
     dtype: Literal["float16"] = "float16"
     max_seq_len: int
-    articles_per_shard: int
+    articles_per_shard: int  # articles per block (see ShardInfo)
+    contexts_per_shard: int | None = None  # contexts per part of a block; None: one part per block (version 1)
     stopwords_sha256: str
     counts: Counts = Field(default_factory=Counts)
     sources: list[SourceInfo] = Field(default_factory=list)

@@ -15,9 +15,9 @@ import numpy as np
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format.contract import (
     ARTICLES,
-    FORMAT_VERSION,
     LABELS,
     MANIFEST,
+    READABLE_FORMAT_VERSIONS,
     REDIRECTS,
     SENTENCE_IDS,
     SENTENCE_OFFSETS,
@@ -38,7 +38,7 @@ class ArticleEntry:
     title: str
     id: str
     source: str
-    shard: int
+    shard: int  # position in Datastore.shards
     row_start: int
     row_end: int
     sent_start: int
@@ -121,10 +121,10 @@ class Datastore:
     def __init__(self, root: Path | str, manifest: Manifest | None = None):
         self.root = Path(root)
         self.manifest = manifest or read_manifest(self.root)
-        if self.manifest.format_version != FORMAT_VERSION:
+        if self.manifest.format_version not in READABLE_FORMAT_VERSIONS:
             raise DatastoreError(
                 f"{self.root / MANIFEST}: format version {self.manifest.format_version}, this code reads "
-                f"{FORMAT_VERSION}; rebuild the datastore with this version of the builder"
+                f"{READABLE_FORMAT_VERSIONS}; rebuild the datastore with this version of the builder"
             )
         self.shards = [Shard(self.root, s) for s in self.manifest.shards]
         offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
@@ -136,9 +136,9 @@ class Datastore:
         # lookup), not in `iter_article_texts` (sparse indexes), and in `superseded_rows` (whole-datastore kNN).
         self.articles: dict[str, ArticleEntry] = {}
         self.superseded: list[ArticleEntry] = []
-        for shard in self.shards:
+        for pos, shard in enumerate(self.shards):
             for a in shard.articles():
-                entry = ArticleEntry(shard=shard.info.index, **a)
+                entry = ArticleEntry(shard=pos, **a)
                 previous = self.articles.get(entry.title)
                 if previous is not None:
                     self.superseded.append(previous)
@@ -161,21 +161,13 @@ class Datastore:
         """Sorted global row ids of the articles a later shard replaced: a whole-datastore search skips them."""
         parts = [np.zeros(0, np.int64)]
         for e in self.superseded:
-            base = self.shard_offsets[self.shard_position(e.shard)]
+            base = self.shard_offsets[e.shard]
             parts.append(np.arange(base + e.row_start, base + e.row_end, dtype=np.int64))
         return np.sort(np.concatenate(parts))
 
     @property
     def total_rows(self) -> int:
         return int(self.shard_offsets[-1])
-
-    def shard_position(self, shard: int) -> int:
-        """Shard index (as in ShardInfo.index) -> position in ``self.shards``."""
-        return self._shard_positions[shard]
-
-    @cached_property
-    def _shard_positions(self) -> dict[int, int]:
-        return {s.info.index: i for i, s in enumerate(self.shards)}
 
     def article_rows(self, titles: Iterable[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectors (float16), labels and global row ids of the given articles, reading only their rows."""
@@ -184,7 +176,7 @@ class Datastore:
             entry = self.articles.get(title)
             if entry is None or entry.rows == 0:
                 continue
-            pos = self.shard_position(entry.shard)
+            pos = entry.shard
             shard = self.shards[pos]
             vecs.append(shard.vectors[entry.row_start : entry.row_end])
             labels.append(shard.labels[entry.row_start : entry.row_end])
@@ -197,16 +189,16 @@ class Datastore:
 
     def iter_article_texts(self) -> Iterator[tuple[str, str]]:
         """(title, text) per article, the text being its stored sentences: what the sparse indexes index."""
-        for shard in self.shards:
+        for pos, shard in enumerate(self.shards):
             for a in shard.articles():
-                if self.articles[a["title"]].shard != shard.info.index:
+                if self.articles[a["title"]].shard != pos:
                     continue  # superseded by a later shard
                 yield a["title"], self.article_text(a["title"])
 
     def article_sentences(self, title: str) -> list[str]:
         """The stored sentences of an article (its current version)."""
         entry = self.articles[title]
-        shard = self.shards[self.shard_position(entry.shard)]
+        shard = self.shards[entry.shard]
         return [shard.sentence(i) for i in range(entry.sent_start, entry.sent_end)]
 
     def article_text(self, title: str) -> str:

@@ -9,9 +9,9 @@ import numpy as np
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format.contract import (
     ARTICLES,
-    FORMAT_VERSION,
     LABELS,
     MANIFEST,
+    READABLE_FORMAT_VERSIONS,
     SENTENCE_IDS,
     SENTENCE_OFFSETS,
     SENTENCES,
@@ -25,6 +25,7 @@ from bertknn.core.format.contract import (
     ShardInfo,
     read_shard_info,
     shard_file_names,
+    shard_name,
 )
 from bertknn.core.format.files import read_manifest
 from bertknn.core.format.reader import Shard
@@ -62,8 +63,11 @@ def validate_datastore(root: Path | str, *, hashes: bool = True, manifest: Manif
         except DatastoreError as exc:
             return [str(exc)]
     problems: list[str] = []
-    if manifest.format_version != FORMAT_VERSION:
-        problems.append(f"{root / MANIFEST}: format version {manifest.format_version} != {FORMAT_VERSION}")
+    if manifest.format_version not in READABLE_FORMAT_VERSIONS:
+        problems.append(
+            f"{root / MANIFEST}: format version {manifest.format_version}, this code reads {READABLE_FORMAT_VERSIONS}"
+        )
+    problems.extend(validate_parts(root / MANIFEST, manifest.shards))
     totals = Counts()
     for info in manifest.shards:
         shard_dir = root / SHARDS_DIR / info.name
@@ -154,6 +158,25 @@ def _superseded_totals(root: Path, manifest: Manifest, problems: list[str]) -> C
                 out.contexts += old["row_end"] - old["row_start"]
             latest[title] = (info.name, a)
     return out
+
+
+def validate_parts(where_from: Path, shards: list[ShardInfo]) -> list[str]:
+    """Names match (block, part); each block's parts are 0..k in order, and part k is its last."""
+    previous: ShardInfo | None = None
+    for info in shards:
+        where = f"{where_from}: {info.name}"
+        if info.name != shard_name(info.index, info.part):
+            return [f"{where}: the name does not match block {info.index} part {info.part}"]
+        if previous is not None and info.key <= previous.key:
+            return [f"{where}: out of order after {previous.name}"]
+        if info.part > 0 and (previous is None or previous.index != info.index or previous.part != info.part - 1):
+            return [f"{where}: part {info.part} without part {info.part - 1} of its block before it"]
+        if previous is not None and previous.index != info.index and not previous.last:
+            return [f"{where_from}: {previous.name} is not the last part of its block, but the next is missing"]
+        previous = info
+    if previous is not None and not previous.last:
+        return [f"{where_from}: {previous.name} is not the last part of its block, but the next is missing"]
+    return []
 
 
 def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
