@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     tfidf = TfidfRetriever(INDEX_ROOT / TFIDF_DIR)
     tfidf_open_s = time.perf_counter() - t0
-    titles = set(tfidf.titles)
+    titles = set(tfidf.titles())
 
     queries = lama_queries(args.queries)
     texts = [q for q, _ in queries]

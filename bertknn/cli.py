@@ -15,6 +15,7 @@ commands:
   add        embed new or changed articles into a datastore (live update)
   validate   check a datastore and name the first problem
   merge      join the slices of a sliced build into one datastore
+  upgrade    convert a datastore of an older format version to the current one
   ivfpq      add the whole-datastore IVF-PQ index (the no-retrieval ablation)
   serve      serve POST /predict over HTTP
   eval       run the LAMA probe (in process, or against a running service)
@@ -22,7 +23,7 @@ commands:
 
 `bert-knn COMMAND --help` lists a command's flags; docs/configuration.md lists every setting."""
 
-_BUILDER = ("build", "add", "validate", "merge", "ivfpq")
+_BUILDER = ("build", "add", "validate", "merge", "upgrade", "ivfpq")
 
 
 def _runner(command: str) -> Callable[[list[str]], int]:

@@ -1,4 +1,4 @@
-"""``bert-knn build | add | validate | merge | ivfpq`` (also ``python -m datastore_builder ...``)."""
+"""``bert-knn build | add | validate | merge | upgrade | ivfpq`` (also ``python -m datastore_builder ...``)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def _parser(prog: str = "python -m datastore_builder") -> argparse.ArgumentParse
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--ivfpq", action="store_true")
     m.add_argument("--no-sparse-indexes", dest="sparse_indexes", action="store_false")
+
+    u = sub.add_parser("upgrade", help="convert a datastore of an older format version to the current one, in place")
+    u.add_argument("datastore", type=Path)
 
     i = sub.add_parser("ivfpq", help="build the whole-datastore IVF-PQ index (no-retrieval ablation)")
     i.add_argument("datastore", type=Path)
@@ -103,6 +106,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
 
             manifest = merge_slices(args.slices, args.out, ivfpq=args.ivfpq, sparse_indexes=args.sparse_indexes)
             print(json.dumps({"datastore": str(args.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
+            return 0
+        if args.command == "upgrade":
+            from bertknn.builder.upgrade import upgrade_datastore
+
+            print(json.dumps(upgrade_datastore(args.datastore)))
             return 0
         if args.command == "ivfpq":
             from bertknn.builder.ivfpq import add_ivfpq

@@ -25,7 +25,7 @@ from bertknn.builder.settings import BuildSettings
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, load_stopwords, masked_ids, stopwords_sha256
 from bertknn.builder.wikitext import TEXT_RULES, sentence_problem
-from bertknn.builder.writer import ShardData, finished_parts, remove_stale_temp, write_shard
+from bertknn.builder.writer import ShardData, finished_parts, remove_stale_temp, write_shard, write_table
 from bertknn.core.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
 from bertknn.core.errors import BuildError, DatastoreError
 from bertknn.core.format import (
@@ -596,6 +596,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         slice=None if whole else SliceInfo(index=settings.shard_index, count=settings.num_shards, unit=plan.unit),
         targets=settings.targets,
     )
+    write_table(out, manifest, sorted(stats.redirects.items()))
     if whole:
         manifest.indexes.update(_build_indexes(out, settings, manifest))
     manifest.datastore_id = manifest.compute_id()

@@ -123,7 +123,8 @@ def merge_slices(
         os.close(dir_fd)
     logger.info("merge: %d shards from %d slices (%d files linked, %d copied)", len(shards), len(slices), linked, copied)
 
-    atomic_write_json(out / REDIRECTS, _merge_redirects(slices))
+    redirects = _merge_redirects(slices)
+    atomic_write_json(out / REDIRECTS, redirects)
     # By articles, every slice reads the whole corpus, so its corpus-wide counts are the same in each slice; by
     # streams, each slice counts what it read.
     own = [m for _, m in by_index] if first.slice is not None and first.slice.unit == "streams" else [first]
@@ -150,9 +151,11 @@ def merge_slices(
     )
     from bertknn.builder.build import _build_indexes
     from bertknn.builder.settings import BuildSettings
+    from bertknn.builder.writer import write_table
 
     # model_construct: only the two index switches matter here, and a merge pod's environment may carry
     # a worker's BERTKNN_BUILD_* variables that must not be validated or applied.
+    write_table(out, manifest, redirects.items())
     index_settings = BuildSettings.model_construct(sparse_indexes=sparse_indexes, ivfpq=ivfpq)
     manifest.indexes.update(_build_indexes(out, index_settings, manifest))
     manifest.datastore_id = manifest.compute_id()

@@ -28,7 +28,7 @@ class BuildSettings(BaseSettings):
     num_shards: int = Field(1, ge=1)
     limit_articles: int | None = Field(None, ge=1)
     articles_per_shard: int = Field(
-        500, ge=1, description="articles per block: the unit a parallel build's slices divide (block j: slice j % n)"
+        5000, ge=1, description="articles per block: the unit a parallel build's slices divide (block j: slice j % n)"
     )
     contexts_per_shard: int = Field(
         100_000,

@@ -15,13 +15,16 @@ that finds matching indexes keeps them instead of rebuilding.
 ``index/tfidf/`` -- DrQA's TF-IDF (Chen et al. 2017, ``drqa/retriever``), stored without pickle:
     ``params.json``  ``{"format": "bertknn-tfidf", "version", "fingerprint", "n_docs", "n_buckets",
                       "n_features": 2**24, "ngram": 2, "stopwords": [...], "token_pattern", "fold", "tf", "idf"}``
-    ``titles.json``  list of titles; column ``j`` of the postings is ``titles[j]``
+    ``titles.txt`` + ``title_offsets.npy``  UTF-8 titles concatenated, int64 byte offsets [n_docs + 1];
+                     column ``j`` of the postings is title ``j``
     ``buckets.npy``  int64 [n_buckets], sorted: the hash buckets that occur in at least one document
     ``idf.npy``      float32 [n_buckets], the idf of each bucket (row-aligned with ``buckets.npy``)
-    ``postings.npz`` ``scipy.sparse`` CSR float32 [n_buckets, n_docs] (``save_npz``, uncompressed; read with
-                     ``load_npz``, which never unpickles): row ``i`` holds ``log(1 + tf) * idf`` of bucket
-                     ``buckets[i]`` in every document that contains it -- an inverted index, so a query reads
-                     only the postings of its own buckets.
+    ``postings_indptr.npy`` (int64 [n_buckets + 1]), ``postings_indices.npy`` (int32), ``postings_data.npy``
+                     (float32): the CSR matrix [n_buckets, n_docs] whose row ``i`` holds ``log(1 + tf) * idf`` of
+                     bucket ``buckets[i]`` in every document that contains it -- an inverted index. The reader
+                     memory-maps every file, so a query reads only its own buckets' postings and start-up reads
+                     nothing per document (format version 2; version 1's ``postings.npz`` and ``titles.json``
+                     were loaded whole, and ``python -m datastore_builder upgrade`` converts them).
     Text -> features (:class:`NgramHasher`, shared with the service): Unicode NFKD with combining marks dropped,
     ``casefold`` (so "Émile" and "emile" match), tokens ``\\w+`` or single non-space symbols, unigrams and
     bigrams joined by a space; an n-gram is dropped when *all* its tokens are stopwords (the bundled English
@@ -72,11 +75,11 @@ from bertknn.core.format.sparse import (
     BM25_META,
     SPARSE_FORMAT_VERSION,
     TFIDF_BUCKETS,
+    TFIDF_FILES,
     TFIDF_IDF,
     TFIDF_PARAMS,
-    TFIDF_POSTINGS,
-    TFIDF_TITLES,
     NgramHasher,
+    write_tfidf_arrays,
 )
 from bertknn.core.lucene import ready_pyserini_env
 
@@ -162,7 +165,7 @@ def sparse_indexes_current(root: Path, fingerprint: str, index_dir: str = INDEX_
         and tfidf.get("fingerprint") == fingerprint
         and all(
             (Path(root) / index_dir / "tfidf" / name).is_file()
-            for name in (TFIDF_TITLES, TFIDF_BUCKETS, TFIDF_IDF, TFIDF_POSTINGS)
+            for name in TFIDF_FILES
         )
     )
 
@@ -325,10 +328,9 @@ def _write_tfidf(directory: Path, collected: _Collected, hasher: NgramHasher, fi
         else sp.csr_array((0, hasher.n_features), dtype=np.float32)
     )
     tables = tfidf_tables(counts)
-    sp.save_npz(directory / TFIDF_POSTINGS, tables.postings, compressed=False)
+    write_tfidf_arrays(directory, collected.titles, tables.postings)
     save_npy(directory / TFIDF_BUCKETS, tables.buckets)
     save_npy(directory / TFIDF_IDF, tables.idf)
-    (directory / TFIDF_TITLES).write_text(json.dumps(collected.titles, ensure_ascii=False), encoding="utf-8")
     atomic_write_json(
         directory / TFIDF_PARAMS,
         {

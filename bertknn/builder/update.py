@@ -37,9 +37,11 @@ from bertknn.builder.build import BUILD_STATE, ShardOptions, Work, check_corpus_
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
+from bertknn.builder.writer import write_table
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import UpdateError
 from bertknn.core.format import (
+    ARTICLE_TABLE,
     BM25_DIR,
     INDEX_DIR,
     IVFPQ_FILE,
@@ -193,6 +195,8 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
                 sources=sources,
             ),
         ]
+        write_table(root, new, sorted(plan.stats.redirects.items()), f"{index_dir}/{ARTICLE_TABLE}",
+                    base=old.article_table, first_shard=len(old.shards))  # fmt: skip
         updated = Datastore(root, new)
         new.counts = _counts(updated, old.counts)
         new.indexes = {}
@@ -209,12 +213,13 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
 
             new.indexes.update(extend_ivfpq(root, old, new, f"{index_dir}/ivfpq.faiss"))
         new.datastore_id = new.compute_id()
+        _merge_redirects(root, plan.stats.redirects)  # the builder's record; readers use the article table
         problems = validate_datastore(root, hashes=False, manifest=new)
         if problems:
             raise UpdateError(f"the new version failed validation, so {root} stays at version {old.version}: {problems[0]}")
-        _merge_redirects(root, plan.stats.redirects)
         write_manifest(root, new)  # the commit: readers see version N from here on
-        _prune_indexes(root, keep={*old.indexes.values(), *new.indexes.values()})
+        _prune_indexes(root, keep={*old.indexes.values(), *new.indexes.values(), old.article_table or "",
+                                   new.article_table or ""})  # fmt: skip
         result = UpdateResult(
             new,
             plan.count("added"),
@@ -309,17 +314,16 @@ def _chunks(corpus: list[Path], plan: _Plan, first: int, per_shard: int) -> Iter
 
 
 def _counts(datastore: Datastore, previous: Counts) -> Counts:
-    live = datastore.articles.values()
-    gone = datastore.superseded
+    live, gone = datastore.table.totals(live=True), datastore.table.totals(live=False)
     return Counts(
-        articles=len(datastore.articles),
-        sentences=sum(e.sent_end - e.sent_start for e in live),
-        contexts=sum(e.rows for e in live),
+        articles=live[0],
+        sentences=live[1],
+        contexts=live[2],
         skipped_duplicate_titles=previous.skipped_duplicate_titles,
         skipped_pages=previous.skipped_pages,
-        superseded_articles=len(gone),
-        superseded_sentences=sum(e.sent_end - e.sent_start for e in gone),
-        superseded_contexts=sum(e.rows for e in gone),
+        superseded_articles=gone[0],
+        superseded_sentences=gone[1],
+        superseded_contexts=gone[2],
     )
 
 
@@ -361,6 +365,8 @@ def _prune_indexes(root: Path, keep: set[str]) -> None:
     for rel in (BM25_DIR, TFIDF_DIR):
         if not kept(rel) and (root / rel).is_dir():
             shutil.rmtree(root / rel, ignore_errors=True)
+    if not kept(ARTICLE_TABLE):
+        (root / ARTICLE_TABLE).unlink(missing_ok=True)
     if not kept(IVFPQ_FILE):
         (root / IVFPQ_FILE).unlink(missing_ok=True)
         (root / IVFPQ_FILE).with_suffix(".json").unlink(missing_ok=True)

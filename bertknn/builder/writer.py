@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from bertknn.core.format import (
+    ARTICLE_TABLE,
     ARTICLES,
     INDEX_DIR,
     LABELS,
@@ -24,6 +26,8 @@ from bertknn.core.format import (
     VECTORS,
     WORDS,
     FileInfo,
+    Manifest,
+    Shard,
     ShardInfo,
     check_shard_files,
     naming_write_errors,
@@ -32,6 +36,7 @@ from bertknn.core.format import (
     sha256_file,
     shard_name,
 )
+from bertknn.core.format.table import write_article_table
 from bertknn.core.words import WordTable
 
 
@@ -152,3 +157,22 @@ def remove_stale_temp(root: Path) -> None:
                     shutil.rmtree(p, ignore_errors=True)
                 else:
                     p.unlink(missing_ok=True)
+
+
+def write_table(
+    root: Path,
+    manifest: Manifest,
+    redirects: Iterable[tuple[str, str]],
+    rel_path: str = ARTICLE_TABLE,
+    *,
+    base: str | None = None,
+    first_shard: int = 0,
+) -> None:
+    """Write the article table of ``manifest``'s shards from ``first_shard`` on (``base``: the table of the
+    version those shards extend) to ``root/rel_path``, and name it in the manifest."""
+    shards = ((pos, Shard(root, info).articles()) for pos, info in enumerate(manifest.shards) if pos >= first_shard)
+    write_article_table(
+        Path(root) / rel_path, shards, redirects, content_id=manifest.articles_id(),
+        base=None if base is None else Path(root) / base,
+    )  # fmt: skip
+    manifest.article_table = rel_path

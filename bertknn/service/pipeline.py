@@ -92,7 +92,7 @@ class AnswerPipeline:
         verify_checksums: bool = False,
     ) -> AnswerPipeline:
         """Load and check everything once: datastore (validated), model (hash-checked), indexes, JVM."""
-        problems = validate_datastore(datastore_dir, hashes=verify_checksums)
+        problems = validate_datastore(datastore_dir, hashes=verify_checksums, deep=verify_checksums)
         if problems:
             raise DatastoreError(f"datastore failed validation: {problems[0]}")
         datastore = Datastore(datastore_dir)
@@ -107,7 +107,7 @@ class AnswerPipeline:
         The model is not loaded again; the datastore is validated and must have been built with the same model
         weights (`ModelLoadError` otherwise), its indexes are opened here. Used by the service's live reload.
         """
-        problems = validate_datastore(datastore_dir, hashes=verify_checksums)
+        problems = validate_datastore(datastore_dir, hashes=verify_checksums, deep=verify_checksums)
         if problems:
             raise DatastoreError(f"datastore failed validation: {problems[0]}")
         return type(self)(

@@ -95,7 +95,10 @@ class ServiceSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    verify_checksums: bool = Field(False, description="hash every shard file at start-up (slow on big datastores)")
+    verify_checksums: bool = Field(
+        False, description="at start-up and reload, run the full `validate` (every article, every shard file hashed; "
+        "slow on big datastores) instead of the quick check (manifest, file sizes, article table identity)"
+    )
     graceful_shutdown_s: int = Field(
         25, ge=0, le=3600, description="after SIGTERM, how long requests in flight may take to finish (uvicorn's "
         "timeout_graceful_shutdown); keep it below Kubernetes' terminationGracePeriodSeconds less the preStop sleep"

@@ -166,7 +166,7 @@ def page_xml(title: str, text: str, page_id: int, ns: int = 0, redirect: str | N
         f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{ns}</ns>\n    <id>{page_id}</id>\n{redirect_el}"
         f'    <revision>\n      <id>{page_id}0</id>\n      <text bytes="{len(text)}" xml:space="preserve">'
         f"{escape(text)}</text>\n    </revision>\n  </page>\n"
-    ).encode("utf-8")
+    ).encode()
 
 
 def write_multistream(directory: Path, pages: list[tuple[str, str, int, int, str | None]], per_stream: int) -> Path:

@@ -51,6 +51,7 @@ from bertknn.core.format import (
     read_manifest,
     validate_datastore,
 )
+from bertknn.service.retrieval.sparse import TfidfRetriever
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -462,7 +463,8 @@ def test_cli_merge_with_indexes(
     assert m.indexes == {"bm25": "index/bm25", "tfidf": "index/tfidf", "ivfpq": "index/ivfpq.faiss"}
     want = read_manifest(reference).model_dump(exclude={"indexes"})
     assert m.model_dump(exclude={"indexes"}) == want
-    assert sorted(json.loads((out / "index" / "tfidf" / "titles.json").read_text())) == sorted(Datastore(out).articles)
+    tfidf = TfidfRetriever(out / "index" / "tfidf")
+    assert sorted(tfidf.titles()) == sorted(Datastore(out).articles)
     # A finished merge is not overwritten.
     assert main(["merge", *map(str, slices), "--out", str(out), "--no-sparse-indexes"]) == 1
     assert "already holds a finished datastore" in capsys.readouterr().err

@@ -19,7 +19,9 @@ from fastapi.testclient import TestClient
 
 from bertknn.builder.corpus import CorpusStats, detect_format, read_corpora
 from bertknn.builder.progress import BuildProgress
+from bertknn.builder.writer import write_table
 from bertknn.core.errors import CorpusError, ModelLoadError
+from bertknn.core.format import read_manifest, write_manifest
 from bertknn.core.model_ref import local_model_path, locate_model
 from bertknn.service.answer import non_word_tokens
 from bertknn.service.api.routes import to_query
@@ -130,6 +132,9 @@ def test_subject_status_follows_a_redirect(tmp_path: Path, tiny_datastore: Path)
     ds = tmp_path / "ds"
     shutil.copytree(tiny_datastore, ds)
     (ds / "redirects.json").write_text(json.dumps({"Zorby": "Zorblat"}))
+    manifest = read_manifest(ds)
+    write_table(ds, manifest, [("Zorby", "Zorblat")])  # what the service reads: the article table
+    write_manifest(ds, manifest)
     with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
         assert c.post("/predict", json={**Q, "subject": "Zorby"}).json()["subject_status"] == "redirect"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bertknn.builder.ivfpq import MAX_TRAIN_ROWS, add_ivfpq, plan_ivfpq, read_ivfpq_meta
-from bertknn.builder.writer import ShardData, write_shard
+from bertknn.builder.writer import ShardData, write_shard, write_table
 from bertknn.core.format import Datastore, Manifest, ModelInfo, write_manifest
 from bertknn.service.retrieval.global_knn import IvfPqKnn
 
@@ -93,6 +93,7 @@ def synthetic_datastore(tmp_path_factory: pytest.TempPathFactory) -> Path:
     manifest.counts.articles = SHARDS
     manifest.counts.sentences = SHARDS
     manifest.counts.contexts = SHARDS * ROWS_PER_SHARD
+    write_table(root, manifest, [])
     manifest.datastore_id = manifest.compute_id()
     write_manifest(root, manifest)
     add_ivfpq(root)

@@ -123,7 +123,7 @@ def test_add_embeds_new_and_changed_articles_and_supersedes_old_rows(ds: Path, u
             assert ranker.top_articles("zandor", 3)[0][0] == "Brindle Pax"  # type: ignore[attr-defined]
             assert "Zorblat" not in [t for t, _ in ranker.top_articles("rivers", 10)]  # type: ignore[attr-defined]
         assert pipe.retrievers["bm25"].num_docs == 7  # type: ignore[attr-defined]
-        assert sorted(pipe.retrievers["tfidf"].titles) == sorted(d.articles)  # type: ignore[attr-defined]
+        assert sorted(pipe.retrievers["tfidf"].titles()) == sorted(d.articles)  # type: ignore[attr-defined]
         # whole-datastore kNN (IVF-PQ path; a flat index at this size, so exact): every row but the superseded
         knn = IvfPqKnn(d)
         _, rows = knn.search(np.asarray(d.shards[0].vectors[0], dtype=np.float32), d.total_rows)

@@ -14,7 +14,7 @@ from bertknn.builder.ivfpq import add_ivfpq, read_ivfpq_meta
 from bertknn.builder.sparse_index import build_sparse_indexes, write_sparse_indexes
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format import BM25_DIR, IVFPQ_FILE, TFIDF_DIR, Datastore, validate_datastore
-from bertknn.core.format.sparse import TFIDF_POSTINGS
+from bertknn.core.format.sparse import TFIDF_DATA
 from bertknn.service.retrieval.global_knn import IvfPqKnn
 from bertknn.service.retrieval.sparse import Bm25Retriever, Retriever, TfidfRetriever
 from bertknn.service.retrieval.subject import SubjectResolver
@@ -210,7 +210,7 @@ def test_the_subject_rule_wins_over_the_ranker(
 
 
 def test_a_resumed_build_keeps_current_indexes(datastore_dir: Path, datastore: Datastore) -> None:
-    postings = datastore_dir / TFIDF_DIR / TFIDF_POSTINGS
+    postings = datastore_dir / TFIDF_DIR / TFIDF_DATA
     lucene_files = sorted(p.name for p in (datastore_dir / BM25_DIR).iterdir())
     before = postings.stat().st_mtime_ns
     assert build_sparse_indexes(datastore_dir, datastore.manifest) == {"bm25": BM25_DIR, "tfidf": TFIDF_DIR}
@@ -229,7 +229,7 @@ def test_new_content_replaces_the_indexes_atomically(tmp_path: Path) -> None:
     second = Bm25Retriever(tmp_path / BM25_DIR)
     assert [t for t, _ in second.top_articles("apples", 5)] == ["Gamma"]
     second.close()
-    assert TfidfRetriever(tmp_path / TFIDF_DIR).titles == ["Gamma"]
+    assert TfidfRetriever(tmp_path / TFIDF_DIR).titles() == ["Gamma"]
     assert sorted(p.name for p in (tmp_path / "index").iterdir()) == ["bm25", "tfidf"]  # no temp dirs left
 
 

@@ -3,7 +3,9 @@
 Layout of a datastore directory (all arrays are ``.npy``, opened with ``mmap_mode="r"``; no pickle anywhere)::
 
     manifest.json                 written last, atomically; its presence marks a finished datastore
-    redirects.json                {normalised redirect title: normalised target title}
+    articles.sqlite               the article table (``bertknn.core.format.table``): titles -> shard rows, folded
+                                  titles, redirects, superseded entries; ``manifest.article_table`` names it
+    redirects.json                {normalised redirect title: normalised target title} (the builder's record)
     shards/shard-00000/           block 0 (``shard-00000.001``, ... : its further parts, when it was cut by contexts)
         vectors.npy               float16 [rows, hidden]   [MASK] embedding at ``manifest.layer``
         labels.npy                int32   [rows]           token id of the masked word, row-aligned
@@ -77,7 +79,8 @@ __all__ = [
     "IVFPQ_FILE",
     "shard_name",
     "parse_shard_name",
-    "READABLE_FORMAT_VERSIONS",
+    "UPGRADABLE_FORMAT_VERSIONS",
+    "ARTICLE_TABLE",
     "FileInfo",
     "ShardInfo",
     "ModelInfo",
@@ -90,8 +93,10 @@ __all__ = [
     "shard_file_names",
 ]
 
-FORMAT_VERSION = 2  # 2: a block of articles may be written as several shards (parts), see ShardInfo.part
-READABLE_FORMAT_VERSIONS = (1, 2)  # version 1 is version 2 with one part per block
+# 2: a block of articles may be written as several shards (parts), see ShardInfo.part
+# 3: the article table (titles, folded titles, redirects, superseding) is an SQLite file, opened not loaded
+FORMAT_VERSION = 3
+UPGRADABLE_FORMAT_VERSIONS = (1, 2)  # `python -m datastore_builder upgrade` converts them
 MANIFEST = "manifest.json"
 REDIRECTS = "redirects.json"
 SHARDS_DIR = "shards"
@@ -107,6 +112,7 @@ SHARD_FILES = (VECTORS, LABELS, SENTENCE_IDS, SPANS, SENTENCES, SENTENCE_OFFSETS
 WORDS = "words.json"  # whole-word datastores only
 OPTIONAL_SHARD_FILES = (WORDS,)
 INDEX_DIR = "index"
+ARTICLE_TABLE = "articles.sqlite"  # the first version's; `add` writes index/vN/articles.sqlite
 BM25_DIR = "index/bm25"
 TFIDF_DIR = "index/tfidf"
 IVFPQ_FILE = "index/ivfpq.faiss"
@@ -234,6 +240,7 @@ class Manifest(BaseModel):
     slice: SliceInfo | None = None
     targets: Literal["single-piece", "whole-word"] = "single-piece"
     updates: list[UpdateInfo] = Field(default_factory=list)  # one per `add`, oldest first
+    article_table: str | None = None  # relative path of this version's article table (format version 3)
 
     def compute_id(self) -> str:
         """Content id: the model, the layer and every shard checksum (stable across identical builds)."""
@@ -243,6 +250,14 @@ class Manifest(BaseModel):
         for s in self.shards:
             for name in sorted(s.files):
                 h.update(f"{s.name}/{name}:{s.files[name].sha256}".encode())
+        return h.hexdigest()[:16]
+
+    def articles_id(self) -> str:
+        """What the article table is made from: every shard's name and the checksum of its ``articles.json``."""
+        h = hashlib.sha256()
+        for s in self.shards:
+            info = s.files.get(ARTICLES)
+            h.update(f"{s.name}:{info.sha256 if info else ''}".encode())
         return h.hexdigest()[:16]
 
 

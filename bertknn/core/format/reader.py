@@ -15,38 +15,23 @@ import numpy as np
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format.contract import (
     ARTICLES,
+    FORMAT_VERSION,
     LABELS,
     MANIFEST,
-    READABLE_FORMAT_VERSIONS,
-    REDIRECTS,
     SENTENCE_IDS,
     SENTENCE_OFFSETS,
     SENTENCES,
     SHARDS_DIR,
     SPANS,
+    UPGRADABLE_FORMAT_VERSIONS,
     VECTORS,
     WORDS,
     Manifest,
     ShardInfo,
 )
 from bertknn.core.format.files import read_manifest
+from bertknn.core.format.table import ArticleEntry, ArticleTable, RedirectTable
 from bertknn.core.words import WordEntry, WordTable, read_word_table
-
-
-@dataclass(frozen=True)
-class ArticleEntry:
-    title: str
-    id: str
-    source: str
-    shard: int  # position in Datastore.shards
-    row_start: int
-    row_end: int
-    sent_start: int
-    sent_end: int
-
-    @property
-    def rows(self) -> int:
-        return self.row_end - self.row_start
 
 
 @dataclass(frozen=True)
@@ -119,13 +104,22 @@ class Datastore:
     """Read side of the contract, shared by the service, the evaluation and the builder's `validate`."""
 
     def __init__(self, root: Path | str, manifest: Manifest | None = None):
+        """Open a datastore: the manifest, then the article table (read-only, memory-mapped; nothing per article is
+        loaded). Shards map their arrays on first use."""
         self.root = Path(root)
         self.manifest = manifest or read_manifest(self.root)
-        if self.manifest.format_version not in READABLE_FORMAT_VERSIONS:
-            raise DatastoreError(
-                f"{self.root / MANIFEST}: format version {self.manifest.format_version}, this code reads "
-                f"{READABLE_FORMAT_VERSIONS}; rebuild the datastore with this version of the builder"
+        version = self.manifest.format_version
+        if version != FORMAT_VERSION:
+            fix = (
+                f"convert it: python -m datastore_builder upgrade {self.root}"
+                if version in UPGRADABLE_FORMAT_VERSIONS
+                else "rebuild the datastore with this version of the builder"
             )
+            raise DatastoreError(
+                f"{self.root / MANIFEST}: format version {version}, this code reads {FORMAT_VERSION}; {fix}"
+            )
+        if self.manifest.article_table is None:
+            raise DatastoreError(f"{self.root / MANIFEST}: names no article table; run `validate`")
         self.shards = [Shard(self.root, s) for s in self.manifest.shards]
         offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum([s.info.rows for s in self.shards], out=offsets[1:])
@@ -134,19 +128,17 @@ class Datastore:
         # `add` appends shards; an article in a later shard replaces the same title in earlier ones. The old rows
         # stay in their immutable shard but become unreachable: not in `articles` (restricted kNN, subject
         # lookup), not in `iter_article_texts` (sparse indexes), and in `superseded_rows` (whole-datastore kNN).
-        self.articles: dict[str, ArticleEntry] = {}
-        self.superseded: list[ArticleEntry] = []
-        for pos, shard in enumerate(self.shards):
-            for a in shard.articles():
-                entry = ArticleEntry(shard=pos, **a)
-                previous = self.articles.get(entry.title)
-                if previous is not None:
-                    self.superseded.append(previous)
-                self.articles[entry.title] = entry
-        redirects_path = self.root / REDIRECTS
-        self.redirects: dict[str, str] = (
-            json.loads(redirects_path.read_text(encoding="utf-8")) if redirects_path.is_file() else {}
-        )
+        self.table = ArticleTable(self.root / self.manifest.article_table)
+        self.articles: ArticleTable = self.table
+        self.redirects: RedirectTable = self.table.redirects
+
+    @property
+    def superseded(self) -> list[ArticleEntry]:
+        return self.table.superseded()
+
+    def close(self) -> None:
+        """Close the table's connections (a reload closes the version it replaced)."""
+        self.table.close()
 
     @property
     def id(self) -> str:
@@ -188,12 +180,11 @@ class Datastore:
         return np.concatenate(vecs), np.concatenate(labels), np.concatenate(ids)
 
     def iter_article_texts(self) -> Iterator[tuple[str, str]]:
-        """(title, text) per article, the text being its stored sentences: what the sparse indexes index."""
-        for pos, shard in enumerate(self.shards):
-            for a in shard.articles():
-                if self.articles[a["title"]].shard != pos:
-                    continue  # superseded by a later shard
-                yield a["title"], self.article_text(a["title"])
+        """(title, text) per live article, in shard order, the text being its stored sentences: what the sparse
+        indexes index."""
+        for entry in self.table.live():
+            shard = self.shards[entry.shard]
+            yield entry.title, " ".join(shard.sentence(i) for i in range(entry.sent_start, entry.sent_end))
 
     def article_sentences(self, title: str) -> list[str]:
         """The stored sentences of an article (its current version)."""
@@ -227,14 +218,6 @@ class Datastore:
             out[i] = self.shards[pos].labels[row]
         return out
 
-    @cached_property
-    def _row_to_article(self) -> list[tuple[list[int], list[str]]]:
-        table = []
-        for shard in self.shards:
-            arts = sorted(shard.articles(), key=lambda a: a["row_start"])
-            table.append(([int(a["row_start"]) for a in arts], [a["title"] for a in arts]))
-        return table
-
     def context(self, global_row: int) -> ContextRef:
         """The article, sentence and word span behind one stored row."""
         return self.contexts([global_row])[0]
@@ -249,7 +232,6 @@ class Datastore:
             by_shard.setdefault(pos, []).append((i, row))
         for pos, items in by_shard.items():
             shard = self.shards[pos]
-            starts, titles = self._row_to_article[pos]
             rows = np.fromiter((r for _, r in items), dtype=np.int64, count=len(items))
             spans = shard.spans[rows].tolist()
             sids = shard.sentence_ids[rows].astype(np.int64)
@@ -257,5 +239,5 @@ class Datastore:
             text = shard._sentences
             for (i, row), (a, b), s0, s1 in zip(items, spans, begin, end, strict=True):
                 sentence = text[s0:s1].tobytes().decode("utf-8")
-                out[i] = ContextRef(titles[bisect.bisect_right(starts, row) - 1], sentence, (a, b))
+                out[i] = ContextRef(self.table.title_at(pos, row), sentence, (a, b))
         return cast(list[ContextRef], out)

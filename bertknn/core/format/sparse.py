@@ -18,13 +18,18 @@ from sklearn.feature_extraction.text import HashingVectorizer
 from bertknn.core.errors import SparseIndexError
 from bertknn.core.text import fold_text, is_punctuation
 
-SPARSE_FORMAT_VERSION = 1
+SPARSE_FORMAT_VERSION = 2  # 2: TF-IDF postings and titles as plain arrays, memory-mapped by the reader
 BM25_META = "bertknn-bm25.json"
 TFIDF_PARAMS = "params.json"
-TFIDF_TITLES = "titles.json"
+TFIDF_TITLES = "titles.txt"  # UTF-8 titles, concatenated; title_offsets.npy holds their byte offsets
+TFIDF_TITLE_OFFSETS = "title_offsets.npy"
 TFIDF_BUCKETS = "buckets.npy"
 TFIDF_IDF = "idf.npy"
-TFIDF_POSTINGS = "postings.npz"
+TFIDF_INDPTR = "postings_indptr.npy"  # the CSR postings [n_buckets, n_docs] as its three arrays
+TFIDF_INDICES = "postings_indices.npy"
+TFIDF_DATA = "postings_data.npy"
+TFIDF_FILES = (TFIDF_TITLES, TFIDF_TITLE_OFFSETS, TFIDF_BUCKETS, TFIDF_IDF, TFIDF_INDPTR, TFIDF_INDICES, TFIDF_DATA)
+TFIDF_V1_POSTINGS = "postings.npz"  # version 1 (scipy's save_npz, loaded whole); `upgrade` converts it
 N_FEATURES = 2**24
 TOKEN_PATTERN = r"\w+|[^\w\s]"
 FOLD = "NFKD, combining marks removed, casefold"
@@ -84,3 +89,18 @@ class NgramHasher:
                 "rebuild the datastore's sparse indexes with this version of the builder"
             )
         return cls(frozenset(params["stopwords"]), int(params["ngram"]), int(params["n_features"]))
+
+
+def write_tfidf_arrays(directory: Path, titles: list[str], postings: sp.csr_array) -> None:
+    """Titles and the CSR postings as the plain files of version 2 (every one memory-mappable)."""
+    from bertknn.core.format.files import save_npy
+
+    encoded = [t.encode("utf-8") for t in titles]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    (directory / TFIDF_TITLES).write_bytes(b"".join(encoded))
+    save_npy(directory / TFIDF_TITLE_OFFSETS, offsets)
+    csr = sp.csr_array(postings)
+    save_npy(directory / TFIDF_INDPTR, csr.indptr.astype(np.int64, copy=False))
+    save_npy(directory / TFIDF_INDICES, csr.indices.astype(np.int32, copy=False))
+    save_npy(directory / TFIDF_DATA, csr.data.astype(np.float32, copy=False))

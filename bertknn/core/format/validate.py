@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -9,15 +10,17 @@ import numpy as np
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format.contract import (
     ARTICLES,
+    FORMAT_VERSION,
     LABELS,
     MANIFEST,
-    READABLE_FORMAT_VERSIONS,
+    REDIRECTS,
     SENTENCE_IDS,
     SENTENCE_OFFSETS,
     SENTENCES,
     SHARD_MARKER,
     SHARDS_DIR,
     SPANS,
+    UPGRADABLE_FORMAT_VERSIONS,
     VECTORS,
     WORDS,
     Counts,
@@ -29,6 +32,7 @@ from bertknn.core.format.contract import (
 )
 from bertknn.core.format.files import read_manifest
 from bertknn.core.format.reader import Shard
+from bertknn.core.format.table import ArticleTable
 from bertknn.core.hashing import sha256_file
 from bertknn.core.words import check_word_table
 
@@ -51,10 +55,15 @@ def check_shard_files(shard_dir: Path, info: ShardInfo, *, hashes: bool) -> str 
 
 
 
-def validate_datastore(root: Path | str, *, hashes: bool = True, manifest: Manifest | None = None) -> list[str]:
+def validate_datastore(
+    root: Path | str, *, hashes: bool = True, manifest: Manifest | None = None, deep: bool = True
+) -> list[str]:
     """Check manifest, files, checksums, row counts and id-map lengths. Returns problems (first one first).
 
     ``manifest``: check this manifest (one about to be written, e.g. by ``add``) instead of the one on disk.
+    ``deep=False`` (the service's start-up and reload): the manifest, the shards' parts, every listed file present
+    with its size, and the article table's identity and counts; O(shards) stats, nothing per article or per row
+    (``validate`` runs the deep checks).
     """
     root = Path(root)
     if manifest is None:
@@ -63,11 +72,16 @@ def validate_datastore(root: Path | str, *, hashes: bool = True, manifest: Manif
         except DatastoreError as exc:
             return [str(exc)]
     problems: list[str] = []
-    if manifest.format_version not in READABLE_FORMAT_VERSIONS:
-        problems.append(
-            f"{root / MANIFEST}: format version {manifest.format_version}, this code reads {READABLE_FORMAT_VERSIONS}"
+    if manifest.format_version != FORMAT_VERSION:
+        fix = (
+            f"convert it: python -m datastore_builder upgrade {root}"
+            if manifest.format_version in UPGRADABLE_FORMAT_VERSIONS
+            else "rebuild it with this version of the builder"
         )
+        return [f"{root / MANIFEST}: format version {manifest.format_version}, this code reads {FORMAT_VERSION}; {fix}"]
     problems.extend(validate_parts(root / MANIFEST, manifest.shards))
+    if not deep:
+        return problems or _check_files_and_table(root, manifest)
     totals = Counts()
     for info in manifest.shards:
         shard_dir = root / SHARDS_DIR / info.name
@@ -108,10 +122,82 @@ def validate_datastore(root: Path | str, *, hashes: bool = True, manifest: Manif
             )
         if manifest.datastore_id != manifest.compute_id():
             problems.append(f"{root / MANIFEST}: datastore_id does not match the shard checksums")
+        if not problems:
+            problems.extend(_check_table(root, manifest))
     for name, rel in manifest.indexes.items():
         if not (root / rel).exists():
             problems.append(f"{root / rel}: {name} index listed in the manifest is missing")
     return problems
+
+
+def _check_files_and_table(root: Path, manifest: Manifest) -> list[str]:
+    for info in manifest.shards:
+        shard_dir = root / SHARDS_DIR / info.name
+        for name in shard_file_names(info):
+            path = shard_dir / name
+            try:
+                size = path.stat().st_size
+            except OSError:
+                return [f"{path}: missing; run `validate`, then rebuild (the same build command resumes)"]
+            if size != info.files[name].bytes:
+                return [f"{path}: {size} bytes, expected {info.files[name].bytes} (truncated or rewritten)"]
+    if manifest.datastore_id != manifest.compute_id():
+        return [f"{root / MANIFEST}: datastore_id does not match the shard checksums"]
+    for name, rel in manifest.indexes.items():
+        if not (root / rel).exists():
+            return [f"{root / rel}: {name} index listed in the manifest is missing"]
+    return _check_table(root, manifest, entries=False)
+
+
+def _check_table(root: Path, manifest: Manifest, *, entries: bool = True) -> list[str]:
+    """The article table exists, belongs to these shards, and holds exactly the shards' articles, the live ones
+    live (the last occurrence of each title), the counts of the manifest and the redirects of redirects.json."""
+    if manifest.article_table is None:
+        return [f"{root / MANIFEST}: names no article table (article_table); rebuild or upgrade the datastore"]
+    path = root / manifest.article_table
+    try:
+        table = ArticleTable(path)
+    except DatastoreError as exc:
+        return [str(exc)]
+    try:
+        if table.content_id != manifest.articles_id():
+            return [f"{path}: made for other shards (content id {table.content_id}); rebuild it with `upgrade`"]
+        c = manifest.counts
+        for live, want in ((True, (c.articles, c.sentences, c.contexts)),
+                           (False, (c.superseded_articles, c.superseded_sentences, c.superseded_contexts))):  # fmt: skip
+            got = table.totals(live=live) if entries else table.recorded_totals(live=live)
+            if got != want:
+                what = "live" if live else "superseded"
+                return [f"{path}: {what} articles/sentences/rows {got[0]}/{got[1]}/{got[2]}, the manifest says "
+                        f"{want[0]}/{want[1]}/{want[2]}"]  # fmt: skip
+        if not entries:
+            return []
+        last_seen: dict[str, int] = {}
+        for pos, info in enumerate(manifest.shards):
+            arts = sorted(Shard(root, info).articles(), key=lambda a: (a["row_start"], a["row_end"]))
+            stored = table.shard_entries(pos)
+            if len(stored) != len(arts):
+                return [f"{path}: {len(stored)} articles of {info.name}, its {ARTICLES} has {len(arts)}"]
+            for a, e in zip(arts, stored, strict=True):
+                if (a["title"], a["row_start"], a["row_end"], a["sent_start"], a["sent_end"]) != (
+                    e.title, e.row_start, e.row_end, e.sent_start, e.sent_end
+                ):
+                    return [f"{path}: the entry of {a['title']!r} in {info.name} differs from {ARTICLES}"]
+                last_seen[a["title"]] = pos
+        for title, pos in last_seen.items():
+            entry = table.get(title)
+            if entry is None or entry.shard != pos:
+                return [f"{path}: {title!r} should be live in {manifest.shards[pos].name}"]
+        redirects_path = root / REDIRECTS
+        if redirects_path.is_file():
+            want_redirects = json.loads(redirects_path.read_text(encoding="utf-8"))
+            if len(table.redirects) != len(want_redirects) or any(
+                table.redirects.get(k) != v for k, v in want_redirects.items()
+            ):
+                return [f"{path}: the redirects differ from {REDIRECTS}"]
+    finally:
+        table.close()
+    return []
 
 
 def _check_updates(root: Path, manifest: Manifest) -> list[str]:

@@ -17,15 +17,18 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-import scipy.sparse as sp
 
 from bertknn.core.errors import RetrieverUnavailable, SparseIndexError
 from bertknn.core.format.sparse import (
     BM25_META,
+    SPARSE_FORMAT_VERSION,
     TFIDF_BUCKETS,
+    TFIDF_DATA,
     TFIDF_IDF,
+    TFIDF_INDICES,
+    TFIDF_INDPTR,
     TFIDF_PARAMS,
-    TFIDF_POSTINGS,
+    TFIDF_TITLE_OFFSETS,
     TFIDF_TITLES,
     NgramHasher,
 )
@@ -165,26 +168,50 @@ class TfidfRetriever:
             params = json.loads(params_path.read_text(encoding="utf-8"))
             if params.get("format") != "bertknn-tfidf":
                 raise ValueError(f"format {params.get('format')!r}")
+            if params.get("version") != SPARSE_FORMAT_VERSION:
+                raise SparseIndexError(
+                    f"{self.index_dir}: TF-IDF index version {params.get('version')}, this code reads "
+                    f"{SPARSE_FORMAT_VERSION}; convert the datastore: python -m datastore_builder upgrade DATASTORE"
+                )
             self.hasher = NgramHasher.from_params(params, params_path)
-            self.titles: list[str] = json.loads((self.index_dir / TFIDF_TITLES).read_text(encoding="utf-8"))
-            self.buckets = np.load(self.index_dir / TFIDF_BUCKETS, allow_pickle=False)
-            self.idf = np.load(self.index_dir / TFIDF_IDF, allow_pickle=False)
-            # load_npz reads with allow_pickle=False
-            self.postings = sp.csr_array(sp.load_npz(self.index_dir / TFIDF_POSTINGS))
+
+            def mapped(name: str) -> np.ndarray:
+                return np.asarray(np.load(self.index_dir / name, mmap_mode="r", allow_pickle=False))
+
+            # every array memory-mapped: start-up reads their headers, a query pages in its own buckets' postings
+            self._title_bytes = np.asarray(np.memmap(self.index_dir / TFIDF_TITLES, dtype=np.uint8, mode="r")) if (
+                self.index_dir / TFIDF_TITLES).stat().st_size else np.zeros(0, np.uint8)  # fmt: skip
+            self._title_offsets = mapped(TFIDF_TITLE_OFFSETS)
+            self.buckets = mapped(TFIDF_BUCKETS)
+            self.idf = mapped(TFIDF_IDF)
+            self.indptr = mapped(TFIDF_INDPTR)
+            self.indices = mapped(TFIDF_INDICES)
+            self.data = mapped(TFIDF_DATA)
         except (OSError, ValueError, KeyError) as exc:
             raise SparseIndexError(
                 f"{self.index_dir}: unreadable TF-IDF index ({exc}); rebuild the sparse indexes"
             ) from exc
-        n_buckets, n_docs = self.postings.shape
+        n_docs = len(self._title_offsets) - 1
+        n_buckets = len(self.buckets)
         if not (
-            len(self.titles) == n_docs == params.get("n_docs")
-            and len(self.buckets) == len(self.idf) == n_buckets
+            n_docs == params.get("n_docs")
+            and len(self.idf) == n_buckets == len(self.indptr) - 1
+            and len(self.indices) == len(self.data) == (int(self.indptr[-1]) if n_buckets else 0)
         ):
             raise SparseIndexError(
-                f"{self.index_dir}: sizes disagree (titles {len(self.titles)}, postings {self.postings.shape}, "
-                f"buckets {len(self.buckets)}, idf {len(self.idf)}); rebuild the sparse indexes"
+                f"{self.index_dir}: sizes disagree (titles {n_docs}, buckets {n_buckets}, idf {len(self.idf)}, "
+                f"indptr {len(self.indptr)}, postings {len(self.indices)}/{len(self.data)}); rebuild the sparse indexes"
             )
+        self.n_docs = n_docs
         logger.info("tfidf: %s opened, %d articles, %d buckets", self.index_dir, n_docs, n_buckets)
+
+    def titles(self) -> list[str]:
+        """Every indexed title, in column order (reads them all: for checks and tools, not for queries)."""
+        return [self.title(j) for j in range(self.n_docs)]
+
+    def title(self, doc: int) -> str:
+        a, b = int(self._title_offsets[doc]), int(self._title_offsets[doc + 1])
+        return self._title_bytes[a:b].tobytes().decode("utf-8")
 
     def query_vector(self, query: str) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the postings matrix the query touches and their weights ``log(1 + tf) * idf``."""
@@ -202,14 +229,19 @@ class TfidfRetriever:
         rows, weights = self.query_vector(query)
         if n <= 0 or len(rows) == 0:
             return []
-        # (1 x k) @ (k x n_docs): reads only the k postings lists; the result holds the matching documents only.
-        q = sp.csr_array(
-            (weights, (np.zeros(len(rows), dtype=np.int64), np.arange(len(rows)))), shape=(1, len(rows))
-        )
-        scores = sp.csr_array(q @ self.postings[rows])
-        docs, values = scores.indices, scores.data
+        # the dot product over the query's buckets only: their postings lists, read from the mapped arrays
+        starts, ends = self.indptr[rows], self.indptr[rows + 1]
+        docs_parts = [self.indices[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        if not any(len(d) for d in docs_parts):
+            return []
+        docs_all = np.concatenate(docs_parts)
+        vals_all = np.concatenate([
+            self.data[a:b] * w for a, b, w in zip(starts.tolist(), ends.tolist(), weights.tolist(), strict=True)
+        ])  # fmt: skip
+        docs, inverse = np.unique(docs_all, return_inverse=True)
+        values = np.bincount(inverse, weights=vals_all, minlength=len(docs)).astype(np.float32)
         if len(values) > n:
             top = np.argpartition(-values, n - 1)[:n]
             docs, values = docs[top], values[top]
         order = np.lexsort((docs, -values))  # best first; ties by document order, so results are stable
-        return [(self.titles[int(docs[i])], float(values[i])) for i in order]
+        return [(self.title(int(docs[i])), float(values[i])) for i in order]

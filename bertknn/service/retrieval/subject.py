@@ -32,25 +32,14 @@ class SubjectResolver:
        article with most stored contexts, then the smallest title);
     4. ``folded_redirect``: the same over redirect titles, then followed to their article.
 
-    The folded tables are computed once here; ``resolve`` is a few dictionary lookups.
+    Every step is a lookup in the datastore's article table (indexed by title and by folded title): nothing is
+    loaded at start-up, and ``resolve`` costs a few B-tree searches whatever the datastore's size.
     """
 
     def __init__(self, datastore: Datastore):
         self.articles = datastore.articles
         self.redirects = datastore.redirects
-        self._folded: dict[str, list[tuple[str, int]]] = {}
-        for title, entry in self.articles.items():
-            self._folded.setdefault(fold_title(title), []).append((title, entry.rows))
-        self._folded_redirects: dict[str, list[tuple[str, int]]] = {}
-        for source in self.redirects:
-            target = self._follow(source)
-            if target is not None:
-                rows = self.articles[target].rows
-                self._folded_redirects.setdefault(fold_title(source), []).append((source, rows))
-        logger.info(
-            "subject lookup: %d articles (%d folded keys), %d redirects", len(self.articles), len(self._folded),
-            len(self.redirects),
-        )  # fmt: skip
+        logger.info("subject lookup: %d articles, %d redirects", len(self.articles), len(self.redirects))
 
     def _follow(self, title: str) -> str | None:
         """The article a redirect title leads to, or None (dangling, a loop, or not in this datastore)."""
@@ -63,6 +52,15 @@ class SubjectResolver:
             title = nxt
         return None
 
+    def _folded_redirects(self, key: str) -> list[tuple[str, int]]:
+        """Redirect titles that fold to ``key`` and lead to an article, with that article's rows."""
+        out = []
+        for source in self.redirects.folded(key):
+            target = self._follow(source)
+            if target is not None:
+                out.append((source, self.articles[target].rows))
+        return out
+
     def resolve_with_rule(self, subject: str) -> Resolution | None:
         """The subject's article and the rule that found it, or None."""
         norm = normalize_title(subject)
@@ -74,10 +72,10 @@ class SubjectResolver:
         if target is not None:
             return Resolution(target, "redirect")
         key = fold_title(norm)
-        picked = pick_among_folded(norm, self._folded.get(key, []))
+        picked = pick_among_folded(norm, [(e.title, e.rows) for e in self.articles.folded(key)])
         if picked is not None:
             return Resolution(picked, "folded")
-        source = pick_among_folded(norm, self._folded_redirects.get(key, []))
+        source = pick_among_folded(norm, self._folded_redirects(key))
         if source is not None:
             target = self._follow(source)
             if target is not None:

@@ -1,0 +1,486 @@
+"""Wikipedia's scale on one machine: synthesise datastores of Wikipedia's shape, then measure the service on them.
+
+    python -m bench.scale synth --articles 6900000 --redirects 11000000 --contexts 20000000 \\
+        --model ../shared/models/proxy-minilm-l6-mlm --out runs/scale/full
+    python -m bench.scale synth --articles 10000 --redirects 16000 --contexts 29000 --model ... --out runs/scale/small
+    python -m bench.scale run runs/scale/small runs/scale/full
+
+``synth`` writes a datastore that passes ``validate`` and that the service opens with that model, the way the
+builder writes one (``write_shard``, the article table, ``redirects.json``, the BM25 and TF-IDF indexes over the
+articles' stored sentences): real titles from ``../shared/data/wiki`` plus generated ones, with case and accent
+variants that fold together; a long-tailed number of contexts per article (a log-normal body with a Pareto tail
+scaled to the total: a few articles with tens of thousands of rows); redirects to articles, chains of redirects and dangling ones; short
+synthetic sentences. Vectors are random (seeded), labels random token ids: shapes and sizes are real, answers
+are not. Blocks and parts are cut as the builder cuts them (``--articles-per-shard``, ``--contexts-per-shard``).
+
+``run`` measures each datastore in turn, one service process at a time (the model and settings the same): start-up
+to ready, RSS after start-up and after the queries, uncached ``/predict`` p50/p99 with the subject rule and with
+BM25, reload time and peak RSS during a reload to a new version (one more shard, its own article table) while a
+client keeps asking (failed requests counted), and the disk size per part. It writes ``bench/results/scale.json``
+and a table, and extrapolates to 900M contexts with the arithmetic shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import threading
+import time
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import RESULTS, SHARED, machine, percentiles, service_process
+
+WIKI = SHARED / "data" / "wiki"
+PAPER_CONTEXTS = 900_000_000
+WIKI_ARTICLES = 6_900_000
+_ACCENTS = {"a": "á", "e": "é", "i": "í", "o": "ö", "u": "ü", "c": "ç", "n": "ñ"}
+_SUFFIXES = ["film", "band", "album", "river", "village", "novel", "song", "surname", "ship", "company", "footballer",
+             "politician", "mountain", "play", "magazine"]  # fmt: skip
+_WORDS = ["is", "a", "town", "river", "person", "known", "for", "its", "old", "bridge", "and", "market", "the", "city",
+          "of", "north", "south", "large", "small", "famous", "painter", "born", "in", "lies", "near", "sea"]  # fmt: skip
+
+
+# ---- synth ----------------------------------------------------------------------------------------------------
+
+
+def real_titles() -> list[str]:
+    out: list[str] = []
+    for path in sorted(WIKI.glob("*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            out.extend(json.loads(line)["title"] for line in f if line.strip())
+    return out
+
+
+def _accented(title: str, rng: np.random.Generator) -> str | None:
+    spots = [i for i, ch in enumerate(title) if ch in _ACCENTS]
+    if not spots:
+        return None
+    i = spots[int(rng.integers(len(spots)))]
+    return title[:i] + _ACCENTS[title[i]] + title[i + 1 :]
+
+
+def make_titles(n: int, rng: np.random.Generator, vocab_words: list[str]) -> list[str]:
+    """``n`` unique normalised titles: the real ones first, then generated "Word Word (suffix)" titles; about 2% are
+    case or accent variants of another title (same folded form), as "Paris"/"PARIS" and "Emile"/"Émile" are."""
+    from bertknn.core.titles import normalize_title
+
+    seen: set[str] = set()
+    titles: list[str] = []
+
+    def take(t: str) -> None:
+        t = normalize_title(t)
+        if t and t not in seen:
+            seen.add(t)
+            titles.append(t)
+
+    for t in real_titles():
+        if len(titles) >= n:
+            break
+        take(t)
+    words = [w.capitalize() for w in vocab_words]
+    while len(titles) < n:
+        k = min(n - len(titles), 1_000_000)
+        a = rng.integers(len(words), size=k)
+        b = rng.integers(len(words), size=k)
+        suffix = rng.integers(len(_SUFFIXES) * 4, size=k)
+        for i in range(k):
+            t = f"{words[a[i]]} {words[b[i]]}"
+            if suffix[i] < len(_SUFFIXES):
+                t += f" ({_SUFFIXES[suffix[i]]})"
+            take(t)
+            if len(titles) < n and rng.random() < 0.02:
+                variant = t.upper() if rng.random() < 0.5 else _accented(t, rng)
+                if variant:
+                    take(variant)
+    return titles[:n]
+
+
+def long_tail(n: int, total: int, rng: np.random.Generator, biggest: int = 50_000) -> np.ndarray:
+    """Contexts per article: a log-normal body with a Pareto tail, scaled to ``total`` (at most ``biggest`` each),
+    summing to ``total``."""
+    w = rng.lognormal(0.0, 1.0, size=n) + 0.3 * rng.pareto(1.1, size=n)
+    rows = np.minimum(np.floor(w / w.sum() * total), biggest).astype(np.int64)
+    short = total - int(rows.sum())
+    if short > 0:  # spread the rounding and the capped mass over random articles, one each
+        extra = rng.choice(n, size=min(short, n), replace=short > n)
+        np.add.at(rows, extra, 1)
+        short = total - int(rows.sum())
+        while short > 0:
+            take = rng.choice(n, size=min(short, n), replace=False)
+            np.add.at(rows, take, 1)
+            short = total - int(rows.sum())
+    return rows
+
+
+def make_redirects(titles: list[str], count: int, rng: np.random.Generator) -> list[tuple[str, str]]:
+    """``count`` redirects: mostly to articles (lower-cased, accent-stripped, "The ..." and alias forms), 5% to
+    another redirect (a chain), 1% to no article (dangling), as a dump has them."""
+    from bertknn.core.titles import normalize_title
+
+    taken = set(titles)
+    out: list[tuple[str, str]] = []
+    forms = 0
+    while len(out) < count:
+        k = min(count - len(out), 1_000_000)
+        targets = rng.integers(len(titles), size=k)
+        kinds = rng.random(size=k)
+        for i in range(k):
+            target = titles[targets[i]]
+            if kinds[i] < 0.25:
+                source = target[:1] + target[1:].lower()
+            elif kinds[i] < 0.45:
+                source = "".join(c for c in unicodedata.normalize("NFKD", target) if not unicodedata.combining(c))
+            elif kinds[i] < 0.55:
+                source = f"The {target}"
+            else:
+                source = f"{target} (alias {forms})"
+                forms += 1
+            source = normalize_title(source)
+            if source in taken:
+                continue
+            taken.add(source)
+            if kinds[i] > 0.99:
+                target = f"Missing article {forms}"
+                forms += 1
+            elif kinds[i] > 0.94 and out:
+                target = out[int(rng.integers(len(out)))][0]
+            out.append((source, target))
+    return out
+
+
+def synth(args: argparse.Namespace) -> int:
+    import torch
+
+    from bertknn.builder.sparse_index import build_sparse_indexes
+    from bertknn.builder.targets import load_stopwords, stopwords_sha256
+    from bertknn.builder.writer import ShardData, write_shard, write_table
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.format import REDIRECTS, Counts, Manifest, ModelInfo, atomic_write_json, write_manifest
+    from bertknn.core.model_ref import local_model_path
+
+    out = Path(args.out)
+    if (out / "manifest.json").exists():
+        raise SystemExit(f"{out} already holds a datastore; give another --out")
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(args.seed)
+    torch.set_num_threads(1)
+    encoder = MaskedLMEncoder.load(args.model, device="cpu")
+    hidden, vocab = encoder.hidden_size, encoder.vocab_size
+    vocab_words = [w for w in encoder.tokenizer.get_vocab() if re.fullmatch(r"[a-z]{4,}", w)]
+    titles = make_titles(args.articles, rng, vocab_words)
+    rows = long_tail(len(titles), args.contexts, rng)
+    print(f"titles and rows: {time.perf_counter() - t0:.0f} s; largest article {rows.max()} rows, median "
+          f"{int(np.median(rows))}, articles with 0 rows {int((rows == 0).sum())}", flush=True)  # fmt: skip
+
+    shards = []
+    words = np.array(_WORDS)
+    limit = args.contexts_per_shard or None
+    n_sent_total = 0
+    for block_start in range(0, len(titles), args.articles_per_shard):
+        block = range(block_start, min(block_start + args.articles_per_shard, len(titles)))
+        part, start = 0, block.start
+        while start < block.stop:
+            end, total = start, 0
+            while end < block.stop and (limit is None or total < limit or end == start):
+                total += int(rows[end])
+                end += 1
+            arts: list[dict[str, Any]] = []
+            sentences: list[str] = []
+            sent_ids: list[np.ndarray] = []
+            r = 0
+            for j in range(start, end):
+                n = int(rows[j])
+                n_sent = max(1, math.ceil(n / 8))
+                first_sent = len(sentences)
+                picks = words[rng.integers(len(words), size=(n_sent, 5))]
+                sentences.extend(f"{titles[j]} {' '.join(p)} ." for p in picks)
+                sent_ids.append(first_sent + np.arange(n, dtype=np.int32) // 8)
+                arts.append({"title": titles[j], "id": str(j), "source": "synthetic", "row_start": r, "row_end": r + n,
+                             "sent_start": first_sent, "sent_end": len(sentences)})  # fmt: skip
+                r += n
+            vectors = rng.standard_normal((r, hidden), dtype=np.float32).astype(np.float16)
+            labels = rng.integers(1000, vocab, size=r, dtype=np.int32)
+            sids = np.concatenate(sent_ids) if sent_ids else np.zeros(0, np.int32)
+            spans = np.zeros((r, 2), np.int32)
+            data = ShardData(vectors, labels, sids, spans, sentences, arts)
+            shards.append(write_shard(out, block_start // args.articles_per_shard, data, part=part,
+                                      last=end == block.stop))  # fmt: skip
+            n_sent_total += len(sentences)
+            part, start = part + 1, end
+    print(f"shards written: {len(shards)} in {time.perf_counter() - t0:.0f} s", flush=True)
+    redirects = sorted(make_redirects(titles, args.redirects, rng))
+    atomic_write_json(out / REDIRECTS, dict(redirects))
+    manifest = Manifest(
+        model=ModelInfo(name=encoder.name, path=local_model_path(encoder.name), weights_sha256=encoder.weights_sha256,
+                        architecture=type(encoder.model).__name__, num_layers=encoder.num_layers, hidden_size=hidden,
+                        vocab_size=vocab),  # fmt: skip
+        layer=encoder.layer,
+        max_seq_len=128,
+        articles_per_shard=args.articles_per_shard,
+        contexts_per_shard=limit,
+        stopwords_sha256=stopwords_sha256(load_stopwords(None)),
+        counts=Counts(articles=len(titles), sentences=n_sent_total, contexts=int(rows.sum())),
+        shards=shards,
+    )
+    write_table(out, manifest, redirects)
+    print(f"article table written in {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.sparse:
+        manifest.indexes.update(build_sparse_indexes(out, manifest))
+        print(f"sparse indexes written in {time.perf_counter() - t0:.0f} s", flush=True)
+    manifest.datastore_id = manifest.compute_id()
+    write_manifest(out, manifest)
+    print(json.dumps({"datastore": str(out), "articles": len(titles), "redirects": len(redirects),
+                      "contexts": int(rows.sum()), "shards": len(shards),
+                      "seconds": round(time.perf_counter() - t0, 1)}))  # fmt: skip
+    return 0
+
+
+def next_version(root: Path, seed: int = 1) -> None:
+    """A new version of ``root`` as ``add`` makes one: one more shard (10 new articles), its own article table under
+    ``index/vN``, the manifest bumped. (The sparse indexes stay the previous version's: enough to reload.)"""
+    from bertknn.builder.writer import ShardData, write_shard, write_table
+    from bertknn.core.format import ARTICLE_TABLE, INDEX_DIR, UpdateInfo, read_manifest, write_manifest
+
+    old = read_manifest(root)
+    new = old.model_copy(deep=True)
+    new.version = old.version + 1
+    rng = np.random.default_rng(seed)
+    arts, sentences = [], []
+    for i in range(10):
+        arts.append({"title": f"Added article {new.version} {i}", "id": f"a{i}", "source": "added", "row_start": 8 * i,
+                     "row_end": 8 * i + 8, "sent_start": i, "sent_end": i + 1})  # fmt: skip
+        sentences.append(f"Added article {new.version} {i} is new .")
+    data = ShardData(rng.standard_normal((80, old.model.hidden_size), dtype=np.float32).astype(np.float16),
+                     rng.integers(1000, old.model.vocab_size, size=80, dtype=np.int32),
+                     np.arange(80, dtype=np.int32) // 8, np.zeros((80, 2), np.int32), sentences, arts)  # fmt: skip
+    info = write_shard(root, max(s.index for s in old.shards) + 1, data)
+    new.shards = [*old.shards, info]
+    new.updates = [*old.updates, UpdateInfo(version=new.version, shards=[info.name], added=10, replaced=0,
+                                            unchanged=0, sources=[])]  # fmt: skip
+    new.counts.articles += 10
+    new.counts.sentences += 10
+    new.counts.contexts += 80
+    write_table(root, new, [], f"{INDEX_DIR}/v{new.version}/{ARTICLE_TABLE}", base=old.article_table,
+                first_shard=len(old.shards))  # fmt: skip
+    new.datastore_id = new.compute_id()
+    write_manifest(root, new)
+
+
+# ---- run ------------------------------------------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def disk_parts(root: Path) -> dict[str, int]:
+    parts: dict[str, int] = {}
+    for p in root.rglob("*"):
+        if not p.is_file():
+            continue
+        rel = p.relative_to(root).as_posix()
+        if rel.startswith("shards/"):
+            key = "shards/" + p.name
+        elif "articles.sqlite" in rel:
+            key = "article table"
+        elif "/bm25/" in f"/{rel}":
+            key = "bm25"
+        elif "/tfidf/" in f"/{rel}":
+            key = "tfidf"
+        else:
+            key = rel
+        parts[key] = parts.get(key, 0) + p.stat().st_size
+    return dict(sorted(parts.items()))
+
+
+def measure(root: Path, queries: int, seed: int) -> dict[str, Any]:
+    import httpx
+
+    from bertknn.core.format import Datastore, read_manifest
+
+    manifest = read_manifest(root)
+    ds = Datastore(root)
+    rng = np.random.default_rng(seed)
+    # subjects: titles with contexts, asked as written, lower-cased or via a redirect, as users type them
+    live = ds.table
+    n = len(live)
+    subjects: list[str] = []
+    con = live._cons.get()
+    while len(subjects) < queries:
+        pos = int(rng.integers(n))
+        row = con.execute("SELECT title FROM entries WHERE live = 1 AND row_end > row_start AND pos >= ? ORDER BY pos "
+                          "LIMIT 1", (pos,)).fetchone()  # fmt: skip
+        if row:
+            t = row[0]
+            subjects.append(t if len(subjects) % 3 else t.lower())
+    bm25_titles = subjects[: queries]
+    ds.close()
+    env = {"BERTKNN_ADMIN_TOKEN": "bench-token", "BERTKNN_CACHE__LRU_SIZE": "0", "HF_HUB_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    with service_process(root, env=env, timeout_s=1800) as svc:
+        startup = time.perf_counter() - t0
+        pid = svc.proc.pid
+        rss_start = rss_mib(pid)
+        client = httpx.Client(base_url=svc.url, timeout=60)
+        lat: dict[str, list[float]] = {"subject": [], "bm25": []}
+        failures = 0
+        for i in range(queries):
+            for mode in ("subject", "bm25"):
+                title = subjects[i] if mode == "subject" else bm25_titles[i]
+                body: dict[str, Any] = {"text": f"{title} {i} is known for its [MASK] ."}
+                if mode == "subject":
+                    body["subject"] = title
+                else:
+                    body["retriever"] = "bm25"
+                t = time.perf_counter()
+                r = client.post("/predict", json=body)
+                lat[mode].append(time.perf_counter() - t)
+                failures += r.status_code != 200
+        rss_after = rss_mib(pid)
+        # reload to a new version while a client keeps asking
+        next_version(root, seed=seed + 1)
+        stop = threading.Event()
+        peak = [rss_after]
+        during = {"ok": 0, "failed": 0}
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], rss_mib(pid))
+                time.sleep(0.01)
+
+        def ask() -> None:
+            c = httpx.Client(base_url=svc.url, timeout=60)
+            k = 0
+            while not stop.is_set():
+                r = c.post("/predict", json={"text": f"{subjects[k % len(subjects)]} r{k} is a [MASK] .",
+                                             "subject": subjects[k % len(subjects)]})  # fmt: skip
+                during["ok" if r.status_code == 200 else "failed"] += 1
+                k += 1
+
+        threads = [threading.Thread(target=sample), threading.Thread(target=ask)]
+        for th in threads:
+            th.start()
+        time.sleep(0.5)
+        t = time.perf_counter()
+        rr = client.post("/admin/reload", headers={"Authorization": "Bearer bench-token"})
+        reload_s = time.perf_counter() - t
+        time.sleep(1.0)
+        stop.set()
+        for th in threads:
+            th.join()
+        if rr.status_code != 200 or rr.json().get("status") != "reloaded":
+            raise SystemExit(f"reload failed: {rr.status_code} {rr.text}")
+    return {
+        "datastore": str(root),
+        "articles": manifest.counts.articles,
+        "redirects": len(Datastore(root).redirects),
+        "contexts": manifest.counts.contexts,
+        "shards": len(manifest.shards),
+        "startup_s": round(startup, 2),
+        "rss_after_startup_mib": round(rss_start, 1),
+        "rss_after_queries_mib": round(rss_after, 1),
+        "predict_subject_ms": {k: round(v * 1000, 2) for k, v in percentiles(lat["subject"]).items() if k != "n"},
+        "predict_bm25_ms": {k: round(v * 1000, 2) for k, v in percentiles(lat["bm25"]).items() if k != "n"},
+        "queries_per_mode": queries,
+        "failed_requests": failures,
+        "reload_s": round(reload_s, 2),
+        "reload_peak_rss_mib": round(peak[0], 1),
+        "reload_peak_above_steady_mib": round(peak[0] - rss_after, 1),
+        "requests_during_reload": during,
+        "disk_bytes": disk_parts(root),
+    }
+
+
+def extrapolate(full: dict[str, Any], small: dict[str, Any]) -> dict[str, Any]:
+    disk = full["disk_bytes"]
+    per_context = sum(v for k, v in disk.items() if k.startswith("shards/")) / full["contexts"]
+    per_article = sum(v for k, v in disk.items() if not k.startswith("shards/")) / full["articles"]
+    disk_900m = per_context * PAPER_CONTEXTS + per_article * WIKI_ARTICLES
+    return {
+        "disk_bytes_per_context": round(per_context, 1),
+        "disk_bytes_per_article_outside_shards": round(per_article, 1),
+        "disk_900m_tb": round(disk_900m / 1e12, 2),
+        "disk_arithmetic": f"{per_context:.1f} B x 900M contexts + {per_article:.1f} B x 6.9M articles "
+        f"= {disk_900m / 1e12:.2f} TB",
+        "rss_growth_mib": round(full["rss_after_queries_mib"] - small["rss_after_queries_mib"], 1),
+        "startup_growth_s": round(full["startup_s"] - small["startup_s"], 2),
+        "ram_arithmetic": "RSS does not grow with the contexts (memory-mapped shards, an opened table): 900M contexts "
+        f"need the full shape's {full['rss_after_queries_mib']:.0f} MiB plus the page cache the queries touch",
+        "startup_arithmetic": f"start-up grows with the shards listed in the manifest ({full['shards']} here); 900M "
+        f"contexts at 100,000 per shard make about {PAPER_CONTEXTS // 100_000} shards",
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = [measure(Path(d), args.queries, args.seed) for d in args.datastores]
+    result: dict[str, Any] = {"model": rows and json.loads(Path(args.datastores[0], "manifest.json").read_text())
+                              ["model"]["name"], "machine": machine(), "runs": rows}  # fmt: skip
+    if len(rows) >= 2:
+        small, full = rows[0], rows[-1]
+        result["ratios_full_over_small"] = {
+            "startup_s_more": round(full["startup_s"] - small["startup_s"], 2),
+            "rss_mib_more": round(full["rss_after_startup_mib"] - small["rss_after_startup_mib"], 1),
+            "predict_subject_p50": round(full["predict_subject_ms"]["p50"] / small["predict_subject_ms"]["p50"], 3),
+            "predict_bm25_p50": round(full["predict_bm25_ms"]["p50"] / small["predict_bm25_ms"]["p50"], 3),
+        }
+        result["extrapolation_900m"] = extrapolate(full, small)
+    print(f"\n{'articles':>10} {'redirects':>10} {'contexts':>11} {'shards':>7} {'start s':>8} {'RSS MiB':>8} "
+          f"{'after q':>8} {'subj p50/p99':>14} {'bm25 p50/p99':>14} {'reload s':>9} {'peak+':>6} {'fail':>5}")  # fmt: skip
+    for r in rows:
+        s, b = r["predict_subject_ms"], r["predict_bm25_ms"]
+        print(f"{r['articles']:>10} {r['redirects']:>10} {r['contexts']:>11} {r['shards']:>7} {r['startup_s']:>8} "
+              f"{r['rss_after_startup_mib']:>8} {r['rss_after_queries_mib']:>8} {s['p50']:>6}/{s['p99']:<7} "
+              f"{b['p50']:>6}/{b['p99']:<7} {r['reload_s']:>9} {r['reload_peak_above_steady_mib']:>6} "
+              f"{r['failed_requests'] + r['requests_during_reload']['failed']:>5}")  # fmt: skip
+    if "extrapolation_900m" in result:
+        print(json.dumps(result["ratios_full_over_small"]))
+        for k, v in result["extrapolation_900m"].items():
+            if k.endswith("arithmetic"):
+                print(f"{k}: {v}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("synth", help="write a datastore of Wikipedia's shape")
+    s.add_argument("--articles", type=int, required=True)
+    s.add_argument("--redirects", type=int, required=True)
+    s.add_argument("--contexts", type=int, required=True)
+    s.add_argument("--model", required=True, help="model name or directory (the service opens the datastore with it)")
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--articles-per-shard", type=int, default=5000)
+    s.add_argument("--contexts-per-shard", type=int, default=100_000)
+    s.add_argument("--no-sparse", dest="sparse", action="store_false", help="skip the BM25 and TF-IDF indexes")
+    s.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("run", help="measure the service on each datastore (smallest first)")
+    r.add_argument("datastores", nargs="+")
+    r.add_argument("--queries", type=int, default=1000, help="uncached /predict requests per mode")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    args = p.parse_args(argv)
+    if args.command == "synth":
+        for name in ("articles", "contexts"):
+            if getattr(args, name) < 1:
+                p.error(f"--{name} must be at least 1")
+        if args.redirects < 0:
+            p.error("--redirects must be at least 0")
+        return synth(args)
+    return run(args)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())

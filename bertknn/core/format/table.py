@@ -1,0 +1,327 @@
+"""The article table: one SQLite file per datastore version, opened read-only and memory-mapped, never loaded.
+
+Tables (``SCHEMA``):
+
+- ``entries``: one row per article occurrence in the shards, in shard order (``pos``): title, folded title,
+  shard position, row and sentence ranges, id, source, and ``live`` (0 when a later shard, made by ``add``,
+  replaced the title: superseded). Partial indexes serve the lookups: a live title (unique), a live folded title,
+  and (shard, row_start) for the row -> article map.
+- ``redirects``: normalised source title -> target title, with the source's folded form (indexed).
+- ``meta``: the table format, the datastore content id it was made for (``Manifest.compute_id``), and counts.
+
+Start-up reads ``meta`` only; a lookup is one B-tree search (microseconds whatever the size). The file is written
+once (to a temp name, then renamed) and never changed: readers open it ``immutable`` (no locks, no journal).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertknn.core.errors import DatastoreError
+from bertknn.core.titles import fold_title
+
+TABLE_FORMAT = "bertknn-articles"
+TABLE_VERSION = 1
+_MMAP_BYTES = 1 << 40  # map the whole file (address space only; pages come from the page cache on use)
+
+SCHEMA = """
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE entries(
+    pos INTEGER PRIMARY KEY, title TEXT NOT NULL, folded TEXT NOT NULL, shard INTEGER NOT NULL,
+    row_start INTEGER NOT NULL, row_end INTEGER NOT NULL, sent_start INTEGER NOT NULL, sent_end INTEGER NOT NULL,
+    id TEXT NOT NULL, source TEXT NOT NULL, live INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE redirects(source TEXT PRIMARY KEY, target TEXT NOT NULL, folded TEXT NOT NULL) WITHOUT ROWID;
+"""
+INDEXES = """
+CREATE UNIQUE INDEX entries_live_title ON entries(title) WHERE live = 1;
+CREATE INDEX entries_live_folded ON entries(folded) WHERE live = 1;
+CREATE INDEX entries_rows ON entries(shard, row_start);
+CREATE INDEX entries_superseded ON entries(pos) WHERE live = 0;
+CREATE INDEX redirects_folded ON redirects(folded);
+"""
+_COLUMNS = "title, id, source, shard, row_start, row_end, sent_start, sent_end"
+
+
+@dataclass(frozen=True)
+class ArticleEntry:
+    title: str
+    id: str
+    source: str
+    shard: int  # position in Datastore.shards
+    row_start: int
+    row_end: int
+    sent_start: int
+    sent_end: int
+
+    @property
+    def rows(self) -> int:
+        return self.row_end - self.row_start
+
+
+def _entry(row: tuple) -> ArticleEntry:
+    return ArticleEntry(*row)
+
+
+class _Connections:
+    """One read-only connection per thread (sqlite3 objects are not shared across threads)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> sqlite3.Connection:
+        con: sqlite3.Connection | None = getattr(self._local, "con", None)
+        if con is None:
+            uri = f"{self.path.resolve().as_uri()}?mode=ro&immutable=1"
+            try:
+                con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+                con.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
+            except sqlite3.Error as exc:
+                raise DatastoreError(f"{self.path}: cannot be opened ({exc}); run `validate`") from exc
+            self._local.con = con
+            with self._lock:
+                self._all.append(con)
+        return con
+
+    def close(self) -> None:
+        with self._lock:
+            for con in self._all:
+                con.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+class RedirectTable(Mapping[str, str]):
+    """Redirect source title -> target title, read from the table."""
+
+    def __init__(self, cons: _Connections, count: int):
+        self._cons = cons
+        self._count = count
+
+    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        row = self._cons.get().execute("SELECT target FROM redirects WHERE source = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def __getitem__(self, key: str) -> str:
+        got = self.get(key)
+        if got is None:
+            raise KeyError(key)
+        return got
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[str]:
+        for (source,) in self._cons.get().execute("SELECT source FROM redirects ORDER BY source"):
+            yield source
+
+    def folded(self, key: str) -> list[str]:
+        """Redirect titles whose folded form is ``key``."""
+        rows = self._cons.get().execute("SELECT source FROM redirects WHERE folded = ? ORDER BY source", (key,))
+        return [r[0] for r in rows]
+
+
+class ArticleTable(Mapping[str, ArticleEntry]):
+    """Live articles by title (a ``Mapping``), plus folded-title lookups, superseded entries and row -> title."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DatastoreError(f"{self.path}: the article table is missing; run `validate`, or rebuild the datastore")
+        self._cons = _Connections(self.path)
+        try:
+            meta = dict(self._cons.get().execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.Error as exc:
+            raise DatastoreError(f"{self.path}: not a readable article table ({exc}); run `validate`") from exc
+        if meta.get("format") != TABLE_FORMAT or meta.get("version") != str(TABLE_VERSION):
+            raise DatastoreError(
+                f"{self.path}: article table {meta.get('format')!r} version {meta.get('version')!r}, this code reads "
+                f"{TABLE_FORMAT!r} version {TABLE_VERSION}; run `python -m datastore_builder upgrade` on the datastore"
+            )
+        self.meta = meta
+        self.content_id = meta.get("content_id", "")
+        self._count = int(meta["articles"])
+        self.redirects = RedirectTable(self._cons, int(meta["redirects"]))
+
+    def _one(self, sql: str, args: tuple) -> tuple | None:
+        return self._cons.get().execute(sql, args).fetchone()
+
+    def get(self, key: str, default: ArticleEntry | None = None) -> ArticleEntry | None:  # type: ignore[override]
+        row = self._one(f"SELECT {_COLUMNS} FROM entries WHERE title = ? AND live = 1", (key,))
+        return _entry(row) if row else default
+
+    def __getitem__(self, key: str) -> ArticleEntry:
+        got = self.get(key)
+        if got is None:
+            raise KeyError(key)
+        return got
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._one("SELECT 1 FROM entries WHERE title = ? AND live = 1", (key,)) is not None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[str]:
+        for (title,) in self._cons.get().execute("SELECT title FROM entries WHERE live = 1 ORDER BY pos"):
+            yield title
+
+    def live(self) -> Iterator[ArticleEntry]:
+        """Every live article, in shard order (streamed)."""
+        for row in self._cons.get().execute(f"SELECT {_COLUMNS} FROM entries WHERE live = 1 ORDER BY pos"):
+            yield _entry(row)
+
+    def superseded(self) -> list[ArticleEntry]:
+        """Articles a later shard replaced (their rows stay on disk, unreachable)."""
+        rows = self._cons.get().execute(f"SELECT {_COLUMNS} FROM entries WHERE live = 0 ORDER BY pos")
+        return [_entry(r) for r in rows]
+
+    def totals(self, *, live: bool) -> tuple[int, int, int]:
+        """(articles, sentences, rows) of the live (or the superseded) entries."""
+        row = self._one(
+            "SELECT count(*), coalesce(sum(sent_end - sent_start), 0), coalesce(sum(row_end - row_start), 0) "
+            "FROM entries WHERE live = ?",
+            (1 if live else 0,),
+        )
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def recorded_totals(self, *, live: bool) -> tuple[int, int, int]:
+        """``totals`` as the writer recorded them in ``meta`` (read at start-up: no scan)."""
+        which = "live" if live else "superseded"
+        try:
+            return tuple(int(self.meta[f"{which}_{k}"]) for k in ("articles", "sentences", "rows"))  # type: ignore[return-value]
+        except (KeyError, ValueError) as exc:
+            raise DatastoreError(f"{self.path}: meta lacks the {which} totals ({exc}); run `upgrade`") from exc
+
+    def folded(self, key: str) -> list[ArticleEntry]:
+        """Live articles whose folded title is ``key``."""
+        rows = self._cons.get().execute(f"SELECT {_COLUMNS} FROM entries WHERE folded = ? AND live = 1 ORDER BY pos", (key,))
+        return [_entry(r) for r in rows]
+
+    def title_at(self, shard: int, row: int) -> str:
+        """The title of the article (live or superseded) whose rows hold ``row`` of shard position ``shard``."""
+        found = self._one(
+            "SELECT title FROM entries WHERE shard = ? AND row_start <= ? AND row_end > ? ORDER BY row_start DESC "
+            "LIMIT 1",
+            (shard, row, row),
+        )
+        if found is None:
+            raise DatastoreError(f"{self.path}: no article holds row {row} of shard {shard}; run `validate`")
+        return str(found[0])
+
+    def shard_entries(self, shard: int) -> list[ArticleEntry]:
+        """Every entry (live or not) of one shard position, by row (``validate`` compares them with the shard)."""
+        rows = self._cons.get().execute(
+            f"SELECT {_COLUMNS} FROM entries WHERE shard = ? ORDER BY row_start, pos", (shard,)
+        )
+        return [_entry(r) for r in rows]
+
+    def close(self) -> None:
+        self._cons.close()
+
+
+# ---- writing --------------------------------------------------------------------------------------------------
+
+
+def write_article_table(
+    path: Path,
+    shards: Iterable[tuple[int, list[dict]]],
+    redirects: Iterable[tuple[str, str]],
+    *,
+    content_id: str,
+    base: Path | None = None,
+) -> dict[str, int]:
+    """Write the table for ``shards`` (position, the shard's ``articles.json`` entries) to ``path`` atomically.
+
+    ``base``: an earlier version's table to extend (``add``): its entries are kept, titles that ``shards`` repeat
+    become superseded, and ``redirects`` are merged over its own. Returns the counts written to ``meta``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        if base is not None:
+            src = sqlite3.connect(f"{Path(base).resolve().as_uri()}?mode=ro", uri=True)
+            dst = sqlite3.connect(tmp)
+            with dst:
+                src.backup(dst)
+            src.close()
+            con = dst
+            con.executescript("DROP INDEX entries_live_title; DROP INDEX entries_live_folded;")
+        else:
+            con = sqlite3.connect(tmp)
+            con.executescript(SCHEMA)
+        con.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-262144;")
+        first = int(con.execute("SELECT coalesce(max(pos), -1) + 1 FROM entries").fetchone()[0])
+        with con:
+            for position, articles in shards:
+                con.executemany(
+                    "INSERT INTO entries(title, folded, shard, row_start, row_end, sent_start, sent_end, id, source) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        (a["title"], fold_title(a["title"]), position, a["row_start"], a["row_end"], a["sent_start"],
+                         a["sent_end"], str(a["id"]), a["source"])
+                        for a in articles
+                    ),
+                )  # fmt: skip
+            # the last occurrence of a title is live; earlier ones (and older versions' live ones) are superseded
+            if first == 0:
+                con.execute("UPDATE entries SET live = 1 WHERE pos IN (SELECT max(pos) FROM entries GROUP BY title)")
+            else:
+                con.execute(
+                    "UPDATE entries SET live = (pos IN (SELECT max(pos) FROM entries WHERE title IN "
+                    "(SELECT title FROM entries WHERE pos >= ?) GROUP BY title)) WHERE title IN "
+                    "(SELECT title FROM entries WHERE pos >= ?)",
+                    (first, first),
+                )
+            con.executemany(
+                "INSERT OR REPLACE INTO redirects(source, target, folded) VALUES (?, ?, ?)",
+                ((s, t, fold_title(s)) for s, t in redirects),
+            )
+        if base is None:
+            con.executescript(INDEXES)
+        else:
+            con.executescript(
+                "CREATE UNIQUE INDEX entries_live_title ON entries(title) WHERE live = 1;"
+                "CREATE INDEX entries_live_folded ON entries(folded) WHERE live = 1;"
+            )
+        counts = {
+            "articles": int(con.execute("SELECT count(*) FROM entries WHERE live = 1").fetchone()[0]),
+            "entries": int(con.execute("SELECT count(*) FROM entries").fetchone()[0]),
+            "redirects": int(con.execute("SELECT count(*) FROM redirects").fetchone()[0]),
+        }
+        totals = {}
+        for live, which in ((1, "live"), (0, "superseded")):
+            a, sents, rows = con.execute(
+                "SELECT count(*), coalesce(sum(sent_end - sent_start), 0), coalesce(sum(row_end - row_start), 0) "
+                "FROM entries WHERE live = ?", (live,),
+            ).fetchone()  # fmt: skip
+            totals.update({f"{which}_articles": a, f"{which}_sentences": sents, f"{which}_rows": rows})
+        meta = {"format": TABLE_FORMAT, "version": str(TABLE_VERSION), "content_id": content_id,
+                **{k: str(v) for k, v in {**counts, **totals}.items()}}  # fmt: skip
+        with con:
+            con.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", meta.items())
+        con.execute("ANALYZE")
+        con.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except sqlite3.IntegrityError as exc:
+        tmp.unlink(missing_ok=True)
+        raise DatastoreError(f"{path}: a title occurs twice among the live articles ({exc})") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return counts
