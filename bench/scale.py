@@ -94,6 +94,8 @@ def make_titles(n: int, rng: np.random.Generator, vocab_words: list[str]) -> lis
             t = f"{words[a[i]]} {words[b[i]]}"
             if suffix[i] < len(_SUFFIXES):
                 t += f" ({_SUFFIXES[suffix[i]]})"
+            if t in seen:  # a small vocabulary runs out of pairs: number them
+                t = f"{t} {len(titles)}"
             take(t)
             if len(titles) < n and rng.random() < 0.02:
                 variant = t.upper() if rng.random() < 0.5 else _accented(t, rng)
@@ -206,7 +208,7 @@ def synth(args: argparse.Namespace) -> int:
                              "sent_start": first_sent, "sent_end": len(sentences)})  # fmt: skip
                 r += n
             vectors = rng.standard_normal((r, hidden), dtype=np.float32).astype(np.float16)
-            labels = rng.integers(1000, vocab, size=r, dtype=np.int32)
+            labels = rng.integers(min(1000, vocab // 2), vocab, size=r, dtype=np.int32)
             sids = np.concatenate(sent_ids) if sent_ids else np.zeros(0, np.int32)
             spans = np.zeros((r, 2), np.int32)
             data = ShardData(vectors, labels, sids, spans, sentences, arts)
@@ -258,7 +260,7 @@ def next_version(root: Path, seed: int = 1) -> None:
                      "row_end": 8 * i + 8, "sent_start": i, "sent_end": i + 1})  # fmt: skip
         sentences.append(f"Added article {new.version} {i} is new .")
     data = ShardData(rng.standard_normal((80, old.model.hidden_size), dtype=np.float32).astype(np.float16),
-                     rng.integers(1000, old.model.vocab_size, size=80, dtype=np.int32),
+                     rng.integers(old.model.vocab_size // 2, old.model.vocab_size, size=80, dtype=np.int32),
                      np.arange(80, dtype=np.int32) // 8, np.zeros((80, 2), np.int32), sentences, arts)  # fmt: skip
     info = write_shard(root, max(s.index for s in old.shards) + 1, data)
     new.shards = [*old.shards, info]

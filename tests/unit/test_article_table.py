@@ -139,3 +139,18 @@ def test_threads_each_get_their_own_connection(table: ArticleTable) -> None:
     for t in threads:
         t.join()
     assert not errors and len(set(seen)) == 4
+
+
+def test_a_datastore_keeps_a_bounded_number_of_shards_mapped(tiny_datastore: Path) -> None:
+    from bertknn.core.format import Datastore
+    from bertknn.core.format.reader import OpenShards
+
+    ds = Datastore(tiny_datastore)
+    shards = OpenShards(list(ds.shards[:]), limit=2)
+    assert len(shards) >= 3
+    for pos in range(len(shards)):
+        assert shards[pos].vectors.shape[0] == shards[pos].info.rows
+    assert shards.mapped == 2
+    assert "vectors" not in shards._shards[0].__dict__  # released: unmapped once nothing refers to it
+    assert "vectors" in shards._shards[len(shards) - 1].__dict__
+    assert shards[0].labels.shape[0] == shards._shards[0].info.rows  # mapped again on use

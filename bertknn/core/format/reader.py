@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import bisect
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import cast
+from typing import cast, overload
 
 import numpy as np
 
@@ -90,6 +92,12 @@ class Shard:
     def articles(self) -> list[dict]:
         return json.loads((self.dir / ARTICLES).read_text(encoding="utf-8"))
 
+    def release(self) -> None:
+        """Drop this shard's mappings (they are unmapped once no array still refers to them); the next use maps
+        the files again."""
+        for name in ("vectors", "labels", "sentence_ids", "spans", "sentence_offsets", "_sentences", "words"):
+            self.__dict__.pop(name, None)
+
     @cached_property
     def words(self) -> WordTable:
         """The shard's word table (whole-word datastores)."""
@@ -98,6 +106,44 @@ class Shard:
             return read_word_table(path)
         except (OSError, ValueError) as exc:
             raise DatastoreError(f"{path}: cannot be read ({exc}); run `validate` and rebuild this shard") from exc
+
+
+class OpenShards(Sequence[Shard]):
+    """The datastore's shards; at most ``limit`` of them keep their files mapped (least recently used released).
+
+    A process may hold about 65,000 memory mappings (``vm.max_map_count``); a shard maps up to seven files, and all
+    of Wikipedia makes thousands of shards: without a bound, a long-running service that touched every shard would
+    run out of mappings."""
+
+    def __init__(self, shards: list[Shard], limit: int = 1024):
+        self._shards = shards
+        self._limit = limit
+        self._used: OrderedDict[int, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    @overload
+    def __getitem__(self, pos: int) -> Shard: ...
+    @overload
+    def __getitem__(self, pos: slice) -> Sequence[Shard]: ...
+    def __getitem__(self, pos: int | slice) -> Shard | Sequence[Shard]:
+        if isinstance(pos, slice):
+            return self._shards[pos]
+        shard = self._shards[pos]
+        pos = pos % len(self._shards)
+        with self._lock:
+            self._used[pos] = None
+            self._used.move_to_end(pos)
+            while len(self._used) > self._limit:
+                old, _ = self._used.popitem(last=False)
+                self._shards[old].release()
+        return shard
+
+    @property
+    def mapped(self) -> int:
+        return len(self._used)
 
 
 class Datastore:
@@ -120,7 +166,7 @@ class Datastore:
             )
         if self.manifest.article_table is None:
             raise DatastoreError(f"{self.root / MANIFEST}: names no article table; run `validate`")
-        self.shards = [Shard(self.root, s) for s in self.manifest.shards]
+        self.shards = OpenShards([Shard(self.root, s) for s in self.manifest.shards])
         offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum([s.info.rows for s in self.shards], out=offsets[1:])
         self.shard_offsets = offsets  # global row id = shard_offsets[shard] + row
