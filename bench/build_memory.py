@@ -48,11 +48,14 @@ def enwiki_excerpt() -> Path:
     return path
 
 
-def one(corpus: Path, model: Path, out: Path, contexts_per_shard: int, articles_per_shard: int) -> dict[str, object]:
+def one(
+    corpus: Path, model: Path, out: Path, contexts_per_shard: int, articles_per_shard: int, limit: int | None
+) -> dict[str, object]:
     argv = [
         "build", "--corpus", str(corpus), "--model", str(model), "--out", str(out), "--device", "cpu",
         "--articles-per-shard", str(articles_per_shard), "--contexts-per-shard", str(contexts_per_shard),
         "--no-sparse-indexes", "--workers", "1", "--threads", "1",
+        *(["--limit-articles", str(limit)] if limit else []),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     t = time.perf_counter()
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, default=None, help="default: gensim's real enwiki excerpt")
     p.add_argument("--settings", default="0,100000,20000", help="--contexts-per-shard values (0: one shard per block)")
     p.add_argument("--articles-per-shard", type=int, default=500)
+    p.add_argument("--articles", type=int, default=None, help="the first N articles only (default: all)")
     p.add_argument("--out", type=Path, default=RESULTS / "build_memory.json")
     args = p.parse_args(argv)
     corpus = args.corpus or enwiki_excerpt()
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-build-memory-") as tmp:
         model = make(Path(tmp) / "model", shape=SMALL_SHAPE)
         for value in (int(v) for v in args.settings.split(",")):
-            row = one(corpus, model, Path(tmp) / f"ds-{value}", value, args.articles_per_shard)
+            row = one(corpus, model, Path(tmp) / f"ds-{value}", value, args.articles_per_shard, args.articles)
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"\n{'contexts/shard':>15} {'shards':>7} {'largest':>8} {'builder MiB':>12} {'worker MiB':>11} {'s':>7}")

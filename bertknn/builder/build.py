@@ -42,7 +42,7 @@ from bertknn.core.format import (
     write_manifest,
 )
 from bertknn.core.model_ref import local_model_path
-from bertknn.core.runtime import cpu_quota_threads
+from bertknn.core.runtime import cpu_quota_threads, return_free_memory
 from bertknn.core.words import WordEntry, WordTable, WordTableBuilder
 
 logger = logging.getLogger(__name__)
@@ -251,6 +251,7 @@ def embed_prepared(
         idx = order[start : start + batch_size]
         emb = encoder.encode([prepared.inputs[i] for i in idx]).embeddings
         out[idx] = emb.astype(np.float16)
+        return_free_memory()  # the forward's freed buffers go back to the system, not to glibc's heap
         if on_batch is not None:
             on_batch(len(idx))
     return out

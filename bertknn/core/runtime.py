@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from pathlib import Path
@@ -47,3 +48,22 @@ def cpu_quota_threads() -> int:
     except (OSError, ValueError):
         pass
     return len(os.sched_getaffinity(0))
+
+
+_LIBC: ctypes.CDLL | None | bool = False  # False: not looked up yet; None: no glibc
+
+
+def return_free_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc ``malloc_trim``; a no-op elsewhere).
+
+    PyTorch's CPU forward over batches of changing shapes leaves freed buffers in glibc's heap, which keeps them:
+    a build's RSS then grows with the number of batches, not with what it holds (docs/decisions/malloc-trim.md)."""
+    global _LIBC
+    if _LIBC is False:
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            _LIBC = libc if hasattr(libc, "malloc_trim") else None
+        except OSError:
+            _LIBC = None
+    if _LIBC:
+        _LIBC.malloc_trim(0)  # type: ignore[union-attr]
