@@ -61,9 +61,9 @@ def validate_datastore(
     """Check manifest, files, checksums, row counts and id-map lengths. Returns problems (first one first).
 
     ``manifest``: check this manifest (one about to be written, e.g. by ``add``) instead of the one on disk.
-    ``deep=False`` (the service's start-up and reload): the manifest, the shards' parts, every listed file present
-    with its size, and the article table's identity and counts; O(shards) stats, nothing per article or per row
-    (``validate`` runs the deep checks).
+    ``deep=False`` (the service's start-up and reload): the manifest, the shards' parts and ``SHARD.json`` markers,
+    every listed file present with its size, and the article table's identity and counts; O(shards) small reads,
+    nothing per article or per row (``validate`` runs the deep checks).
     """
     root = Path(root)
     if manifest is None:
@@ -133,6 +133,11 @@ def validate_datastore(
 def _check_files_and_table(root: Path, manifest: Manifest) -> list[str]:
     for info in manifest.shards:
         shard_dir = root / SHARDS_DIR / info.name
+        on_disk = read_shard_info(shard_dir)  # one small file per shard: a manifest of another build shows here
+        if on_disk is None:
+            return [f"{shard_dir / SHARD_MARKER}: missing or unreadable"]
+        if on_disk != info:
+            return [f"{shard_dir / SHARD_MARKER}: differs from the manifest's entry for {info.name}"]
         for name in shard_file_names(info):
             path = shard_dir / name
             try:
