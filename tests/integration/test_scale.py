@@ -68,7 +68,8 @@ def test_the_service_serves_it_without_loading_the_article_list(
         assert got["subject_status"] == "found" and [a["title"] for a in got["articles"]] == [subject]
         assert got["predictions"] and got["predictions"][0]["contexts"]
         folded = c.post("/predict", json={"text": "it is a [MASK] .", "subject": subject.lower()}).json()
-        assert folded["subject_status"] in ("folded", "found") and folded["articles"]
+        # "Xxx yyy" may itself be a redirect of the dump (tried before folding); either way it is the subject's article
+        assert folded["subject_status"] in ("folded", "redirect") and folded["articles"][0]["title"] == subject
         via = c.post("/predict", json={"text": "it is a [MASK] .", "subject": redirect}).json()
         assert via["subject_status"] == "redirect" and via["articles"][0]["title"] == ds.redirects[redirect]
         bm25 = c.post("/predict", json={"text": f"{subject} is a [MASK] .", "retriever": "bm25"}).json()
