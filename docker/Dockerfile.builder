@@ -71,7 +71,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001:10001
 WORKDIR /home/bertknn
 # Fail the image build, not the first request, when a package, the bundled data files or the JVM are missing.
-RUN python -c "import bertknn.service.settings, bertknn.builder.targets as t; t.load_stopwords(); from pyserini.search.lucene import LuceneSearcher" \
+RUN python -c "import bertknn.service.settings, bertknn.builder.targets as t; t.load_stopwords(); from bertknn.core.lucene import ready_pyserini_env; ready_pyserini_env(); from pyserini.search.lucene import LuceneSearcher" \
     && rm -rf /tmp/.cache /tmp/hsperfdata_bertknn
 
 # A one-shot job, not a server: nothing to probe.
