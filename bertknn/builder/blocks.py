@@ -14,9 +14,9 @@ Each block is then written as one or more parts cut by contexts (``build.embed_s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import islice
+from itertools import count, islice
 from pathlib import Path
 from typing import Literal
 
@@ -101,9 +101,12 @@ def iter_blocks(
     seen: set[str] = set()
     left = [limit_articles]
 
+    def exhausted() -> bool:
+        return left[0] is not None and left[0] <= 0
+
     def unique(articles: Iterator[Article]) -> Iterator[Article]:
         for art in articles:
-            if left[0] is not None and left[0] <= 0:
+            if exhausted():
                 return
             if art.title in seen:
                 counts.skipped_duplicate_titles += 1
@@ -113,31 +116,27 @@ def iter_blocks(
                 left[0] -= 1
             yield art
 
-    def mine(index: int) -> bool:
-        return index % num_slices == slice_index
+    numbers = count()
+
+    def article_blocks(paths: Iterable[Path]) -> Iterator[Block]:
+        stream = unique(read_corpora(paths, stats))
+        while chunk := list(islice(stream, articles_per_block)):
+            index = next(numbers)
+            if index % num_slices == slice_index:
+                yield Block(index, chunk)
 
     if plan.unit == "articles":
-        stream = unique(read_corpora(plan.corpus, stats))
-        index = 0
-        while chunk := list(islice(stream, articles_per_block)):
-            if mine(index):
-                yield Block(index, chunk)
-            index += 1
+        yield from article_blocks(plan.corpus)
         return
-    index = 0
     for path, stream_index in zip(plan.corpus, plan.indexes, strict=True):
-        if left[0] is not None and left[0] <= 0:
+        if exhausted():
             return
         if stream_index is None:  # a file without an index among dumps with one: cut by articles, read by all
-            stream = unique(read_corpora([path], stats))
-            while chunk := list(islice(stream, articles_per_block)):
-                if mine(index):
-                    yield Block(index, chunk)
-                index += 1
+            yield from article_blocks([path])
             continue
         for first, end in stream_index.groups(articles_per_block):
-            if left[0] is not None and left[0] <= 0:
+            if exhausted():
                 return
-            if mine(index):
+            index = next(numbers)
+            if index % num_slices == slice_index:
                 yield Block(index, list(unique(read_streams(stream_index, first, end, stats))))
-            index += 1

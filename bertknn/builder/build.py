@@ -360,8 +360,8 @@ class _PartCutter:
             yield self._close(work.block, last=True)
 
     def _close(self, block: int, *, last: bool) -> tuple[int, int, bool, PreparedShard]:
-        joined = PreparedShard.concat(block, [s for s in self.segments if s.articles] or self.segments[:1],
-                                      self.whole_words)  # fmt: skip
+        pieces = [s for s in self.segments if s.articles] or self.segments[:1]  # an empty block: one empty part
+        joined = PreparedShard.concat(block, pieces, self.whole_words)
         out = (block, self.part, last, joined)
         self.segments, self.rows, self.articles = [], 0, 0
         self.part += 1

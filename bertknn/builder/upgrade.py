@@ -57,11 +57,10 @@ def upgrade_datastore(root: Path) -> dict[str, object]:
     redirects = json.loads(redirects_path.read_text(encoding="utf-8")) if redirects_path.is_file() else {}
     write_table(root, manifest, sorted(redirects.items()), ARTICLE_TABLE)
     converted = []
-    for name in ("tfidf",):
-        rel = manifest.indexes.get(name)
-        if rel is not None and (root / rel / TFIDF_V1_POSTINGS).is_file():
-            _upgrade_tfidf(root / rel)
-            converted.append(rel)
+    tfidf = manifest.indexes.get("tfidf")
+    if tfidf is not None and (root / tfidf / TFIDF_V1_POSTINGS).is_file():
+        _upgrade_tfidf(root / tfidf)
+        converted.append(tfidf)
     manifest.format_version = FORMAT_VERSION
     problems = validate_datastore(root, hashes=False, manifest=manifest)
     if problems:

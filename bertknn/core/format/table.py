@@ -105,18 +105,11 @@ class RedirectTable(Mapping[str, str]):
         self._cons = cons
         self._count = count
 
-    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+    def __getitem__(self, key: str) -> str:  # Mapping derives get() and `in` from it
         row = self._cons.get().execute("SELECT target FROM redirects WHERE source = ?", (key,)).fetchone()
-        return row[0] if row else default
-
-    def __getitem__(self, key: str) -> str:
-        got = self.get(key)
-        if got is None:
+        if row is None:
             raise KeyError(key)
-        return got
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self.get(key) is not None
+        return str(row[0])
 
     def __len__(self) -> int:
         return self._count
@@ -156,18 +149,11 @@ class ArticleTable(Mapping[str, ArticleEntry]):
     def _one(self, sql: str, args: tuple) -> tuple | None:
         return self._cons.get().execute(sql, args).fetchone()
 
-    def get(self, key: str, default: ArticleEntry | None = None) -> ArticleEntry | None:  # type: ignore[override]
+    def __getitem__(self, key: str) -> ArticleEntry:  # Mapping derives get() and `in` from it
         row = self._one(f"SELECT {_COLUMNS} FROM entries WHERE title = ? AND live = 1", (key,))
-        return _entry(row) if row else default
-
-    def __getitem__(self, key: str) -> ArticleEntry:
-        got = self.get(key)
-        if got is None:
+        if row is None:
             raise KeyError(key)
-        return got
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self._one("SELECT 1 FROM entries WHERE title = ? AND live = 1", (key,)) is not None
+        return _entry(row)
 
     def __len__(self) -> int:
         return self._count
