@@ -10,7 +10,7 @@
 #
 # Single checks, as tests/deploy uses them:
 #   .ci/validate_deploy.sh dockerfile FILE...     hadolint
-#   .ci/validate_deploy.sh compose FILE           docker compose config (REDIS_PASSWORD set to a dummy)
+#   .ci/validate_deploy.sh compose FILE [OVERRIDE...]  docker compose config (REDIS_PASSWORD set to a dummy)
 #   .ci/validate_deploy.sh kustomize DIR...       render and validate
 #   .ci/validate_deploy.sh manifests FILE...      validate already-rendered YAML
 set -euo pipefail
@@ -49,22 +49,23 @@ check_dockerfiles() {
   return $rc
 }
 
-compose() {
+compose() {  # compose FILE... -- ARGS...: the files merged in order
+  local files=()
+  while [ "$1" != "--" ]; do files+=(-f "$1"); shift; done
+  shift
   # The checked-in .env.example, never a developer's .env, feeds the interpolation.
-  "$COMPOSE_BIN" --project-directory "$ROOT" --env-file "$ROOT/.env.example" -f "$1" \
-    --profile gpu --profile build --profile build-gpu --profile prefetch "${@:2}"
+  "$COMPOSE_BIN" --project-directory "$ROOT" --env-file "$ROOT/.env.example" "${files[@]}" \
+    --profile gpu --profile build --profile build-gpu --profile prefetch "$@"
 }
 
-check_compose() {
-  local f="$1"
-  if ! REDIS_PASSWORD=ci-placeholder-not-a-secret compose "$f" config --quiet; then
-    echo "FAIL docker compose config $f" >&2; return 1
+check_compose() {  # check_compose FILE [OVERRIDE...]
+  if ! REDIS_PASSWORD=ci-placeholder-not-a-secret compose "$@" -- config --quiet; then
+    echo "FAIL docker compose config $*" >&2; return 1
   fi
-  if env -u REDIS_PASSWORD "$COMPOSE_BIN" --project-directory "$ROOT" --env-file "$ROOT/.env.example" -f "$f" \
-      config --quiet >/dev/null 2>&1; then
-    echo "FAIL docker compose config $f renders without REDIS_PASSWORD (a default secret?)" >&2; return 1
+  if env -u REDIS_PASSWORD compose "$@" -- config --quiet >/dev/null 2>&1; then
+    echo "FAIL docker compose config $* renders without REDIS_PASSWORD (a default secret?)" >&2; return 1
   fi
-  echo "ok   docker compose config $f (and it refuses to render without REDIS_PASSWORD)"
+  echo "ok   docker compose config $* (and it refuses to render without REDIS_PASSWORD)"
 }
 
 check_manifests() {
@@ -97,13 +98,16 @@ check_kustomize() {
 
 case "${1:-all}" in
   dockerfile) shift; check_dockerfiles "$@" ;;
-  compose) shift; check_compose "$1" ;;
+  compose) shift; check_compose "$@" ;;
   kustomize) shift; check_kustomize "$@" ;;
   manifests) shift; check_manifests "$@" ;;
   all)
     rc=0
     check_dockerfiles docker/Dockerfile.* || rc=1
     check_compose docker-compose.yml || rc=1
+    # the overrides scripts/compose_smoke.sh runs with (no registry; a model directory), merged on top
+    MODEL_DIR=/models/ci-placeholder check_compose docker-compose.yml docker/compose.local.yml \
+      docker/compose.model-dir.yml || rc=1
     check_kustomize k8s/overlays/cpu k8s/overlays/gpu k8s/jobs || rc=1
     check_manifests k8s/jobs/corpus-loader.yaml || rc=1
     if [ $rc -ne 0 ]; then echo "validate_deploy: FAILED" >&2; exit 1; fi

@@ -24,10 +24,18 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_PREFER_BINARY=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
+# Optional, for builds behind a TLS-inspecting proxy or with a local wheelhouse (pip reads both from the environment):
+# PIP_CERT, a CA bundle mounted into the build (never over the image's own bundle); PIP_FIND_LINKS, a directory of
+# wheels (e.g. the torch wheel) mounted into the build.  Unset by default; scripts/compose_smoke.sh sets them.
+ARG PIP_CERT
+ARG PIP_FIND_LINKS
 
-# torch first, the CUDA build: on PyPI the Linux x86_64 torch wheel is the CUDA one (2.13.0: CUDA 13.0).
+# torch first, the CUDA build: on PyPI the Linux x86_64 torch wheel is the CUDA one (2.13.0: CUDA 13.0).  For a
+# CPU-only builder (no GPU on the box, a quarter of the size) build with --build-arg TORCH_VARIANT=cpu and
+# --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; the check below fails a build that got the other.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
+ARG TORCH_VARIANT=cuda
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 
 # The project and its dependencies from pyproject.toml (the context holds only what .dockerignore allows).
@@ -35,7 +43,7 @@ COPY . /src
 RUN pip install /src \
     # pyserini 0.25 without its heavy optional dependencies (nmslib, spacy, lightgbm): BM25 needs none of them.
     && pip install --no-deps "pyserini==0.25.0" \
-    && python -c "import torch; assert torch.version.cuda, 'torch was installed without CUDA'"
+    && python -c "import sys, torch; cuda = bool(torch.version.cuda); sys.exit(None if cuda == (sys.argv[1] == 'cuda') else f'TORCH_VARIANT={sys.argv[1]} but torch {torch.__version__} was installed')" "${TORCH_VARIANT}"
 
 # ---------------------------------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# Build the images and run the docker-compose stack end to end with podman, then take it down again.
+#
+#   bash scripts/compose_smoke.sh [--install]
+# Needs podman, runc and debootstrap (Debian: --install gets them with apt) and podman-compose (installed from PyPI
+# into the project's .venv when missing).  Exit status 3: podman is missing and could not be installed.
+#
+# Steps (each one timed; image sizes printed at the end):
+#   1. base images: python:3.11-slim-bookworm and redis are pulled when a registry answers; otherwise a Debian root
+#      filesystem is made with debootstrap from this machine's apt mirror and imported, and the Python base
+#      (docker/Dockerfile.local-python) and Redis (docker/Dockerfile.local-redis, via docker/compose.local.yml) are
+#      built on it from Debian's packages;
+#   2. the CPU service image (docker/Dockerfile.cpu) and the builder image (docker/Dockerfile.builder, CPU torch);
+#   3. the stack from docker-compose.yml: Redis with its password, the one-shot builder writing the sample datastore
+#      (data/sample_wiki.jsonl) with a model directory mounted read-only (docker/compose.model-dir.yml), the api
+#      reading it read-only;
+#   4. checks through the published port: /readyz ready, POST /predict answers the quick start's question with
+#      contexts, a repeat is a Redis cache hit and Redis holds the key, the api runs as uid 10001 on a read-only root
+#      filesystem, both healthchecks pass; with Redis stopped /predict still answers 200 and /readyz says degraded, and
+#      starting Redis again recovers; `down -v` leaves no container, volume or network behind.
+#
+# Settings (environment):
+#   SMOKE_MODEL_DIR   model directory for builder and api (default ../shared/models/proxy-minilm-l6-mlm)
+#   SMOKE_PORT        host port of the api (default 18000)
+#   SMOKE_WHEELS      directory of wheels handed to pip in the builds, e.g. the local torch wheel (default /opt/wheels
+#                     when it exists)
+#   SMOKE_CA_BUNDLE   CA bundle pip uses in the builds (default: this machine's, /etc/ssl/certs/ca-certificates.crt)
+#   SMOKE_KEEP=1      leave the stack running at the end (take it down with the command printed)
+# Exits non-zero at the first failed step or check, after taking the stack down.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+MODEL_DIR=$(realpath "${SMOKE_MODEL_DIR:-../shared/models/proxy-minilm-l6-mlm}")
+PORT=${SMOKE_PORT:-18000}
+WHEELS=${SMOKE_WHEELS:-$([ -d /opt/wheels ] && echo /opt/wheels || true)}
+CA_BUNDLE=${SMOKE_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+PROJECT=bertknn-smoke
+PY_IMAGE_REMOTE=docker.io/library/python:3.11.14-slim-bookworm
+REDIS_IMAGE_REMOTE=docker.io/library/redis:7.4.7-alpine
+DEBIAN_IMAGE=localhost/debian:bookworm
+PY_IMAGE_LOCAL=localhost/python:3.11-bookworm
+REDIS_IMAGE_LOCAL=localhost/bertknn-redis:bookworm
+API_IMAGE=localhost/bertknn:cpu
+BUILDER_IMAGE=localhost/bertknn-builder:cpu
+
+if [ "${1:-}" = "--install" ] && ! { command -v podman && command -v runc && command -v debootstrap; } >/dev/null; then
+  # dnsname: container names resolve on the networks compose creates (CNI, podman 4 on Debian bookworm).
+  { command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] \
+    && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap \
+         golang-github-containernetworking-plugin-dnsname >/dev/null; } \
+    || { echo "compose_smoke: podman could not be installed (needs root and apt)" >&2; exit 3; }
+fi
+[ -d "$MODEL_DIR" ] || { echo "compose_smoke: no model directory $MODEL_DIR (set SMOKE_MODEL_DIR)" >&2; exit 2; }
+for tool in podman runc; do
+  command -v "$tool" >/dev/null || { echo "compose_smoke: $tool is not installed (run with --install)" >&2; exit 3; }
+done
+if [ -f .venv/bin/activate ]; then
+  # shellcheck disable=SC1091
+  . .venv/bin/activate
+fi
+if ! command -v podman-compose >/dev/null; then
+  pip install -q "podman-compose==1.6.0"
+fi
+
+WORK=$(mktemp -d)
+# The engine's settings for this machine: no default ulimits (refused here), cgroupfs and runc (crun rejects a hybrid
+# cgroup layout).  Harmless elsewhere.
+cat >"$WORK/containers.conf" <<'EOF'
+[containers]
+default_ulimits = []
+[engine]
+cgroup_manager = "cgroupfs"
+runtime = "runc"
+EOF
+export CONTAINERS_CONF="$WORK/containers.conf"
+
+# The stack's settings: a fresh password, the local images, the sample corpus, the model directory.
+cat >"$WORK/.env" <<EOF
+REDIS_PASSWORD=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+API_BIND=127.0.0.1
+API_PORT=$PORT
+API_IMAGE=$API_IMAGE
+BUILDER_IMAGE=$BUILDER_IMAGE
+CORPUS_DIR=$ROOT/data
+CORPUS_FILE=sample_wiki.jsonl
+MODEL_DIR=$MODEL_DIR
+MODEL=/models/model
+HF_HUB_OFFLINE=1
+BUILD_DEVICE=cpu
+BUILD_BATCH_SIZE=32
+EOF
+COMPOSE_FILES=(-f docker-compose.yml -f docker/compose.model-dir.yml)
+compose() { podman-compose --project-name "$PROJECT" --env-file "$WORK/.env" "${COMPOSE_FILES[@]}" "$@"; }
+
+STEPS=()
+step() {  # step NAME COMMAND...: run, time, record
+  local name=$1 t0 rc
+  shift
+  echo "== $name"
+  t0=$(date +%s.%N)
+  # In a subshell with errexit on: a failing command inside a step function stops that step (errexit is ignored
+  # in a function called as `f || ...`).
+  set +e
+  (set -e; "$@")
+  rc=$?
+  set -e
+  STEPS+=("$(printf '%-58s %7.1f s  %s' "$name" "$(echo "$(date +%s.%N) - $t0" | bc)" "$([ $rc = 0 ] && echo ok || echo FAILED)")")
+  if [ $rc != 0 ]; then echo "compose_smoke: FAILED at: $name" >&2; exit $rc; fi
+}
+fail() { echo "check failed: $*" >&2; return 1; }
+report() {
+  echo
+  echo "== steps"
+  printf '%s\n' "${STEPS[@]}"
+  echo "== images"
+  podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' \
+    | grep -E "^($API_IMAGE|$BUILDER_IMAGE|$REDIS_IMAGE_LOCAL|$PY_IMAGE_LOCAL|$DEBIAN_IMAGE|$PY_IMAGE_REMOTE|$REDIS_IMAGE_REMOTE) " \
+    | sort -u || true
+}
+cleanup() {
+  local rc=$?
+  if [ "${SMOKE_KEEP:-0}" = "1" ] && [ $rc = 0 ]; then
+    echo "left running; take it down with: CONTAINERS_CONF=$CONTAINERS_CONF podman-compose --project-name $PROJECT --env-file $WORK/.env ${COMPOSE_FILES[*]} down -v"
+  else
+    compose down -v >/dev/null 2>&1 || true
+  fi
+  report
+  [ "${SMOKE_KEEP:-0}" = "1" ] && [ $rc = 0 ] || rm -rf "$WORK"
+  exit $rc
+}
+trap cleanup EXIT
+
+BUILD_ARGS=(--format docker --network host)
+if [ -n "$WHEELS" ]; then BUILD_ARGS+=(-v "$WHEELS:/wheels:ro" --build-arg PIP_FIND_LINKS=/wheels); fi
+if [ -f "$CA_BUNDLE" ]; then BUILD_ARGS+=(-v "$CA_BUNDLE:/run/host-ca.crt:ro" --build-arg PIP_CERT=/run/host-ca.crt); fi
+
+# --- 1. base images -----------------------------------------------------------------------------------------------
+make_debian_base() {
+  podman image exists "$DEBIAN_IMAGE" && return 0
+  local mirror rootfs
+  # The mirror apt on this machine already uses (deb822 sources or a classic sources.list).
+  mirror=$(grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list.d/ /etc/apt/sources.list \
+    2>/dev/null | head -1 | awk '{print $2}' || true)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  command -v debootstrap >/dev/null || { echo "debootstrap is not installed (run with --install)" >&2; return 1; }
+  rootfs="$WORK/rootfs"
+  debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$WORK/debootstrap.log" 2>&1 \
+    || { tail -20 "$WORK/debootstrap.log" >&2; return 1; }
+  tar -C "$rootfs" -c . | podman import - "$DEBIAN_IMAGE" >/dev/null
+  rm -rf "$rootfs"
+}
+base_images() {
+  if timeout 60 podman pull -q "$PY_IMAGE_REMOTE" >/dev/null 2>&1 && timeout 60 podman pull -q "$REDIS_IMAGE_REMOTE" >/dev/null 2>&1; then
+    echo "pulled $PY_IMAGE_REMOTE and $REDIS_IMAGE_REMOTE"
+    return 0
+  fi
+  echo "no registry: making the bases from Debian's packages"
+  make_debian_base
+  podman build "${BUILD_ARGS[@]}" -q --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" -t "$PY_IMAGE_LOCAL" \
+    -f docker/Dockerfile.local-python docker >/dev/null
+  podman build "${BUILD_ARGS[@]}" -q --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" -t "$REDIS_IMAGE_LOCAL" \
+    -f docker/Dockerfile.local-redis docker >/dev/null
+  echo "REDIS_IMAGE=$REDIS_IMAGE_LOCAL" >>"$WORK/.env"
+}
+step "base images (pull, or debootstrap + Debian's python3 and redis)" base_images
+if grep -q '^REDIS_IMAGE=' "$WORK/.env"; then
+  PY_IMAGE=$PY_IMAGE_LOCAL
+  COMPOSE_FILES+=(-f docker/compose.local.yml)
+else
+  PY_IMAGE=$PY_IMAGE_REMOTE
+fi
+
+# --- 2. the project's images --------------------------------------------------------------------------------------
+build_image() {  # build_image TAG DOCKERFILE [BUILD-ARG...]
+  local tag=$1 file=$2
+  shift 2
+  podman build "${BUILD_ARGS[@]}" --build-arg PYTHON_IMAGE="$PY_IMAGE" "$@" -t "$tag" -f "$file" . \
+    >"$WORK/build-$(basename "$file").log" 2>&1 || { tail -40 "$WORK/build-$(basename "$file").log" >&2; return 1; }
+}
+# torch from PyPI's index with the CPU wheel handed over in the wheelhouse when there is one; else the CPU index.
+if [ -n "$WHEELS" ]; then TORCH_INDEX=https://pypi.org/simple; else TORCH_INDEX=https://download.pytorch.org/whl/cpu; fi
+step "build the CPU service image (docker/Dockerfile.cpu)" \
+  build_image "$API_IMAGE" docker/Dockerfile.cpu --build-arg TORCH_INDEX_URL="$TORCH_INDEX"
+step "build the builder image, CPU torch (docker/Dockerfile.builder)" \
+  build_image "$BUILDER_IMAGE" docker/Dockerfile.builder --build-arg TORCH_INDEX_URL="$TORCH_INDEX" \
+  --build-arg TORCH_VARIANT=cpu
+
+# --- 3. the stack -------------------------------------------------------------------------------------------------
+compose down -v >/dev/null 2>&1 || true
+step "builder: sample corpus -> datastore volume (compose run)" \
+  compose --profile build run --rm builder
+start_api() {
+  compose up -d api
+  local i
+  for i in $(seq 1 180); do
+    curl -fsS "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  compose logs api | tail -40 >&2
+  fail "/readyz not ready after 180 s"
+}
+step "up: redis + api, until /readyz answers 200" start_api
+
+# --- 4. checks ----------------------------------------------------------------------------------------------------
+API=http://127.0.0.1:$PORT
+QUESTION='{"text": "tokyo is the capital of [MASK] .", "subject": "Tokyo", "top_k": 3}'
+container() { podman ps -a --filter "label=io.podman.compose.project=$PROJECT" \
+  --filter "label=com.docker.compose.service=$1" --format '{{.Names}}' | head -1; }
+predict() { curl -fsS "$API/predict" -H 'content-type: application/json' -d "$QUESTION"; }
+check_ready() {
+  curl -fsS "$API/readyz" | tee "$WORK/readyz.json" | python -c \
+    'import json,sys; r=json.load(sys.stdin); assert r["status"]=="ready", r; assert r["cache"]["state"]=="ok", r; print("readyz:", r["status"], "cache", r["cache"]["state"])'
+}
+check_predict() {
+  predict >"$WORK/first.json"
+  predict >"$WORK/second.json"
+  python - "$WORK/first.json" "$WORK/second.json" <<'EOF'
+import json, sys
+first, second = (json.load(open(p)) for p in sys.argv[1:3])
+top = first["predictions"][0]
+print("answer:", top["token"], "| its contexts:", len(top["contexts"]), "| cache:", first["cache"], "->", second["cache"])
+assert top["token"] == "japan", first["predictions"]
+assert top["contexts"], "no contexts behind the answer"
+assert "hit" not in first["cache"].values(), first["cache"]
+assert "hit" in second["cache"].values(), second["cache"]
+assert second["predictions"] == first["predictions"], "the cached answer differs"
+EOF
+  local redis keys
+  redis=$(container redis)
+  keys=$(podman exec "$redis" sh -c 'redis-cli --no-auth-warning --scan --pattern "bertknn*"' | wc -l)
+  echo "redis keys under bertknn*: $keys"
+  [ "$keys" -ge 1 ] || fail "Redis holds no key of the service"
+}
+check_hardening() {
+  local api uid ro
+  api=$(container api)
+  uid=$(podman exec "$api" id -u)
+  ro=$(podman inspect --format '{{.HostConfig.ReadonlyRootfs}}' "$api")
+  echo "api: uid $uid, read-only root filesystem: $ro"
+  [ "$uid" = 10001 ] || fail "the api runs as uid $uid"
+  [ "$ro" = true ] || fail "the api's root filesystem is writable"
+  if podman exec "$api" touch /opt/venv/x 2>/dev/null; then fail "wrote into the api's root filesystem"; fi
+}
+check_healthchecks() {
+  # podman runs healthchecks from systemd timers; without systemd they run on demand, which is what this does.
+  local name
+  for name in redis api; do
+    podman healthcheck run "$(container "$name")" || fail "the $name healthcheck fails"
+    echo "healthcheck $name: healthy"
+  done
+}
+check_redis_outage() {
+  local redis status
+  redis=$(container redis)
+  podman stop -t 5 "$redis" >/dev/null
+  QUESTION='{"text": "marie curie won the nobel prize in [MASK] .", "subject": "Marie Curie", "top_k": 3}'
+  status=$(curl -sS -o "$WORK/outage.json" -w '%{http_code}' "$API/predict" -H 'content-type: application/json' -d "$QUESTION")
+  echo "redis stopped: /predict $status"
+  [ "$status" = 200 ] || fail "/predict answered $status with Redis down"
+  curl -sS "$API/readyz" | python -c \
+    'import json,sys; r=json.load(sys.stdin); print("readyz:", r["status"], "cache", r["cache"]["state"]); assert r["cache"]["state"]=="degraded", r'
+  podman start "$redis" >/dev/null
+  local i
+  for i in $(seq 1 60); do
+    predict >/dev/null
+    if curl -fsS "$API/readyz" | python -c 'import json,sys; sys.exit(json.load(sys.stdin)["cache"]["state"]!="ok")'; then
+      echo "redis started again: cache ok after ${i} s"
+      return 0
+    fi
+    sleep 1
+  done
+  fail "the cache did not recover within 60 s of starting Redis"
+}
+check_down() {
+  compose down -v >/dev/null
+  local left
+  left=$( { podman ps -a --filter "label=io.podman.compose.project=$PROJECT" --format '{{.Names}}'
+            podman volume ls --format '{{.Name}}' | grep "^${PROJECT}_" || true
+            podman network ls --format '{{.Name}}' | grep "^${PROJECT}_" || true; } )
+  [ -z "$left" ] || fail "left behind after down -v: $left"
+  echo "down -v: no container, volume or network of $PROJECT left"
+}
+step "check /readyz" check_ready
+step "check /predict: the answer, contexts, a Redis cache hit on repeat" check_predict
+step "check the api: uid 10001, read-only root filesystem" check_hardening
+step "check the healthchecks (redis, api)" check_healthchecks
+step "check a Redis outage: /predict 200, /readyz degraded, recovery" check_redis_outage
+if [ "${SMOKE_KEEP:-0}" != "1" ]; then
+  step "down -v leaves nothing behind" check_down
+fi
+echo "compose_smoke: all checks passed"
