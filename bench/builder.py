@@ -1,6 +1,8 @@
 """Builder throughput: contexts/s of the whole build vs the bare model forward on the same batches.
 
     python -m bench.builder            # proxy model, first 200 vital articles, CPU, 2 runs
+    python -m bench.builder --model runs/bert-base-shaped --articles 30 --runs 1 --codec fp16,int8,pq
+                                       # bytes per context of each codec with bert-base-uncased's shape
 
 The build runs in this process with the real pipeline (corpus reading, sentence splitting, target selection in a
 worker process, embedding, shard writing with checksums, manifest). The bare forward then re-runs only
@@ -71,7 +73,9 @@ class _BuildSummary(logging.Handler):
             self.stages, self.bound = data.get("stages", {}), data.get("bound", "")
 
 
-def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, backend: str) -> dict[str, object]:
+def one_run(
+    encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, backend: str, codec: str = "fp16"
+) -> dict[str, object]:
     out = Path(tempfile.mkdtemp(prefix="bench-builder-"))
     try:
         recorder = RecordingEncoder(encoder)
@@ -86,6 +90,8 @@ def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, ba
             workers=args.workers,
             sparse_indexes=False,
             backend=backend,
+            codec=codec,
+            code_bytes=args.code_bytes,
         )
         # Like loading the model, building the compiled forward is outside the timing: it happens once per
         # build (an ONNX export of bert-base takes about 5 s), whatever the corpus' size. `build` then keeps it.
@@ -109,6 +115,8 @@ def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, ba
         manifest = read_manifest(out)
         contexts = manifest.counts.contexts
         shard_bytes = sum(f.bytes for s in manifest.shards for f in s.files.values())
+        text_bytes = sum(f.bytes for s in manifest.shards for n, f in s.files.items() if n == "sentences.txt")
+        codec_file = out / manifest.codec.file if manifest.codec else None
         all_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
 
         # The bare forward: the same batches, in the same order, nothing else running.
@@ -120,6 +128,7 @@ def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, ba
         assert sum(len(b) for b in recorder.batches) == contexts
         return {
             "backend": encoder.backend,
+            "codec": manifest.codec.factory if manifest.codec else "fp16",
             "articles": manifest.counts.articles,
             "sentences": manifest.counts.sentences,
             "contexts": contexts,
@@ -133,6 +142,10 @@ def one_run(encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, ba
             "bare_forward_ctx_per_s": round(contexts / forward_s, 1),
             "build_over_forward": round((contexts / build_s) / (contexts / forward_s), 3),
             "bytes_per_context_shards": round(shard_bytes / contexts, 1),
+            # what the issue's budget counts: vectors or codes, labels, references (sentences text apart)
+            "bytes_per_context_without_text": round((shard_bytes - text_bytes) / contexts, 1),
+            "text_bytes_per_context": round(text_bytes / contexts, 1),
+            "codec_file_bytes": codec_file.stat().st_size if codec_file else 0,
             "bytes_per_context_dir": round(all_bytes / contexts, 1),
             "vector_bytes_per_context": manifest.model.hidden_size * 2,
             # per stage: seconds, items, items/s per process, and the stage that bounds the build
@@ -156,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--backend", default="eager", help="forward backend(s) of the build, comma-separated: runs "
                    "alternate between them (e.g. eager,onnx); each run's bare forward uses its own backend")
+    p.add_argument("--codec", default="fp16", help="codec(s) of the build, comma-separated (fp16,int8,pq): one set of "
+                   "runs each")
+    p.add_argument("--code-bytes", type=int, default=0, help="pq: bytes per code (0: auto)")
     p.add_argument("--out", type=Path, default=RESULTS / "builder.json")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -169,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     encoders = {b: MaskedLMEncoder.load(str(args.model), device=args.device, dtype="auto", max_seq_len=args.max_seq_len)
                 for b in backends}
     encoder = encoders[backends[0]]
-    runs = [one_run(encoders[b], corpus, args, b) for _ in range(args.runs) for b in backends]
+    codecs = [c for c in args.codec.split(",") if c]
+    runs = [one_run(encoders[b], corpus, args, b, c) for c in codecs for _ in range(args.runs) for b in backends]
     shutil.rmtree(tmp, ignore_errors=True)
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = {
@@ -197,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
     keys = [
         ("backend", "backend"),
+        ("codec", "codec"),
         ("contexts", "contexts"),
         ("build ctx/s", "build_ctx_per_s"),
         ("bare forward ctx/s", "bare_forward_ctx_per_s"),
@@ -205,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         ("backend setup s (untimed)", "backend_setup_s"),
         ("bytes/context (shard files)", "bytes_per_context_shards"),
         ("bytes/context (whole dir)", "bytes_per_context_dir"),
+        ("bytes/context (no text)", "bytes_per_context_without_text"),
+        ("text bytes/context", "text_bytes_per_context"),
+        ("codec file bytes", "codec_file_bytes"),
     ]
     lines = [f"{'':30}" + "".join(f"{'run ' + str(i + 1):>12}" for i in range(len(runs)))]
     lines += [f"{label:30}" + "".join(f"{r[key]!s:>12}" for r in runs) for label, key in keys]

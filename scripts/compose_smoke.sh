@@ -204,7 +204,7 @@ step "up: redis + api, until /readyz answers 200" start_api
 
 # --- 4. checks ----------------------------------------------------------------------------------------------------
 API=http://127.0.0.1:$PORT
-QUESTION='{"text": "tokyo is the capital of [MASK] .", "subject": "Tokyo", "top_k": 3}'
+QUESTION='{"text": "galileo galilei was born in [MASK] .", "subject": "Galileo Galilei", "top_k": 3}'
 container() { podman ps -a --filter "label=io.podman.compose.project=$PROJECT" \
   --filter "label=com.docker.compose.service=$1" --format '{{.Names}}' | head -1; }
 predict() { curl -fsS "$API/predict" -H 'content-type: application/json' -d "$QUESTION"; }
@@ -220,7 +220,7 @@ import json, sys
 first, second = (json.load(open(p)) for p in sys.argv[1:3])
 top = first["predictions"][0]
 print("answer:", top["token"], "| its contexts:", len(top["contexts"]), "| cache:", first["cache"], "->", second["cache"])
-assert top["token"] == "japan", first["predictions"]
+assert top["token"] == "pisa", first["predictions"]
 assert top["contexts"], "no contexts behind the answer"
 assert "hit" not in first["cache"].values(), first["cache"]
 assert "hit" in second["cache"].values(), second["cache"]

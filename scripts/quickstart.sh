@@ -23,7 +23,7 @@ for _ in $(seq 1 120); do
 done
 # Two questions the bundled sample answers (tests/integration/test_quickstart.py checks them): in both, the
 # masked LM alone is wrong (its line "mlm:") and the neighbours from the subject's article fix it.
-bert-knn predict "tokyo is the capital of [MASK] ." --subject "Tokyo" --top-k 3 --url "http://127.0.0.1:$PORT"
+bert-knn predict "galileo galilei was born in [MASK] ." --subject "Galileo Galilei" --top-k 3 --url "http://127.0.0.1:$PORT"
 echo
 bert-knn predict "marie curie won the nobel prize in [MASK] ." --subject "Marie Curie" --top-k 3 --url "http://127.0.0.1:$PORT"
 if [ "${QUICKSTART_SERVE:-1}" = "1" ]; then

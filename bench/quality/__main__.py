@@ -35,6 +35,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
@@ -78,7 +80,66 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-grid", dest="grid", action="store_false", help="skip the grid search on the dev split"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--codecs",
+        default="int8,pq96,pq64,pq32,pq16,pq8,pq64-opq",
+        help="compact copies of the datastore evaluated as rows (`recode`; reused when current): int8, pqM (M-byte "
+        "product-quantizer codes, no rotation), pqM-opq (after an OPQ rotation), pqM-pcaD (PCA to D dimensions); "
+        "empty: none",
+    )
     return p
+
+
+def codec_spec(name: str):  # noqa: ANN201 (bertknn is imported late, in main)
+    """``int8``, ``pq64``, ``pq64-opq``, ``pq64-pca192`` -> the CodecSpec."""
+    from bertknn.core.format.codec import CodecSpec
+
+    if name == "int8":
+        return CodecSpec("int8")
+    head, _, rot = name.partition("-")
+    if not head.startswith("pq") or not head[2:].isdigit():
+        raise SystemExit(f"--codecs: {name!r} is not int8, pqM, pqM-none or pqM-pcaD")
+    if rot.startswith("pca") and rot[3:].isdigit():
+        return CodecSpec("pq", int(head[2:]), "pca", int(rot[3:]))
+    if rot in ("", "none"):
+        return CodecSpec("pq", int(head[2:]), "none")
+    if rot == "opq":
+        return CodecSpec("pq", int(head[2:]), "opq")
+    raise SystemExit(f"--codecs: {name!r}: the rotation is none (default), opq or pcaD")
+
+
+def storage(manifest, root: Path) -> dict:  # noqa: ANN001
+    """Bytes per context on disk: what the codec budget counts (vectors or codes, labels, references; everything in
+    the shards but the sentences' text), the text apart, and the codec file (fixed, whatever the size)."""
+    contexts = max(1, manifest.counts.contexts)
+    files: dict[str, int] = {}
+    for s in manifest.shards:
+        for name, f in s.files.items():
+            files[name] = files.get(name, 0) + f.bytes
+    text = files.get("sentences.txt", 0)
+    codec = (root / manifest.codec.file).stat().st_size if manifest.codec else 0
+    return {
+        "bytes_per_context": round((sum(files.values()) - text) / contexts, 1),
+        "text_bytes_per_context": round(text / contexts, 1),
+        "per_file_bytes_per_context": {k: round(v / contexts, 2) for k, v in sorted(files.items())},
+        "codec_file_bytes": codec,
+    }
+
+
+def search_ms(datastore, title_sets: list[list[str]], queries: list, *, k: int = 128, repeats: int = 3) -> dict:  # noqa: ANN001
+    """The restricted kNN's cost per query over the same articles (so the same rows) for every datastore: read the
+    rows, index them, search k. Best of ``repeats`` passes (the page cache is warm after the first)."""
+    from bertknn.service.retrieval.knn import RestrictedKnn
+
+    knn = RestrictedKnn(datastore)
+    rows = sum(len(knn.prepare(t).rows) for t in title_sets)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for titles, q in zip(title_sets, queries, strict=True):
+            knn.prepare(titles).search(q, k)
+        best = min(best, time.perf_counter() - t0)
+    return {"ms_per_query": round(1000 * best / len(title_sets), 4), "rows_per_query": round(rows / len(title_sets), 1)}
 
 
 def _datastore_is_current(ds: Path, corpus_sha: str, model_sha: str) -> bool:
@@ -93,6 +154,7 @@ def _datastore_is_current(ds: Path, corpus_sha: str, model_sha: str) -> bool:
 
 RUN_LABELS = {
     "retrieval": "subject article (no subject: BM25 top 3)",
+    "retrieval_l6": "subject article (no subject: BM25 top 3), l=6 (the paper's)",
     "no_retrieval": "none: whole datastore (IVF-PQ)",
     "tuned": "grid-tuned on dev, test split",
     "tuned_wide_l": "grid-tuned, l up to 32, test split",
@@ -101,6 +163,70 @@ RUN_LABELS = {
 # MiniLM's squared distances are ~70-160), so the benchmark also searches a wider l axis and reports both.
 WIDE_L = (5.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
 NAMES = {"mlm": "MLM", "knn": "kNN", "bert_knn": "BERT-kNN"}
+
+
+def _codec_rows(args, encoder, ds: Path, man, queries: list, pipeline, run) -> dict:  # noqa: ANN001
+    """Each --codecs entry: a compact copy of the datastore (recode, reused when current), evaluated at the default
+    settings (full vocabulary) with its own pipeline; its bytes per context and restricted search time, the latter
+    over the same articles (so the same rows) as fp16's."""
+    from bertknn.builder.recode import recode_datastore
+    from bertknn.core.format import Datastore, read_manifest
+    from bertknn.evaluation.runner import RunSettings
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.pipeline import AnswerPipeline
+    from bertknn.service.results import Query
+
+    names = [n for n in args.codecs.split(",") if n]
+    rng = np.random.default_rng(0)
+    # Three sizes of row sets, the same for every codec: each query's subject article (the subject rule), and the
+    # BM25 top 3 (the service's default without a subject) and top 30 of its text; the query vector is a stored
+    # vector of the first article (what a query near its facts looks like).
+    fp16 = pipeline.datastore
+    sizes: dict[str, tuple[list[list[str]], list[np.ndarray]]] = {"subject": ([], []), "bm25-3": ([], []),
+                                                                   "bm25-30": ([], [])}  # fmt: skip
+    for q in queries:
+        entry = fp16.articles.get(q.subject) if q.subject else None
+        if entry is None or entry.rows == 0:
+            continue
+        vec = fp16.float_rows(entry.shard, np.array([entry.row_start + int(rng.integers(entry.rows))]))[0]
+        sizes["subject"][0].append([entry.title])
+        sizes["subject"][1].append(vec)
+        for name, n in (("bm25-3", 3), ("bm25-30", 30)):
+            hits, _ = pipeline.retrieve(Query(text=q.text, retriever="bm25", num_articles=n))
+            sizes[name][0].append([h.title for h in hits])
+            sizes[name][1].append(vec)
+
+    def searches(datastore) -> dict:  # noqa: ANN001
+        return {name: search_ms(datastore, sets, vecs) for name, (sets, vecs) in sizes.items()}
+
+    rows: dict[str, dict] = {
+        "fp16": {"codec": "fp16", **storage(man, ds), "search": searches(fp16),
+                 "temperature_auto": pipeline.auto_temperature, "run": "retrieval_full"},
+    }  # fmt: skip
+    for name in names:
+        spec = codec_spec(name)
+        dst = args.work / f"datastore-{name}"
+        marker = args.work / f"datastore-{name}.source.json"
+        want = {"source": man.datastore_id, "spec": repr(spec)}
+        t = time.perf_counter()
+        if not (marker.is_file() and json.loads(marker.read_text()) == want and (dst / "manifest.json").is_file()):
+            shutil.rmtree(dst, ignore_errors=True)
+            recode_datastore(ds, dst, spec)
+            marker.write_text(json.dumps(want))
+        recode_s = time.perf_counter() - t
+        coded = read_manifest(dst)
+        pipe = AnswerPipeline(encoder, Datastore(dst), cache=InMemoryCache(1 << 18))
+        try:
+            key = f"codec_{name}_full"
+            run("retrieval", "full", queries, RunSettings(batch_size=args.batch_size), {"codec": name}, pipe, key)
+            rows[name] = {
+                "codec": coded.codec.factory if coded.codec else name, **storage(coded, dst),
+                "search": searches(pipe.datastore), "temperature_auto": pipe.auto_temperature,
+                "recode_s": round(recode_s, 1), "run": key,
+            }  # fmt: skip
+        finally:
+            pipe.close()
+    return rows
 
 
 def _markdown(runs: dict[str, dict], meta: dict) -> str:
@@ -112,8 +238,9 @@ def _markdown(runs: dict[str, dict], meta: dict) -> str:
         f"- Model: `{Path(meta['model']).name}` ({meta['model']}); datastore: {meta['datastore']['articles']} "
         f"articles, {meta['datastore']['contexts']} contexts, layer {meta['datastore']['layer']}.",
         f"- Subset: {meta['subset']['description']}.",
-        "- Settings: k=128, l=6, lambda=0.3 (service defaults) unless the row says otherwise; no retrieval = kNN over "
-        "the whole datastore (IVF-PQ, nprobe 64, candidates re-ranked with exact distances).",
+        f"- Settings: k=128, lambda=0.3, temperature auto (the service's defaults; auto is the datastore's own l, "
+        f"measured by its builder: {meta['temperature_auto']:.2f} here) unless the row says otherwise; no retrieval = "
+        "kNN over the whole datastore (IVF-PQ, nprobe 64, candidates re-ranked with their stored vectors).",
         f"- Wall time: {t['total']:.0f} s on {meta['machine']['cores']} CPU cores "
         f"({', '.join(f'{k} {v:.0f} s' for k, v in t.items() if k != 'total')}).",
         "- Macro P@k (%): per relation first, then the mean over relations; 'overall' is the mean over all relations of "
@@ -134,7 +261,9 @@ def _markdown(runs: dict[str, dict], meta: dict) -> str:
         ("full", "Full vocabulary"),
         ("common", "LAMA common vocabulary (ranking and facts)"),
     ):
-        subset = {k: v for k, v in runs.items() if v["settings"]["vocab_name"] == vocab_name}
+        subset = {
+            k: v for k, v in runs.items() if v["settings"]["vocab_name"] == vocab_name and "codec" not in v["settings"]
+        }
         if not subset:
             continue
         lines += [f"## {title}", ""]
@@ -162,6 +291,39 @@ def _markdown(runs: dict[str, dict], meta: dict) -> str:
                     + " | ".join(cells)
                     + " |"
                 )
+        lines.append("")
+    codecs = meta.get("codecs") or {}
+    if codecs:
+        base = codecs["fp16"]["search"]
+        sizes = list(base)
+        lines += [
+            "## Codecs (compact copies of the same datastore: `recode`), full vocabulary, default settings",
+            "",
+            "Bytes per context: the shards' files but the sentences' text (vectors or codes, labels, sentence ids, "
+            "spans, sentence offsets, article lists); the text and the codec file (a fixed size) apart. Search: the "
+            "restricted kNN (read the rows, index, search k=128) per query, ms and the ratio to fp16 on the same rows, "
+            "best of 3 passes, over each query's subject article ("
+            + ", ".join(f"{s}: {base[s]['rows_per_query']:.0f} rows" for s in sizes)
+            + " per query on average; bm25-N: the BM25 top N of the query's text).",
+            "",
+            "| codec | bytes/context | text bytes/context | codec file | l (auto) | MLM P@1 | kNN P@1 | BERT-kNN P@1 "
+            "| MLM P@10 | kNN P@10 | BERT-kNN P@10 | " + " | ".join(f"search {s}" for s in sizes) + " |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(sizes),
+        ]
+        for name, row in codecs.items():
+            m = runs[row["run"]]["macro"]
+            lines.append(
+                f"| {name} ({row['codec']}) | {row['bytes_per_context']:.1f} | {row['text_bytes_per_context']:.1f} | "
+                f"{row['codec_file_bytes']:,} | {row['temperature_auto']:.1f} | "
+                + " | ".join(f"{m[c]['p@1']:.1f}" for c in cols) + " | "
+                + " | ".join(f"{m[c]['p@10']:.1f}" for c in cols)
+                + " | "
+                + " | ".join(
+                    f"{row['search'][s]['ms_per_query']:.3f} ({row['search'][s]['ms_per_query'] / base[s]['ms_per_query']:.2f}x)"
+                    for s in sizes
+                )
+                + " |"
+            )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -257,18 +419,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipeline = AnswerPipeline(encoder, Datastore(ds), cache=InMemoryCache(1 << 18))
     runs: dict[str, dict] = {}
     base = RunSettings(batch_size=args.batch_size)
-    plan = [("retrieval", base), ("no_retrieval", base.with_(retriever="none"))]
+    plan = [
+        ("retrieval", base),
+        ("retrieval_l6", base.with_(temperature=6.0)),
+        ("no_retrieval", base.with_(retriever="none")),
+    ]
 
     def run(
-        name: str, vocab_name: str, queries: list, settings: RunSettings, extra: dict | None = None
-    ) -> None:
+        name: str, vocab_name: str, queries: list, settings: RunSettings, extra: dict | None = None,
+        pipe: AnswerPipeline | None = None, key: str | None = None,
+    ) -> None:  # fmt: skip
         allowed = common.allowed_ids() if vocab_name == "common" else None
-        runner = PipelineRunner(pipeline, allowed_ids=allowed, progress=not args.quiet)
+        runner = PipelineRunner(pipe or pipeline, allowed_ids=allowed, progress=not args.quiet)
         t0 = time.perf_counter()
         summary = summarize(runner.run(queries, settings))
         elapsed = time.perf_counter() - t0
-        timings[f"eval {name} {vocab_name}"] = elapsed
-        runs[f"{name}_{vocab_name}"] = report_dict(
+        timings[f"eval {key or name} {vocab_name}"] = elapsed
+        runs[key or f"{name}_{vocab_name}"] = report_dict(
             summary,
             {
                 "model": args.model,
@@ -277,7 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "retriever": settings.retriever,
                 "num_articles": None if settings.retriever == "none" else settings.num_articles,
                 "k": settings.k,
-                "temperature": settings.temperature,
+                "temperature": settings.temperature if settings.temperature is not None else "auto",
+                "temperature_used": settings.temperature if settings.temperature is not None
+                else (pipe or pipeline).auto_temperature,
                 "lambda": settings.lambda_,
                 "vocab_name": vocab_name,
                 "vocab": str(vocab_path) if vocab_name == "common" else None,
@@ -324,6 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result.best.apply(base),
                 {"split": "test", "grid": grid_info},
             )
+        codecs = _codec_rows(args, encoder, ds, man, probe.queries, pipeline, run)
     finally:
         pipeline.close()
     timings["total"] = time.perf_counter() - t_start
@@ -358,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "id": man.datastore_id,
             "reused": reused,
         },
+        "codecs": codecs,
+        "temperature_auto": codecs["fp16"]["temperature_auto"],
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "machine": {"cores": os.cpu_count(), "torch_threads": threads, "python": platform.python_version()},
     }

@@ -1,4 +1,5 @@
-"""``bert-knn build | add | validate | merge | upgrade | ivfpq`` (also ``python -m datastore_builder ...``)."""
+"""``bert-knn build | add | validate | merge | upgrade | ivfpq | train-codec | recode | calibrate`` (also
+``python -m datastore_builder ...``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from bertknn.builder.settings import AddSettings, BuildSettings
+from bertknn.builder.settings import AddSettings, BuildSettings, RecodeSettings
 from bertknn.core.settings_cli import add_settings_flags, adopt_legacy_env, flag_for, settings_overrides
 
 logger = logging.getLogger("datastore_builder")
@@ -25,6 +26,23 @@ def _parser(prog: str = "python -m datastore_builder") -> argparse.ArgumentParse
 
     b = sub.add_parser("build", help="build (or resume) a datastore from corpus files")
     add_settings_flags(b, BuildSettings)
+
+    t = sub.add_parser(
+        "train-codec",
+        help="train the codec (--codec int8|pq) on a corpus's first contexts, for the slices of a sliced build "
+        "(each gets --codec-from DIR)",
+    )
+    add_settings_flags(t, BuildSettings)
+
+    r = sub.add_parser("recode", help="a compact copy of an fp16 datastore: codes instead of vectors, no model run")
+    add_settings_flags(r, RecodeSettings)
+
+    c = sub.add_parser(
+        "calibrate",
+        help="measure the datastore's distance scale again (temperature auto) and record it in its manifest; for "
+        "datastores built before the measurement existed",
+    )
+    c.add_argument("datastore", type=Path)
 
     v = sub.add_parser("validate", help="check a datastore and name the first problem")
     v.add_argument("datastore", type=Path)
@@ -80,6 +98,38 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
 
             manifest = build(settings)
             print(json.dumps({"datastore": str(settings.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
+            return 0
+        if args.command == "train-codec":
+            settings = _settings_or_errors(BuildSettings, args)
+            if settings is None:
+                return 2
+            from bertknn.builder.build import train_codec_only
+
+            info = train_codec_only(settings)
+            print(json.dumps({"codec_dir": str(settings.out), **info.model_dump()}))
+            return 0
+        if args.command == "recode":
+            recode_settings = _settings_or_errors(RecodeSettings, args)
+            if recode_settings is None:
+                return 2
+            from bertknn.builder.recode import recode_datastore
+
+            print(json.dumps(recode_datastore(recode_settings.datastore, recode_settings.out, recode_settings.codec_spec())))
+            return 0
+        if args.command == "calibrate":
+            from bertknn.core.calibration import measure_distance_scale
+            from bertknn.core.format import read_manifest, validate_datastore, write_manifest
+
+            manifest = read_manifest(args.datastore)
+            problems = validate_datastore(args.datastore, hashes=False, manifest=manifest, deep=False)
+            if problems:
+                print(f"error: {problems[0]}", file=sys.stderr)
+                return 1
+            before = manifest.distance_scale
+            manifest.distance_scale = measure_distance_scale(args.datastore, manifest)
+            write_manifest(args.datastore, manifest)  # atomic; the datastore id does not depend on it
+            print(json.dumps({"datastore": str(args.datastore), "before": before and before.model_dump(),
+                              "distance_scale": manifest.distance_scale and manifest.distance_scale.model_dump()}))
             return 0
         if args.command == "add":
             from bertknn.builder.update import add_articles

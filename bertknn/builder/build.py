@@ -19,6 +19,7 @@ import torch
 from transformers import AutoTokenizer
 
 from bertknn.builder.blocks import check_slicing, iter_blocks, plan_blocks
+from bertknn.builder.coding import Coder, open_coder
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format
 from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
@@ -26,10 +27,12 @@ from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, load_stopwords, masked_ids, stopwords_sha256
 from bertknn.builder.wikitext import TEXT_RULES, sentence_problem
 from bertknn.builder.writer import ShardData, finished_parts, remove_stale_temp, write_shard, write_table
+from bertknn.core.calibration import measure_distance_scale
 from bertknn.core.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
 from bertknn.core.errors import BuildError, DatastoreError
 from bertknn.core.format import (
     REDIRECTS,
+    CodecInfo,
     Counts,
     Manifest,
     ModelInfo,
@@ -282,7 +285,19 @@ def _build_state(
         "text_rules": TEXT_RULES,
         "contexts_per_shard": settings.contexts_per_shard,
         "blocks": unit,
+        # the codec asked for; only when not fp16 (builds started before codecs existed still resume)
+        **({"codec": _codec_state(settings)} if settings.codec != "fp16" or settings.codec_from else {}),
     }
+
+
+def _codec_state(settings: BuildSettings) -> dict:
+    if settings.codec_from is not None:
+        return {"from": str(Path(settings.codec_from).resolve())}
+    spec = settings.codec_spec()
+    return {
+        "name": spec.name, "code_bytes": spec.code_bytes, "rotation": spec.rotation, "pca_dim": spec.pca_dim,
+        "train_contexts": spec.train_contexts, "seed": spec.seed,
+    }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -376,9 +391,16 @@ def embed_shards(
     written: Callable[[ShardInfo], None],
     on_batch: Callable[[int], None] | None = None,
     times: StageTimes | None = None,
+    coder: Coder | None = None,
+    *,
+    train_only: bool = False,
 ) -> float:
     """Prepare (worker processes, a few articles per call), cut into parts of at most ``contexts_per_shard``
     contexts, embed and write every part of every work's block, in order.
+
+    ``coder``: the rows are stored as its codec's codes; an untrained codec is trained on the first parts
+    (at least its minimum of contexts, counted before any forward pass, else BuildError) before they are written.
+    ``train_only``: stop once the codec is trained (``train-codec``), writing no shard.
 
     Each finished part is renamed into ``out/shards/`` atomically and reported to ``written``; returns the
     seconds spent in the model. Memory in flight: the pieces being prepared plus one part.
@@ -428,6 +450,7 @@ def embed_shards(
                 yield work, prepared, last
 
         cutter = _PartCutter(options.contexts_per_shard, options.targets == "whole-word")
+        parts = (cut for work, piece, last in prepared_pieces() for cut in cutter.feed(work, piece, last))
         writer = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
         writing: list[Future[ShardInfo]] = []
 
@@ -435,27 +458,51 @@ def embed_shards(
             while writing:
                 written(writing.pop(0).result())
 
+        def embed(prepared: PreparedShard) -> np.ndarray:
+            nonlocal encode_seconds
+            t1 = time.perf_counter()
+            vectors = embed_prepared(encoder, prepared, options.batch_size, on_batch)
+            forward_s = time.perf_counter() - t1
+            encode_seconds += forward_s
+            if times is not None:
+                times.add("forward", forward_s, len(prepared.inputs))
+            return vectors
+
+        def write(cut: tuple[int, int, bool, PreparedShard], vectors: np.ndarray) -> None:
+            block, part, is_last, prepared = cut
+            # the previous part's write (fsyncs, checksums) ran while this one was embedded
+            finish_write()
+            payload = coder.encode(vectors) if coder is not None else vectors
+            data = ShardData(
+                payload,
+                prepared.labels,
+                prepared.sentence_ids,
+                prepared.spans,
+                prepared.sentences,
+                prepared.articles,
+                prepared.words,
+            )
+            writing.append(writer.submit(_timed_write, out, block, part, is_last, data, times))
+
         try:
-            for work, piece, last in prepared_pieces():
-                for block, part, is_last, prepared in cutter.feed(work, piece, last):
-                    t1 = time.perf_counter()
-                    vectors = embed_prepared(encoder, prepared, options.batch_size, on_batch)
-                    forward_s = time.perf_counter() - t1
-                    encode_seconds += forward_s
-                    if times is not None:
-                        times.add("forward", forward_s, len(prepared.inputs))
-                    # the previous part's write (fsyncs, checksums) ran while this one was embedded
-                    finish_write()
-                    data = ShardData(
-                        vectors,
-                        prepared.labels,
-                        prepared.sentence_ids,
-                        prepared.spans,
-                        prepared.sentences,
-                        prepared.articles,
-                        prepared.words,
+            if coder is not None and not coder.ready:
+                # The codec is trained on the first parts' vectors, held until then (written once it exists).
+                head = _head_parts(parts, coder.spec.train_contexts)
+                found = sum(cut[3].rows for cut in head)
+                if found < coder.min_train():
+                    raise BuildError(
+                        f"codec {coder.spec.name} needs at least {coder.min_train()} contexts to train "
+                        f"({coder.spec.factory(coder.dim)}), this build has {found}; add articles, or use "
+                        "--codec fp16"
                     )
-                    writing.append(writer.submit(_timed_write, out, block, part, is_last, data, times))
+                embedded = [embed(cut[3]) for cut in head]
+                coder.train(np.concatenate(embedded), out)
+                if train_only:
+                    return encode_seconds
+                for cut, vectors in zip(head, embedded, strict=True):
+                    write(cut, vectors)
+            for cut in parts:
+                write(cut, embed(cut[3]))
             finish_write()
         finally:
             writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
@@ -464,6 +511,18 @@ def embed_shards(
     finally:
         shutil.rmtree(tok_dir, ignore_errors=True)
     return encode_seconds
+
+
+def _head_parts(
+    parts: Iterator[tuple[int, int, bool, PreparedShard]], contexts: int
+) -> list[tuple[int, int, bool, PreparedShard]]:
+    """The first parts, prepared but not embedded, until they hold ``contexts`` contexts or the corpus ends."""
+    head: list[tuple[int, int, bool, PreparedShard]] = []
+    rows = 0
+    while rows < contexts and (cut := next(parts, None)) is not None:
+        head.append(cut)
+        rows += cut[3].rows
+    return head
 
 
 def _timed_write(out: Path, index: int, part: int, last: bool, data: ShardData, times: StageTimes | None) -> ShardInfo:
@@ -511,6 +570,12 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     if settings.backend != "eager":
         used = encoder.set_backend(settings.backend, with_mlm=False)
         logger.info("forward backend: %s (asked: %s)", used, settings.backend)
+    if settings.num_shards > 1 and settings.codec != "fp16" and settings.codec_from is None:
+        raise BuildError(
+            f"the slices of a sliced build must share one codec: train it first (`python -m datastore_builder "
+            f"train-codec --corpus ... --model ... --codec {settings.codec} --out CODEC_DIR`), then give every slice "
+            "--codec-from CODEC_DIR"
+        )
     stopwords = load_stopwords(settings.stopwords)
     stop_hash = stopwords_sha256(stopwords)
     sources = [
@@ -529,6 +594,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     else:
         atomic_write_json(state_path, state)
     remove_stale_temp(out)
+    coder = open_coder(out, settings.codec_spec(), encoder.hidden_size, settings.codec_from)
 
     stats = CorpusStats()
     counts = Counts()
@@ -566,7 +632,9 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         settings.workers, settings.contexts_per_shard or None,
     )
     try:
-        encode_seconds = embed_shards(out, works(), encoder, options, written, progress.embedded, stats.times)
+        encode_seconds = embed_shards(
+            out, works(), encoder, options, written, progress.embedded, stats.times, coder
+        )
     finally:
         progress.close()
 
@@ -596,8 +664,10 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         shards=infos,
         slice=None if whole else SliceInfo(index=settings.shard_index, count=settings.num_shards, unit=plan.unit),
         targets=settings.targets,
+        codec=coder.info if coder is not None else None,
     )
     write_table(out, manifest, sorted(stats.redirects.items()))
+    manifest.distance_scale = measure_distance_scale(out, manifest)
     if whole:
         manifest.indexes.update(_build_indexes(out, settings, manifest))
     manifest.datastore_id = manifest.compute_id()
@@ -617,6 +687,38 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     }
     logger.info("build finished: %s", json.dumps(summary))
     return manifest
+
+
+def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> CodecInfo:
+    """``train-codec``: the codec a build with these settings would train, from the corpus's first contexts,
+    written to ``settings.out`` (codec.faiss and codec.json) for ``build --codec-from`` (every slice of a sliced
+    build). No shard is written; slicing flags are ignored (the codec is the whole corpus's)."""
+    check_corpus_files(settings.corpus)
+    spec = settings.codec_spec()
+    if not spec.trained:
+        raise BuildError("train-codec trains a codec: give --codec int8 or --codec pq")
+    plan = plan_blocks(settings.corpus, settings.index, settings.multistream)
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(settings.threads or cpu_quota_threads())
+    encoder = encoder or MaskedLMEncoder.load(
+        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype, max_seq_len=settings.max_seq_len
+    )
+    coder = open_coder(out, spec, encoder.hidden_size)
+    assert coder is not None
+    if coder.ready:
+        assert coder.info is not None
+        return coder.info
+    stopwords = load_stopwords(settings.stopwords)
+    blocks = iter_blocks(plan, settings.articles_per_shard, CorpusStats(), Counts(), limit_articles=settings.limit_articles)
+    options = ShardOptions(
+        settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
+        settings.workers, settings.contexts_per_shard or None,
+    )
+    works = (Work(b.index, 0, b.articles) for b in blocks)
+    embed_shards(out, works, encoder, options, lambda info: None, coder=coder, train_only=True)
+    assert coder.info is not None
+    return coder.info
 
 
 def _build_indexes(out: Path, settings: BuildSettings, manifest: Manifest) -> dict[str, str]:

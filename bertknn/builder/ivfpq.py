@@ -108,7 +108,7 @@ def gather_rows(datastore: Datastore, global_rows: np.ndarray) -> np.ndarray:
     for p in np.unique(pos):
         sel = pos == p
         local = global_rows[sel] - datastore.shard_offsets[p]
-        out[sel] = datastore.shards[int(p)].vectors[local]
+        out[sel] = datastore.float_rows(int(p), local)
     return out
 
 
@@ -122,9 +122,9 @@ def train_and_fill(datastore: Datastore, plan: IvfPqPlan, *, seed: int = 0) -> f
         index.train(gather_rows(datastore, sample))
         logger.info("IVF-PQ trained on %d rows in %.1f s", plan.train_rows, time.perf_counter() - t)
     with tqdm(total=plan.rows, desc="ivfpq add", unit="row", dynamic_ncols=True, disable=None) as bar:
-        for shard in datastore.shards:
+        for pos, shard in enumerate(datastore.shards):
             for start in range(0, shard.info.rows, _ADD_BATCH):
-                chunk = np.asarray(shard.vectors[start : start + _ADD_BATCH], dtype=np.float32)
+                chunk = datastore.float_rows(pos, slice(start, start + _ADD_BATCH))
                 index.add(chunk)  # sequential ids: shard by shard in manifest order = global row ids
                 bar.update(len(chunk))
     if index.ntotal != datastore.total_rows:
@@ -215,7 +215,7 @@ def extend_ivfpq(root: Path, old: Manifest, new: Manifest, rel: str) -> dict[str
             continue
         assert index.ntotal == datastore.shard_offsets[pos], "appended shards must come last"
         for start in range(0, shard.info.rows, _ADD_BATCH):
-            index.add(np.asarray(shard.vectors[start : start + _ADD_BATCH], dtype=np.float32))
+            index.add(datastore.float_rows(pos, slice(start, start + _ADD_BATCH)))
     if index.ntotal != datastore.total_rows:
         raise DatastoreError(f"IVF-PQ index holds {index.ntotal} rows, the datastore {datastore.total_rows}")
     meta = {**old_meta, "content_id": new.compute_id(), "appended_rows": int(old_meta.get("appended_rows", 0)) + int(index.ntotal) - old_rows}

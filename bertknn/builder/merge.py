@@ -16,6 +16,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+from bertknn.core.calibration import measure_distance_scale
 from bertknn.core.errors import MergeError
 from bertknn.core.format import (
     FORMAT_VERSION,
@@ -30,6 +31,7 @@ from bertknn.core.format import (
     check_shard_files,
     read_manifest,
     read_shard_info,
+    sha256_file,
     shard_file_names,
     validate_parts,
     write_manifest,
@@ -123,6 +125,8 @@ def merge_slices(
         os.close(dir_fd)
     logger.info("merge: %d shards from %d slices (%d files linked, %d copied)", len(shards), len(slices), linked, copied)
 
+    if first.codec is not None:
+        _take_codec(by_index[0][0] / first.codec.file, out / first.codec.file, first.codec.sha256)
     redirects = _merge_redirects(slices)
     atomic_write_json(out / REDIRECTS, redirects)
     # By articles, every slice reads the whole corpus, so its corpus-wide counts are the same in each slice; by
@@ -148,6 +152,7 @@ def merge_slices(
         shards=[info for _, info in shards],
         slice=None,
         targets=first.targets,
+        codec=first.codec,
     )
     from bertknn.builder.build import _build_indexes
     from bertknn.builder.settings import BuildSettings
@@ -156,6 +161,7 @@ def merge_slices(
     # model_construct: only the two index switches matter here, and a merge pod's environment may carry
     # a worker's BERTKNN_BUILD_* variables that must not be validated or applied.
     write_table(out, manifest, redirects.items())
+    manifest.distance_scale = measure_distance_scale(out, manifest)
     index_settings = BuildSettings.model_construct(sparse_indexes=sparse_indexes, ivfpq=ivfpq)
     manifest.indexes.update(_build_indexes(out, index_settings, manifest))
     manifest.datastore_id = manifest.compute_id()
@@ -165,6 +171,21 @@ def merge_slices(
         json.dumps({"datastore": str(out), "id": manifest.datastore_id, "shards": len(shards), **counts.model_dump()}),
     )
     return manifest
+
+
+def _take_codec(src: Path, dst: Path, sha256: str) -> None:
+    """The slices' codec into the merged datastore (hard link, else a copy), checked against its checksum."""
+    if sha256_file(src) != sha256:
+        raise MergeError(f"{src}: sha256 differs from the slice's manifest (corrupted); rebuild that slice")
+    if dst.exists():
+        return
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    tmp.replace(dst)
 
 
 def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[Path, Manifest]]:
@@ -190,6 +211,8 @@ def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[P
         "targets": lambda m: m.targets,
         "num_shards": lambda m: m.slice.count if m.slice else None,
         "corpus sources": lambda m: [s.model_dump() for s in m.sources],
+        # the slices share one trained codec (`train-codec`, then `build --codec-from`)
+        "codec": lambda m: m.codec.sha256 if m.codec else "fp16",
     }
     if ref.slice is not None and ref.slice.unit == "articles":
         fields["skipped duplicate titles"] = lambda m: m.counts.skipped_duplicate_titles

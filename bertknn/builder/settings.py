@@ -5,15 +5,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bertknn.builder.targets import TargetMode
 from bertknn.core.encoder import BackendName
+from bertknn.core.format.codec import CodecName, CodecSpec, Rotation
 from bertknn.core.runtime import DeviceName, DtypeName
 
 
-class BuildSettings(BaseSettings):
+class CodecOptions(BaseModel):
+    """How each context's vector is stored (``build``, ``train-codec``, ``recode``)."""
+
+    codec: CodecName = Field(
+        "fp16",
+        description="how each context's vector is stored: fp16 (the vector), int8 (a byte per dimension) or pq "
+        "(product-quantized codes of --code-bytes bytes); int8 and pq are trained once, on the datastore's own "
+        "vectors",
+    )
+    code_bytes: int = Field(0, ge=0, le=1024, description="pq: bytes per code (sub-quantizers); must divide the "
+                            "coded dimensions. 0 = auto: the most that keep at least 12 dimensions per byte")
+    codec_rotation: Rotation = Field("none", description="pq: rotation before quantizing: none, opq (learned and "
+                                     "orthogonal; several times the training time) or pca (to --pca-dim dimensions)")
+    pca_dim: int | None = Field(None, ge=1, description="pq with pca rotation: dimensions kept (default: half)")
+    codec_train_contexts: int = Field(65536, ge=1, description="int8/pq: contexts the codec is trained on (build: "
+                                      "the first ones embedded; recode: a seeded sample of all)")
+    codec_seed: int = Field(0, ge=0, description="seed of the codec's training sample and k-means")
+
+    def codec_spec(self) -> CodecSpec:
+        """The codec these settings ask for."""
+        return CodecSpec(
+            self.codec, self.code_bytes, self.codec_rotation, self.pca_dim, self.codec_train_contexts, self.codec_seed
+        )
+
+
+class BuildSettings(CodecOptions, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERTKNN_BUILD__", extra="forbid", protected_namespaces=())
 
     corpus: list[Path] = Field(default_factory=list, description="corpus files (JSONL or MediaWiki XML dump)")
@@ -58,11 +84,27 @@ class BuildSettings(BaseSettings):
         description="single-piece: words of one wordpiece (the paper); whole-word: words of any number of pieces",
     )
 
+    codec_from: Path | None = Field(
+        None,
+        description="a trained codec to use instead of training one: a datastore or `train-codec` output directory "
+        "(needed by sliced builds, which must share one codec)",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> BuildSettings:
         if self.shard_index >= self.num_shards:
             raise ValueError(f"--shard-index {self.shard_index} must be < --num-shards {self.num_shards}")
         return self
+
+
+
+class RecodeSettings(CodecOptions, BaseSettings):
+    """``recode``: a compact copy of an fp16 datastore (codes instead of vectors), without the model."""
+
+    model_config = SettingsConfigDict(env_prefix="BERTKNN_RECODE__", extra="forbid", protected_namespaces=())
+
+    datastore: Path = Field(description="the fp16 datastore to recode (left untouched)")
+    out: Path = Field(description="the new datastore's directory (new or empty)")
 
 
 class AddSettings(BaseSettings):

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from bertknn.builder.build import BUILD_STATE, ShardOptions, Work, check_corpus_files, embed_shards
+from bertknn.builder.coding import Coder
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
@@ -61,6 +62,7 @@ from bertknn.core.format import (
     validate_datastore,
     write_manifest,
 )
+from bertknn.core.format.codec import CodecSpec
 from bertknn.core.model_ref import locate_model
 from bertknn.core.runtime import cpu_quota_threads
 
@@ -173,8 +175,13 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
             old.contexts_per_shard,
         )
         infos: list[ShardInfo] = []
+        # new rows are coded with the datastore's own codec (never retrained: old and new codes must compare)
+        coder = None
+        if old.codec is not None:
+            assert datastore.codec is not None
+            coder = Coder(CodecSpec(), encoder.hidden_size, datastore.codec, old.codec)
         encode_s = embed_shards(
-            root, _chunks(settings.corpus, plan, first, per_shard), encoder, options, infos.append
+            root, _chunks(settings.corpus, plan, first, per_shard), encoder, options, infos.append, coder=coder
         )
         infos.sort(key=lambda i: i.key)
 

@@ -14,6 +14,7 @@ import numpy as np
 from bertknn.core.format import (
     ARTICLE_TABLE,
     ARTICLES,
+    CODES,
     INDEX_DIR,
     LABELS,
     SENTENCE_IDS,
@@ -42,7 +43,7 @@ from bertknn.core.words import WordTable
 
 @dataclass
 class ShardData:
-    vectors: np.ndarray  # float16 [rows, hidden]
+    vectors: np.ndarray  # float16 [rows, hidden], or uint8 [rows, code bytes]: codes of the datastore's codec
     labels: np.ndarray  # int32 [rows]
     sentence_ids: np.ndarray  # int32 [rows]
     spans: np.ndarray  # int32 [rows, 2]
@@ -104,17 +105,21 @@ def _write_shard_files(tmp: Path, final: Path, index: int, part: int, last: bool
     encoded = [s.encode("utf-8") for s in data.sentences]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    _fsync_save(tmp / VECTORS, data.vectors.astype(np.float16, copy=False))
+    coded = data.vectors.dtype == np.uint8
+    if coded:
+        _fsync_save(tmp / CODES, data.vectors)
+    else:
+        _fsync_save(tmp / VECTORS, data.vectors.astype(np.float16, copy=False))
     _fsync_save(tmp / LABELS, data.labels.astype(np.int32, copy=False))
     _fsync_save(tmp / SENTENCE_IDS, data.sentence_ids.astype(np.int32, copy=False))
     _fsync_save(tmp / SPANS, data.spans.astype(np.int32, copy=False).reshape(-1, 2))
     _fsync_save(tmp / SENTENCE_OFFSETS, offsets)
     _fsync_write(tmp / SENTENCES, b"".join(encoded))
     _fsync_write(tmp / ARTICLES, json.dumps(data.articles, ensure_ascii=False, sort_keys=True).encode("utf-8"))
-    names: tuple[str, ...] = SHARD_FILES
+    names = tuple(CODES if coded and n == VECTORS else n for n in SHARD_FILES)
     if data.words is not None:
         _fsync_write(tmp / WORDS, data.words.to_json())
-        names = (*SHARD_FILES, WORDS)
+        names = (*names, WORDS)
     info = ShardInfo(
         name=shard_name(index, part),
         index=index,
@@ -137,6 +142,33 @@ def _write_shard_files(tmp: Path, final: Path, index: int, part: int, last: bool
     finally:
         os.close(dir_fd)
     return info
+
+
+def write_shard_files(final: Path, src: Path, info: ShardInfo, codes: np.ndarray) -> ShardInfo:
+    """A copy of the shard in ``src`` at ``final`` with its vectors replaced by ``codes`` (``recode``): the other
+    files hard-linked (copied across file systems), a new SHARD.json, one atomic rename."""
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        _fsync_save(tmp / CODES, np.ascontiguousarray(codes, dtype=np.uint8))
+        files = {CODES: FileInfo(bytes=(tmp / CODES).stat().st_size, sha256=sha256_file(tmp / CODES))}
+        for name, entry in info.files.items():
+            if name == VECTORS:
+                continue
+            try:
+                os.link(src / name, tmp / name)
+            except OSError:
+                shutil.copy2(src / name, tmp / name)
+            files[name] = entry
+        new = info.model_copy(update={"files": dict(sorted(files.items()))})
+        _fsync_write(tmp / SHARD_MARKER, new.model_dump_json(indent=1).encode())
+        os.replace(tmp, final)
+        return new
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def remove_stale_temp(root: Path) -> None:

@@ -49,6 +49,19 @@ AVERAGES_NOTE = (
 
 
 
+def _temperature_arg(value: str) -> float | None:
+    """``--temperature``: a number > 0, or auto (None)."""
+    if value == "auto":
+        return None
+    try:
+        t = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a number > 0, or auto") from None
+    if not t > 0:
+        raise argparse.ArgumentTypeError(f"{value}: the temperature must be > 0")
+    return t
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -110,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--no-retrieval", action="store_true", help="kNN over the whole datastore (IVF-PQ index)")
     la.add_argument("--num-articles", type=int, default=3, help="N articles searched")
     la.add_argument("--k", type=int, default=128, help="neighbours")
-    la.add_argument("--temperature", type=float, default=6.0, help="l in softmax(-d/l)")
+    la.add_argument(
+        "--temperature", type=_temperature_arg, default=None, help="l in softmax(-d/l), or auto (default): the "
+        "datastore's own, measured when it was built",
+    )
     la.add_argument("--lambda", dest="lambda_", type=float, default=0.3, help="kNN weight")
     la.add_argument("--layer", type=int, help="hidden_states index the datastore must be built at (ablation)")
     la.add_argument(
@@ -257,7 +273,7 @@ def run_settings_dict(s: RunSettings) -> dict[str, object]:
         "retriever": s.retriever,
         "num_articles": None if s.retriever == "none" else s.num_articles,
         "k": s.k,
-        "temperature": s.temperature,
+        "temperature": s.temperature if s.temperature is not None else "auto",
         "lambda": s.lambda_,
         "batch_size": s.batch_size,
     }

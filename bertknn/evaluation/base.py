@@ -21,7 +21,7 @@ class RunSettings:
     retriever: RetrieverName = "bm25"
     num_articles: int = 3
     k: int = 128
-    temperature: float = 6.0
+    temperature: float | None = None  # None: auto, the datastore's own (the service's default)
     lambda_: float = 0.3
     batch_size: int = 32
 

@@ -111,6 +111,7 @@ class TokenAnswerer:
     def answer(
         self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *, with_distributions: bool
     ) -> Assembled:
+        assert query.temperature is not None, "the pipeline resolves temperature auto"
         knn_ids, knn_probs = knn_sparse(nbrs.distances, nbrs.labels, query.temperature)
 
         def dense_knn() -> np.ndarray:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 
+from bertknn.core.calibration import temperature_for
 from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
 from bertknn.core.errors import DatastoreError, ModelLoadError, QueryError
 from bertknn.core.format import Datastore, validate_datastore
@@ -179,10 +182,21 @@ class AnswerPipeline:
         """Adaptive queries whose p_MLM is confident enough skip retrieval and kNN (decided from p_MLM alone)."""
         return query.interpolation == "adaptive" and knn_skipped(query.rule or DEFAULT_RULE, enc.p_mlm())
 
+    @cached_property
+    def auto_temperature(self) -> float:
+        """The temperature ``auto`` stands for with this datastore (measured by its builder; else the paper's)."""
+        return temperature_for(self.datastore.manifest.distance_scale)
+
+    def temperature(self, query: Query) -> float:
+        """The temperature applied to ``query``: its own, or the datastore's for auto (None)."""
+        return query.temperature if query.temperature is not None else self.auto_temperature
+
     def answer(
         self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *,
         with_distributions: bool = False,
     ) -> Assembled:  # fmt: skip
+        if query.temperature is None:
+            query = replace(query, temperature=self.auto_temperature)
         return self.answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
 
     def contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
@@ -277,6 +291,7 @@ class AnswerPipeline:
             query.interpolation,
             skipped,
             self.articles.subject_status(query),
+            self.temperature(query),
         )
 
     def release(self) -> None:

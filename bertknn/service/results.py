@@ -21,7 +21,7 @@ class Query:
     retriever: RetrieverName = "bm25"
     num_articles: int = 3
     k: int = 128
-    temperature: float = 6.0
+    temperature: float | None = None  # l in softmax(-d/l); None: auto, the datastore's own (core.calibration)
     lambda_: float = 0.3
     return_contexts: bool = True
     contexts_per_answer: int = 3
@@ -94,6 +94,7 @@ class Answer:
     interpolation: Interpolation = "fixed"
     knn_skipped: bool = False  # adaptive: answered by the MLM alone, no retrieval and no kNN search ran
     subject_status: SubjectStatus | None = None  # how the query's subject found its article; None: no subject
+    temperature_used: float = 6.0  # l applied: the query's, or the datastore's own for auto
 
 
 @dataclass

@@ -67,7 +67,18 @@ class DefaultsSettings(BaseModel):
     retriever: RetrieverName = "bm25"
     num_articles: int = Field(3, ge=1)
     k: int = Field(128, ge=1)
-    temperature: float = Field(6.0, gt=0)
+    temperature: float | Literal["auto"] = Field(
+        "auto",
+        description="l in softmax(-d/l): a number, or auto, the temperature the builder measured for the datastore "
+        "(its own distance scale; the paper's 6 for a datastore without the measurement)",
+    )
+
+    @field_validator("temperature")
+    @classmethod
+    def _positive(cls, value: float | str) -> float | str:
+        if not isinstance(value, str) and not value > 0:
+            raise ValueError("temperature must be > 0, or auto")
+        return value
     lambda_: float = Field(0.3, ge=0, le=1, alias="lambda")
     top_k: int = Field(10, ge=1)
     interpolation: Interpolation = Field("fixed", description="fixed: lambda; adaptive: adaptive_rule per query")

@@ -240,6 +240,7 @@ class WordAnswerer:
         token_p = enc.p_mlm()
         words, labels = self.candidates(query, enc, nbrs)
         p_mlm = self.mlm_probs(query, token_p, words).astype(np.float32)
+        assert query.temperature is not None, "the pipeline resolves temperature auto"
         p_knn = knn_distribution(nbrs.distances, labels, len(words), query.temperature)
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)

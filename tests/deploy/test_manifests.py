@@ -40,7 +40,8 @@ SCRIPT = REPO / ".ci" / "validate_deploy.sh"
 COMPOSE_FILE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
 K8S = REPO / "k8s"
-DOCKERFILES = sorted((REPO / "docker").glob("Dockerfile.*"))
+# the project's images (the Dockerfile.local-* bases stand in for registry images and run no project program)
+DOCKERFILES = sorted(p for p in (REPO / "docker").glob("Dockerfile.*") if not p.name.startswith("Dockerfile.local-"))
 PREFETCH = REPO / "docker" / "prefetch_model.py"
 
 SERVICE, BUILDER, PREFETCHER = "service", "datastore_builder", "prefetch_model"

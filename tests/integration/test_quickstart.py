@@ -20,7 +20,7 @@ from tests.conftest import PROXY_MODEL, build_tiny
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample_wiki.jsonl"
 QUICKSTART = REPO / "scripts" / "quickstart.sh"
-GOLD = {"Tokyo": "japan", "Marie Curie": "physics"}
+GOLD = {"Galileo Galilei": "pisa", "Marie Curie": "physics"}
 
 
 def demo_questions() -> list[tuple[str, str]]:

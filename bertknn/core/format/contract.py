@@ -6,8 +6,10 @@ Layout of a datastore directory (all arrays are ``.npy``, opened with ``mmap_mod
     articles.sqlite               the article table (``bertknn.core.format.table``): titles -> shard rows, folded
                                   titles, redirects, superseded entries; ``manifest.article_table`` names it
     redirects.json                {normalised redirect title: normalised target title} (the builder's record)
+    codec.faiss                   the trained codec of a compact datastore (``manifest.codec``; absent for fp16)
     shards/shard-00000/           block 0 (``shard-00000.001``, ... : its further parts, when it was cut by contexts)
-        vectors.npy               float16 [rows, hidden]   [MASK] embedding at ``manifest.layer``
+        vectors.npy               float16 [rows, hidden]   [MASK] embedding at ``manifest.layer`` (fp16), or
+        codes.npy                 uint8   [rows, bytes]    its code (int8, pq: see ``bertknn.core.format.codec``)
         labels.npy                int32   [rows]           token id of the masked word, row-aligned
                                                            (whole-word datastores: id into words.json)
         sentence_ids.npy          int32   [rows]           row -> sentence index within the shard
@@ -64,6 +66,9 @@ __all__ = [
     "SHARDS_DIR",
     "SHARD_MARKER",
     "VECTORS",
+    "CODES",
+    "CODEC_FILE",
+    "CodecInfo",
     "LABELS",
     "SENTENCE_IDS",
     "SPANS",
@@ -88,6 +93,7 @@ __all__ = [
     "Counts",
     "UpdateInfo",
     "SliceInfo",
+    "DistanceScale",
     "Manifest",
     "read_shard_info",
     "shard_file_names",
@@ -102,6 +108,8 @@ REDIRECTS = "redirects.json"
 SHARDS_DIR = "shards"
 SHARD_MARKER = "SHARD.json"
 VECTORS = "vectors.npy"
+CODES = "codes.npy"  # instead of vectors.npy in a datastore with a codec
+CODEC_FILE = "codec.faiss"
 LABELS = "labels.npy"
 SENTENCE_IDS = "sentence_ids.npy"
 SPANS = "spans.npy"
@@ -177,6 +185,33 @@ class ModelInfo(BaseModel):
     vocab_size: int
 
 
+class CodecInfo(BaseModel):
+    """The trained codec of a compact datastore (``bertknn.core.format.codec``): its rows are codes, not vectors."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str  # int8 | pq (a string, so that a newer codec's name reaches a one-line error, not a schema error)
+    file: str = CODEC_FILE
+    sha256: str
+    code_bytes: int  # bytes per row in codes.npy
+    factory: str  # FAISS index_factory string (e.g. "OPQ64,PQ64x8")
+    rotation: Literal["opq", "pca", "none"] = "none"
+    coded_dim: int  # dimensions the codes quantize (the model's, or a PCA's output)
+    trained_on: int  # vectors in the training sample
+    seed: int
+
+
+class DistanceScale(BaseModel):
+    """The datastore's own distance scale, from which the service derives ``temperature: auto``
+    (``bertknn.core.calibration``): over a seeded sample of contexts, the squared L2 distances to their nearest
+    neighbours in their own article, as the restricted kNN computes them (through the codec, when there is one)."""
+
+    model_config = ConfigDict(frozen=True)
+    statistic: str  # the statistic's name and version (calibration.STATISTIC)
+    value: float  # in squared-L2 units
+    sample: int  # contexts the statistic was taken over
+    seed: int
+
+
 class SourceInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
     path: str
@@ -241,12 +276,16 @@ class Manifest(BaseModel):
     targets: Literal["single-piece", "whole-word"] = "single-piece"
     updates: list[UpdateInfo] = Field(default_factory=list)  # one per `add`, oldest first
     article_table: str | None = None  # relative path of this version's article table (format version 3)
+    codec: CodecInfo | None = None  # None: fp16 vectors
+    distance_scale: DistanceScale | None = None  # None: not measured (temperature auto falls back to the paper's 6)
 
     def compute_id(self) -> str:
         """Content id: the model, the layer and every shard checksum (stable across identical builds)."""
         h = hashlib.sha256()
         h.update(self.model.weights_sha256.encode())
         h.update(str(self.layer).encode())
+        if self.codec is not None:
+            h.update(f"codec:{self.codec.sha256}".encode())
         for s in self.shards:
             for name in sorted(s.files):
                 h.update(f"{s.name}/{name}:{s.files[name].sha256}".encode())
@@ -273,8 +312,10 @@ def read_shard_info(shard_dir: Path) -> ShardInfo | None:
 
 
 def shard_file_names(info: ShardInfo) -> tuple[str, ...]:
-    """The files a shard must have: the fixed ones, plus the optional ones its SHARD.json lists."""
-    return (*SHARD_FILES, *(n for n in OPTIONAL_SHARD_FILES if n in info.files))
+    """The files a shard must have: the fixed ones (codes.npy instead of vectors.npy when its SHARD.json lists
+    codes), plus the optional ones its SHARD.json lists."""
+    fixed = tuple(CODES if n == VECTORS and CODES in info.files else n for n in SHARD_FILES)
+    return (*fixed, *(n for n in OPTIONAL_SHARD_FILES if n in info.files))
 
 
 def ivfpq_meta_path(index_rel: str) -> str:

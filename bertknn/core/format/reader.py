@@ -15,8 +15,10 @@ from typing import cast, overload
 import numpy as np
 
 from bertknn.core.errors import DatastoreError
+from bertknn.core.format.codec import READABLE_CODECS, CodeSearcher, read_codec
 from bertknn.core.format.contract import (
     ARTICLES,
+    CODES,
     FORMAT_VERSION,
     LABELS,
     MANIFEST,
@@ -66,6 +68,16 @@ class Shard:
         return self._load(VECTORS)
 
     @cached_property
+    def codes(self) -> np.ndarray:
+        """uint8 [rows, code bytes]: the rows' codes (datastores with a codec)."""
+        return self._load(CODES)
+
+    @property
+    def payload(self) -> np.ndarray:
+        """What the shard stores per row: its codes when it has them, else its float16 vectors."""
+        return self.codes if CODES in self.info.files else self.vectors
+
+    @cached_property
     def labels(self) -> np.ndarray:
         return self._load(LABELS)
 
@@ -95,7 +107,7 @@ class Shard:
     def release(self) -> None:
         """Drop this shard's mappings (they are unmapped once no array still refers to them); the next use maps
         the files again."""
-        for name in ("vectors", "labels", "sentence_ids", "spans", "sentence_offsets", "_sentences", "words"):
+        for name in ("vectors", "codes", "labels", "sentence_ids", "spans", "sentence_offsets", "_sentences", "words"):
             self.__dict__.pop(name, None)
 
     @cached_property
@@ -174,6 +186,17 @@ class Datastore:
         # `add` appends shards; an article in a later shard replaces the same title in earlier ones. The old rows
         # stay in their immutable shard but become unreachable: not in `articles` (restricted kNN, subject
         # lookup), not in `iter_article_texts` (sparse indexes), and in `superseded_rows` (whole-datastore kNN).
+        self.codec = None
+        self.code_searcher: CodeSearcher | None = None
+        if self.manifest.codec is not None:
+            info = self.manifest.codec
+            if info.name not in READABLE_CODECS:
+                raise DatastoreError(
+                    f"{self.root / MANIFEST}: codec {info.name!r}, this version reads {', '.join(READABLE_CODECS)} "
+                    "(and fp16 vectors); upgrade bert-knn, or rebuild the datastore with this version"
+                )
+            self.codec = read_codec(self.root / info.file, info.code_bytes)
+            self.code_searcher = CodeSearcher(self.codec)
         self.table = ArticleTable(self.root / self.manifest.article_table)
         self.articles: ArticleTable = self.table
         self.redirects: RedirectTable = self.table.redirects
@@ -207,8 +230,18 @@ class Datastore:
     def total_rows(self) -> int:
         return int(self.shard_offsets[-1])
 
+    def float_rows(self, pos: int, rows: slice | np.ndarray) -> np.ndarray:
+        """float32 vectors of some rows of shard ``pos``: the stored float16, or what their codes stand for."""
+        shard = self.shards[pos]
+        if self.codec is None:
+            return np.asarray(shard.vectors[rows], dtype=np.float32)
+        from bertknn.core.format.codec import decode
+
+        return decode(self.codec, shard.codes[rows])
+
     def article_rows(self, titles: Iterable[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Vectors (float16), labels and global row ids of the given articles, reading only their rows."""
+        """What is stored for the given articles' rows (float16 vectors, or uint8 codes with a codec), their labels
+        and global row ids, reading only those rows."""
         vecs, labels, ids = [], [], []
         for title in titles:
             entry = self.articles.get(title)
@@ -216,13 +249,16 @@ class Datastore:
                 continue
             pos = entry.shard
             shard = self.shards[pos]
-            vecs.append(shard.vectors[entry.row_start : entry.row_end])
+            vecs.append(shard.payload[entry.row_start : entry.row_end])
             labels.append(shard.labels[entry.row_start : entry.row_end])
             base = self.shard_offsets[pos]
             ids.append(np.arange(base + entry.row_start, base + entry.row_end, dtype=np.int64))
         if not vecs:
-            dim = self.manifest.model.hidden_size
-            return np.zeros((0, dim), np.float16), np.zeros(0, np.int32), np.zeros(0, np.int64)
+            if self.manifest.codec is not None:
+                empty = np.zeros((0, self.manifest.codec.code_bytes), np.uint8)
+            else:
+                empty = np.zeros((0, self.manifest.model.hidden_size), np.float16)
+            return empty, np.zeros(0, np.int32), np.zeros(0, np.int64)
         return np.concatenate(vecs), np.concatenate(labels), np.concatenate(ids)
 
     def iter_article_texts(self) -> Iterator[tuple[str, str]]:

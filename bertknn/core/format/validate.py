@@ -10,6 +10,7 @@ import numpy as np
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format.contract import (
     ARTICLES,
+    CODES,
     FORMAT_VERSION,
     LABELS,
     MANIFEST,
@@ -80,6 +81,7 @@ def validate_datastore(
         )
         return [f"{root / MANIFEST}: format version {manifest.format_version}, this code reads {FORMAT_VERSION}; {fix}"]
     problems.extend(validate_parts(root / MANIFEST, manifest.shards))
+    problems.extend(_check_codec(root, manifest, hashes=hashes and deep))
     if not deep:
         return problems or _check_files_and_table(root, manifest)
     totals = Counts()
@@ -128,6 +130,34 @@ def validate_datastore(
         if not (root / rel).exists():
             problems.append(f"{root / rel}: {name} index listed in the manifest is missing")
     return problems
+
+
+def _check_codec(root: Path, manifest: Manifest, *, hashes: bool) -> list[str]:
+    """The codec file is there, intact (``hashes``), readable and makes the manifest's code size; and every shard
+    stores what the manifest says (codes with a codec, vectors without)."""
+    info = manifest.codec
+    for shard in manifest.shards:
+        if (CODES in shard.files) != (info is not None):
+            what = f"codes of codec {info.name}" if info is not None else "float16 vectors (no codec)"
+            return [f"{root / SHARDS_DIR / shard.name}: does not hold {what} as the manifest says; rebuild it"]
+    if info is None:
+        return []
+    from bertknn.core.format.codec import READABLE_CODECS, read_codec
+
+    path = root / info.file
+    if info.name not in READABLE_CODECS:
+        return [f"{root / MANIFEST}: codec {info.name!r}, this version reads {', '.join(READABLE_CODECS)}; upgrade bert-knn"]
+    if not path.is_file():
+        return [f"{path}: missing (the codec the manifest names)"]
+    if hashes and sha256_file(path) != info.sha256:
+        return [f"{path}: sha256 mismatch (corrupted or replaced)"]
+    try:
+        codec = read_codec(path, info.code_bytes)
+    except DatastoreError as exc:
+        return [str(exc)]
+    if codec.d != manifest.model.hidden_size:
+        return [f"{path}: codes vectors of {codec.d} dimensions, the model has {manifest.model.hidden_size}"]
+    return []
 
 
 def _check_files_and_table(root: Path, manifest: Manifest) -> list[str]:
@@ -273,9 +303,10 @@ def validate_parts(where_from: Path, shards: list[ShardInfo]) -> list[str]:
 def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
     d = shard.dir
     rows = shard.info.rows
+    coded = manifest.codec is not None
     try:
         vec, lab, sid, spans, offs = (
-            shard.vectors,
+            shard.payload,
             shard.labels,
             shard.sentence_ids,
             shard.spans,
@@ -284,7 +315,12 @@ def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
     except DatastoreError as exc:
         return [str(exc)]
     expect = {
-        VECTORS: (vec.shape, (rows, manifest.model.hidden_size), vec.dtype, np.float16),
+        (CODES if coded else VECTORS): (
+            vec.shape,
+            (rows, manifest.codec.code_bytes if manifest.codec is not None else manifest.model.hidden_size),
+            vec.dtype,
+            np.uint8 if coded else np.float16,
+        ),
         LABELS: (lab.shape, (rows,), lab.dtype, np.int32),
         SENTENCE_IDS: (sid.shape, (rows,), sid.dtype, np.int32),
         SPANS: (spans.shape, (rows, 2), spans.dtype, np.int32),

@@ -31,6 +31,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _temperature(value: float | str) -> float | None:
+    """A number, or None for auto (the pipeline applies the datastore's own)."""
+    return None if value == "auto" else float(value)
+
+
 def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
     d, lim = settings.defaults, settings.limits
     if req.interpolation == "adaptive" and req.lambda_ is not None:
@@ -44,7 +49,7 @@ def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
         retriever=req.retriever or d.retriever,
         num_articles=req.num_articles or d.num_articles,
         k=req.k or d.k,
-        temperature=req.temperature if req.temperature is not None else d.temperature,
+        temperature=_temperature(req.temperature if req.temperature is not None else d.temperature),
         lambda_=req.lambda_ if req.lambda_ is not None else d.lambda_,
         return_contexts=req.return_contexts,
         contexts_per_answer=req.contexts_per_answer,
@@ -84,6 +89,7 @@ def response_fields(answer: Answer, identity: dict) -> dict[str, Any]:
         "knn": answer.knn,
         "articles": answer.articles,
         "lambda_used": answer.lambda_used,
+        "temperature_used": answer.temperature_used,
         "interpolation": answer.interpolation,
         "knn_skipped": answer.knn_skipped,
         "subject_status": answer.subject_status,

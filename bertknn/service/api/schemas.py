@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +27,11 @@ class PredictRequest(BaseModel):
     retriever: RetrieverName | None = Field(None, description="article ranker (default bm25); none = whole datastore")
     num_articles: int | None = Field(None, ge=1, description="N articles searched (default 3; at most limits.max_num_articles)")
     k: int | None = Field(None, ge=1, description="neighbours (default 128; at most limits.max_k)")
-    temperature: float | None = Field(None, gt=0, le=1000, description="l in softmax(-d/l) (default 6)")
+    temperature: Annotated[float, Field(gt=0, le=1000)] | Literal["auto"] | None = Field(
+        None,
+        description="l in softmax(-d/l); auto: the datastore's own, measured when it was built (default: the "
+        "server's, auto)",
+    )
     lambda_: float | None = Field(None, ge=0, le=1, alias="lambda", description="kNN weight (default 0.3)")
     interpolation: Literal["fixed", "adaptive"] | None = Field(
         None,
@@ -103,6 +107,7 @@ class PredictResponse(BaseModel):
     knn_skipped: bool = Field(
         False, description="adaptive: p_MLM was confident, so no retrieval and no kNN search ran (lambda_used 0)"
     )
+    temperature_used: float = Field(..., description="l applied in softmax(-d/l): the request's, or the datastore's own for auto")
     subject_status: Literal["found", "redirect", "folded", "not_found"] | None = Field(
         None, description="how the request's subject was matched to an article (found: its exact title; redirect: "
         "through a redirect; folded: ignoring case and accents); not_found: no article, so the retriever ranked "

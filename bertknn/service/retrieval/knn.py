@@ -1,4 +1,7 @@
-"""kNN restricted to given articles: only their rows are read (memory-mapped), so cost is independent of size."""
+"""kNN restricted to given articles: only their rows are read (memory-mapped), so cost is independent of size.
+
+Rows are float16 vectors (searched exactly) or, in a datastore with a codec, codes (searched with FAISS's asymmetric
+distance kernels over the codes: `bertknn.core.format.codec`)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import faiss
 import numpy as np
 
 from bertknn.core.format import Datastore
+from bertknn.core.format.codec import CodeSearcher, fp16_index
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ def fp16_search(xb16: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray
     (docs/decisions/fp16-scalar-quantizer-search.md).
     """
     n = len(xb16)
-    dist, idx = _fp16_index(xb16).search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), min(k, n))
+    dist, idx = fp16_index(xb16).search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), min(k, n))
     return dist[0], idx[0]
 
 
@@ -45,6 +49,8 @@ class ArticleSearch:
     rows: np.ndarray  # int64 [n], global row ids
     index: faiss.Index | None  # float16 rows: a QT_fp16 scalar-quantizer index over them (see `fp16_search`)
     vectors: np.ndarray | None  # other rows: float32, searched with faiss.knn
+    codes: np.ndarray | None = None  # a datastore with a codec: the rows' codes, searched by `searcher`
+    searcher: CodeSearcher | None = None
 
     def search(self, query: np.ndarray, k: int) -> Neighbours:
         n = len(self.rows)
@@ -55,21 +61,16 @@ class ArticleSearch:
         # otherwise spin next to torch's on the same cores and slow the forward pass.
         faiss.omp_set_num_threads(1)
         q = np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32)
-        if self.index is not None:
+        if self.codes is not None:
+            assert self.searcher is not None
+            d2, i2 = self.searcher.search(self.codes, q, kk)
+        elif self.index is not None:
             d2, i2 = self.index.search(q, kk)
         else:
             assert self.vectors is not None
             d2, i2 = faiss.knn(q, self.vectors, kk)
         dist, idx = d2[0], i2[0]
         return Neighbours(dist.astype(np.float32), self.rows[idx], self.labels[idx].astype(np.int32))
-
-
-def _fp16_index(xb16: np.ndarray) -> faiss.Index:
-    n, dim = xb16.shape
-    index = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_L2)
-    faiss.copy_array_to_vector(np.ascontiguousarray(xb16, dtype=np.float16).view(np.uint8).reshape(-1), index.codes)
-    index.ntotal = n
-    return index
 
 
 class RestrictedKnn:
@@ -83,6 +84,8 @@ class RestrictedKnn:
         vectors, labels, rows = self.datastore.article_rows(titles)
         if len(rows) == 0:
             return ArticleSearch(tuple(titles), labels, rows, None, None)
+        if self.datastore.code_searcher is not None:
+            return ArticleSearch(tuple(titles), labels, rows, None, None, vectors, self.datastore.code_searcher)
         if vectors.dtype == np.float16:
-            return ArticleSearch(tuple(titles), labels, rows, _fp16_index(vectors), None)
+            return ArticleSearch(tuple(titles), labels, rows, fp16_index(vectors), None)
         return ArticleSearch(tuple(titles), labels, rows, None, np.ascontiguousarray(vectors, dtype=np.float32))

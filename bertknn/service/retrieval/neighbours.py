@@ -58,7 +58,8 @@ class NeighbourFinder:
         rows = rows[keep]
         if len(rows) == 0:
             return EMPTY
-        # Re-rank the candidates with their exact float16 vectors: p_kNN sees true distances, not PQ estimates.
+        # Re-rank the candidates with their stored vectors: p_kNN sees the distances the restricted kNN would
+        # compute (exact for fp16; through the datastore's codec otherwise), not IVF-PQ estimates.
         vectors = np.stack([self._row_vector(int(r)) for r in rows]).astype(np.float32)
         exact = ((vectors - vec[None, :]) ** 2).sum(axis=1)
         order = np.argsort(exact, kind="stable")
@@ -67,7 +68,7 @@ class NeighbourFinder:
 
     def _row_vector(self, global_row: int) -> np.ndarray:
         pos, row = self.datastore.locate(global_row)
-        return np.asarray(self.datastore.shards[pos].vectors[row])
+        return self.datastore.float_rows(pos, np.array([row]))[0]
 
 def _open_global_knn(datastore: Datastore) -> GlobalKnn:
     if "ivfpq" not in datastore.manifest.indexes:

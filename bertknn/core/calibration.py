@@ -1,0 +1,114 @@
+"""``temperature: auto``: each datastore's own distance scale, measured by the builder and read by the service.
+
+The kNN distribution is ``softmax(-d / l)`` over squared L2 distances ``d``. The paper's ``l = 6`` suits
+bert-base-uncased; other models (and codecs, which change distances) put their contexts at other distances, so a
+fixed ``l`` makes p_kNN one-hot for some and flat for others. The statistic (``STATISTIC``):
+
+    Draw a seeded sample of stored contexts (uniform over rows, articles with at least two contexts). For each,
+    search its own article's contexts, itself left out, as the restricted kNN does (the same index, through the
+    codec when there is one; a coded context's query is its decoded vector), keeping the ``k`` nearest. ``l`` is
+    the temperature that maximises the mean log-probability that ``softmax(-d / l)`` over those neighbours gives the
+    context's own word, over the sampled contexts whose word is among them (leave-one-out likelihood), found on a
+    log-spaced grid around the sample's median neighbour distance.
+
+It needs no labels beyond the datastore's own and no constant tuned on any model: it asks at which distance scale a
+context's own-article neighbours predict its word. The service uses the recorded ``l`` when a request and the
+settings leave the temperature at ``auto``; a datastore without the measurement gets the paper's 6.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from bertknn.core.format.codec import rows_index
+from bertknn.core.format.contract import DistanceScale, Manifest
+
+STATISTIC = "own-article-loo-temperature-v1"
+PAPER_TEMPERATURE = 6.0
+SAMPLE = 2000
+NEIGHBOURS = 128
+
+
+def temperature_for(scale: DistanceScale | None) -> float:
+    """The temperature ``auto`` stands for: the datastore's measured one, else the paper's."""
+    if scale is None or scale.statistic != STATISTIC or not scale.value > 0:
+        return PAPER_TEMPERATURE
+    return float(scale.value)
+
+
+def fit_temperature(distances: list[np.ndarray], matches: list[np.ndarray], grid: int = 121) -> float:
+    """The ``l`` maximising the mean over samples of ``log sum_{j: match} softmax(-d / l)_j`` (samples without a
+    match are left out); a log grid of ``grid`` points from 1/100 to 100 times the median distance."""
+    keep = [(d.astype(np.float64), m) for d, m in zip(distances, matches, strict=True) if m.any() and len(d) > 1]
+    if not keep:
+        return PAPER_TEMPERATURE
+    median = float(np.median(np.concatenate([d for d, _ in keep])))
+    if not median > 0:
+        return PAPER_TEMPERATURE
+    candidates = median * np.logspace(-2, 2, grid)
+    width = max(len(d) for d, _ in keep)
+    dist = np.full((len(keep), width), np.inf)
+    match = np.zeros((len(keep), width), dtype=bool)
+    for i, (d, m) in enumerate(keep):
+        dist[i, : len(d)] = d
+        match[i, : len(d)] = m
+    best, best_ll = PAPER_TEMPERATURE, -np.inf
+    for lt in candidates:
+        logits = -dist / lt
+        top = logits.max(axis=1, keepdims=True)  # finite: every row has a neighbour
+        w = np.exp(logits - top)
+        ll = float(np.mean(np.log((w * match).sum(axis=1)) - np.log(w.sum(axis=1))))
+        if ll > best_ll:
+            best, best_ll = float(lt), ll
+    return best
+
+
+def measure_distance_scale(
+    root: Path, manifest: Manifest, *, sample: int = SAMPLE, k: int = NEIGHBOURS, seed: int = 0
+) -> DistanceScale | None:
+    """The statistic above over the datastore at ``root`` described by ``manifest`` (its article table written);
+    None when it has no article of two contexts."""
+    from bertknn.core.format.reader import Datastore
+
+    ds = Datastore(root, manifest)
+    try:
+        total = ds.total_rows
+        if total < 2:
+            return None
+        rng = np.random.default_rng(seed)
+        rows = np.unique(rng.integers(0, total, size=min(total, 4 * sample)))
+        rng.shuffle(rows)
+        by_article: dict[str, list[int]] = {}
+        taken = 0
+        for g in rows.tolist():
+            if taken >= sample:
+                break
+            pos, row = ds.locate(g)
+            title = ds.table.title_at(pos, row)
+            entry = ds.articles.get(title)
+            if entry is None or entry.shard != pos or entry.rows < 2:
+                continue  # superseded rows, or an article of one context
+            by_article.setdefault(title, []).append(g)
+            taken += 1
+        distances: list[np.ndarray] = []
+        matches: list[np.ndarray] = []
+        faiss.omp_set_num_threads(1)
+        for title, picked in by_article.items():
+            payload, labels, ids = ds.article_rows([title])
+            index = rows_index(payload, ds.codec)
+            local = np.searchsorted(ids, picked)
+            pos, _ = ds.locate(picked[0])
+            queries = ds.float_rows(pos, (np.asarray(picked) - ds.shard_offsets[pos]))
+            d, nn = index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k + 1, len(ids)))
+            for qi, li in enumerate(local):
+                keep = (nn[qi] >= 0) & (nn[qi] != li)
+                distances.append(d[qi][keep][:k])
+                matches.append(labels[nn[qi][keep][:k]] == labels[li])
+        if not distances:
+            return None
+        return DistanceScale(statistic=STATISTIC, value=fit_temperature(distances, matches), sample=len(distances), seed=seed)
+    finally:
+        ds.close()

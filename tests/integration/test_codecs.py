@@ -1,0 +1,274 @@
+"""Compact datastores: ``build --codec``, resume, ``train-codec`` + slices + ``merge``, ``add``, ``recode``,
+``validate``, the service over codes, and ``temperature: auto``.
+
+A tiny BERT with the real bert-base-uncased tokenizer (32 dimensions) over 60 vital articles: a few thousand
+contexts, enough to train 8-byte product-quantizer codes (256 centroids each)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+from bertknn.builder.__main__ import main
+from bertknn.builder.build import build
+from bertknn.builder.merge import merge_slices
+from bertknn.builder.recode import recode_datastore
+from bertknn.builder.settings import BuildSettings
+from bertknn.core.calibration import STATISTIC
+from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.errors import BuildError, DatastoreError, MergeError
+from bertknn.core.format import (
+    CODEC_FILE,
+    CODES,
+    MANIFEST,
+    SHARDS_DIR,
+    VECTORS,
+    Datastore,
+    read_manifest,
+    validate_datastore,
+)
+from bertknn.core.format.codec import CodecSpec
+from bertknn.service.main import create_app
+from bertknn.service.settings import ServiceSettings
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DATA = REPO.parent / "shared" / "data"
+VITAL = SHARED_DATA / "wiki" / "vital_articles.jsonl"
+BERT_TOKENIZER = SHARED_DATA / "tokenizer" / "bert-base-uncased"
+PQ = {"codec": "pq", "code_bytes": 8, "codec_rotation": "none", "codec_train_contexts": 2000}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny-bert-real-vocab")
+    tokenizer = AutoTokenizer.from_pretrained(str(BERT_TOKENIZER), use_fast=True)
+    cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=37, max_position_embeddings=512)  # fmt: skip
+    torch.manual_seed(0)
+    BertForMaskedLM(cfg).eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def corpus(path: Path, start: int, stop: int) -> Path:
+    with open(VITAL, encoding="utf-8") as f:
+        path.write_text("".join(line for i, line in enumerate(f) if start <= i < stop), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def vital60(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return corpus(tmp_path_factory.mktemp("corpus") / "vital60.jsonl", 0, 60)
+
+
+def settings(corpus: list[Path], model: Path, out: Path, **overrides: object) -> BuildSettings:
+    values: dict[str, object] = dict(
+        corpus=corpus, model=str(model), out=out, device="cpu", workers=0, threads=1, batch_size=64,
+        articles_per_shard=8, contexts_per_shard=800, sparse_indexes=False,
+    )  # fmt: skip
+    values.update(overrides)
+    return BuildSettings(**values)  # type: ignore[arg-type]
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def pq_store(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, vital60: Path) -> Path:
+    out = tmp_path_factory.mktemp("pq") / "ds"
+    build(settings([vital60], model_dir, out, **PQ))
+    return out
+
+
+@pytest.fixture(scope="module")
+def fp16_store(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, vital60: Path) -> Path:
+    out = tmp_path_factory.mktemp("fp16") / "ds"
+    build(settings([vital60], model_dir, out, sparse_indexes=True))
+    return out
+
+
+def test_a_pq_build_stores_codes_and_records_its_codec(pq_store: Path, fp16_store: Path) -> None:
+    assert validate_datastore(pq_store) == []
+    m = read_manifest(pq_store)
+    assert m.codec is not None and m.codec.name == "pq" and m.codec.code_bytes == 8
+    assert m.codec.factory == "PQ8x8" and m.codec.trained_on == 2000
+    assert (pq_store / CODEC_FILE).is_file()
+    for info in m.shards:
+        assert CODES in info.files and VECTORS not in info.files
+        assert not (pq_store / SHARDS_DIR / info.name / VECTORS).exists()
+    ref = read_manifest(fp16_store)
+    assert m.counts == ref.counts
+    # everything but the vectors is what the fp16 build stored
+    for a, b in zip(m.shards, ref.shards, strict=True):
+        assert {k: v for k, v in a.files.items() if k != CODES} == {k: v for k, v in b.files.items() if k != VECTORS}
+    codes = sum(i.files[CODES].bytes for i in m.shards)
+    vectors = sum(i.files[VECTORS].bytes for i in ref.shards)
+    assert codes < vectors / 6  # 8 bytes per row against 64 (32 float16), plus the .npy headers
+
+
+def test_the_codes_stand_for_the_vectors(pq_store: Path, fp16_store: Path) -> None:
+    coded, exact = Datastore(pq_store), Datastore(fp16_store)
+    decoded = np.concatenate([coded.float_rows(p, slice(None)) for p in range(len(coded.shards))])
+    true = np.concatenate([exact.float_rows(p, slice(None)) for p in range(len(exact.shards))])
+    err = ((decoded - true) ** 2).sum(axis=1).mean()
+    spread = ((true - true.mean(axis=0)) ** 2).sum(axis=1).mean()
+    assert err < 0.2 * spread, (err, spread)
+
+
+def test_the_build_measures_its_distance_scale(pq_store: Path, fp16_store: Path) -> None:
+    for root in (pq_store, fp16_store):
+        scale = read_manifest(root).distance_scale
+        assert scale is not None and scale.statistic == STATISTIC and scale.value > 0 and scale.sample > 100
+
+
+def test_too_few_contexts_for_the_codec_is_refused_before_any_forward_pass(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = corpus(tmp_path / "one.jsonl", 0, 1)
+    calls = []
+    real = MaskedLMEncoder.encode
+    monkeypatch.setattr(MaskedLMEncoder, "encode", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    with pytest.raises(BuildError, match=r"codec pq needs at least 256 contexts to train \(PQ8x8\), this build has \d+"):
+        build(settings([small], model_dir, tmp_path / "ds", **{**PQ, "codec_train_contexts": 100000}))
+    assert calls == []
+    with pytest.raises(BuildError, match="--code-bytes 12 must divide the 32 coded dimensions"):
+        build(settings([small], model_dir, tmp_path / "ds2", codec="pq", code_bytes=12))
+
+
+def test_an_interrupted_pq_build_resumes_to_the_same_bytes(tmp_path: Path, model_dir: Path, vital60: Path,
+                                                            pq_store: Path) -> None:
+    out = tmp_path / "ds"
+    shutil.copytree(pq_store, out)
+    # What a kill after some parts leaves: the codec, build.json and the first shards; no manifest.
+    (out / MANIFEST).unlink()
+    shards = sorted((out / SHARDS_DIR).iterdir())
+    for d in shards[len(shards) // 2 :]:
+        shutil.rmtree(d)
+    for name in ("articles.sqlite", "redirects.json"):
+        (out / name).unlink(missing_ok=True)
+    build(settings([vital60], model_dir, out, **PQ))
+    assert validate_datastore(out) == []
+    assert tree_bytes(out / SHARDS_DIR) == tree_bytes(pq_store / SHARDS_DIR)
+    assert (out / MANIFEST).read_bytes() == (pq_store / MANIFEST).read_bytes()
+    # and a second build from nothing makes the same bytes too (seeded training)
+    again = tmp_path / "again"
+    build(settings([vital60], model_dir, again, **PQ))
+    assert (again / MANIFEST).read_bytes() == (pq_store / MANIFEST).read_bytes()
+
+
+def test_slices_share_a_trained_codec_and_merge_to_the_single_build(
+    tmp_path: Path, model_dir: Path, vital60: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    codec_dir = tmp_path / "codec"
+    common = ["--corpus", str(vital60), "--model", str(model_dir), "--device", "cpu", "--workers", "0",
+              "--threads", "1", "--articles-per-shard", "8", "--contexts-per-shard", "800", "--no-sparse-indexes",
+              "--codec", "pq", "--code-bytes", "8", "--codec-rotation", "none", "--codec-train-contexts", "2000"]
+    # a sliced build must not train a codec per slice
+    assert main(["build", *common, "--out", str(tmp_path / "s0"), "--shard-index", "0", "--num-shards", "2"]) == 1
+    assert "must share one codec" in capsys.readouterr().err
+    assert main(["train-codec", *common, "--out", str(codec_dir)]) == 0
+    info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert info["factory"] == "PQ8x8" and (codec_dir / CODEC_FILE).is_file()
+    slices = []
+    for i in range(2):
+        out = tmp_path / f"s{i}"
+        argv = ["build", *common, "--out", str(out), "--shard-index", str(i), "--num-shards", "2",
+                "--codec-from", str(codec_dir)]
+        assert main(argv) == 0
+        slices.append(out)
+    merged = tmp_path / "merged"
+    m = merge_slices(slices, merged, sparse_indexes=False)
+    assert validate_datastore(merged) == []
+    assert m.codec is not None and m.codec.sha256 == info["sha256"]
+    single = tmp_path / "single"
+    assert main(["build", *common, "--out", str(single), "--codec-from", str(codec_dir)]) == 0
+    assert tree_bytes(merged / SHARDS_DIR) == tree_bytes(single / SHARDS_DIR)
+    assert read_manifest(merged).datastore_id == read_manifest(single).datastore_id
+    # slices with different codecs do not merge
+    other = tmp_path / "other-codec"
+    assert main(["train-codec", *common, "--codec-seed", "7", "--out", str(other)]) == 0
+    odd = tmp_path / "odd"
+    assert main(["build", *common, "--out", str(odd), "--shard-index", "1", "--num-shards", "2",
+                 "--codec-from", str(other)]) == 0
+    with pytest.raises(MergeError, match="codec"):
+        merge_slices([slices[0], odd], tmp_path / "bad", sparse_indexes=False)
+
+
+def test_add_codes_new_articles_with_the_datastores_codec(tmp_path: Path, model_dir: Path, pq_store: Path) -> None:
+    ds = tmp_path / "ds"
+    shutil.copytree(pq_store, ds)
+    before = read_manifest(ds)
+    new = corpus(tmp_path / "more.jsonl", 60, 64)
+    assert main(["add", "--datastore", str(ds), "--corpus", str(new), "--device", "cpu", "--threads", "1"]) == 0
+    after = read_manifest(ds)
+    assert after.version == before.version + 1 and after.codec == before.codec
+    added = [i for i in after.shards if i.name in after.updates[-1].shards]
+    assert added and all(CODES in i.files for i in added)
+    assert validate_datastore(ds) == []
+    assert tree_bytes(ds / SHARDS_DIR / before.shards[0].name) == tree_bytes(pq_store / SHARDS_DIR / before.shards[0].name)
+
+
+def test_recode_makes_a_compact_copy_that_answers(tmp_path: Path, fp16_store: Path) -> None:
+    out = tmp_path / "int8"
+    summary = recode_datastore(fp16_store, out, CodecSpec("int8"))
+    assert summary["code_bytes"] == 32 and summary["codes_bytes"] < summary["vectors_bytes"]
+    assert validate_datastore(out) == []
+    src, dst = read_manifest(fp16_store), read_manifest(out)
+    assert dst.codec is not None and dst.codec.name == "int8" and dst.counts == src.counts
+    assert set(dst.indexes) == {"bm25", "tfidf"}
+    # the references are shared, not copied
+    name = src.shards[0].name
+    assert (out / SHARDS_DIR / name / "labels.npy").stat().st_ino == (fp16_store / SHARDS_DIR / name / "labels.npy").stat().st_ino
+    with pytest.raises(BuildError, match="already stores codes"):
+        recode_datastore(out, tmp_path / "again", CodecSpec("pq", code_bytes=8))
+    with pytest.raises(BuildError, match="not empty"):
+        recode_datastore(fp16_store, out, CodecSpec("int8"))
+
+
+def test_validate_names_a_damaged_or_unknown_codec(tmp_path: Path, pq_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ds = tmp_path / "ds"
+    shutil.copytree(pq_store, ds)
+    raw = bytearray((ds / CODEC_FILE).read_bytes())
+    raw[-1] ^= 0xFF
+    (ds / CODEC_FILE).write_bytes(bytes(raw))
+    assert main(["validate", str(ds)]) == 1
+    assert f"{ds / CODEC_FILE}: sha256 mismatch" in capsys.readouterr().err
+    shutil.copyfile(pq_store / CODEC_FILE, ds / CODEC_FILE)
+    manifest = json.loads((ds / MANIFEST).read_text())
+    manifest["codec"]["name"] = "lattice9"
+    (ds / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(DatastoreError, match="codec 'lattice9', this version reads int8, pq") as err:
+        Datastore(ds)
+    assert "\n" not in str(err.value)
+
+
+def test_the_service_searches_codes_and_applies_auto_temperature(pq_store: Path, fp16_store: Path,
+                                                                 model_dir: Path) -> None:
+    tmp = pq_store.parent / "with-indexes"
+    if not tmp.exists():
+        recode = recode_datastore(fp16_store, tmp, CodecSpec("pq", code_bytes=8, rotation="none", train_contexts=2000))
+        assert recode["code_bytes"] == 8
+    auto = read_manifest(tmp).distance_scale
+    assert auto is not None
+    title = next(iter(Datastore(tmp).articles))
+    app = create_app(ServiceSettings(datastore=tmp, model={"device": "cpu"}, batching={"max_wait_ms": 1}))  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        body = {"text": "the capital is [MASK] .", "subject": title, "top_k": 3}
+        r = client.post("/predict", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["temperature_used"] == pytest.approx(auto.value)
+        assert r.json()["knn"], "no neighbours from the codes"
+        r = client.post("/predict", json={**body, "temperature": 3.5})
+        assert r.status_code == 200 and r.json()["temperature_used"] == 3.5
+        r = client.post("/predict", json={**body, "temperature": "auto"})
+        assert r.status_code == 200 and r.json()["temperature_used"] == pytest.approx(auto.value)
+        r = client.post("/predict", json={**body, "temperature": "hot"})
+        assert r.status_code == 422 and "temperature" in r.text
