@@ -17,13 +17,16 @@ commands:
   merge      join the slices of a sliced build into one datastore
   upgrade    convert a datastore of an older format version to the current one
   ivfpq      add the whole-datastore IVF-PQ index (the no-retrieval ablation)
+  train-codec  train a compact codec (--codec int8|pq) once, for the slices of a sliced build
+  recode     a compact copy of an fp16 datastore: codes instead of vectors, no model run
+  calibrate  measure a datastore's distance scale (temperature auto) and record it
   serve      serve POST /predict over HTTP
   eval       run the LAMA probe (in process, or against a running service)
   predict    ask a running service one question
 
 `bert-knn COMMAND --help` lists a command's flags; docs/configuration.md lists every setting."""
 
-_BUILDER = ("build", "add", "validate", "merge", "upgrade", "ivfpq")
+_BUILDER = ("build", "add", "validate", "merge", "upgrade", "ivfpq", "train-codec", "recode", "calibrate")
 
 
 def _runner(command: str) -> Callable[[list[str]], int]:

@@ -272,3 +272,26 @@ def test_the_service_searches_codes_and_applies_auto_temperature(pq_store: Path,
         assert r.status_code == 200 and r.json()["temperature_used"] == pytest.approx(auto.value)
         r = client.post("/predict", json={**body, "temperature": "hot"})
         assert r.status_code == 422 and "temperature" in r.text
+
+
+def test_calibrate_records_the_scale_of_an_older_datastore(tmp_path: Path, fp16_store: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    ds = tmp_path / "ds"
+    shutil.copytree(fp16_store, ds)
+    want = read_manifest(fp16_store).distance_scale
+    manifest = json.loads((ds / MANIFEST).read_text())
+    del manifest["distance_scale"]  # as a datastore built before the measurement existed
+    (ds / MANIFEST).write_text(json.dumps(manifest))
+    assert read_manifest(ds).distance_scale is None
+    assert main(["calibrate", str(ds)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["before"] is None and read_manifest(ds).distance_scale == want
+    assert read_manifest(ds).datastore_id == read_manifest(fp16_store).datastore_id
+    assert validate_datastore(ds) == []
+    assert main(["calibrate", str(tmp_path / "nowhere")]) == 1
+    from bertknn.cli import main as bert_knn  # the one command reaches the builder's subcommands
+
+    assert bert_knn(["calibrate", str(ds)]) == 0
+    assert bert_knn(["recode", "--datastore", str(ds), "--out", str(tmp_path / "pq"), "--codec", "pq",
+                     "--code-bytes", "8", "--codec-train-contexts", "2000"]) == 0
+    assert read_manifest(tmp_path / "pq").codec is not None
