@@ -116,27 +116,32 @@ def test_a_confident_mlm_skips_retrieval_and_knn(served):
 def test_a_skipped_query_does_not_wait_for_retrieval(served):
     client, spy = served
     spy.gate.clear()  # every retrieval now holds the (single) retrieval thread until released
+    held: list[int] = []
+    results: list[dict] = []
+    fixed = threading.Thread(
+        target=lambda: held.append(client.post("/predict", json={**KNN_TEXT, "interpolation": "fixed"}).status_code)
+    )
     try:
+        # A query that needs its articles takes the retrieval thread and is held there.
         started = spy.retrievals
-        results: list[dict] = []
+        fixed.start()
+        deadline = time.monotonic() + 30
+        while spy.retrievals == started and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert spy.retrievals == started + 1, "the fixed query's retrieval did not start"
+        before = spy.retrievals
+        # A skipped query answers without waiting for it; a retrieval it queued behind the held one is cancelled
+        # before it starts (and one answered by the model thread queues none).
         first = threading.Thread(target=lambda: results.append(client.post("/predict", json=SKIP_TEXT).json()))
         first.start()
         first.join(60)
         assert not first.is_alive(), "a skipped query waited for the retrieval it does not need"
         assert results[0]["knn_skipped"] is True
-        # the first query's retrieval started with its forward pass and is held; the answer can come back before
-        # the retrieval thread has even entered it, so wait for that before counting
-        deadline = time.monotonic() + 10
-        while spy.retrievals == started and time.monotonic() < deadline:
-            time.sleep(0.001)
-        before = spy.retrievals
-        # this one's retrieval queues behind the held one; the query skips kNN, so it is cancelled unstarted
-        assert client.post("/predict", json=SKIP_TEXT).json()["knn_skipped"] is True
     finally:
         spy.gate.set()
-    # a query that needs retrieval queues behind whatever is left: once it is answered, the queue is drained
-    assert client.post("/predict", json={**KNN_TEXT, "interpolation": "fixed"}).status_code == 200
-    assert spy.retrievals == before + 1  # only the fixed query's: the cancelled retrieval never ran
+    fixed.join(60)
+    assert held == [200]
+    assert spy.retrievals == before  # the skipped query's retrieval never ran
 
 
 def test_request_options_and_their_errors(served):
