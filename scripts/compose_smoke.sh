@@ -2,8 +2,8 @@
 # Build the images and run the docker-compose stack end to end with podman, then take it down again.
 #
 #   bash scripts/compose_smoke.sh [--install]
-# Needs podman, runc and debootstrap (Debian: --install gets them with apt) and podman-compose (installed from PyPI
-# into the project's .venv when missing).  Exit status 3: podman is missing and could not be installed.
+# Needs podman, runc and debootstrap (Debian: --install gets them with apt) and podman-compose 1.6.0 (installed from
+# PyPI into the project's .venv when it is not there).  Exit status 3: podman is missing and could not be installed.
 #
 # Steps (each one timed; image sizes printed at the end):
 #   1. base images: python:3.11-slim-bookworm and redis are pulled when a registry answers; otherwise a Debian root
@@ -55,15 +55,15 @@ fi
 for tool in podman runc; do
   command -v "$tool" >/dev/null || { echo "compose_smoke: $tool is not installed (run with --install)" >&2; exit 3; }
 done
-if [ -f .venv/bin/activate ]; then
-  # shellcheck disable=SC1091
-  . .venv/bin/activate
-fi
-if ! command -v podman-compose >/dev/null; then
-  pip install -q "podman-compose==1.6.0"
-fi
-
 WORK=$(mktemp -d)
+# podman-compose 1.6.0 from PyPI, in the project's .venv (or a throwaway one): Debian's 1.0.3, which may be on PATH,
+# knows no --env-file and no long-form env_file.
+VENV=.venv
+[ -x "$VENV/bin/python" ] || { VENV="$WORK/venv"; python3 -m venv "$VENV"; }
+if [ "$("$VENV/bin/podman-compose" --version 2>/dev/null | head -1)" != "podman-compose version 1.6.0" ]; then
+  "$VENV/bin/pip" install -q "podman-compose==1.6.0"
+fi
+PODMAN_COMPOSE="$VENV/bin/podman-compose"
 # The engine's settings for this machine: no default ulimits (refused here), cgroupfs and runc (crun rejects a hybrid
 # cgroup layout).  Harmless elsewhere.
 cat >"$WORK/containers.conf" <<'EOF'
@@ -91,7 +91,7 @@ BUILD_DEVICE=cpu
 BUILD_BATCH_SIZE=32
 EOF
 COMPOSE_FILES=(-f docker-compose.yml -f docker/compose.model-dir.yml)
-compose() { podman-compose --project-name "$PROJECT" --env-file "$WORK/.env" "${COMPOSE_FILES[@]}" "$@"; }
+compose() { "$PODMAN_COMPOSE" --project-name "$PROJECT" --env-file "$WORK/.env" "${COMPOSE_FILES[@]}" "$@"; }
 
 STEPS=()
 step() {  # step NAME COMMAND...: run, time, record
@@ -121,7 +121,7 @@ report() {
 cleanup() {
   local rc=$?
   if [ "${SMOKE_KEEP:-0}" = "1" ] && [ $rc = 0 ]; then
-    echo "left running; take it down with: CONTAINERS_CONF=$CONTAINERS_CONF podman-compose --project-name $PROJECT --env-file $WORK/.env ${COMPOSE_FILES[*]} down -v"
+    echo "left running; take it down with: CONTAINERS_CONF=$CONTAINERS_CONF $PODMAN_COMPOSE --project-name $PROJECT --env-file $WORK/.env ${COMPOSE_FILES[*]} down -v"
   else
     compose down -v >/dev/null 2>&1 || true
   fi
