@@ -8,7 +8,6 @@ its shard files and its manifest.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+from bertknn.builder.writer import link_or_copy
 from bertknn.core.calibration import measure_distance_scale
 from bertknn.core.errors import MergeError
 from bertknn.core.format import (
@@ -181,10 +181,7 @@ def _take_codec(src: Path, dst: Path, sha256: str) -> None:
         return
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
+    link_or_copy(src, tmp)
     tmp.replace(dst)
 
 
@@ -285,17 +282,9 @@ def _take_shard(src: Path, dst: Path, info: ShardInfo, *, verify: bool) -> tuple
     tmp.mkdir()
     linked = copied = 0
     for name in (*shard_file_names(info), SHARD_MARKER):
-        # Shard files are never modified in place (a rebuild writes a new directory and renames it), so a
-        # hard link is as safe as a copy and costs no space.
-        try:
-            os.link(src / name, tmp / name)
+        if link_or_copy(src / name, tmp / name):
             linked += 1
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-                raise
-            shutil.copyfile(src / name, tmp / name)
-            with open(tmp / name, "rb+") as f:
-                os.fsync(f.fileno())
+        else:
             copied += 1
     os.replace(tmp, dst)
     return linked, copied

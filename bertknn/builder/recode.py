@@ -10,7 +10,6 @@ distance scale is measured again (codes change distances); a whole-datastore IVF
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 
 from bertknn.builder.coding import Coder
 from bertknn.builder.ivfpq import gather_rows
-from bertknn.builder.writer import write_shard_files
+from bertknn.builder.writer import link_or_copy, write_shard_files
 from bertknn.core.calibration import measure_distance_scale
 from bertknn.core.errors import BuildError
 from bertknn.core.format import (
@@ -38,15 +37,8 @@ from bertknn.core.format.codec import CodecSpec
 logger = logging.getLogger("bertknn.builder")
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def _link_tree(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, copy_function=lambda s, d: _link_or_copy(Path(s), Path(d)))
+    shutil.copytree(src, dst, copy_function=lambda s, d: link_or_copy(Path(s), Path(d)))
 
 
 def recode_datastore(src: Path, out: Path, spec: CodecSpec) -> dict:
@@ -94,7 +86,7 @@ def recode_datastore(src: Path, out: Path, spec: CodecSpec) -> dict:
     for name in (REDIRECTS, manifest.article_table or ARTICLE_TABLE):
         if (src / name).is_file():
             (out / name).parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(src / name, out / name)
+            link_or_copy(src / name, out / name)
     new.indexes = {}
     for name, rel in manifest.indexes.items():
         if name in ("bm25", "tfidf"):

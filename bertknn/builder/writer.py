@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -144,6 +145,26 @@ def _write_shard_files(tmp: Path, final: Path, index: int, part: int, last: bool
     return info
 
 
+_NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES)
+
+
+def link_or_copy(src: Path, dst: Path) -> bool:
+    """``dst`` as a hard link to ``src`` (True), or a synced copy where the file system cannot link (False).
+
+    Datastore files are never modified in place (a rebuild writes new files and renames them), so a hard link is as
+    safe as a copy and costs no space. Other errors (a full disk, a missing file) are raised."""
+    try:
+        os.link(src, dst)
+        return True
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+    shutil.copyfile(src, dst)
+    with open(dst, "rb+") as f:
+        os.fsync(f.fileno())
+    return False
+
+
 def write_shard_files(final: Path, src: Path, info: ShardInfo, codes: np.ndarray) -> ShardInfo:
     """A copy of the shard in ``src`` at ``final`` with its vectors replaced by ``codes`` (``recode``): the other
     files hard-linked (copied across file systems), a new SHARD.json, one atomic rename."""
@@ -157,10 +178,7 @@ def write_shard_files(final: Path, src: Path, info: ShardInfo, codes: np.ndarray
         for name, entry in info.files.items():
             if name == VECTORS:
                 continue
-            try:
-                os.link(src / name, tmp / name)
-            except OSError:
-                shutil.copy2(src / name, tmp / name)
+            link_or_copy(src / name, tmp / name)
             files[name] = entry
         new = info.model_copy(update={"files": dict(sorted(files.items()))})
         _fsync_write(tmp / SHARD_MARKER, new.model_dump_json(indent=1).encode())
