@@ -57,11 +57,37 @@ def _jsonl(path: Path) -> Iterator[dict]:
 
 def evidence_sentence(evidence: dict) -> str | None:
     """A T-REx evidence's Wikipedia sentence: its masked sentence with the object's surface form put back."""
+    found = evidence_span(evidence)
+    return found[0] if found is not None else None
+
+
+def evidence_span(evidence: dict) -> tuple[str, int, int] | None:
+    """`evidence_sentence` and the character span of the object's surface form in it (the first [MASK]'s)."""
     masked, surface = evidence.get("masked_sentence"), evidence.get("obj_surface")
     if not isinstance(masked, str) or not isinstance(surface, str) or not MASK_RE.search(masked):
         return None
-    text = _SPACES.sub(" ", MASK_RE.sub(lambda _: surface, masked)).strip()
-    return text or None
+    marked = MASK_RE.sub(lambda _: f"\ue000{surface}\ue001", masked, count=1)
+    marked = MASK_RE.sub(lambda _: surface, marked)
+    # collapse whitespace as evidence_sentence always has, the two marks being of no width
+    out: list[str] = []
+    marks: list[int] = []
+    for ch in marked:
+        if ch in "\ue000\ue001":
+            marks.append(len(out))
+        elif ch.isspace():
+            if out and out[-1] != " ":
+                out.append(" ")
+        else:
+            out.append(ch)
+    text = "".join(out).rstrip()
+    if not text or len(marks) != 2:
+        return None
+    start, end = (min(m, len(text)) for m in marks)
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return text, start, end
 
 
 def trex_evidence_articles(
@@ -71,8 +97,12 @@ def trex_evidence_articles(
     keep_uids: set[str] | None = None,
     max_fact_sentences: int | None = None,
     max_other_sentences: int | None = None,
+    links: dict[str, tuple[int, int, str]] | None = None,
 ) -> dict[str, list[str]]:
     """Subject label -> its evidence sentences over every T-REx relation file (all subjects when None).
+
+    ``links``: filled with sentence -> (start, end, object title): the object's surface form in the sentence,
+    linked to the article titled with the object's label (the first fact a sentence states).
 
     The sentences of the facts in ``keep_uids`` come first (at most ``max_fact_sentences`` per fact); at most
     ``max_other_sentences`` sentences of other facts follow (None: no cap). A few subjects are heavy-tailed
@@ -92,12 +122,16 @@ def trex_evidence_articles(
             evaluated = keep_uids is not None and str(fact.get("uuid")) in keep_uids
             bucket = first if evaluated else other
             taken = 0
+            obj = fact.get("obj_label")
             for ev in fact.get("evidences") or []:
                 if evaluated and max_fact_sentences is not None and taken >= max_fact_sentences:
                     break
-                sentence = evidence_sentence(ev)
+                found = evidence_span(ev)
+                sentence = found[0] if found is not None else None
                 if sentence is None or sentence in seen.setdefault(subject, set()):
                     continue
+                if links is not None and found is not None and isinstance(obj, str) and found[2] > found[1]:
+                    links.setdefault(sentence, (found[1], found[2], normalize_title(obj)))
                 seen[subject].add(sentence)
                 bucket.setdefault(subject, []).append(sentence)
                 taken += 1
@@ -145,20 +179,31 @@ def write_corpus(
     distractors: int | None,
     max_fact_sentences: int | None = None,
     max_other_sentences: int | None = None,
+    links: bool = False,
 ) -> CorpusStats:
-    """Write the benchmark corpus to ``out``; ``None`` for a selection means everything."""
+    """Write the benchmark corpus to ``out``; ``None`` for a selection means everything.
+
+    ``links``: each T-REx evidence sentence links its object's surface form to the object's title (``"links"``
+    in the JSON lines: character offsets into ``text``), as Wikipedia's own link there would."""
     stats = CorpusStats()
     merged: dict[str, dict] = {}
+    sentence_links: dict[str, tuple[int, int, str]] | None = {} if links else None
 
-    def add(source: str, title: str, text: str, art_id: str) -> None:
+    def add(source: str, title: str, text: str, art_id: str, spans: list[dict] | None = None) -> None:
         key = normalize_title(title)
         if not key or not text.strip():
             return
         if key in merged:
+            shift = len(merged[key]["text"]) + 1
             merged[key]["text"] += "\n" + text
             stats.merged_titles += 1
         else:
+            shift = 0
             merged[key] = {"id": art_id, "title": key, "text": text}
+        if spans:
+            merged[key].setdefault("links", []).extend(
+                {**ln, "start": ln["start"] + shift, "end": ln["end"] + shift} for ln in spans
+            )
         stats.by_source[source] = stats.by_source.get(source, 0) + 1
 
     for art in sample_by_hash(_jsonl(wiki_dir / "vital_articles.jsonl"), distractors):
@@ -173,10 +218,18 @@ def write_corpus(
         keep_uids=trex_uids,
         max_fact_sentences=max_fact_sentences,
         max_other_sentences=max_other_sentences,
+        links=sentence_links,
     )
     for i, (subject, sentences) in enumerate(evidence.items()):
         stats.sentences_added += len(sentences)
-        add("trex_evidence", subject, "\n".join(sentences), f"trex-{i}")
+        spans: list[dict] = []
+        offset = 0
+        for sentence in sentences:
+            link = sentence_links.get(sentence) if sentence_links is not None else None
+            if link is not None and link[2] != normalize_title(subject):
+                spans.append({"start": offset + link[0], "end": offset + link[1], "target": link[2]})
+            offset += len(sentence) + 1
+        add("trex_evidence", subject, "\n".join(sentences), f"trex-{i}", spans)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

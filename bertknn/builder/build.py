@@ -34,6 +34,7 @@ from bertknn.core.format import (
     REDIRECTS,
     CodecInfo,
     Counts,
+    LinkInfo,
     Manifest,
     ModelInfo,
     ShardInfo,
@@ -66,6 +67,8 @@ class PreparedShard:
     spans: np.ndarray
     words: WordTable | None = None  # whole-word targets: the shard's word table (labels index it)
     times: StageTimes = field(default_factory=StageTimes)  # the worker's markup, split and targets
+    entity_labels: np.ndarray | None = None  # datastores with links: int32 [rows], index into entities, or -1
+    entities: list[str] | None = None  # the link targets the shard's rows name (normalised titles)
 
     @property
     def rows(self) -> int:
@@ -87,17 +90,36 @@ class PreparedShard:
         return PreparedShard(
             self.index, metas, self.sentences[s0:s1], self.inputs[r0:r1], self.labels[r0:r1],
             self.sentence_ids[r0:r1] - s0, self.spans[r0:r1], self.words,
+            entity_labels=None if self.entity_labels is None else self.entity_labels[r0:r1], entities=self.entities,
         )  # fmt: skip
 
     @staticmethod
     def concat(index: int, pieces: list[PreparedShard], whole_words: bool) -> PreparedShard:
-        """One shard's worth of prepared pieces, in order: offsets shifted, word tables merged by word text."""
-        if len(pieces) == 1 and not whole_words:
+        """One shard's worth of prepared pieces, in order: offsets shifted, word tables merged by word text,
+        entity tables by title."""
+        linked = any(p.entity_labels is not None for p in pieces)
+        if len(pieces) == 1 and not whole_words and not linked:
             pieces[0].index = index
             return pieces[0]
         out = _empty_prepared(index, whole_words)
         labels, sent_ids, spans = [out.labels], [out.sentence_ids], [out.spans]
         words = _WordTableMerger() if whole_words else None
+        entity_ids: dict[str, int] = {}
+        entity_labels: list[np.ndarray] = []
+        for piece in pieces:
+            if not linked:
+                break
+            if piece.entity_labels is None or piece.entities is None:
+                assert piece.rows == 0, "a piece without links among pieces with links"
+                continue
+            used = np.unique(piece.entity_labels[piece.entity_labels >= 0])
+            mapping = np.full(len(piece.entities) + 1, -1, dtype=np.int32)  # (the last slot maps -1 to -1)
+            for old in used.tolist():
+                mapping[old] = entity_ids.setdefault(piece.entities[old], len(entity_ids))
+            entity_labels.append(mapping[piece.entity_labels])
+        if linked:
+            out.entity_labels = np.concatenate([np.zeros(0, np.int32), *entity_labels]).astype(np.int32)
+            out.entities = list(entity_ids)
         for piece in pieces:
             rows, sents = len(out.inputs), len(out.sentences)
             out.articles.extend(
@@ -159,8 +181,10 @@ class ShardPreparer:
         stopwords: frozenset[str],
         min_sentence_chars: int,
         targets: TargetMode = "single-piece",
+        links: bool = False,
     ):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=True)
+        self.links = links
         self.tokenizer = tokenizer
         self.inputs = ContextTokenizer(tokenizer, max_seq_len)
         self.selector = TargetSelector(tokenizer, stopwords, targets)
@@ -175,29 +199,44 @@ class ShardPreparer:
         sent_ids: list[int] = []
         spans: list[tuple[int, int]] = []
         words = WordTableBuilder(self.tokenizer) if self.selector.mode == "whole-word" else None
+        entity_ids: dict[str, int] = {}
+        entity_labels: list[int] = []
         times = StageTimes()
         for art in articles:
             t0 = time.perf_counter()
-            text = art.text  # wikitext -> text happens here, in the worker
+            text, links = art.text_links() if self.links else (art.text, [])  # wikitext -> text: in the worker
             t1 = time.perf_counter()
-            sents = []
+            sents: list[str] = []
+            sent_links: list[list[tuple[int, int, int]]] = []
+            cursor = 0
             for sent in self.splitter.split(text):
+                at = text.find(sent, cursor)
+                cursor = at + len(sent) if at >= 0 else cursor
                 problem = "short" if len(sent) < self.min_sentence_chars else sentence_problem(sent)
-                if problem is None:
-                    sents.append(sent)
-                else:
+                if problem is not None:
                     times.drop(problem)
+                    continue
+                sents.append(sent)
+                inside = [] if at < 0 else [
+                    (ln.start - at, ln.end - at, entity_ids.setdefault(ln.target, len(entity_ids)))
+                    for ln in links if at <= ln.start and ln.end <= at + len(sent)
+                ]  # fmt: skip
+                sent_links.append(inside)
             t2 = time.perf_counter()
             times.add("markup", t1 - t0, 1 if art.markup == "wikitext" else 0)
             times.add("split", t2 - t1, len(sents))
             row_start, sent_start = len(labels), len(sentences)
-            for tok_sent in self.selector.select(sents):
+            for tok_sent in self.selector.select(sents, sent_links if self.links else None):
                 sid = len(sentences)
                 sentences.append(tok_sent.text)
                 for target in tok_sent.targets:
                     ids, pos = masked_ids(tok_sent, target, self.inputs.mask_id)
                     inputs.append(self.inputs.masked_input(ids, pos))
-                    labels.append(target.token_id if words is None else words.add(target.pieces))
+                    if target.token_id < 0:
+                        labels.append(-1)  # an anchor that is no word target: an entity's row only
+                    else:
+                        labels.append(target.token_id if words is None else words.add(target.pieces))
+                    entity_labels.append(target.entity)
                     sent_ids.append(sid)
                     spans.append((target.char_start, target.char_end))
             times.add("targets", time.perf_counter() - t2, len(labels) - row_start)
@@ -222,6 +261,8 @@ class ShardPreparer:
             np.asarray(spans, dtype=np.int32).reshape(-1, 2),
             None if words is None else words.table(),
             times,
+            np.asarray(entity_labels, dtype=np.int32) if self.links else None,
+            list(entity_ids) if self.links else None,
         )
 
 
@@ -279,6 +320,8 @@ def _build_state(
         "shard_index": settings.shard_index,
         # only when not the default, so that a build started before this setting existed still resumes
         **({"targets": settings.targets} if settings.targets != "single-piece" else {}),
+        # likewise only when kept (builds started before links existed had none)
+        **({"links": True} if settings.links else {}),
         # the forward backend in use (a resumed build does not mix backends); likewise only when not eager
         **({"backend": encoder.backend} if encoder.backend != "eager" else {}),
         # the rules that turn wikitext into sentences: a build started under other rules is not resumed
@@ -311,6 +354,7 @@ class ShardOptions:
     batch_size: int
     workers: int
     contexts_per_shard: int | None = None  # None: one part per block
+    links: bool = False  # keep entity links (rows labelled with their link targets)
 
 
 @dataclass
@@ -409,7 +453,9 @@ def embed_shards(
     tok_dir = tempfile.mkdtemp(prefix="bertknn-tok-")
     try:
         encoder.tokenizer.save_pretrained(tok_dir)
-        prep_args = (tok_dir, options.max_seq_len, options.stopwords, options.min_sentence_chars, options.targets)
+        prep_args = (
+            tok_dir, options.max_seq_len, options.stopwords, options.min_sentence_chars, options.targets, options.links
+        )  # fmt: skip
         pool = (
             ProcessPoolExecutor(options.workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=prep_args)
             if options.workers > 0
@@ -481,6 +527,8 @@ def embed_shards(
                 prepared.sentences,
                 prepared.articles,
                 prepared.words,
+                prepared.entity_labels,
+                prepared.entities,
             )
             writing.append(writer.submit(_timed_write, out, block, part, is_last, data, times))
 
@@ -629,7 +677,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
 
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
-        settings.workers, settings.contexts_per_shard or None,
+        settings.workers, settings.contexts_per_shard or None, settings.links,
     )
     try:
         encode_seconds = embed_shards(
@@ -665,6 +713,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         slice=None if whole else SliceInfo(index=settings.shard_index, count=settings.num_shards, unit=plan.unit),
         targets=settings.targets,
         codec=coder.info if coder is not None else None,
+        links=LinkInfo() if settings.links else None,  # (its counts come with the article table)
     )
     write_table(out, manifest, sorted(stats.redirects.items()))
     manifest.distance_scale = measure_distance_scale(out, manifest)
@@ -713,7 +762,7 @@ def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = 
     blocks = iter_blocks(plan, settings.articles_per_shard, CorpusStats(), Counts(), limit_articles=settings.limit_articles)
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
-        settings.workers, settings.contexts_per_shard or None,
+        settings.workers, settings.contexts_per_shard or None, settings.links,
     )
     works = (Work(b.index, 0, b.articles) for b in blocks)
     embed_shards(out, works, encoder, options, lambda info: None, coder=coder, train_only=True)

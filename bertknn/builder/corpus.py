@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import html
 import io
 import json
 import logging
 import re
 import time
+import urllib.parse
 import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Iterable, Iterator
@@ -19,7 +21,7 @@ from typing import IO, Literal, cast
 import pysbd
 
 from bertknn.builder.stages import StageTimes
-from bertknn.builder.wikitext import wikitext_to_text
+from bertknn.builder.wikitext import Link, link_target, wikitext_links
 from bertknn.core.errors import CorpusError
 from bertknn.core.titles import normalize_title
 
@@ -44,10 +46,17 @@ class Article:
     raw: str
     source: str
     markup: Literal["text", "wikitext"] = "text"
+    links: tuple[Link, ...] = ()  # text markup: the corpus's own links into ``raw`` (wikitext: found in it)
 
     @property
     def text(self) -> str:
-        return wikitext_to_text(self.raw) if self.markup == "wikitext" else self.raw
+        return self.text_links()[0]
+
+    def text_links(self) -> tuple[str, list[Link]]:
+        """The article text and its entity links (character spans into that text, normalised target titles)."""
+        if self.markup == "wikitext":
+            return wikitext_links(self.raw)
+        return self.raw, list(self.links)
 
 
 @dataclass
@@ -155,8 +164,55 @@ def _truncated(exc: Exception) -> str:
     return f"the compressed data is truncated or corrupt ({exc}); download or compress the file again"
 
 
+_ANCHOR = re.compile(r'<a href="([^"]*)">(.*?)</a>', re.DOTALL)
+
+
+def html_anchor_links(text: str) -> tuple[str, list[Link]]:
+    """WikiExtractor's ``--links`` output: ``<a href="Target%20title">anchor</a>`` in the text -> the text without
+    the tags, and a link per anchor (the href URL-decoded and normalised; empty anchors and targets dropped)."""
+    out: list[str] = []
+    links: list[Link] = []
+    pos = length = 0
+    for m in _ANCHOR.finditer(text):
+        out.append(text[pos : m.start()])
+        length += m.start() - pos
+        anchor = html.unescape(m.group(2))
+        target = link_target(html.unescape(urllib.parse.unquote(m.group(1))))
+        core = anchor.strip()
+        if core and target:
+            lead = len(anchor) - len(anchor.lstrip())
+            links.append(Link(length + lead, length + lead + len(core), target))
+        out.append(anchor)
+        length += len(anchor)
+        pos = m.end()
+    out.append(text[pos:])
+    return "".join(out), links
+
+
+def _json_links(value: object, text: str, where: str) -> tuple[Link, ...]:
+    """An article's ``"links"``: ``[{"start", "end", "target"}]``, character offsets into ``text``."""
+    if not isinstance(value, list):
+        raise CorpusError(f'{where}: "links" must be a list of {{"start", "end", "target"}} objects')
+    links = []
+    for i, item in enumerate(value):
+        ok = isinstance(item, dict) and isinstance(item.get("target"), str)
+        start, end = (item.get("start"), item.get("end")) if isinstance(item, dict) else (None, None)
+        if not ok or type(start) is not int or type(end) is not int:
+            raise CorpusError(f'{where}: links[{i}] must be {{"start": int, "end": int, "target": "Title"}}')
+        if not 0 <= start < end <= len(text):
+            raise CorpusError(
+                f"{where}: links[{i}] spans characters {start}..{end}, outside the text's {len(text)} characters "
+                "(offsets count characters, not bytes; end is exclusive)"
+            )
+        target = link_target(item["target"])
+        if target and text[start:end].strip():
+            links.append(Link(start, end, target))
+    return tuple(links)
+
+
 def read_jsonl(path: Path, times: StageTimes | None = None) -> Iterator[Article]:
-    """``{"id", "title", "text"}`` per line, as WikiExtractor and most Wikipedia tools emit."""
+    """``{"id", "title", "text"}`` per line, as WikiExtractor and most Wikipedia tools emit; optional ``"links"``
+    (``[{"start", "end", "target"}]``), or WikiExtractor ``--links`` anchors in the text."""
     lineno = 0
     times = times if times is not None else StageTimes()
     clock = _ParseClock(times)
@@ -178,8 +234,15 @@ def read_jsonl(path: Path, times: StageTimes | None = None) -> Iterator[Article]
                 title = normalize_title(obj["title"])
                 if not title:
                     raise CorpusError(f"{path}:{lineno}: empty title")
+                text: str = obj["text"]
+                links: tuple[Link, ...] = ()
+                if "links" in obj:
+                    links = _json_links(obj["links"], text, f"{path}:{lineno}")
+                elif "<a href=" in text:
+                    text, found = html_anchor_links(text)
+                    links = tuple(found)
                 clock.pause()
-                yield Article(str(obj.get("id", lineno)), title, obj["text"], str(path))
+                yield Article(str(obj.get("id", lineno)), title, text, str(path), links=links)
                 clock.resume()
     except (EOFError, zlib.error) as exc:
         where = f" after line {lineno}" if lineno else ""

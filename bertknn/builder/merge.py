@@ -25,6 +25,7 @@ from bertknn.core.format import (
     SHARD_MARKER,
     SHARDS_DIR,
     Counts,
+    LinkInfo,
     Manifest,
     ShardInfo,
     atomic_write_json,
@@ -53,6 +54,7 @@ _SHARED_BUILD_STATE = (
     "stopwords_sha256",
     "num_shards",
     "targets",
+    "links",
     "contexts_per_shard",
     "blocks",
     "text_rules",
@@ -153,6 +155,7 @@ def merge_slices(
         slice=None,
         targets=first.targets,
         codec=first.codec,
+        links=None if first.links is None else LinkInfo(),  # (counted again over all slices with the table)
     )
     from bertknn.builder.build import _build_indexes
     from bertknn.builder.settings import BuildSettings
@@ -206,6 +209,7 @@ def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[P
         "blocks cut by": lambda m: m.slice.unit if m.slice else None,
         "stopwords (sha256)": lambda m: m.stopwords_sha256,
         "targets": lambda m: m.targets,
+        "links": lambda m: m.links is not None,
         "num_shards": lambda m: m.slice.count if m.slice else None,
         "corpus sources": lambda m: [s.model_dump() for s in m.sources],
         # the slices share one trained codec (`train-codec`, then `build --codec-from`)

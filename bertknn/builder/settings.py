@@ -83,6 +83,11 @@ class BuildSettings(CodecOptions, BaseSettings):
         "single-piece",
         description="single-piece: words of one wordpiece (the paper); whole-word: words of any number of pieces",
     )
+    links: bool = Field(
+        True,
+        description="keep the corpus's entity links (wikilinks, JSON lines \"links\", WikiExtractor anchors): rows "
+        "labelled with their link targets, anchors of several words as rows of their own, an entity table",
+    )
 
     codec_from: Path | None = Field(
         None,

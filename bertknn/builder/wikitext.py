@@ -11,15 +11,23 @@ Rules (docs/building.md, "Article text"):
 - List items (lines starting ``*``, ``#`` or ``;``), references (``<ref>``, ``<references>``), tables,
   galleries, files, categories and headings are dropped; the
   brackets and separators that dropped pronunciations leave behind ("(, ; ; )") are removed.
+
+Links (`wikitext_links`): every wikilink left in the text (``[[Target]]``, ``[[Target|anchor]]``) gives a `Link`,
+the anchor's character span in the returned text and the target title (``#section`` dropped, normalised by
+``titles.normalize_title``; redirects are resolved later, against the whole dump's). Links inside dropped parts
+(templates, references, files, back matter) go with them; links to a section of the same page are not kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+from dataclasses import dataclass
 
 import mwparserfromhell
 from mwparserfromhell.nodes import Template, Wikilink
+
+from bertknn.core.titles import normalize_title
 
 # the version of these rules, recorded in a build's state: a resumed build must use the same
 TEXT_RULES = 2
@@ -84,9 +92,48 @@ def _hidden_link(link: Wikilink) -> bool:
     return bool(_HIDDEN_LINK.match(title) or (link.text is None and _INTERLANGUAGE_LINK.match(title)))
 
 
+@dataclass(frozen=True)
+class Link:
+    """An entity link: the anchor's characters ``text[start:end]`` refer to the article ``target``."""
+
+    start: int
+    end: int
+    target: str
+
+
+# Private-use characters mark each link's anchor through strip_code and the line rules, then come out again:
+# OPEN + link number + NUMBER_END + anchor + CLOSE. They never occur in article text (dropped if they do).
+_OPEN, _NUMBER_END, _CLOSE = "\ue000", "\ue001", "\ue002"
+_MARKS = re.compile("[\ue000-\ue002]")
+_MARKED = re.compile("\ue000(\\d+)\ue001([^\ue000-\ue002]*)\ue002")
+
+
+_NAMESPACES = frozenset({
+    "category", "file", "image", "media", "template", "wikipedia", "wp", "help", "portal", "user", "user talk", "talk",
+    "special", "draft", "module", "wikt", "wiktionary", "s", "wikisource", "commons", "meta", "mw", "w", "q",
+    "wikiquote", "n", "wikinews", "b", "wikibooks", "v", "wikiversity", "voy", "d", "wikidata", "species", "mos",
+})  # fmt: skip
+
+
+def link_target(title: str) -> str:
+    """The normalised article a wikilink's title points at; '' for a link that names no article: a section of the
+    same page (``#History``), another namespace or wiki (``:Category:X``, ``wikt:word``), another language."""
+    title = title.strip().lstrip(":")
+    page = title.split("#", 1)[0].strip()
+    prefix, colon, _ = page.partition(":")
+    if colon and (prefix.strip().lower() in _NAMESPACES or _INTERLANGUAGE_LINK.match(page)):
+        return ""
+    return normalize_title(page)
+
+
 def wikitext_to_text(wikitext: str) -> str:
     """Article text of a page's wikitext (the module docstring lists the rules)."""
-    code = mwparserfromhell.parse(_LIST_ITEM.sub("", wikitext))
+    return wikitext_links(wikitext)[0]
+
+
+def wikitext_links(wikitext: str) -> tuple[str, list[Link]]:
+    """Article text of a page's wikitext and the entity links in it (the module docstring lists the rules)."""
+    code = mwparserfromhell.parse(_LIST_ITEM.sub("", _MARKS.sub("", wikitext)))
     for section in code.get_sections(matches=BACK_MATTER, include_lead=False, include_headings=True):
         with contextlib.suppress(ValueError):  # (a subsection of one already removed)
             code.remove(section)
@@ -105,6 +152,15 @@ def wikitext_to_text(wikitext: str) -> str:
     for node in hidden:
         with contextlib.suppress(ValueError):  # already gone with an enclosing node (a link in a file caption)
             code.remove(node)
+    targets: list[str] = []
+    for link in code.filter_wikilinks(recursive=True):
+        target = link_target(str(link.title).strip())
+        anchor = str(link.text) if link.text is not None else str(link.title)
+        if not target:
+            continue
+        with contextlib.suppress(ValueError):
+            code.replace(link, f"{_OPEN}{len(targets)}{_NUMBER_END}{anchor}{_CLOSE}")
+            targets.append(target)
     text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
     text = re.sub(r"\n{2,}", "\n", text)
     lines = []
@@ -115,7 +171,29 @@ def wikitext_to_text(wikitext: str) -> str:
         line = _LEADING_SEPARATOR.sub("(", _EMPTY_BRACKETS.sub("", line))
         line = _SPACE_BEFORE_PUNCT.sub(r"\1", _SPACES.sub(" ", line))
         lines.append(line)
-    return "\n".join(lines)
+    return _take_links("\n".join(lines), targets)
+
+
+def _take_links(marked: str, targets: list[str]) -> tuple[str, list[Link]]:
+    """The text without the link marks, and each marked anchor's span in it (anchors left empty are dropped)."""
+    out: list[str] = []
+    links: list[Link] = []
+    pos = 0  # in marked
+    length = 0  # of the output so far
+    for m in _MARKED.finditer(marked):
+        before = _MARKS.sub("", marked[pos : m.start()])  # (a mark whose partner was dropped)
+        out.append(before)
+        length += len(before)
+        anchor = m.group(2)
+        lead = len(anchor) - len(anchor.lstrip())
+        core = anchor.strip()
+        if core:
+            links.append(Link(length + lead, length + lead + len(core), targets[int(m.group(1))]))
+        out.append(anchor)
+        length += len(anchor)
+        pos = m.end()
+    out.append(_MARKS.sub("", marked[pos:]))
+    return "".join(out), links
 
 
 _WORD = re.compile(r"[^\W\d_]{2,}")

@@ -16,6 +16,9 @@ from bertknn.core.format import (
     ARTICLE_TABLE,
     ARTICLES,
     CODES,
+    ENTITIES,
+    ENTITY_LABELS,
+    ENTITY_OFFSETS,
     INDEX_DIR,
     LABELS,
     SENTENCE_IDS,
@@ -28,6 +31,7 @@ from bertknn.core.format import (
     VECTORS,
     WORDS,
     FileInfo,
+    LinkInfo,
     Manifest,
     Shard,
     ShardInfo,
@@ -51,6 +55,8 @@ class ShardData:
     sentences: list[str]
     articles: list[dict]  # title, id, source, row_start, row_end, sent_start, sent_end
     words: WordTable | None = None  # whole-word datastores: what the labels index
+    entity_labels: np.ndarray | None = None  # datastores with links: int32 [rows], index into entities, or -1
+    entities: list[str] | None = None
 
 
 def _fsync_save(path: Path, array: np.ndarray) -> None:
@@ -121,6 +127,14 @@ def _write_shard_files(tmp: Path, final: Path, index: int, part: int, last: bool
     if data.words is not None:
         _fsync_write(tmp / WORDS, data.words.to_json())
         names = (*names, WORDS)
+    if data.entity_labels is not None:
+        titles = [t.encode("utf-8") for t in data.entities or []]
+        title_offsets = np.zeros(len(titles) + 1, dtype=np.int64)
+        np.cumsum([len(t) + 1 for t in titles], out=title_offsets[1:])
+        _fsync_save(tmp / ENTITY_LABELS, data.entity_labels.astype(np.int32, copy=False))
+        _fsync_write(tmp / ENTITIES, b"".join(t + b"\n" for t in titles))
+        _fsync_save(tmp / ENTITY_OFFSETS, title_offsets)
+        names = (*names, ENTITY_LABELS, ENTITIES, ENTITY_OFFSETS)
     info = ShardInfo(
         name=shard_name(index, part),
         index=index,
@@ -221,8 +235,28 @@ def write_table(
     """Write the article table of ``manifest``'s shards from ``first_shard`` on (``base``: the table of the
     version those shards extend) to ``root/rel_path``, and name it in the manifest."""
     shards = ((pos, Shard(root, info).articles()) for pos, info in enumerate(manifest.shards) if pos >= first_shard)
-    write_article_table(
+    counts = write_article_table(
         Path(root) / rel_path, shards, redirects, content_id=manifest.articles_id(),
         base=None if base is None else Path(root) / base,
+        mentions=None if manifest.links is None else lambda pos, ranges: _mentions(root, manifest, pos, ranges),
     )  # fmt: skip
     manifest.article_table = rel_path
+    if manifest.links is not None:
+        manifest.links = LinkInfo(
+            mentions=counts["mentions"], anchor_rows=counts["anchor_rows"], entities=counts["entities"]
+        )
+
+
+def _mentions(root: Path, manifest: Manifest, pos: int, ranges: list[tuple[int, int]]) -> tuple[dict[str, int], int]:
+    """The link targets named by the rows ``ranges`` of shard ``pos`` (mentions per normalised title), and how
+    many of those rows are anchors of their own (label -1)."""
+    shard = Shard(root, manifest.shards[pos])
+    entity_labels, labels = shard.entity_labels, shard.labels
+    counts = np.zeros(shard.entity_count, dtype=np.int64)
+    anchors = 0
+    for a, b in ranges:
+        ent = np.asarray(entity_labels[a:b])
+        linked = ent >= 0
+        counts += np.bincount(ent[linked], minlength=len(counts))
+        anchors += int((np.asarray(labels[a:b])[linked] < 0).sum())
+    return {shard.entity_title(int(i)): int(counts[i]) for i in np.flatnonzero(counts)}, anchors

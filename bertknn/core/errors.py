@@ -52,6 +52,10 @@ class QueryError(BertKnnError, ValueError):
     """A cloze query the model cannot take (no [MASK], two of them, too long); the message says what to fix."""
 
 
+class UnknownSubject(BertKnnError, ValueError):
+    """A subject that is neither an article nor a linked entity of the datastore (``/follow``)."""
+
+
 class InvalidRequest(BertKnnError, ValueError):
     """A well-formed request that this server refuses (over a limit, options that contradict each other)."""
 

@@ -84,7 +84,7 @@ def _is_leaf_model(model: type[BaseModel]) -> bool:
 
 def _flag_options(field: SettingField) -> dict[str, Any]:
     ann = field.annotation
-    help_text = field.info.description or ""
+    help_text = (field.info.description or "").replace("%", "%%")  # argparse formats help with %
     opts: dict[str, Any] = {"dest": field.dest, "default": argparse.SUPPRESS}
     if get_origin(ann) is Literal:
         choices = list(get_args(ann))

@@ -9,12 +9,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +105,52 @@ class InMemoryCache:
             self._data.clear()
 
 
+class _DeadlineRunner:
+    """Runs calls on a few daemon threads and waits for each at most a deadline.
+
+    The socket timeouts of the Redis client do not bound everything a call can wait on: resolving the host
+    name (``getaddrinfo``) has no timeout, and a stopped container's name can take the resolver's retries
+    (seconds) to fail. A call past its deadline is abandoned: it finishes on its own thread. When every thread
+    still holds such a call, new calls are refused at once rather than queued, and daemon threads never hold
+    up the process's exit.
+    """
+
+    def __init__(self, name: str, workers: int = 8):
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]] = queue.SimpleQueue()
+        self._slots = threading.BoundedSemaphore(workers)  # at most one job per idle worker: none ever queues
+        for i in range(workers):
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            fn, fut = self._jobs.get()
+            try:
+                if fut.set_running_or_notify_cancel():
+                    fut.set_result(fn())
+            except BaseException as exc:  # handed to the waiting caller
+                fut.set_exception(exc)
+            finally:
+                self._slots.release()
+
+    def run(self, fn: Callable[[], T], deadline_s: float) -> T:
+        """``fn()``'s result or exception; TimeoutError when it is not done in time or no thread is free."""
+        if not self._slots.acquire(blocking=False):
+            raise TimeoutError("every Redis I/O thread still waits on an earlier call")
+        fut: Future[object] = Future()
+        self._jobs.put((fn, fut))
+        try:
+            return fut.result(timeout=deadline_s)  # type: ignore[return-value]
+        except FutureTimeout:
+            raise TimeoutError(f"no answer from Redis within {deadline_s * 1000:.0f} ms") from None
+
+
 class RedisCache:
     """Redis with short timeouts, no retries and a circuit breaker: a sick Redis costs at most one timeout.
 
-    After an error the cache is bypassed for ``backoff_s`` (doubling up to ``max_backoff_s``); the next call
-    after that probes Redis again. Requests never fail because of the cache.
+    Every call runs on one I/O thread under a deadline (see `_DeadlineRunner`), so nothing the client waits on
+    (a name that no longer resolves included) holds a request longer than that. After an error the cache is
+    bypassed for ``backoff_s`` (doubling up to ``max_backoff_s``); the next call after that probes Redis again.
+    Requests never fail because of the cache.
     """
 
     in_process = False
@@ -130,7 +176,11 @@ class RedisCache:
             retry=Retry(NoBackoff(), 0),
             health_check_interval=0,
         )
-        self._redis_errors = (redis.RedisError, OSError)
+        self._redis_errors = (redis.RedisError, OSError)  # OSError covers TimeoutError from the runner
+        # a round trip is at most a connect and a reply, each bounded by the timeout; the rest is slack for a
+        # pipeline of writes and the thread hand-over
+        self._deadline_s = 4 * timeout + 0.05
+        self._runner = _DeadlineRunner("redis-cache-io")
         self.ttl_s = ttl_s
         self._backoff_initial = backoff_s
         self._backoff = backoff_s
@@ -165,7 +215,7 @@ class RedisCache:
             self.stats.bypassed += 1
             return [None] * len(keys)
         try:
-            values = self._client.mget(list(keys))
+            values = self._runner.run(lambda: self._client.mget(list(keys)), self._deadline_s)
         except self._redis_errors as exc:
             self._failed(exc)
             return [None] * len(keys)
@@ -178,11 +228,15 @@ class RedisCache:
         if not self._available():
             self.stats.bypassed += 1
             return
-        try:
+
+        def write() -> None:
             pipe = self._client.pipeline(transaction=False)
             for key, value in items.items():
                 pipe.set(key, value, ex=self.ttl_s)
             pipe.execute()
+
+        try:
+            self._runner.run(write, self._deadline_s)
         except self._redis_errors as exc:
             self._failed(exc)
             return
@@ -190,7 +244,7 @@ class RedisCache:
 
     def ping(self) -> bool:
         try:
-            ok = bool(self._client.ping())
+            ok = bool(self._runner.run(self._client.ping, self._deadline_s))
         except self._redis_errors as exc:
             self._failed(exc)
             return False

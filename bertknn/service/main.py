@@ -27,6 +27,7 @@ from bertknn.service.api.errors import (
     internal_error_response,
     request_id_var,
 )
+from bertknn.service.api.follow import router as follow_router
 from bertknn.service.api.routes import router
 from bertknn.service.cache import Cache, InMemoryCache, RedisCache
 from bertknn.service.jvm import configure_jvm
@@ -240,6 +241,7 @@ def create_app(
     app.state.resources = resources
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(follow_router)
     app.include_router(admin_router)
     install_docs(app)
 

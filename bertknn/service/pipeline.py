@@ -22,6 +22,7 @@ from bertknn.service.answer import DEFAULT_RULE, Answerer, ContextReader, TokenA
 from bertknn.service.cache import Cache, InMemoryCache
 from bertknn.service.codec import QueryEncoding
 from bertknn.service.encoding import PendingEncoding, QueryEncoder
+from bertknn.service.entities import EntityAnswerer, entity_of_words
 from bertknn.service.interpolate import knn_skipped
 from bertknn.service.results import Answer, ArticleHit, Assembled, Context, Query, Stage
 from bertknn.service.retrieval.articles import ArticleFinder, open_retrievers
@@ -80,6 +81,10 @@ class AnswerPipeline:
         self.reader = ContextReader(datastore)
         self.vocab = vocabulary(encoder)
         self.answerer: Answerer = answerer or default_answerer(encoder, datastore, self.queries, self.reader, self.vocab)
+        self.entity_answerer: EntityAnswerer | None = None
+        if datastore.linked:
+            words = self.words or WordAnswerer(encoder, datastore, self.queries, self.reader)
+            self.entity_answerer = EntityAnswerer(datastore, words, self.reader)
 
     @classmethod
     def open(
@@ -143,6 +148,14 @@ class AnswerPipeline:
 
     def check_query(self, query: Query) -> MaskedInput:
         """Tokenise and check one query; `QueryError` says what to fix."""
+        if query.answer == "entity":
+            if not self.datastore.linked:
+                raise QueryError(
+                    "answer 'entity' needs a datastore with entity links; this one has none (rebuild it with "
+                    "links, the builder's default), or ask for answer 'word'"
+                )
+            if query.retriever == "none":
+                raise QueryError("answer 'entity' searches the retrieved articles' links: use retriever bm25 or tfidf")
         return self.encoder.query_input(query.text)
 
     def local_encoding(self, inp: MaskedInput) -> QueryEncoding | None:
@@ -197,7 +210,24 @@ class AnswerPipeline:
     ) -> Assembled:  # fmt: skip
         if query.temperature is None:
             query = replace(query, temperature=self.auto_temperature)
-        return self.answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
+        if query.answer == "entity":
+            assert self.entity_answerer is not None, "check_query refuses entity answers without links"
+            return self.entity_answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
+        parts = self.answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
+        if not self.datastore.linked or not parts.predictions:
+            return parts
+        assert query.temperature is not None
+        refs = entity_of_words(
+            self.datastore, nbrs, [p.token for p in parts.predictions], self._neighbour_words(nbrs), query.temperature
+        )
+        preds = [replace(p, entity=ref) for p, ref in zip(parts.predictions, refs, strict=True)]
+        return replace(parts, predictions=preds)
+
+    def _neighbour_words(self, nbrs: Neighbours) -> dict[int, str]:
+        """The word stored at each neighbour rank, spelt as the answers spell it."""
+        if self.datastore.whole_words:
+            return {r: self.datastore.word_at(int(row)).text for r, row in enumerate(nbrs.rows.tolist())}
+        return {r: self.vocab[label] for r, label in enumerate(nbrs.labels.tolist())}
 
     def contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
         return self.reader.contexts(nbrs, ranks)

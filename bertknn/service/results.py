@@ -7,9 +7,11 @@ from typing import Literal
 
 import numpy as np
 
+from bertknn.core.format.table import EntityRef
 from bertknn.service.interpolate import AdaptiveRule, Interpolation
 
 RetrieverName = Literal["bm25", "tfidf", "none"]
+AnswerKind = Literal["word", "entity"]
 SubjectStatus = Literal["found", "redirect", "folded", "not_found"]
 
 
@@ -28,6 +30,7 @@ class Query:
     interpolation: Interpolation = "fixed"  # adaptive: lambda from `rule`, kNN skipped when the MLM is confident
     rule: AdaptiveRule | None = None  # the adaptive rule; None = AdaptiveRule() defaults
     any_token: bool = False  # rank every vocabulary entry (LAMA's protocol), not only words
+    answer: AnswerKind = "word"  # entity: p_kNN over the linked entities (datastores with links)
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,8 @@ class Prediction:
     p_mlm: float
     p_knn: float
     contexts: list[Context]
-    pieces: int = 1  # wordpieces of the answer (> 1 only from a whole-word datastore)
+    pieces: int = 1  # wordpieces of the answer (> 1 only from a whole-word datastore, or an entity's name)
+    entity: EntityRef | None = None  # the entity the answer stands for (datastores with links)
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,8 @@ class LimitSettings(BaseModel):
     max_top_k: int = Field(100, ge=1)
     max_k: int = Field(2048, ge=1)
     max_num_articles: int = Field(50, ge=1)
+    max_follow_hops: int = Field(4, ge=1, description="relations in one /follow request")
+    max_beam: int = Field(20, ge=1, description="a /follow hop's beam: queries per hop")
 
 
 class DefaultsSettings(BaseModel):

@@ -107,6 +107,35 @@ def test_slow_redis_costs_at_most_a_timeout(tiny_datastore, reference):
         server.stop()
 
 
+def test_redis_name_that_resolves_slowly_costs_at_most_a_timeout(tiny_datastore, reference, monkeypatch):
+    """A stopped container's name can take the resolver's retries to fail (getaddrinfo has no timeout of its own)."""
+    import socket
+
+    real = socket.getaddrinfo
+    stalls: list[float] = []
+
+    def slow_getaddrinfo(host, *args, **kwargs):
+        if host == "redis-gone.invalid":
+            stalls.append(time.monotonic())
+            time.sleep(4)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_getaddrinfo)
+    t_start = time.perf_counter()
+    with TestClient(_app(tiny_datastore, "redis://:pw@redis-gone.invalid:6379/0", "dns")) as c:
+        assert time.perf_counter() - t_start < 3, "start-up waited on the name resolution"
+        for q in (Q, Q2, Q):
+            t = time.perf_counter()
+            body = c.post("/predict", json=q).json()
+            assert time.perf_counter() - t < 1.5, "a request waited on the name resolution"
+            _same(body, reference, q)
+        assert c.get("/readyz").json()["cache"]["state"] == "degraded"
+        t_stop = time.perf_counter()
+    assert time.perf_counter() - t_stop < 2, "shutdown waited on the name resolution"
+    assert stalls, "the slow resolver was never reached: the test did not test anything"
+
+
 def test_corrupted_cache_values_are_detected_and_recomputed(tiny_datastore, reference):
     server = RedisServer(password="pw").start()
     try:

@@ -18,8 +18,8 @@ from bertknn.builder.corpus import (
     read_corpora,
     read_jsonl,
     read_mediawiki_xml,
-    wikitext_to_text,
 )
+from bertknn.builder.wikitext import wikitext_to_text
 from bertknn.core.errors import CorpusError
 
 NS = "http://www.mediawiki.org/xml/export-0.11/"

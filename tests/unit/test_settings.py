@@ -66,3 +66,15 @@ def test_jvm_options_apply_only_before_the_jvm_starts(monkeypatch):
     assert configure_jvm(["-Xrs", "-XX:TieredStopAtLevel=1"]) and added == ["-XX:TieredStopAtLevel=1"]
     monkeypatch.setattr(jnius_config, "vm_running", True)
     assert not configure_jvm(["-Xmx1g"]) and added == ["-XX:TieredStopAtLevel=1"]
+
+
+@pytest.mark.parametrize(
+    "argv", [[c, "--help"] for c in ("build", "train-codec", "recode", "calibrate", "validate", "merge", "add")]
+)
+def test_every_builder_command_s_help_renders(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse formats help texts with %: a description holding "j % n" once broke `build --help`."""
+    from bertknn.builder.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0 and "usage:" in capsys.readouterr().out

@@ -18,6 +18,10 @@ Layout of a datastore directory (all arrays are ``.npy``, opened with ``mmap_mod
         sentence_offsets.npy      int64   [sentences + 1]  byte offsets of each sentence in sentences.txt
         articles.json             [{"title", "id", "source", "row_start", "row_end", "sent_start", "sent_end"}]
         words.json                whole-word datastores only: [[word text, [piece ids]], ...], the shard's words
+        entity_labels.npy         int32   [rows]           datastores with links: the row's link target, an index
+                                                           into entities.txt, or -1 (no link)
+        entities.txt              UTF-8 link target titles (normalised, before redirects), one per line
+        entity_offsets.npy        int64   [entities + 1]   byte offsets of each title in entities.txt
         SHARD.json                written last inside the shard: rows and sha256 of every file above
     index/bm25/                   Lucene index (pyserini), one document per article, docid = title
     index/tfidf/                  DrQA-style hashed TF-IDF (see ``bertknn.builder.sparse_index``)
@@ -41,6 +45,13 @@ counts them as ``superseded_*``. Only shards an ``add`` made may repeat a title 
   whole word; ``labels.npy`` holds ids into the shard's own ``words.json`` (one-piece words included, so every
   label means a word). Per-shard tables keep shards self-contained (resume, merge by hard links); a word is
   identified by its text across shards. See ``bertknn.core.words``.
+
+``manifest.links`` (format version 4; absent: no links) says the rows carry entity links (docs/entities.md):
+a word target that is a link's whole anchor has the link's target in ``entity_labels.npy``; an anchor that is
+not one word target (several words, a word of many wordpieces) is a row of its own, its whole span replaced by
+one [MASK], with ``labels.npy`` -1 (no word: word answers never see it). The article table then holds an
+``entities`` table: each target resolved through the redirects, with its popularity (mentions kept as rows in
+live articles).
 """
 
 from __future__ import annotations
@@ -77,6 +88,11 @@ __all__ = [
     "ARTICLES",
     "SHARD_FILES",
     "WORDS",
+    "ENTITY_LABELS",
+    "ENTITIES",
+    "ENTITY_OFFSETS",
+    "LINK_FILES",
+    "LinkInfo",
     "OPTIONAL_SHARD_FILES",
     "INDEX_DIR",
     "BM25_DIR",
@@ -101,8 +117,9 @@ __all__ = [
 
 # 2: a block of articles may be written as several shards (parts), see ShardInfo.part
 # 3: the article table (titles, folded titles, redirects, superseding) is an SQLite file, opened not loaded
-FORMAT_VERSION = 3
-UPGRADABLE_FORMAT_VERSIONS = (1, 2)  # `python -m datastore_builder upgrade` converts them
+# 4: entity links (``Manifest.links``): rows whose label is -1 (an anchor only), entity files, the entities table
+FORMAT_VERSION = 4
+UPGRADABLE_FORMAT_VERSIONS = (1, 2, 3)  # `python -m datastore_builder upgrade` converts them
 MANIFEST = "manifest.json"
 REDIRECTS = "redirects.json"
 SHARDS_DIR = "shards"
@@ -118,7 +135,11 @@ SENTENCE_OFFSETS = "sentence_offsets.npy"
 ARTICLES = "articles.json"
 SHARD_FILES = (VECTORS, LABELS, SENTENCE_IDS, SPANS, SENTENCES, SENTENCE_OFFSETS, ARTICLES)
 WORDS = "words.json"  # whole-word datastores only
-OPTIONAL_SHARD_FILES = (WORDS,)
+ENTITY_LABELS = "entity_labels.npy"  # datastores with links only
+ENTITIES = "entities.txt"
+ENTITY_OFFSETS = "entity_offsets.npy"
+LINK_FILES = (ENTITY_LABELS, ENTITIES, ENTITY_OFFSETS)
+OPTIONAL_SHARD_FILES = (WORDS, *LINK_FILES)
 INDEX_DIR = "index"
 ARTICLE_TABLE = "articles.sqlite"  # the first version's; `add` writes index/vN/articles.sqlite
 BM25_DIR = "index/bm25"
@@ -212,6 +233,15 @@ class DistanceScale(BaseModel):
     seed: int
 
 
+class LinkInfo(BaseModel):
+    """The rows carry entity links (Wikipedia's own): see the module docstring and docs/entities.md."""
+
+    model_config = ConfigDict(frozen=True)
+    mentions: int = 0  # live rows with a link
+    anchor_rows: int = 0  # of which rows of their own (the anchor is no word target: label -1)
+    entities: int = 0  # distinct link targets after redirects (rows of the entities table)
+
+
 class SourceInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
     path: str
@@ -278,6 +308,7 @@ class Manifest(BaseModel):
     article_table: str | None = None  # relative path of this version's article table (format version 3)
     codec: CodecInfo | None = None  # None: fp16 vectors
     distance_scale: DistanceScale | None = None  # None: not measured (temperature auto falls back to the paper's 6)
+    links: LinkInfo | None = None  # None: no entity links (format version 3 and builds without links)
 
     def compute_id(self) -> str:
         """Content id: the model, the layer and every shard checksum (stable across identical builds)."""

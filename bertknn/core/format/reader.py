@@ -19,6 +19,9 @@ from bertknn.core.format.codec import READABLE_CODECS, CodeSearcher, read_codec
 from bertknn.core.format.contract import (
     ARTICLES,
     CODES,
+    ENTITIES,
+    ENTITY_LABELS,
+    ENTITY_OFFSETS,
     FORMAT_VERSION,
     LABELS,
     MANIFEST,
@@ -34,7 +37,7 @@ from bertknn.core.format.contract import (
     ShardInfo,
 )
 from bertknn.core.format.files import read_manifest
-from bertknn.core.format.table import ArticleEntry, ArticleTable, RedirectTable
+from bertknn.core.format.table import ArticleEntry, ArticleTable, EntityRef, RedirectTable
 from bertknn.core.words import WordEntry, WordTable, read_word_table
 
 
@@ -104,10 +107,33 @@ class Shard:
     def articles(self) -> list[dict]:
         return json.loads((self.dir / ARTICLES).read_text(encoding="utf-8"))
 
+    @cached_property
+    def entity_labels(self) -> np.ndarray:
+        """int32 [rows]: each row's link target (an index for `entity_title`), or -1 (datastores with links)."""
+        return self._load(ENTITY_LABELS)
+
+    @cached_property
+    def _entity_offsets(self) -> np.ndarray:
+        return self._load(ENTITY_OFFSETS)
+
+    @cached_property
+    def _entities(self) -> np.ndarray:
+        return np.asarray(np.memmap(self.dir / ENTITIES, dtype=np.uint8, mode="r"))
+
+    @property
+    def entity_count(self) -> int:
+        return len(self._entity_offsets) - 1
+
+    def entity_title(self, index: int) -> str:
+        """The normalised link target (before redirects) that ``entity_labels`` value ``index`` names."""
+        a, b = int(self._entity_offsets[index]), int(self._entity_offsets[index + 1])
+        return bytes(self._entities[a : b - 1]).decode("utf-8")  # (each title ends with a newline)
+
     def release(self) -> None:
         """Drop this shard's mappings (they are unmapped once no array still refers to them); the next use maps
         the files again."""
-        for name in ("vectors", "codes", "labels", "sentence_ids", "spans", "sentence_offsets", "_sentences", "words"):
+        for name in ("vectors", "codes", "labels", "sentence_ids", "spans", "sentence_offsets", "_sentences", "words",
+                     "entity_labels", "_entity_offsets", "_entities"):  # fmt: skip
             self.__dict__.pop(name, None)
 
     @cached_property
@@ -239,9 +265,18 @@ class Datastore:
 
         return decode(self.codec, shard.codes[rows])
 
-    def article_rows(self, titles: Iterable[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    @property
+    def linked(self) -> bool:
+        """Whether the rows carry entity links (``manifest.links``)."""
+        return self.manifest.links is not None
+
+    def article_rows(
+        self, titles: Iterable[str], answer: str = "word"
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What is stored for the given articles' rows (float16 vectors, or uint8 codes with a codec), their labels
-        and global row ids, reading only those rows."""
+        and global row ids, reading only those rows. ``answer``: ``word`` leaves out the rows that are an entity
+        link's anchor only (label -1); ``entity`` keeps only the rows with a link, their labels being the links'
+        targets (shard-local: use `entity_at` on the row ids)."""
         vecs, labels, ids = [], [], []
         for title in titles:
             entry = self.articles.get(title)
@@ -249,10 +284,20 @@ class Datastore:
                 continue
             pos = entry.shard
             shard = self.shards[pos]
-            vecs.append(shard.payload[entry.row_start : entry.row_end])
-            labels.append(shard.labels[entry.row_start : entry.row_end])
+            a, b = entry.row_start, entry.row_end
             base = self.shard_offsets[pos]
-            ids.append(np.arange(base + entry.row_start, base + entry.row_end, dtype=np.int64))
+            if self.linked:
+                lab = (shard.entity_labels if answer == "entity" else shard.labels)[a:b]
+                keep = np.flatnonzero(lab >= 0)
+                vecs.append(shard.payload[a:b][keep])
+                labels.append(lab[keep])
+                ids.append(base + a + keep.astype(np.int64))
+                continue
+            if answer == "entity":
+                continue  # (no links: no entity rows)
+            vecs.append(shard.payload[a:b])
+            labels.append(shard.labels[a:b])
+            ids.append(np.arange(base + a, base + b, dtype=np.int64))
         if not vecs:
             if self.manifest.codec is not None:
                 empty = np.zeros((0, self.manifest.codec.code_bytes), np.uint8)
@@ -292,6 +337,22 @@ class Datastore:
         pos, row = self.locate(global_row)
         shard = self.shards[pos]
         return shard.words[int(shard.labels[row])]
+
+    def entity_at(self, global_row: int) -> EntityRef | None:
+        """The entity a row links to (its title after redirects, its popularity), or None (no link)."""
+        if not self.linked:
+            return None
+        pos, row = self.locate(global_row)
+        shard = self.shards[pos]
+        local = int(shard.entity_labels[row])
+        if local < 0:
+            return None
+        target = shard.entity_title(local)
+        return self.table.entity(target) or EntityRef(self.redirects.get(target, target), 0)
+
+    def entity(self, title: str) -> EntityRef | None:
+        """An entity by (normalised) title, through a redirect: its popularity; None when nothing links to it."""
+        return self.table.entity(title) if self.linked else None
 
     def labels_at(self, global_rows: np.ndarray) -> np.ndarray:
         out = np.empty(len(global_rows), dtype=np.int32)

@@ -8,6 +8,8 @@ Tables (``SCHEMA``):
   and (shard, row_start) for the row -> article map.
 - ``redirects``: normalised source title -> target title, with the source's folded form (indexed).
 - ``meta``: the table format, the datastore content id it was made for (``Manifest.compute_id``), and counts.
+- ``entities`` (datastores with links): link target title (after redirects) -> popularity, the number of rows of
+  live articles that link to it (``Manifest.links``).
 
 Start-up reads ``meta`` only; a lookup is one B-tree search (microseconds whatever the size). The file is written
 once (to a temp name, then renamed) and never changed: readers open it ``immutable`` (no locks, no journal).
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,11 @@ CREATE TABLE entries(
     id TEXT NOT NULL, source TEXT NOT NULL, live INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE redirects(source TEXT PRIMARY KEY, target TEXT NOT NULL, folded TEXT NOT NULL) WITHOUT ROWID;
 """
+# datastores with links: every link target, resolved through the redirects, and its mentions in live articles
+ENTITIES_SCHEMA = """
+DROP TABLE IF EXISTS entities;
+CREATE TABLE entities(title TEXT PRIMARY KEY, popularity INTEGER NOT NULL) WITHOUT ROWID;
+"""
 INDEXES = """
 CREATE UNIQUE INDEX entries_live_title ON entries(title) WHERE live = 1;
 CREATE INDEX entries_live_folded ON entries(folded) WHERE live = 1;
@@ -45,6 +52,14 @@ CREATE INDEX entries_superseded ON entries(pos) WHERE live = 0;
 CREATE INDEX redirects_folded ON redirects(folded);
 """
 _COLUMNS = "title, id, source, shard, row_start, row_end, sent_start, sent_end"
+
+
+@dataclass(frozen=True)
+class EntityRef:
+    """A link target: its title after redirects and its popularity (mentions in the datastore's live articles)."""
+
+    title: str
+    popularity: int
 
 
 @dataclass(frozen=True)
@@ -213,6 +228,15 @@ class ArticleTable(Mapping[str, ArticleEntry]):
         )
         return [_entry(r) for r in rows]
 
+    def entity(self, target: str) -> EntityRef | None:
+        """The entity a link target names: the title through one redirect, with its popularity; None when the
+        table has no such entity (or no entities table)."""
+        if self.meta.get("entities") is None:
+            return None
+        title = self.redirects.get(target, target)
+        row = self._one("SELECT title, popularity FROM entities WHERE title = ?", (title,))
+        return None if row is None else EntityRef(str(row[0]), int(row[1]))
+
     def close(self) -> None:
         self._cons.close()
 
@@ -227,11 +251,14 @@ def write_article_table(
     *,
     content_id: str,
     base: Path | None = None,
+    mentions: Callable[[int, list[tuple[int, int]]], tuple[dict[str, int], int]] | None = None,
 ) -> dict[str, int]:
     """Write the table for ``shards`` (position, the shard's ``articles.json`` entries) to ``path`` atomically.
 
     ``base``: an earlier version's table to extend (``add``): its entries are kept, titles that ``shards`` repeat
-    become superseded, and ``redirects`` are merged over its own. Returns the counts written to ``meta``.
+    become superseded, and ``redirects`` are merged over its own. ``mentions``: for a datastore with links,
+    (shard position, row ranges of its live articles) -> (mentions per link target, anchor-only rows); the
+    ``entities`` table is (re)made from it over every live article. Returns the counts written to ``meta``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -283,7 +310,10 @@ def write_article_table(
                 "CREATE UNIQUE INDEX entries_live_title ON entries(title) WHERE live = 1;"
                 "CREATE INDEX entries_live_folded ON entries(folded) WHERE live = 1;"
             )
+        if mentions is not None:
+            counts_links = _write_entities(con, mentions)
         counts = {
+            **(counts_links if mentions is not None else {}),
             "articles": int(con.execute("SELECT count(*) FROM entries WHERE live = 1").fetchone()[0]),
             "entries": int(con.execute("SELECT count(*) FROM entries").fetchone()[0]),
             "redirects": int(con.execute("SELECT count(*) FROM redirects").fetchone()[0]),
@@ -311,3 +341,27 @@ def write_article_table(
         tmp.unlink(missing_ok=True)
         raise
     return counts
+
+
+def _write_entities(
+    con: sqlite3.Connection, mentions: Callable[[int, list[tuple[int, int]]], tuple[dict[str, int], int]]
+) -> dict[str, int]:
+    """The ``entities`` table from every live article's rows (targets resolved through one redirect)."""
+    con.executescript(ENTITIES_SCHEMA + "DROP TABLE IF EXISTS temp.raw; CREATE TEMP TABLE raw(title TEXT, n INTEGER);")
+    total = anchors = 0
+    by_shard: dict[int, list[tuple[int, int]]] = {}
+    for shard, a, b in con.execute("SELECT shard, row_start, row_end FROM entries WHERE live = 1 ORDER BY shard, row_start"):
+        by_shard.setdefault(int(shard), []).append((int(a), int(b)))
+    with con:
+        for shard, ranges in by_shard.items():
+            found, anchor_rows = mentions(shard, ranges)
+            anchors += anchor_rows
+            total += sum(found.values())
+            con.executemany("INSERT INTO temp.raw(title, n) VALUES (?, ?)", found.items())
+        con.execute(
+            "INSERT INTO entities(title, popularity) SELECT coalesce(r.target, raw.title), sum(raw.n) FROM temp.raw "
+            "LEFT JOIN redirects r ON r.source = raw.title GROUP BY 1"
+        )
+        con.execute("DROP TABLE temp.raw")
+    entities = int(con.execute("SELECT count(*) FROM entities").fetchone()[0])
+    return {"mentions": total, "anchor_rows": anchors, "entities": entities}

@@ -11,8 +11,12 @@ from bertknn.core.errors import DatastoreError
 from bertknn.core.format.contract import (
     ARTICLES,
     CODES,
+    ENTITIES,
+    ENTITY_LABELS,
+    ENTITY_OFFSETS,
     FORMAT_VERSION,
     LABELS,
+    LINK_FILES,
     MANIFEST,
     REDIRECTS,
     SENTENCE_IDS,
@@ -300,6 +304,33 @@ def validate_parts(where_from: Path, shards: list[ShardInfo]) -> list[str]:
     return []
 
 
+def _check_links(shard: Shard, manifest: Manifest) -> str | None:
+    """A datastore with links: every shard has the link files, row-aligned and in range; a row without a word
+    label (-1) is an anchor, so it has a link. Without links: no link files."""
+    d = shard.dir
+    present = [n for n in LINK_FILES if n in shard.info.files]
+    if manifest.links is None:
+        return f"{d}: has {present[0]} but the manifest records no links; rebuild the datastore" if present else None
+    if len(present) != len(LINK_FILES):
+        missing = next(n for n in LINK_FILES if n not in shard.info.files)
+        return f"{d}: lacks {missing}, and the manifest records links; rebuild this shard"
+    try:
+        ent, offs, lab = shard.entity_labels, shard._entity_offsets, shard.labels
+    except DatastoreError as exc:
+        return str(exc)
+    if ent.shape != (shard.info.rows,) or ent.dtype != np.int32:
+        return f"{d / ENTITY_LABELS}: shape {ent.shape} {ent.dtype}, expected ({shard.info.rows},) int32"
+    if offs.ndim != 1 or offs.dtype != np.int64 or len(offs) < 1 or offs[0] != 0:
+        return f"{d / ENTITY_OFFSETS}: expected int64 offsets starting at 0"
+    if int(offs[-1]) != (d / ENTITIES).stat().st_size:
+        return f"{d / ENTITY_OFFSETS}: last offset {int(offs[-1])} != size of {ENTITIES}"
+    if len(ent) and (ent.min() < -1 or ent.max() >= len(offs) - 1):
+        return f"{d / ENTITY_LABELS}: entity index outside [-1, {len(offs) - 1})"
+    if len(ent) and bool(((lab < 0) & (ent < 0)).any()):
+        return f"{d / LABELS}: a row has neither a word label nor a link; rebuild this shard"
+    return None
+
+
 def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
     d = shard.dir
     rows = shard.info.rows
@@ -329,6 +360,12 @@ def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
     for name, (shape, want_shape, dtype, want_dtype) in expect.items():
         if shape != want_shape or dtype != want_dtype:
             return [f"{d / name}: shape {shape} {dtype}, expected {want_shape} {np.dtype(want_dtype)}"]
+    link_problem = _check_links(shard, manifest)
+    if link_problem:
+        return [link_problem]
+    word_rows = lab
+    if manifest.links is not None and rows:
+        word_rows = lab[lab >= 0]  # (-1: an entity link's anchor only, checked by _check_links)
     whole = manifest.targets == "whole-word"
     if whole != (WORDS in shard.info.files):
         what = "has no" if whole else "has a"
@@ -341,9 +378,9 @@ def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
         problem = check_word_table(words, manifest.model.vocab_size)
         if problem:
             return [f"{d / WORDS}: {problem}"]
-        if rows and (lab.min() < 0 or lab.max() >= len(words)):
+        if len(word_rows) and (word_rows.min() < 0 or word_rows.max() >= len(words)):
             return [f"{d / LABELS}: label outside the word table [0, {len(words)})"]
-    elif rows and (lab.min() < 0 or lab.max() >= manifest.model.vocab_size):
+    elif len(word_rows) and (word_rows.min() < 0 or word_rows.max() >= manifest.model.vocab_size):
         return [f"{d / LABELS}: label outside the vocabulary [0, {manifest.model.vocab_size})"]
     if rows and (sid.min() < 0 or sid.max() >= shard.info.sentences):
         return [f"{d / SENTENCE_IDS}: sentence id outside [0, {shard.info.sentences})"]

@@ -26,13 +26,17 @@ from bertknn.core.errors import (
     ReloadError,
     RetrieverUnavailable,
     Unauthorized,
+    UnknownSubject,
 )
-from bertknn.service.api.schemas import BatchRequest, PredictRequest
+from bertknn.service.api.schemas import BatchRequest, FollowRequest, PredictRequest
 
 logger = logging.getLogger(__name__)
 # the names a request body may use: an unknown one is answered with the closest of these
 REQUEST_FIELDS: tuple[str, ...] = tuple(
-    sorted({*PredictRequest.model_json_schema(by_alias=True)["properties"], *BatchRequest.model_fields})
+    sorted({
+        *PredictRequest.model_json_schema(by_alias=True)["properties"], *BatchRequest.model_fields,
+        *FollowRequest.model_json_schema(by_alias=True)["properties"],
+    })  # fmt: skip
 )
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 INTERNAL_MESSAGE = "internal error; the request id identifies it in the server log"
@@ -40,6 +44,7 @@ INTERNAL_MESSAGE = "internal error; the request id identifies it in the server l
 # the one table: error class -> (HTTP status, error code). A subclass not listed takes its nearest listed base.
 ERROR_TABLE: dict[type[BertKnnError], tuple[int, str]] = {
     QueryError: (422, "invalid_query"),
+    UnknownSubject: (422, "unknown_subject"),
     InvalidRequest: (422, "invalid_request"),
     AdaptiveRuleError: (422, "invalid_request"),
     RetrieverUnavailable: (422, "retriever_unavailable"),

@@ -24,14 +24,14 @@ from bertknn.service.results import Answer, Query
 from bertknn.service.settings import ServiceSettings
 
 router = APIRouter()
-_ERRORS: dict[int | str, dict[str, Any]] = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "body too large"},
     422: {"model": ErrorBody, "description": "invalid request or query (the message says what to fix)"},
     503: {"model": ErrorBody, "description": "not ready, or overloaded (see Retry-After)"},
 }
 
 
-def _temperature(value: float | str) -> float | None:
+def temperature_value(value: float | str) -> float | None:
     """A number, or None for auto (the pipeline applies the datastore's own)."""
     return None if value == "auto" else float(value)
 
@@ -49,13 +49,14 @@ def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
         retriever=req.retriever or d.retriever,
         num_articles=req.num_articles or d.num_articles,
         k=req.k or d.k,
-        temperature=_temperature(req.temperature if req.temperature is not None else d.temperature),
+        temperature=temperature_value(req.temperature if req.temperature is not None else d.temperature),
         lambda_=req.lambda_ if req.lambda_ is not None else d.lambda_,
         return_contexts=req.return_contexts,
         contexts_per_answer=req.contexts_per_answer,
         any_token=req.any_token,
         interpolation=interpolation,
         rule=d.adaptive_rule,
+        answer=req.answer,
     )
     checks = [
         ("text", len(q.text), lim.max_text_chars, "characters"),
@@ -82,6 +83,7 @@ def response_fields(answer: Answer, identity: dict) -> dict[str, Any]:
                 "contexts": p.contexts,
                 "multi_piece": p.pieces > 1,
                 "pieces": p.pieces,
+                "entity": p.entity,
             }
             for p in answer.predictions
         ],
@@ -104,7 +106,7 @@ def to_response(answer: Answer, identity: dict) -> PredictResponse:
     return PredictResponse.model_validate(response_fields(answer, identity), from_attributes=True)
 
 
-@router.post("/predict", response_model=PredictResponse, responses=_ERRORS, summary="Answer one cloze question")
+@router.post("/predict", response_model=PredictResponse, responses=ERRORS, summary="Answer one cloze question")
 async def predict(body: PredictRequest, answerer: AnswererDep, resources: ResourcesDep) -> PredictResponse:
     query = to_query(body, resources.settings)
     with answerer.lease() as pipe:  # one datastore version for the whole request, even across a live reload
@@ -112,7 +114,7 @@ async def predict(body: PredictRequest, answerer: AnswererDep, resources: Resour
         return to_response(answer, pipe.identity())
 
 
-@router.post("/predict/batch", response_model=BatchResponse, responses=_ERRORS, summary="Answer several questions")
+@router.post("/predict/batch", response_model=BatchResponse, responses=ERRORS, summary="Answer several questions")
 async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: ResourcesDep) -> BatchResponse:
     limit = resources.settings.limits.max_batch_queries
     if len(body.queries) > limit:

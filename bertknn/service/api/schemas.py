@@ -45,6 +45,42 @@ class PredictRequest(BaseModel):
         "the LAMA probe does; by default answers are words"
     )
     contexts_per_answer: int = Field(3, ge=0, le=20)
+    answer: Literal["word", "entity"] = Field(
+        "word",
+        description="word: answers are words (the paper's); entity: answers are Wikipedia entities, voted for by the "
+        "neighbours linked to them whatever their surface form (datastores with links; docs/entities.md)",
+    )
+
+
+_FOLLOW_EXAMPLE: Any = {
+    "subject": "Galileo Galilei",
+    "relations": ["[X] was born in [Y] .", "[X] is located in [Y] ."],
+    "top_k": 5,
+    "beam": 5,
+}
+
+
+class FollowRequest(BaseModel):
+    """Multi-hop relation following from one entity (docs/entities.md): each hop's template is asked of the
+    previous hop's most probable entities, restricted to their own articles."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, populate_by_name=True, json_schema_extra={"examples": [_FOLLOW_EXAMPLE]}
+    )
+
+    subject: str = Field(..., min_length=1, max_length=300, description="the entity to start from: a title")
+    relations: list[Annotated[str, Field(min_length=1, max_length=500)]] = Field(
+        ..., min_length=1, description="one template per hop, each with one [X] (the entity) and one [Y] (the answer); "
+        "at most limits.max_follow_hops"
+    )
+    top_k: int = Field(10, ge=1, description="entities returned per hop and answers (at most limits.max_top_k)")
+    beam: int = Field(5, ge=1, description="entities of a hop that the next hop starts from (at most limits.max_beam)")
+    retriever: RetrieverName | None = Field(None, description="ranker for an entity without an article (default bm25)")
+    num_articles: int | None = Field(None, ge=1, description="N articles for an entity without an article (default 3)")
+    k: int | None = Field(None, ge=1, description="neighbours per hop query (default 128)")
+    temperature: Annotated[float, Field(gt=0, le=1000)] | Literal["auto"] | None = None
+    lambda_: float | None = Field(None, ge=0, le=1, alias="lambda", description="kNN weight (default 0.3)")
+    contexts_per_answer: int = Field(2, ge=0, le=20, description="supporting sentences per entity and step")
 
 
 class BatchRequest(BaseModel):
@@ -59,14 +95,22 @@ class ContextOut(BaseModel):
     rank: int
 
 
+class EntityOut(BaseModel):
+    title: str = Field(..., description="the entity's Wikipedia title (after redirects)")
+    popularity: int = Field(..., description="links to it kept in the datastore's live articles")
+
+
 class PredictionOut(BaseModel):
-    token: str
+    token: str = Field(..., description="the answer: a word, or an entity's title (answer: entity)")
     prob: float
     p_mlm: float
     p_knn: float
     contexts: list[ContextOut]
     multi_piece: bool = Field(False, description="the answer is a word of several wordpieces (whole-word datastores)")
     pieces: int = Field(1, ge=1, description="wordpieces of the answer")
+    entity: EntityOut | None = Field(
+        None, description="the entity the answer stands for (datastores with links; null when none is known)"
+    )
 
 
 class TokenProbOut(BaseModel):
@@ -160,3 +204,32 @@ class ReloadResponse(BaseModel):
     datastore: DatastoreIdentity = Field(..., description="the version now serving")
     seconds: float = Field(..., description="time to open the new version (validation, indexes)")
     draining: int = Field(0, description="requests still finishing on the previous version")
+
+
+class FollowEntityOut(BaseModel):
+    title: str
+    prob: float
+    contexts: list[ContextOut]
+
+
+class FollowHopOut(BaseModel):
+    relation: str
+    entities: list[FollowEntityOut] = Field(..., description="the hop's weighted set of entities, most probable first")
+
+
+class FollowAnswerOut(BaseModel):
+    title: str
+    prob: float = Field(..., description="the mass of the paths that reach this entity")
+    path: list[FollowEntityOut] = Field(
+        ..., description="the subject, then the entity each hop went through (its probability at that hop and the "
+        "sentences that support the step)"
+    )
+
+
+class FollowResponse(BaseModel):
+    subject: str = Field(..., description="the subject's title, as resolved")
+    hops: list[FollowHopOut]
+    answers: list[FollowAnswerOut]
+    timings_ms: dict[str, float]
+    model: ModelIdentity
+    datastore: DatastoreIdentity

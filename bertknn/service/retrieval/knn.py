@@ -51,6 +51,7 @@ class ArticleSearch:
     vectors: np.ndarray | None  # other rows: float32, searched with faiss.knn
     codes: np.ndarray | None = None  # a datastore with a codec: the rows' codes, searched by `searcher`
     searcher: CodeSearcher | None = None
+    answer: str = "word"  # which rows: words, or entity links (`Datastore.article_rows`)
 
     def search(self, query: np.ndarray, k: int) -> Neighbours:
         n = len(self.rows)
@@ -79,13 +80,15 @@ class RestrictedKnn:
     def __init__(self, datastore: Datastore):
         self.datastore = datastore
 
-    def prepare(self, titles: list[str]) -> ArticleSearch:
-        """The articles' rows, read and indexed for `ArticleSearch.search` (titles without rows are left out)."""
-        vectors, labels, rows = self.datastore.article_rows(titles)
+    def prepare(self, titles: list[str], answer: str = "word") -> ArticleSearch:
+        """The articles' rows, read and indexed for `ArticleSearch.search` (titles without rows are left out);
+        ``answer``: ``entity`` takes the rows with an entity link only."""
+        vectors, labels, rows = self.datastore.article_rows(titles, answer)
+        t = tuple(titles)
         if len(rows) == 0:
-            return ArticleSearch(tuple(titles), labels, rows, None, None)
+            return ArticleSearch(t, labels, rows, None, None, answer=answer)
         if self.datastore.code_searcher is not None:
-            return ArticleSearch(tuple(titles), labels, rows, None, None, vectors, self.datastore.code_searcher)
+            return ArticleSearch(t, labels, rows, None, None, vectors, self.datastore.code_searcher, answer)
         if vectors.dtype == np.float16:
-            return ArticleSearch(tuple(titles), labels, rows, fp16_index(vectors), None)
-        return ArticleSearch(tuple(titles), labels, rows, None, np.ascontiguousarray(vectors, dtype=np.float32))
+            return ArticleSearch(t, labels, rows, fp16_index(vectors), None, answer=answer)
+        return ArticleSearch(t, labels, rows, None, np.ascontiguousarray(vectors, dtype=np.float32), answer=answer)

@@ -34,7 +34,7 @@ class NeighbourFinder:
         service runs this next to the retrieval, during the forward pass); None when there is nothing to prepare."""
         if query.retriever == "none" or not articles:
             return None
-        return self.knn.prepare([a.title for a in articles])
+        return self.knn.prepare([a.title for a in articles], query.answer)
 
     def neighbours(
         self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], search: ArticleSearch | None = None
@@ -46,8 +46,8 @@ class NeighbourFinder:
         if not articles:
             return EMPTY
         titles = [a.title for a in articles]
-        if search is None or search.titles != tuple(titles):
-            search = self.knn.prepare(titles)
+        if search is None or search.titles != tuple(titles) or search.answer != query.answer:
+            search = self.knn.prepare(titles, query.answer)
         return search.search(vec, query.k)
 
     def _global_search(self, vec: np.ndarray, k: int) -> Neighbours:
@@ -64,7 +64,9 @@ class NeighbourFinder:
         exact = ((vectors - vec[None, :]) ** 2).sum(axis=1)
         order = np.argsort(exact, kind="stable")
         rows = rows[order]
-        return Neighbours(exact[order].astype(np.float32), rows, self.datastore.labels_at(rows))
+        labels = self.datastore.labels_at(rows)
+        word = labels >= 0  # (an entity link's anchor-only row is no word)
+        return Neighbours(exact[order][word].astype(np.float32), rows[word], labels[word])
 
     def _row_vector(self, global_row: int) -> np.ndarray:
         pos, row = self.datastore.locate(global_row)

@@ -1,0 +1,95 @@
+"""``POST /follow``: multi-hop relation following (`bertknn.service.follow`), thin as the other routes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter
+
+from bertknn.core.errors import InvalidRequest, QueryError, UnknownSubject
+from bertknn.core.titles import normalize_title
+from bertknn.service.api.deps import AnswererDep, ResourcesDep
+from bertknn.service.api.routes import ERRORS, temperature_value
+from bertknn.service.api.schemas import FollowRequest, FollowResponse
+from bertknn.service.follow import FollowResult, check_template, follow
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Answer, Query
+from bertknn.service.retrieval.subject import SubjectResolver
+from bertknn.service.settings import ServiceSettings
+
+router = APIRouter()
+
+
+def base_query(req: FollowRequest, settings: ServiceSettings) -> Query:
+    """The options every hop's queries share (text and subject are set per hop)."""
+    d, lim = settings.defaults, settings.limits
+    checks = [
+        ("relations", len(req.relations), lim.max_follow_hops, "hops"),
+        ("top_k", req.top_k, lim.max_top_k, ""),
+        ("beam", req.beam, lim.max_beam, ""),
+        ("k", req.k or d.k, lim.max_k, ""),
+        ("num_articles", req.num_articles or d.num_articles, lim.max_num_articles, ""),
+    ]
+    for name, value, limit, unit in checks:
+        if value > limit:
+            raise InvalidRequest(f"{name}: {value} {unit} exceeds this server's limit of {limit}".replace("  ", " "))
+    for i, template in enumerate(req.relations):
+        check_template(template, i)
+    return Query(
+        text="",
+        retriever=req.retriever or d.retriever,
+        num_articles=req.num_articles or d.num_articles,
+        k=req.k or d.k,
+        temperature=temperature_value(req.temperature if req.temperature is not None else d.temperature),
+        lambda_=req.lambda_ if req.lambda_ is not None else d.lambda_,
+        contexts_per_answer=req.contexts_per_answer,
+        return_contexts=req.contexts_per_answer > 0,
+        answer="entity",
+    )
+
+
+def resolve_subject(pipe: AnswerPipeline, subject: str) -> str:
+    """The subject's article title (exact, redirect, folded), else a linked entity's title; UnknownSubject if none."""
+    title = SubjectResolver(pipe.datastore).resolve(subject)
+    if title is not None:
+        return title
+    ref = pipe.datastore.entity(normalize_title(subject))
+    if ref is not None:
+        return ref.title
+    raise UnknownSubject(
+        f"subject: {subject!r} is neither an article nor a linked entity of this datastore; give a Wikipedia title"
+    )
+
+
+def to_response(result: FollowResult, seconds: float, identity: dict) -> FollowResponse:
+    body: dict[str, Any] = {
+        "subject": result.subject,
+        "hops": [asdict(h) for h in result.hops],
+        "answers": [asdict(a) for a in result.answers],
+        "timings_ms": {"total": round(seconds * 1000, 3)},
+        **identity,
+    }
+    return FollowResponse.model_validate(body)
+
+
+@router.post("/follow", response_model=FollowResponse, responses=ERRORS, summary="Follow relations from an entity")
+async def follow_route(body: FollowRequest, answerer: AnswererDep, resources: ResourcesDep) -> FollowResponse:
+    base = base_query(body, resources.settings)
+    t0 = time.perf_counter()
+    with answerer.lease() as pipe:  # one datastore version for every hop
+        if not pipe.datastore.linked:
+            raise QueryError(
+                "/follow needs a datastore with entity links; this one has none (rebuild it with links, the "
+                "builder's default)"
+            )
+        subject = resolve_subject(pipe, body.subject)
+
+        async def ask(queries: list[Query]) -> list[Answer]:
+            inputs = [pipe.check_query(q) for q in queries]
+            return await answerer.answer_many(queries, inputs, pipeline=pipe)
+
+        lower = pipe.entity_answerer is not None and pipe.entity_answerer.lower
+        result = await follow(subject, body.relations, top_k=body.top_k, beam=body.beam, lower=lower, base=base, ask=ask)
+        return to_response(result, time.perf_counter() - t0, pipe.identity())

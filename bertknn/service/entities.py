@@ -1,0 +1,151 @@
+"""Entity answers over a datastore with links (docs/entities.md): p_kNN over entities, p_MLM of their names.
+
+Neighbours: the restricted kNN over the retrieved articles' rows that carry a link (``answer: entity``), so every
+neighbour names an entity (its link target, resolved through the redirects).
+
+p_kNN(e) = the sum of softmax(-d/l) over the neighbours linked to e, whatever the anchor's words or number of
+wordpieces: the same arithmetic as for words, with entities as labels.
+
+p_MLM(e): the entity's surface form is its title without a trailing parenthetical ("Paris (mythology)" ->
+"Paris"), lower-cased for an uncased model. A surface of one wordpiece takes p_MLM at the query's [MASK]; one of m
+wordpieces is scored by the whole-word machinery (`bertknn.service.words`: m masks, sequential fill, the product
+of the pieces' probabilities). Candidates are the neighbours' entities only: the MLM has no list of entities.
+
+p(e) = lambda p_kNN(e) + (1 - lambda) p_MLM(e), ranked over the candidates. Word answers (the default) also say
+which entity a word stands for: `entity_of_words`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertknn.core.format import Datastore
+from bertknn.core.format.table import EntityRef
+from bertknn.core.titles import fold_title, normalize_title
+from bertknn.service.answer import ContextReader, lambda_for
+from bertknn.service.codec import QueryEncoding
+from bertknn.service.interpolate import interpolate, knn_distribution, top_k
+from bertknn.service.results import ArticleHit, Assembled, Prediction, Query, TokenProb
+from bertknn.service.retrieval.knn import Neighbours
+from bertknn.service.words import WordAnswerer
+
+_PARENTHETICAL = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def surface_form(title: str, lower: bool) -> str:
+    """What an entity is called in running text: its title without a trailing "(...)"."""
+    text = _PARENTHETICAL.sub("", title).strip() or title
+    return text.lower() if lower else text
+
+
+class EntityAnswerer:
+    """``answer: entity``: the neighbours' entities, scored as the module docstring says."""
+
+    def __init__(self, datastore: Datastore, words: WordAnswerer, reader: ContextReader):
+        self.datastore = datastore
+        self.words = words  # the whole-word machinery (sequential fill), shared
+        self.reader = reader
+        tok = words.encoder.tokenizer
+        self.lower = bool(getattr(tok, "do_lower_case", False))  # the model is uncased: names are lower-cased
+
+    def pieces(self, title: str) -> tuple[int, ...]:
+        tok = self.words.encoder.tokenizer
+        return tuple(int(i) for i in tok(surface_form(title, self.lower), add_special_tokens=False)["input_ids"])
+
+    def candidates(self, nbrs: Neighbours) -> tuple[list[EntityRef], np.ndarray]:
+        """The neighbours' entities (nearest first, each once by title) and each neighbour's candidate index."""
+        found: list[EntityRef] = []
+        index: dict[str, int] = {}
+        labels = np.empty(len(nbrs), dtype=np.int64)
+        for n, row in enumerate(nbrs.rows.tolist()):
+            ref = self.datastore.entity_at(int(row))
+            assert ref is not None, "entity answers search linked rows only"
+            c = index.get(ref.title)
+            if c is None:
+                c = index[ref.title] = len(found)
+                found.append(ref)
+            labels[n] = c
+        return found, labels
+
+    def mlm_probs(self, query: Query, enc: QueryEncoding, entities: Sequence[EntityRef]) -> np.ndarray:
+        token_p = enc.p_mlm()
+        out = np.zeros(len(entities), dtype=np.float64)
+        multi: list[int] = []
+        multi_pieces: list[tuple[int, ...]] = []
+        for i, e in enumerate(entities):
+            pieces = self.pieces(e.title)
+            if len(pieces) == 1:
+                out[i] = float(token_p[pieces[0]])
+            elif pieces:
+                multi.append(i)
+                multi_pieces.append(pieces)
+        if multi:
+            out[multi] = self.words.fill_probs(query.text, multi_pieces)
+        return out
+
+    def answer(
+        self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *, with_distributions: bool
+    ) -> Assembled:
+        assert query.temperature is not None, "the pipeline resolves temperature auto"
+        entities, labels = self.candidates(nbrs)
+        p_mlm = self.mlm_probs(query, enc, entities).astype(np.float32)
+        p_knn = knn_distribution(nbrs.distances, labels, len(entities), query.temperature)
+        lam = lambda_for(query, p_mlm, p_knn, nbrs)
+        p = interpolate(p_knn, p_mlm, lam)
+        preds = []
+        for c, prob in top_k(p, query.top_k):
+            e = entities[c]
+            ranks = np.flatnonzero(labels == c)[: query.contexts_per_answer].tolist() if query.return_contexts else []
+            preds.append(
+                Prediction(
+                    e.title, -1, prob, float(p_mlm[c]), float(p_knn[c]), self.reader.contexts(nbrs, ranks),
+                    max(1, len(self.pieces(e.title))), e,
+                )
+            )  # fmt: skip
+        mlm = [TokenProb(entities[c].title, pr) for c, pr in top_k(p_mlm, query.top_k)]
+        knn = [TokenProb(entities[c].title, pr) for c, pr in top_k(p_knn, query.top_k, nonzero=True)]
+        return Assembled(preds, mlm, knn, lam, None, self.reader.articles_seen(query, nbrs, articles))
+
+
+def entity_of_words(
+    datastore: Datastore, nbrs: Neighbours, words: Sequence[str], word_at: dict[int, str], temperature: float
+) -> list[EntityRef | None]:
+    """For each answer word, the entity it stands for: among the neighbours stored with that word, the entity their
+    links name with the most kNN weight (softmax(-d/l), as p_kNN); else the entity titled like the word; else None.
+
+    ``word_at``: the word stored at each neighbour rank (what the answerer compared with the answers)."""
+    if not datastore.linked:
+        return [None] * len(words)
+    votes: dict[str, dict[str, tuple[float, EntityRef]]] = {}
+    wanted = set(words)
+    d0 = float(nbrs.distances[0]) if len(nbrs) else 0.0
+    for rank, row in enumerate(nbrs.rows.tolist()):
+        word = word_at.get(rank)
+        if word not in wanted:
+            continue
+        ref = datastore.entity_at(int(row))
+        if ref is None:
+            continue
+        weight = math.exp(-(float(nbrs.distances[rank]) - d0) / temperature)
+        held = votes.setdefault(word, {}).get(ref.title)
+        votes[word][ref.title] = ((held[0] if held else 0.0) + weight, ref)
+    out: list[EntityRef | None] = []
+    for word in words:
+        if word in votes:
+            out.append(max(votes[word].values(), key=lambda v: (v[0], v[1].popularity))[1])
+        else:
+            out.append(_titled(datastore, word))
+    return out
+
+
+def _titled(datastore: Datastore, word: str) -> EntityRef | None:
+    """The entity titled like ``word`` (exactly, else ignoring case and accents), or None."""
+    ref = datastore.entity(normalize_title(word))
+    if ref is not None:
+        return ref
+    entries = datastore.articles.folded(fold_title(word))
+    return datastore.entity(entries[0].title) if entries else None

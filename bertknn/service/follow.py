@@ -1,0 +1,143 @@
+"""Multi-hop relation following (DrKIT's ``X.follow(R1).follow(R2)``) with BERT-kNN's entity answers.
+
+Hop 1 asks the first template with ``[X]`` = the subject's name, restricted to the subject's article (the
+subject rule; BM25's articles when it has none), with ``answer: entity``: a weighted set of entities. Each next hop
+asks the next template once for each of the ``beam`` most probable entities of the previous hop (all in one
+batch: one forward pass), restricted to that entity's article; each result is weighted by its entity's
+probability and the weighted results are summed:
+
+    P_{h+1}(a) = sum over e in beam(P_h) of P_h(e) * p(a | e, R_{h+1})
+
+where p(a | e, R) is the entity answer's p for the query "R with [X] = e". The beam keeps the probabilities as
+they are (not renormalised), so an answer's probability is the mass of the paths that reach it. Each answer
+keeps its best path: the entity of every hop that contributed most, with the sentences that support each step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from bertknn.core.errors import InvalidRequest
+from bertknn.service.entities import surface_form
+from bertknn.service.results import Answer, Context, Query
+
+_X, _Y = "[X]", "[Y]"
+_MASK = re.compile(r"\[mask\]", re.IGNORECASE)
+
+
+def check_template(template: str, i: int) -> None:
+    """A relation template has exactly one [X] and one [Y], and no [MASK] of its own."""
+    nx, ny = template.count(_X), template.count(_Y)
+    if nx != 1 or ny != 1:
+        raise InvalidRequest(
+            f"relations.{i}: a template needs exactly one [X] (the entity) and one [Y] (the answer); "
+            f"{template!r} has {nx} [X] and {ny} [Y]"
+        )
+    if _MASK.search(template):
+        raise InvalidRequest(f"relations.{i}: write the answer's place as [Y], not [MASK]")
+
+
+def fill(template: str, entity_title: str, lower: bool) -> str:
+    """The cloze question of one hop: [X] = the entity's name, [Y] = [MASK]."""
+    return template.replace(_X, surface_form(entity_title, lower)).replace(_Y, "[MASK]")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One hop of a path: the entity reached, its probability at that hop, the sentences that support it."""
+
+    title: str
+    prob: float
+    contexts: list[Context] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HopEntity:
+    title: str
+    prob: float
+    contexts: list[Context]
+    via: str | None  # the previous hop's entity that contributed most (None at hop 1: the subject)
+
+
+@dataclass(frozen=True)
+class Hop:
+    relation: str
+    entities: list[HopEntity]  # most probable first
+
+
+@dataclass(frozen=True)
+class FollowAnswer:
+    title: str
+    prob: float
+    path: list[Step]  # one step per hop, the subject first
+
+
+@dataclass(frozen=True)
+class FollowResult:
+    subject: str
+    hops: list[Hop]
+    answers: list[FollowAnswer]
+
+
+def combine(parents: Sequence[tuple[str, float]], results: Sequence[Sequence[tuple[str, float, list[Context]]]]) -> list[HopEntity]:
+    """One hop's weighted set: ``results[i]`` is the entity answer (title, p, contexts) of parent ``parents[i]``
+    (title, weight); P(a) = sum_i weight_i * p_i(a), each entity keeping the parent that gave it most."""
+    total: dict[str, float] = {}
+    best: dict[str, tuple[float, str, list[Context]]] = {}
+    for (parent, weight), answers in zip(parents, results, strict=True):
+        for title, p, contexts in answers:
+            share = weight * p
+            total[title] = total.get(title, 0.0) + share
+            if title not in best or share > best[title][0]:
+                best[title] = (share, parent, contexts)
+    ranked = sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))
+    return [HopEntity(t, p, best[t][2], best[t][1]) for t, p in ranked]
+
+
+def paths(subject: str, hops: Sequence[Hop], top_k: int) -> list[FollowAnswer]:
+    """The last hop's entities with the path each came through (back along ``via``)."""
+    index = [{e.title: e for e in hop.entities} for hop in hops]
+    out = []
+    for e in hops[-1].entities[:top_k]:
+        chain: list[HopEntity] = [e]
+        for h in range(len(hops) - 1, 0, -1):
+            via = chain[-1].via
+            if via is None or via not in index[h - 1]:
+                break
+            chain.append(index[h - 1][via])
+        steps = [Step(subject, 1.0)] + [Step(x.title, x.prob, x.contexts) for x in reversed(chain)]
+        out.append(FollowAnswer(e.title, e.prob, steps))
+    return out
+
+
+async def follow(
+    subject: str,
+    relations: Sequence[str],
+    *,
+    top_k: int,
+    beam: int,
+    lower: bool,
+    base: Query,
+    ask: Callable[[list[Query]], Awaitable[list[Answer]]],
+) -> FollowResult:
+    """Follow ``relations`` from ``subject`` (a resolved title). ``ask`` answers a batch of entity queries (one
+    forward pass); ``base``: the query options of every hop (k, temperature, lambda, retriever...)."""
+    parents: list[tuple[str, float]] = [(subject, 1.0)]
+    hops: list[Hop] = []
+    for h, relation in enumerate(relations):
+        queries = [
+            replace(base, text=fill(relation, title, lower), subject=title, answer="entity", top_k=max(top_k, beam))
+            for title, _ in parents
+        ]
+        answers = await ask(queries)
+        results = [[(p.token, p.prob, p.contexts) for p in a.predictions] for a in answers]
+        entities = combine(parents, results)
+        if h == 0:
+            entities = [HopEntity(e.title, e.prob, e.contexts, None) for e in entities]
+        hops.append(Hop(relation, entities))
+        parents = [(e.title, e.prob) for e in entities[:beam]]
+        if not parents:
+            break
+    return FollowResult(subject, [Hop(h.relation, h.entities[:top_k]) for h in hops], paths(subject, hops, top_k))

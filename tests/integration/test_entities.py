@@ -1,0 +1,223 @@
+"""Entities from links, end to end on a tiny corpus of made-up entities whose names are several wordpieces: the
+builder keeps the links (JSON lines and a MediaWiki dump with a redirect), /predict answers entities, /follow
+follows two relations, and add/merge keep the entity table right."""
+
+from __future__ import annotations
+
+import bz2
+import shutil
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from bertknn.builder.merge import merge_slices
+from bertknn.builder.settings import AddSettings
+from bertknn.builder.update import add_articles
+from bertknn.core.format import Datastore, read_manifest, validate_datastore
+from bertknn.service.main import create_app
+from bertknn.service.settings import ServiceSettings
+from tests.conftest import build_tiny, corpus_words, make_tiny_bert, write_jsonl
+from tests.integration.test_builder import wiki_page
+
+
+def linked(page_id: str, title: str, text: str, anchors: list[tuple[str, str]]) -> dict:
+    """An article with ``"links"``: every occurrence of each anchor links to its target."""
+    links = []
+    for anchor, target in anchors:
+        start = 0
+        while (i := text.find(anchor, start)) >= 0:
+            links.append({"start": i, "end": i + len(anchor), "target": target})
+            start = i + len(anchor)
+    return {"id": page_id, "title": title, "text": text, "links": links}
+
+
+# A person born in a made-up city that lies in a made-up country (twice, so that answers must be told apart).
+ARTICLES = [
+    linked("1", "Orvin Tasker", "Orvin Tasker was born in New Quellport. Orvin Tasker paints tall ships and "
+           "harbours.", [("New Quellport", "New Quellport")]),
+    linked("2", "New Quellport", "New Quellport is a city in the Kingdom of Zembla. New Quellport has a busy "
+           "harbour.", [("Kingdom of Zembla", "Kingdom_of_Zembla")]),
+    linked("3", "Kingdom of Zembla", "The Kingdom of Zembla is a country in the north. Its capital is New "
+           "Quellport.", [("New Quellport", "New Quellport")]),
+    linked("4", "Mira Dolan", "Mira Dolan was born in Port Ambrel. Mira Dolan writes long novels about islands.",
+           [("Port Ambrel", "Port Ambrel")]),
+    linked("5", "Port Ambrel", "Port Ambrel is a city in the Republic of Tessaly. Port Ambrel has an old bridge.",
+           [("Republic of Tessaly", "Republic of Tessaly")]),
+    linked("6", "Republic of Tessaly", "The Republic of Tessaly is a country in the south. Its capital is Port "
+           "Ambrel.", [("Port Ambrel", "Port Ambrel")]),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    extra = [{"title": "x", "text": "Quellport is known for its port. Zembla"}]
+    return make_tiny_bert(tmp_path_factory.mktemp("ent-model"), corpus_words(ARTICLES + extra))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("ent-corpus") / "linked.jsonl", ARTICLES)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory: pytest.TempPathFactory, model: Path, corpus: Path) -> Path:
+    return build_tiny(tmp_path_factory.mktemp("ent-ds") / "ds", [corpus], model)
+
+
+@pytest.fixture(scope="module")
+def client(ds: Path):
+    with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
+        yield c
+
+
+def _entities(root: Path) -> dict[str, int]:
+    m = read_manifest(root)
+    assert m.article_table is not None
+    con = sqlite3.connect(root / m.article_table)
+    try:
+        return dict(con.execute("SELECT title, popularity FROM entities").fetchall())
+    finally:
+        con.close()
+
+
+def test_the_builder_keeps_links_as_rows_and_an_entity_table(ds: Path, model: Path) -> None:
+    assert validate_datastore(ds, hashes=True, deep=True) == []
+    m = read_manifest(ds)
+    assert m.format_version == 4 and m.links is not None
+    # every anchor is in a kept sentence: New Quellport x2, Kingdom of Zembla, Port Ambrel x2, Republic of Tessaly
+    assert _entities(ds) == {"New Quellport": 2, "Kingdom of Zembla": 1, "Port Ambrel": 2, "Republic of Tessaly": 1}
+    assert (m.links.mentions, m.links.entities, m.links.anchor_rows) == (6, 4, 6)
+    store = Datastore(ds)
+    _, labels, rows = store.article_rows(["New Quellport"], "entity")
+    (row,) = rows.tolist()
+    ref = store.context(row)
+    assert ref.sentence[ref.span[0] : ref.span[1]] == "Kingdom of Zembla"  # the whole anchor is the row's span
+    assert store.entity_at(row) is not None and store.entity_at(row).title == "Kingdom of Zembla"  # type: ignore[union-attr]
+    # word answers never see an anchor-only row
+    _, word_labels, word_rows = store.article_rows(["New Quellport"])
+    assert row not in word_rows.tolist() and (word_labels >= 0).all()
+
+
+def test_word_answers_are_those_of_a_build_without_links(ds: Path, model: Path, corpus: Path, tmp_path: Path) -> None:
+    plain = build_tiny(tmp_path / "plain", [corpus], model, links=False)
+    assert read_manifest(plain).links is None
+    q = {"text": "orvin tasker was born in [MASK] .", "subject": "Orvin Tasker", "top_k": 5}
+    answers = []
+    for root in (ds, plain):
+        with TestClient(create_app(ServiceSettings(datastore=root, model={"device": "cpu"}))) as c:
+            answers.append(c.post("/predict", json=q).json()["predictions"])
+    strip = [[{k: v for k, v in p.items() if k != "entity"} for p in preds] for preds in answers]
+    assert strip[0] == strip[1]
+    assert all(p["entity"] is None for p in answers[1])
+    with TestClient(create_app(ServiceSettings(datastore=plain, model={"device": "cpu"}))) as c:
+        r = c.post("/predict", json={**q, "answer": "entity"})
+        assert r.status_code == 422 and "entity links" in r.json()["error"]["message"]
+        r = c.post("/follow", json={"subject": "Orvin Tasker", "relations": ["[X] was born in [Y] ."]})
+        assert r.status_code == 422 and "entity links" in r.json()["error"]["message"]
+
+
+def test_predict_answers_an_entity_of_several_wordpieces(client: TestClient) -> None:
+    r = client.post("/predict", json={"text": "orvin tasker was born in [MASK] .", "subject": "Orvin Tasker",
+                                      "answer": "entity", "top_k": 3})  # fmt: skip
+    assert r.status_code == 200, r.text
+    top = r.json()["predictions"][0]
+    assert top["token"] == "New Quellport" and top["entity"] == {"title": "New Quellport", "popularity": 2}
+    assert top["pieces"] >= 2 and top["p_knn"] > 0.99  # the subject's article links only this entity
+    assert top["contexts"][0]["sentence"] == "Orvin Tasker was born in **New Quellport**."
+    r = client.post("/predict", json={"text": "mira dolan was born in [MASK] .", "subject": "Mira Dolan",
+                                      "answer": "entity"})  # fmt: skip
+    assert r.json()["predictions"][0]["entity"]["title"] == "Port Ambrel"
+    bad = client.post("/predict", json={"text": "x [MASK] .", "answer": "entity", "retriever": "none"})
+    assert bad.status_code == 422
+    bad = client.post("/predict", json={"text": "x [MASK] .", "answer": "title"})
+    assert bad.status_code == 422 and "answer" in bad.json()["error"]["message"]
+
+
+def test_follow_two_hops_reaches_the_country_through_the_city(client: TestClient) -> None:
+    body = {"subject": "orvin tasker", "relations": ["[X] was born in [Y] .", "[X] is a city in the [Y] ."],
+            "top_k": 3, "beam": 2}  # fmt: skip
+    r = client.post("/follow", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["subject"] == "Orvin Tasker"  # resolved (folded) like /predict's subject
+    assert [h["relation"] for h in out["hops"]] == body["relations"]
+    assert out["hops"][0]["entities"][0]["title"] == "New Quellport"
+    best = out["answers"][0]
+    assert best["title"] == "Kingdom of Zembla"
+    assert [s["title"] for s in best["path"]] == ["Orvin Tasker", "New Quellport", "Kingdom of Zembla"]
+    # each step says which sentence supports it; the answer's mass is the product along its only path
+    assert best["path"][1]["contexts"][0]["sentence"] == "Orvin Tasker was born in **New Quellport**."
+    assert best["path"][2]["contexts"][0]["sentence"] == "New Quellport is a city in the **Kingdom of Zembla**."
+    hop2 = client.post("/predict", json={"text": "new quellport is a city in the [MASK] .", "subject": "New Quellport",
+                                         "answer": "entity"}).json()["predictions"][0]  # fmt: skip
+    assert best["prob"] == pytest.approx(best["path"][1]["prob"] * hop2["prob"], rel=1e-5)
+    other = client.post("/follow", json={**body, "subject": "Mira Dolan"}).json()
+    assert [s["title"] for s in other["answers"][0]["path"]] == ["Mira Dolan", "Port Ambrel", "Republic of Tessaly"]
+
+
+def test_follow_errors_say_what_to_fix(client: TestClient) -> None:
+    cases = [
+        ({"subject": "Nobody Here", "relations": ["[X] was born in [Y] ."]}, "unknown_subject", "neither an article"),
+        ({"subject": "Mira Dolan", "relations": ["[X] was born in [MASK] ."]}, "invalid_request", "relations.0"),
+        ({"subject": "Mira Dolan", "relations": ["[X] r [Y] ."] * 5}, "invalid_request", "limit of 4"),
+        ({"subject": "Mira Dolan", "relations": []}, "invalid_request", "relations"),
+        ({"subject": "Mira Dolan", "relations": ["[X] r [Y] ."], "beam": 0}, "invalid_request", "beam"),
+    ]
+    for body, code, says in cases:
+        r = client.post("/follow", json=body)
+        assert r.status_code == 422, body
+        assert r.json()["error"]["code"] == code and says in r.json()["error"]["message"], r.json()
+
+
+def test_a_dump_s_wikilinks_resolve_through_its_redirects(model: Path, tmp_path: Path) -> None:
+    pages = [
+        wiki_page("Orvin Tasker", "'''Orvin Tasker''' was born in [[Quellport|New Quellport]]. "
+                  "{{Infobox person|birth_place=[[Port Ambrel]]}}Orvin Tasker paints tall ships.", 1),
+        wiki_page("New Quellport", "'''New Quellport''' is a city in the [[Kingdom of Zembla]].", 2),
+        wiki_page("Quellport", "#REDIRECT [[New Quellport]]", 3, redirect="New Quellport"),
+        wiki_page("Mira Dolan", "'''Mira Dolan''' was born in [[new Quellport]] and [[Quellport#Harbour|harbour]].", 4),
+    ]  # fmt: skip
+    xml = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
+           "<siteinfo><sitename>Wikipedia</sitename></siteinfo>\n" + "".join(pages) + "</mediawiki>\n")  # fmt: skip
+    dump = tmp_path / "enwiki-pages-articles.xml.bz2"
+    dump.write_bytes(bz2.compress(xml.encode()))
+    out = build_tiny(tmp_path / "ds", [dump], model, sparse_indexes=False)
+    assert validate_datastore(out) == []
+    # "Quellport" (a redirect) and "new Quellport" (first letter) are New Quellport; the infobox's link is dropped
+    assert _entities(out) == {"New Quellport": 3, "Kingdom of Zembla": 1}
+    store = Datastore(out)
+    _, _, rows = store.article_rows(["Orvin Tasker"], "entity")
+    assert [store.entity_at(r).title for r in rows.tolist()] == ["New Quellport"]  # type: ignore[union-attr]
+
+
+def test_add_counts_the_live_articles_links_only(ds: Path, model: Path, tmp_path: Path) -> None:
+    root = Path(shutil.copytree(ds, tmp_path / "ds"))
+    changed = [
+        # Orvin Tasker now links to Port Ambrel (his old link to New Quellport is superseded)
+        linked("1", "Orvin Tasker", "Orvin Tasker was born in Port Ambrel. Orvin Tasker paints tall ships.",
+               [("Port Ambrel", "Port Ambrel")]),
+        linked("7", "Ada Vell", "Ada Vell was born in New Quellport and lives in the Kingdom of Zembla.",
+               [("New Quellport", "New Quellport"), ("Kingdom of Zembla", "Kingdom of Zembla")]),
+    ]  # fmt: skip
+    add_articles(AddSettings(datastore=root, corpus=[write_jsonl(tmp_path / "add.jsonl", changed)], device="cpu",
+                             batch_size=16))  # type: ignore[arg-type]  # fmt: skip
+    assert validate_datastore(root) == []
+    assert _entities(root) == {"New Quellport": 2, "Kingdom of Zembla": 2, "Port Ambrel": 3, "Republic of Tessaly": 1}
+    assert read_manifest(root).links.mentions == 8  # type: ignore[union-attr]
+
+
+def test_merged_slices_have_the_single_build_s_entities(ds: Path, model: Path, corpus: Path, tmp_path: Path) -> None:
+    slices = [
+        build_tiny(tmp_path / f"s{i}", [corpus], model, shard_index=i, num_shards=2, sparse_indexes=False)
+        for i in range(2)
+    ]
+    merged = tmp_path / "merged"
+    merge_slices(slices, merged, sparse_indexes=False)
+    assert validate_datastore(merged) == []
+    assert _entities(merged) == _entities(ds)
+    assert read_manifest(merged).links == read_manifest(ds).links
+    a, b = Datastore(merged), Datastore(ds)
+    assert np.array_equal(a.article_rows(["Port Ambrel"], "entity")[1], b.article_rows(["Port Ambrel"], "entity")[1])

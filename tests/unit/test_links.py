@@ -1,0 +1,214 @@
+"""Entity links: extraction (wikitext, JSON lines, WikiExtractor anchors), anchors as targets, entity voting, and
+the weighting of relation following, on hand-made inputs whose answers are known."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import PreTrainedTokenizerBase
+
+from bertknn.builder.corpus import html_anchor_links, read_jsonl
+from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
+from bertknn.builder.wikitext import link_target, wikitext_links, wikitext_to_text
+from bertknn.core.errors import CorpusError, InvalidRequest
+from bertknn.core.format.table import EntityRef
+from bertknn.service.entities import EntityAnswerer, entity_of_words, surface_form
+from bertknn.service.follow import Hop, HopEntity, check_template, combine, fill, paths
+from bertknn.service.interpolate import knn_distribution
+from bertknn.service.retrieval.knn import Neighbours
+
+# ---- extraction ---------------------------------------------------------------------------------------------------
+
+WIKITEXT = (
+    "{{Infobox person|birth_place=[[Rome]]}}\n"
+    "'''[[Galileo Galilei|Galileo]]''' was born in [[Pisa]], in the [[Duchy of Florence|Duchy  of Florence]]."
+    "<ref>{{cite book|publisher=[[Oxford University Press]]}}</ref> "
+    "He taught at the [[University of Padua#History|university]] and saw [[moon]]s. "
+    "See [[#Later life]] and [[:Category:Astronomers|astronomers]] or [[wikt:telescope|telescopes]].\n"
+    "[[File:Galileo.jpg|thumb|A portrait by [[Justus Sustermans]]]]\n"
+    "== References ==\n* [[Stillman Drake]]\n"
+)
+
+
+def test_wikitext_links_piped_multiword_and_dropped_ones() -> None:
+    text, links = wikitext_links(WIKITEXT)
+    assert text == wikitext_to_text(WIKITEXT)  # the text is the one the builder always made
+    got = [(text[ln.start : ln.end], ln.target) for ln in links]
+    assert got == [
+        ("Galileo", "Galileo Galilei"),  # inside bold markup, piped
+        ("Pisa", "Pisa"),
+        ("Duchy of Florence", "Duchy of Florence"),  # an anchor of several words; its double space collapsed
+        ("university", "University of Padua"),  # the section of the target dropped
+        ("moon", "Moon"),  # a trailing "s" outside the link: the anchor is "moon", the target's first letter upper
+    ]
+    # dropped with what holds them: the infobox, the reference, the file caption, the back matter; and links
+    # that name no article: a section of this page, another namespace, another wiki
+    for gone in ("Rome", "Oxford University Press", "Justus Sustermans", "Stillman Drake", "Astronomers", "Telescope"):
+        assert gone not in {ln.target for ln in links}
+
+
+def test_link_targets_are_normalised_titles() -> None:
+    assert link_target("new_york_City") == "New york City"
+    assert link_target("Star Wars: Episode IV") == "Star Wars: Episode IV"
+    assert link_target("Paris#History") == "Paris"
+    for none in ("#Life", ":Category:Films", "de:Albert Einstein", "wikt:word", "File:X.jpg"):
+        assert link_target(none) == ""
+
+
+def test_wikiextractor_anchors_become_links() -> None:
+    text, links = html_anchor_links(
+        'Born in <a href="Pisa">Pisa</a>, he taught at the <a href="University%20of%20Padua">university of '
+        'Padua</a> &amp; <a href="">nothing</a> <a href="Rome">  </a>.'
+    )
+    assert text == "Born in Pisa, he taught at the university of Padua &amp; nothing   ."
+    assert [(text[ln.start : ln.end], ln.target) for ln in links] == [
+        ("Pisa", "Pisa"),
+        ("university of Padua", "University of Padua"),
+    ]
+
+
+def test_jsonl_links_are_read_and_checked(tmp_path: Path) -> None:
+    text = "Galileo was born in Pisa."
+    good = {"title": "Galileo", "text": text, "links": [{"start": 20, "end": 24, "target": "pisa"}]}
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps(good) + "\n")
+    (art,) = read_jsonl(path)
+    assert [(text[ln.start : ln.end], ln.target) for ln in art.links] == [("Pisa", "Pisa")]
+    anchors = {"title": "G", "text": 'Born in <a href="Pisa">Pisa</a>.'}
+    path.write_text(json.dumps(anchors) + "\n")
+    (art,) = read_jsonl(path)
+    assert art.text == "Born in Pisa." and art.links[0].target == "Pisa"
+    for bad, says in (
+        ({"start": 20, "end": 99, "target": "Pisa"}, "outside the text's 25 characters"),
+        ({"start": 24, "end": 20, "target": "Pisa"}, "outside the text"),
+        ({"start": "20", "end": 24, "target": "Pisa"}, '"start": int'),
+        ({"start": 20, "end": 24}, '"target": "Title"'),
+    ):
+        path.write_text("\n" + json.dumps({**good, "links": [bad]}) + "\n")
+        with pytest.raises(CorpusError, match=rf"a\.jsonl:2: links\[0\].*{says}"):
+            list(read_jsonl(path))
+    path.write_text(json.dumps({**good, "links": {"start": 1}}) + "\n")
+    with pytest.raises(CorpusError, match='"links" must be a list'):
+        list(read_jsonl(path))
+
+
+# ---- anchors as targets (the real bert-base-uncased tokenizer) -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def selector(bert_tokenizer: PreTrainedTokenizerBase) -> TargetSelector:
+    return TargetSelector(bert_tokenizer, load_stopwords())
+
+
+def test_an_anchor_of_several_words_is_one_target_masked_once(
+    selector: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    text = "Kepler lived in the Duchy of Württemberg and in Prague."
+    a = text.index("Duchy of Württemberg")
+    p = text.index("Prague")
+    links = [(a, a + len("Duchy of Württemberg"), 7), (p, p + len("Prague"), 3)]
+    (s,) = selector.select([text], [links])
+    by_span = {(t.char_start, t.char_end): t for t in s.targets}
+    anchor = by_span[(links[0][0], links[0][1])]
+    assert anchor.entity == 7 and anchor.token_id == -1  # no word label: an entity's row only
+    assert anchor.num_pieces == len(bert_tokenizer.tokenize("Duchy of Württemberg")) == 3
+    ids, pos = masked_ids(s, anchor, bert_tokenizer.mask_token_id)
+    assert ids.count(bert_tokenizer.mask_token_id) == 1 and ids[pos] == bert_tokenizer.mask_token_id
+    assert len(ids) == len(s.ids) - anchor.num_pieces + 1
+    assert bert_tokenizer.decode(ids) == "kepler lived in the [MASK] and in prague."
+    # the one-word anchor labels the word target that was there, no second row
+    assert by_span[(p, p + 6)].entity == 3 and by_span[(p, p + 6)].token_id == bert_tokenizer.convert_tokens_to_ids("prague")
+    assert sum(1 for t in s.targets if (t.char_start, t.char_end) == (p, p + 6)) == 1
+    # the words inside the anchor stay word targets
+    assert {"Duchy"} <= {text[t.char_start : t.char_end] for t in s.targets if t.entity < 0}
+
+
+def test_anchors_that_cut_a_token_or_hold_only_stopwords_are_left_out(selector: TargetSelector) -> None:
+    text = "The Parisian said that the city was big."
+    links = [(4, 9, 0), (text.index("the city"), text.index("the city") + 3, 1)]  # "Paris" of "Parisian"; "the"
+    (s,) = selector.select([text], [links])
+    assert all(t.entity < 0 for t in s.targets)
+    (plain,) = selector.select([text])
+    assert s.targets == plain.targets
+
+
+# ---- entity voting -------------------------------------------------------------------------------------------------
+
+
+class _Linked:
+    """A stand-in datastore: row -> entity (None: no link), titles -> entities."""
+
+    linked = True
+
+    def __init__(self, rows: dict[int, EntityRef | None]):
+        self.rows = rows
+
+    def entity_at(self, row: int) -> EntityRef | None:
+        return self.rows[row]
+
+    def entity(self, title: str) -> EntityRef | None:
+        return {"Pisa": EntityRef("Pisa", 9)}.get(title)
+
+
+def test_neighbours_vote_for_their_entity_whatever_the_surface() -> None:
+    city, country = EntityRef("New Quellport", 5), EntityRef("Kingdom of Zembla", 2)
+    ds = _Linked({10: city, 11: country, 12: city, 13: city})
+    nbrs = Neighbours(np.array([1.0, 2.0, 3.0, 7.0], np.float32), np.array([10, 11, 12, 13]), np.zeros(4, np.int32))
+    answerer = EntityAnswerer.__new__(EntityAnswerer)
+    answerer.datastore = ds  # type: ignore[assignment]
+    entities, labels = answerer.candidates(nbrs)
+    assert [e.title for e in entities] == ["New Quellport", "Kingdom of Zembla"] and labels.tolist() == [0, 1, 0, 0]
+    p = knn_distribution(nbrs.distances, labels, len(entities), 2.0)
+    w = np.exp(-np.array([1.0, 2.0, 3.0, 7.0]) / 2.0)
+    assert p.tolist() == pytest.approx([(w[0] + w[2] + w[3]) / w.sum(), w[1] / w.sum()], rel=1e-6)
+
+
+def test_a_word_answer_names_the_entity_its_neighbours_link_to() -> None:
+    ds = _Linked({0: EntityRef("Pisa", 9), 1: None, 2: EntityRef("Pisa (film)", 1), 3: EntityRef("Pisa (film)", 1)})
+    nbrs = Neighbours(np.array([0.0, 1.0, 5.0, 6.0], np.float32), np.arange(4), np.zeros(4, np.int32))
+    words = {0: "pisa", 1: "pisa", 2: "pisa", 3: "pisa"}
+    # weights exp(-d/1): 1 for Pisa against e^-5 + e^-6 for the film: the nearer link wins, not the count
+    (ref,) = entity_of_words(ds, nbrs, ["pisa"], words, 1.0)  # type: ignore[arg-type]
+    assert ref == EntityRef("Pisa", 9)
+    (ref,) = entity_of_words(ds, nbrs, ["pisa"], words, 100.0)  # type: ignore[arg-type]
+    assert ref == EntityRef("Pisa (film)", 1)  # at a high temperature the two film links outweigh the one
+    (ref,) = entity_of_words(ds, Neighbours(nbrs.distances[1:2], np.array([1]), np.zeros(1, np.int32)), ["pisa"], {0: "pisa"}, 1.0)  # type: ignore[arg-type]
+    assert ref == EntityRef("Pisa", 9)  # no neighbour links: the entity titled like the word
+
+
+def test_surface_forms() -> None:
+    assert surface_form("Paris (mythology)", True) == "paris"
+    assert surface_form("Kingdom of Zembla", False) == "Kingdom of Zembla"
+    assert surface_form("(Untitled)", True) == "(untitled)"
+
+
+# ---- relation following ------------------------------------------------------------------------------------------
+
+
+def test_follow_weights_each_hop_by_its_entity_and_sums() -> None:
+    # hop 1 from X: A 0.6, B 0.3. Hop 2: from A -> U 0.5, V 0.5; from B -> V 0.9, W 0.1
+    ctx = []
+    hop2 = combine(
+        [("A", 0.6), ("B", 0.3)],
+        [[("U", 0.5, ctx), ("V", 0.5, ctx)], [("V", 0.9, ctx), ("W", 0.1, ctx)]],
+    )
+    got = {e.title: (e.prob, e.via) for e in hop2}
+    # V: 0.6 * 0.5 via A plus 0.3 * 0.9 via B; A gave more (0.30 > 0.27), so the path goes through A
+    assert got["V"][0] == pytest.approx(0.6 * 0.5 + 0.3 * 0.9) and got["V"][1] == "A"
+    assert got["U"] == (pytest.approx(0.3), "A") and got["W"] == (pytest.approx(0.03), "B")
+    assert [e.title for e in hop2] == ["V", "U", "W"]
+    hop1 = Hop("[X] r1 [Y] .", [HopEntity("A", 0.6, [], None), HopEntity("B", 0.3, [], None)])
+    (first, *_) = paths("X", [hop1, Hop("[X] r2 [Y] .", hop2)], 2)
+    assert first.title == "V" and [s.title for s in first.path] == ["X", "A", "V"]
+    assert [s.prob for s in first.path] == [1.0, 0.6, pytest.approx(0.57)]
+
+
+def test_templates_need_one_x_and_one_y() -> None:
+    check_template("[X] was born in [Y] .", 0)
+    assert fill("[X] was born in [Y] .", "Paris (mythology)", True) == "paris was born in [MASK] ."
+    for bad in ("[X] was born in [MASK] .", "[X] and [X] in [Y] .", "born in [Y] .", "[X] [Y] [mask]"):
+        with pytest.raises(InvalidRequest, match="relations.3"):
+            check_template(bad, 3)
