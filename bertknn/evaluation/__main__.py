@@ -1,4 +1,4 @@
-"""CLI: ``python -m evaluation lama --data DIR --datastore DIR [options]`` (see ``--help``)."""
+"""CLI: ``python -m evaluation lama|follow --data DIR --datastore DIR [options]`` (see ``--help``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,6 +168,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="also evaluate T-REx facts whose object is one word of several wordpieces, as whole words (needs a "
         "datastore built with --targets whole-word); a separate table and report['multi_piece']",
     )
+    la.add_argument(
+        "--answer",
+        choices=["word", "entity"],
+        default="word",
+        help="entity: entity-level P@1/P@10 (the gold entity is the object's article; every fact, whatever its "
+        "object's length), on a datastore with links",
+    )
+    la.add_argument(
+        "--adaptive-popularity",
+        action="store_true",
+        help="with --adaptive: the rule may also weigh the subject's log popularity (a datastore with links); the "
+        "fit without it is reported beside it, on dev and on test (report['adaptive_popularity'])",
+    )
+    la.add_argument(
+        "--by-popularity",
+        action="store_true",
+        help="also P@1 per quartile of the subjects' popularity (inbound links; a datastore with links)",
+    )
+
+    fo = sub.add_parser("follow", help="two-hop questions: relation following (/follow) against one composed template")
+    fo.add_argument("--data", type=Path, default=Path("../shared/data/lama"), help="LAMA probe directory")
+    fo.add_argument("--datastore", type=Path, required=True, help="a datastore with links")
+    fo.add_argument("--model", help="masked LM name or directory (default: the manifest's)")
+    fo.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    fo.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the CPU quota)")
+    fo.add_argument(
+        "--pairs", type=_csv, help="r1:r2 relation pairs (default: every pair with a composed template and facts)"
+    )
+    fo.add_argument("--limit", type=int, default=50, help="questions per pair (the first N, in file order)")
+    fo.add_argument("--beam", type=int, default=5, help="entities of hop 1 that hop 2 starts from")
+    fo.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="for entities without an article")
+    fo.add_argument("--num-articles", type=int, default=3)
+    fo.add_argument("--k", type=int, default=128, help="neighbours")
+    fo.add_argument("--temperature", type=_temperature_arg, default=None, help="a number, or auto (default)")
+    fo.add_argument("--lambda", dest="lambda_", type=float, default=0.3, help="kNN weight")
+    fo.add_argument("--out", type=Path, help="write the JSON report here")
+    fo.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
 
@@ -307,12 +345,16 @@ def _adaptive_rule(
     from bertknn.evaluation.adaptive import AdaptiveSpace, collect, fit_rule
 
     space = AdaptiveSpace().with_base_lambda(settings.lambda_)
+    if args.adaptive_popularity:
+        if not pipeline.datastore.linked:
+            raise EvaluationError("--adaptive-popularity needs a datastore with links (popularity = inbound links)")
+        space = replace(space, popularity_weights=POPULARITY_WEIGHTS)
     dev = probe.for_split("dev")
     if not dev:
         raise EvaluationError("--adaptive: the dev split has no queries to fit on; raise --limit or add relations")
     scored = collect(
         pipeline, dev, settings, measures=space.measures, allowed_ids=vocab.allowed_ids(),
-        progress=not args.quiet,
+        progress=not args.quiet, popularity=args.adaptive_popularity,
     )  # fmt: skip
     fit = fit_rule(scored, space, fixed_lambda=settings.lambda_)
     print(fit.format())
@@ -336,6 +378,28 @@ def _adaptive_rule(
         rule.save(args.adaptive_out)
         logger.info("adaptive rule written to %s", args.adaptive_out)
     return rule, fit
+
+
+POPULARITY_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def _without_popularity(
+    args: argparse.Namespace, pipeline: AnswerPipeline, probe: Probe, settings: RunSettings, vocab: ObjectVocabulary
+) -> tuple[AdaptiveRule, AdaptiveFit]:
+    """The rule fitted on the same dev queries with popularity left out (the comparison --adaptive-popularity
+    reports)."""
+    from bertknn.evaluation.adaptive import AdaptiveSpace, collect, fit_rule
+
+    space = AdaptiveSpace().with_base_lambda(settings.lambda_)
+    scored = collect(pipeline, probe.for_split("dev"), settings, measures=space.measures,
+                     allowed_ids=vocab.allowed_ids(), progress=not args.quiet)  # fmt: skip
+    fit = fit_rule(scored, space, fixed_lambda=settings.lambda_)
+    return fit.best.rule, fit
+
+
+def _macro_adaptive(summary: Summary) -> dict[str, float]:
+    """Macro P@k of the adaptive column (over all relations)."""
+    return _round(dict(summary.overall["bert_knn_adaptive"]))
 
 
 def _round(p: dict[str, float]) -> dict[str, float]:
@@ -385,6 +449,8 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
         raise EvaluationError("--adaptive fits a rule and --adaptive-rule reads one; pass only one of them")
     if args.adaptive_out and not args.adaptive:
         raise EvaluationError("--adaptive-out writes the rule that --adaptive fits; add --adaptive")
+    if args.adaptive_popularity and not args.adaptive:
+        raise EvaluationError("--adaptive-popularity changes what --adaptive fits; add --adaptive")
     if args.url and (args.corpus or args.datastore):
         raise EvaluationError("--url evaluates the service's own datastore; drop --datastore/--corpus")
     if args.multi_piece and (args.url or args.vocab or args.grid):
@@ -402,6 +468,10 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     )
     restrict = load_vocab_file(args.vocab) if args.vocab else None
     relations = select_relations(discover_relations(args.data, trex=args.trex), args.relations, args.datasets)
+    if args.answer == "entity":
+        return _entity_lama(args, settings, relations, stack)
+    if args.by_popularity and args.url:
+        raise EvaluationError("--by-popularity reads the datastore's entity table in process; drop --url")
 
     identity: dict[str, object] = {}
     pipeline: AnswerPipeline | None = None
@@ -505,6 +575,28 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     t_run = time.perf_counter()
     results = runner.run(queries, settings)
     run_s = time.perf_counter() - t_run
+    popularity_cmp = None
+    if args.adaptive_popularity:
+        assert pipeline is not None and rule is not None and adaptive_fit is not None
+        from bertknn.evaluation.runner import PipelineRunner as _Runner
+
+        plain_rule, plain_fit = _without_popularity(args, pipeline, probe, settings, vocab)
+        plain = _Runner(pipeline, allowed_ids=vocab.allowed_ids(), progress=not args.quiet, adaptive=plain_rule)
+        plain_test = summarize(plain.run(queries, settings))
+        with_test = summarize(results)
+        popularity_cmp = {
+            "with_popularity": {"rule": rule.model_dump(exclude={"fitted"}), "dev": _round(adaptive_fit.best.macro),
+                                "test": _macro_adaptive(with_test)},
+            "without_popularity": {"rule": plain_rule.model_dump(exclude={"fitted"}), "dev": _round(plain_fit.best.macro),
+                                   "test": _macro_adaptive(plain_test)},
+        }  # fmt: skip
+        print(
+            "adaptive with the subject's popularity: dev P@1 {:.1f}, test P@1 {:.1f}; without: dev P@1 {:.1f}, test "
+            "P@1 {:.1f} (macro)".format(
+                adaptive_fit.best.macro["p@1"], popularity_cmp["with_popularity"]["test"]["p@1"],  # type: ignore[index]
+                plain_fit.best.macro["p@1"], popularity_cmp["without_popularity"]["test"]["p@1"],  # type: ignore[index]
+            )
+        )
     summary: Summary = summarize(results)
     multi = None
     if args.multi_piece:
@@ -544,6 +636,11 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
             f"{100 * skipped_fraction(results):.1f} % of the {len(results)} queries"
         )
     report = report_dict(summary, report_settings)
+    if popularity_cmp is not None:
+        report["adaptive_popularity"] = popularity_cmp
+    if args.by_popularity:
+        assert pipeline is not None
+        report["popularity"] = _by_popularity(pipeline, queries, results)
     if multi is not None:
         print(multi.table)
         report["multi_piece"] = multi.report
@@ -555,6 +652,117 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.predictions:
         write_predictions(args.predictions, queries, results)
     return 0
+
+
+# ---- entities (a datastore with links; bertknn.evaluation.entities) ---------------------------------------------
+
+
+def _linked_pipeline(args: argparse.Namespace, stack: ExitStack) -> AnswerPipeline:
+    if args.datastore is None:
+        raise EvaluationError("pass --datastore DIR: entity evaluations run in process")
+    pipeline = open_pipeline(args.datastore, model=args.model, device=args.device, threads=args.threads,
+                             cache_items=1 << 16)  # fmt: skip
+    stack.callback(pipeline.close)
+    if not pipeline.datastore.linked:
+        raise EvaluationError(
+            f"{args.datastore} has no entity links; build it with links (the builder's default), e.g. from "
+            "`python -m bench.quality --links`'s corpus"
+        )
+    return pipeline
+
+
+def _write_report(path: Path | None, report: dict[str, Any]) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+        logger.info("report written to %s", path)
+
+
+def _entity_lama(
+    args: argparse.Namespace, settings: RunSettings, relations: Sequence[Any], stack: ExitStack
+) -> int:
+    from tqdm import tqdm
+
+    from bertknn.evaluation.entities import entity_lama
+
+    for flag, on in (("--url", args.url), ("--grid", args.grid), ("--adaptive", args.adaptive or args.adaptive_rule),
+                     ("--multi-piece", args.multi_piece), ("--no-retrieval", args.no_retrieval)):  # fmt: skip
+        if on:
+            raise EvaluationError(f"--answer entity runs in process over the retrieved articles; drop {flag}")
+    t0 = time.perf_counter()
+    pipeline = _linked_pipeline(args, stack)
+    relations = [r for r in relations if r.template is not None]
+    with tqdm(desc="entity queries", unit="q", disable=args.quiet) as bar:
+        table = entity_lama(pipeline, relations, settings, limit=args.limit, batch_size=args.batch_size,
+                            progress=bar.update)  # fmt: skip
+    print(table.format("LAMA, entity answers (gold: the object's article): P@1/P@10 in %, macro over relations"))
+    report = {
+        "settings": {"mode": "in-process", "datastore": str(args.datastore), **pipeline.identity(),
+                     **run_settings_dict(settings), "limit": args.limit, "answer": "entity",
+                     "averages": AVERAGES_NOTE, "wall_s": round(time.perf_counter() - t0, 2)},
+        **table.report(),
+    }  # fmt: skip
+    _write_report(args.out, report)
+    return 0
+
+
+def _by_popularity(
+    pipeline: AnswerPipeline, queries: Sequence[LamaQuery], results: Sequence[QueryResult]
+) -> dict[str, object]:
+    from bertknn.evaluation.entities import popularity_buckets, popularity_of
+
+    if not pipeline.datastore.linked:
+        raise EvaluationError("--by-popularity needs a datastore with links (its entity table holds popularity)")
+    popularity = [popularity_of(pipeline, q.subject) if q.subject else 0 for q in queries]
+    columns = {"MLM": "mlm", "kNN": "knn", "BERT-kNN": "bert_knn"}
+    if any(r.knn_skipped is not None for r in results):
+        columns["adaptive"] = "bert_knn_adaptive"
+    ranks = {name: [r.rank(col) for r in results] for name, col in columns.items()}
+    out = popularity_buckets(ranks, popularity)
+    print("P@1 (micro) by the subject's popularity (inbound links in the datastore), quartile buckets:")
+    for b in out["buckets"]:  # type: ignore[attr-defined]
+        lo, hi = b["popularity"]
+        cells = "  ".join(f"{name} {b[name]:5.1f}" for name in ranks)
+        print(f"  popularity {lo:g}..{hi:g}  n={b['n']:5d}  {cells}")
+    return out
+
+
+def _follow(args: argparse.Namespace) -> int:
+    with ExitStack() as stack:
+        from tqdm import tqdm
+
+        from bertknn.evaluation.entities import COMPOSED, two_hop, two_hop_questions
+        from bertknn.evaluation.lama import discover_relations
+
+        t0 = time.perf_counter()
+        if args.limit is not None and args.limit < 1:
+            raise EvaluationError("--limit must be >= 1")
+        relations = {r.id: r for r in discover_relations(args.data, trex="evidence") if r.template is not None}
+        pairs: list[tuple[str, str]] = []
+        for text in args.pairs or [f"{a}:{b}" for a, b in COMPOSED]:
+            r1, sep, r2 = text.partition(":")
+            if not sep or (r1, r2) not in COMPOSED:
+                known = ", ".join(f"{a}:{b}" for a, b in COMPOSED)
+                raise EvaluationError(f"--pairs {text!r}: give r1:r2 pairs with a composed template: {known}")
+            pairs.append((r1, r2))
+        questions = two_hop_questions(relations, pairs, args.limit)
+        if not questions:
+            raise EvaluationError(f"no two-hop question could be composed from {args.data} for {pairs}")
+        pipeline = _linked_pipeline(args, stack)
+        settings = RunSettings(retriever=args.retriever, num_articles=args.num_articles, k=args.k,
+                               temperature=args.temperature, lambda_=args.lambda_)  # fmt: skip
+        with tqdm(total=len(questions), desc="two-hop questions", unit="q", disable=args.quiet) as bar:
+            table = two_hop(pipeline, relations, questions, settings, beam=args.beam, progress=bar.update)
+        print(table.format("Two hops (X r1 Y, Y r2 Z), entity answers: P@1/P@10 in %, macro over relation pairs"))
+        report = {
+            "settings": {"datastore": str(args.datastore), **pipeline.identity(), **run_settings_dict(settings),
+                         "beam": args.beam, "limit": args.limit, "pairs": [f"{a}:{b}" for a, b in pairs],
+                         "composed": {f"{a}:{b}": COMPOSED[(a, b)] for a, b in pairs},
+                         "questions": len(questions), "wall_s": round(time.perf_counter() - t0, 2)},
+            **table.report(),
+        }  # fmt: skip
+        _write_report(args.out, report)
+        return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -587,11 +795,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "lama":
             return _lama(args)
+        if args.command == "follow":
+            return _follow(args)
     except expected as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except httpx.HTTPError as exc:
-        print(f"error: cannot reach the service at {args.url}: {exc}", file=sys.stderr)
+        print(f"error: cannot reach the service at {getattr(args, 'url', None)}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)

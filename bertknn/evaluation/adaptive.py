@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from tqdm import tqdm
@@ -45,6 +45,8 @@ class AdaptiveSpace:
     knn_weights: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0, 8.0)
     mlm_weights: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0, 8.0)
     skip_thresholds: tuple[float | None, ...] = (None, 0.99, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
+    # the weight of the subject's log popularity (inbound links): (0,) leaves popularity out of the rule
+    popularity_weights: tuple[float, ...] = (0.0,)
 
     def __post_init__(self) -> None:
         axes = (self.measures, self.base_lambdas, self.knn_weights, self.mlm_weights, self.skip_thresholds)
@@ -52,15 +54,16 @@ class AdaptiveSpace:
             raise ValueError("every axis of the adaptive search needs at least one value")
         if not all(0.0 < lam < 1.0 for lam in self.base_lambdas):
             raise ValueError("base lambdas must lie strictly between 0 and 1 (their logit is the bias)")
-        if min(self.knn_weights) < 0 or min(self.mlm_weights) < 0:
-            raise ValueError("confidence weights must be >= 0")
+        if min(self.knn_weights) < 0 or min(self.mlm_weights) < 0 or min(self.popularity_weights or (0,)) < 0:
+            raise ValueError("confidence and popularity weights must be >= 0")
+        if not self.popularity_weights:
+            raise ValueError("popularity_weights needs at least one value ((0.0,): no popularity)")
         if not all(t is None or 0.0 < t <= 1.0 for t in self.skip_thresholds):
             raise ValueError("skip thresholds must lie in (0, 1], or be None (never skip)")
 
     def with_base_lambda(self, lam: float) -> AdaptiveSpace:
         if 0.0 < lam < 1.0 and lam not in self.base_lambdas:
-            return AdaptiveSpace(self.measures, tuple(sorted((*self.base_lambdas, lam))), self.knn_weights,
-                                 self.mlm_weights, self.skip_thresholds)  # fmt: skip
+            return replace(self, base_lambdas=tuple(sorted((*self.base_lambdas, lam))))
         return self
 
 
@@ -77,6 +80,7 @@ class ScoredQuery:
     ids: np.ndarray  # the candidates' ids (in the ranking's vocabulary), ascending
     gold: int  # position of the gold among the candidates
     mlm_hits: np.ndarray  # bool [len(KS)]: rank under p_MLM alone <= k (what a skipped query scores)
+    log_pop: float = 0.0  # log(1 + the subject's inbound links); 0 without links
 
 
 def score_query(
@@ -86,6 +90,7 @@ def score_query(
     gold_id: int,
     measures: Sequence[ConfidenceMeasure],
     allowed_ids: np.ndarray | None = None,
+    popularity: int = 0,
 ) -> ScoredQuery:
     """Compact one query. Confidences come from the full distributions (as the service sees them); ranks
     from the ``allowed_ids`` sub-vocabulary when one is given (as the evaluation ranks)."""
@@ -103,7 +108,7 @@ def score_query(
     mlm_hits = np.array([rank is not None and rank <= k for k in KS])
     return ScoredQuery(
         relation, conf_mlm, conf_knn, has_knn, p_mlm[cands].astype(np.float32), p_knn[cands].astype(np.float32),
-        cands, int(np.searchsorted(cands, gold_id)), mlm_hits,
+        cands, int(np.searchsorted(cands, gold_id)), mlm_hits, math.log1p(popularity),
     )  # fmt: skip
 
 
@@ -131,8 +136,10 @@ def collect(
     measures: Sequence[ConfidenceMeasure],
     allowed_ids: np.ndarray | None = None,
     progress: bool = True,
+    popularity: bool = False,
 ) -> list[ScoredQuery]:
-    """One batched run at ``settings`` (the runner's queries and distributions), compacted for the fit."""
+    """One batched run at ``settings`` (the runner's queries and distributions), compacted for the fit;
+    ``popularity``: with each query's subject popularity (a datastore with links)."""
     out: list[ScoredQuery] = []
     bar = tqdm(total=len(queries), desc="adaptive (dev)", unit="q", disable=not progress)
     try:
@@ -144,7 +151,8 @@ def collect(
             for q, ans in zip(batch, answers, strict=True):
                 d = ans.distributions
                 assert d is not None
-                out.append(score_query(q.relation, d.p_mlm, d.p_knn, q.obj_id, measures, allowed_ids))
+                pop = pipeline.subject_popularity(q.subject) if popularity else 0
+                out.append(score_query(q.relation, d.p_mlm, d.p_knn, q.obj_id, measures, allowed_ids, pop))
             bar.update(len(batch))
     finally:
         bar.close()
@@ -174,13 +182,14 @@ class AdaptiveFit:
         lines = [
             f"adaptive rule fit on the dev split: {self.queries} queries, {self.relations} relations, "
             f"{self.rules} rules, {self.seconds:.1f} s; macro P@k of the interpolation",
-            f"{'rank':>4} {'measure':>8} {'bias':>7} {'w_knn':>6} {'w_mlm':>6} {'skip>=':>6} | "
+            f"{'rank':>4} {'measure':>8} {'bias':>7} {'w_knn':>6} {'w_mlm':>6} {'w_pop':>6} {'skip>=':>6} | "
             f"{'P@1':>6} {'P@5':>6} {'P@10':>6} | skipped",
         ]
         for i, s in enumerate(self.ranking[:top], 1):
             r, tau = s.rule, "-" if s.rule.skip_threshold is None else f"{s.rule.skip_threshold:.2f}"
             lines.append(
-                f"{i:>4} {r.measure:>8} {r.bias:>7.3f} {r.knn_weight:>6.1f} {r.mlm_weight:>6.1f} {tau:>6} | "
+                f"{i:>4} {r.measure:>8} {r.bias:>7.3f} {r.knn_weight:>6.1f} {r.mlm_weight:>6.1f} "
+                f"{r.popularity_weight:>6.2f} {tau:>6} | "
                 f"{s.macro['p@1']:6.1f} {s.macro['p@5']:6.1f} {s.macro['p@10']:6.1f} | {100 * s.skipped:5.1f} %"
             )
         f = self.fixed
@@ -212,16 +221,18 @@ def fit_rule(
         raise ValueError("queries were compacted with other measures than the space's; pass space.measures")
     t0 = time.perf_counter()
     grid = [
-        (mi, base, kw, mw)
+        (mi, base, kw, mw, pw)
         for mi in range(len(space.measures))
         for base in space.base_lambdas
         for kw in space.knn_weights
         for mw in space.mlm_weights
+        for pw in space.popularity_weights
     ]
     m_idx = np.array([g[0] for g in grid])
     bias = np.array([_bias(g[1]) for g in grid])
     kw = np.array([g[2] for g in grid], dtype=np.float64)
     mw = np.array([g[3] for g in grid], dtype=np.float64)
+    pw = np.array([g[4] for g in grid], dtype=np.float64)
     taus = np.array([np.inf if t is None else t for t in space.skip_thresholds])
     relations = sorted({q.relation for q in queries})
     rel = {r: i for i, r in enumerate(relations)}
@@ -236,7 +247,8 @@ def fit_rule(
         skip_m = q.conf_mlm[:, None] >= taus[None, :]  # [measures, taus]
         skips += skip_m
         if q.has_knn:
-            lam = rule_lambda(bias, kw, mw, q.conf_mlm[m_idx], q.conf_knn[m_idx])
+            lam = rule_lambda(bias, kw, mw, q.conf_mlm[m_idx], q.conf_knn[m_idx],
+                              popularity_weight=pw, log_popularity=q.log_pop)  # fmt: skip
             uniq, inverse = np.unique(lam, return_inverse=True)
             h = hits_for_lambdas(q, uniq)[inverse]  # [grid, KS]
             fixed_hits[r] += hits_for_lambdas(q, np.array([fixed_lambda]))[0]
@@ -254,7 +266,7 @@ def fit_rule(
     order = np.lexsort((
         np.arange(macro.shape[0] * macro.shape[1]),
         np.repeat(np.abs(np.array([g[1] for g in grid]) - fixed_lambda), n_taus),  # nearest the fixed lambda
-        np.repeat(kw + mw, n_taus),  # weaker dependence on the confidences (0: a fixed lambda)
+        np.repeat(kw + mw + pw, n_taus),  # weaker dependence on the features (0: a fixed lambda)
         -skipped[m_idx].reshape(-1),
         -macro[:, :, p5].reshape(-1),
         -macro[:, :, p10].reshape(-1),
@@ -263,10 +275,10 @@ def fit_rule(
 
     def score(flat: int) -> RuleScore:
         gi, ti = divmod(int(flat), len(taus))
-        mi, base, w_knn, w_mlm = grid[gi]
+        mi, base, w_knn, w_mlm, w_pop = grid[gi]
         rule = AdaptiveRule(
             measure=space.measures[mi], bias=float(bias[gi]), knn_weight=w_knn, mlm_weight=w_mlm,
-            skip_threshold=space.skip_thresholds[ti],
+            skip_threshold=space.skip_thresholds[ti], popularity_weight=w_pop,
         )  # fmt: skip
         return RuleScore(rule, {f"p@{k}": float(macro[gi, ti, j]) for j, k in enumerate(KS)},
                          float(skipped[mi, ti]))  # fmt: skip

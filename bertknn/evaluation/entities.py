@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -233,7 +233,7 @@ def popularity_of(pipeline: AnswerPipeline, subject: str) -> int:
 
 
 def popularity_buckets(
-    ranks: dict[str, Sequence[int | None]], popularity: Sequence[int], *, buckets: int = 4
+    ranks: Mapping[str, Sequence[int | None]], popularity: Sequence[int], *, buckets: int = 4
 ) -> dict[str, object]:
     """P@1 per row and per quantile bucket of popularity (ties kept together: a bucket's edges are values)."""
     pop = np.asarray(popularity, dtype=np.float64)

@@ -81,7 +81,7 @@ def lambda_for(query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray | None,
     if query.interpolation == "adaptive":
         if p_mlm is None or p_knn is None:
             raise ValueError("the adaptive rule needs the dense p_MLM and p_kNN")
-        return adaptive_lambda(query.rule or DEFAULT_RULE, p_mlm, p_knn)
+        return adaptive_lambda(query.rule or DEFAULT_RULE, p_mlm, p_knn, query.popularity)
     return query.lambda_
 
 

@@ -210,13 +210,17 @@ def rule_lambda(
     conf_knn: np.ndarray | float,
     min_lambda: float = 0.0,
     max_lambda: float = 1.0,
+    popularity_weight: np.ndarray | float = 0.0,
+    log_popularity: np.ndarray | float = 0.0,
 ) -> np.ndarray:
-    """clip(sigmoid(bias + knn_weight * conf_knn - mlm_weight * conf_mlm), min_lambda, max_lambda), broadcast.
+    """clip(sigmoid(bias + knn_weight * conf_knn - mlm_weight * conf_mlm - popularity_weight * log_popularity),
+    min_lambda, max_lambda), broadcast; ``log_popularity`` = log(1 + the subject's inbound links).
 
     One formula for the service (one query) and the evaluation's fit (many rules and queries at once).
     """
     z = np.asarray(bias, np.float64) + np.asarray(knn_weight, np.float64) * np.asarray(conf_knn, np.float64)
     z = z - np.asarray(mlm_weight, np.float64) * np.asarray(conf_mlm, np.float64)
+    z = z - np.asarray(popularity_weight, np.float64) * np.asarray(log_popularity, np.float64)
     lam = 0.5 * (1.0 + np.tanh(0.5 * z))  # = sigmoid(z), without overflow for large |z|
     return np.clip(lam, min_lambda, max_lambda)
 
@@ -224,8 +228,10 @@ def rule_lambda(
 class AdaptiveRule(BaseModel):
     """Per-query lambda from the confidence of p_MLM and p_kNN, and when to skip the kNN search altogether.
 
-    lambda = clip(sigmoid(bias + knn_weight * conf(p_kNN) - mlm_weight * conf(p_MLM)), min_lambda, max_lambda),
-    with conf the chosen `confidence` measure. When conf(p_MLM) >= skip_threshold the query is answered by the
+    lambda = clip(sigmoid(bias + knn_weight * conf(p_kNN) - mlm_weight * conf(p_MLM)
+                          - popularity_weight * log(1 + popularity)), min_lambda, max_lambda),
+    with conf the chosen `confidence` measure and popularity the subject's inbound links in a datastore with links
+    (Mallen et al. 2023: retrieval helps less popular subjects most; 0 without links or subject). When conf(p_MLM) >= skip_threshold the query is answered by the
     masked LM alone: lambda 0, and neither retrieval nor the kNN search runs. ``python -m evaluation lama
     --adaptive --adaptive-out rule.json`` fits the parameters on the dev split.
     """
@@ -238,6 +244,9 @@ class AdaptiveRule(BaseModel):
     bias: float = Field(-0.85, ge=-50, le=50, description="logit of lambda when both confidences are 0")
     knn_weight: float = Field(2.0, ge=0, le=100, description="how much a confident p_kNN raises lambda")
     mlm_weight: float = Field(2.0, ge=0, le=100, description="how much a confident p_MLM lowers lambda")
+    popularity_weight: float = Field(
+        0.0, ge=0, le=100, description="how much the subject's log popularity (inbound links) lowers lambda"
+    )
     min_lambda: float = Field(0.0, ge=0, le=1)
     max_lambda: float = Field(1.0, ge=0, le=1)
     skip_threshold: float | None = Field(
@@ -265,10 +274,10 @@ class AdaptiveRule(BaseModel):
         """True when the masked LM is confident enough to answer alone."""
         return self.skip_threshold is not None and conf_mlm >= self.skip_threshold
 
-    def lambda_for(self, conf_mlm: float, conf_knn: float) -> float:
+    def lambda_for(self, conf_mlm: float, conf_knn: float, log_popularity: float = 0.0) -> float:
         """The rule's lambda for given confidences (the skip threshold is not applied here)."""
         lam = rule_lambda(self.bias, self.knn_weight, self.mlm_weight, conf_mlm, conf_knn,
-                          self.min_lambda, self.max_lambda)  # fmt: skip
+                          self.min_lambda, self.max_lambda, self.popularity_weight, log_popularity)  # fmt: skip
         return float(lam)
 
     def save(self, path: Path | str) -> None:
@@ -296,9 +305,10 @@ def knn_skipped(rule: AdaptiveRule, p_mlm: np.ndarray) -> bool:
     return rule.skip_threshold is not None and rule.skips(confidence(p_mlm, rule.measure))
 
 
-def adaptive_lambda(rule: AdaptiveRule, p_mlm: np.ndarray, p_knn: np.ndarray) -> float:
-    """The rule's lambda for one query: 0 when the MLM is confident enough (skip) or p_kNN is empty."""
+def adaptive_lambda(rule: AdaptiveRule, p_mlm: np.ndarray, p_knn: np.ndarray, popularity: int | None = None) -> float:
+    """The rule's lambda for one query: 0 when the MLM is confident enough (skip) or p_kNN is empty.
+    ``popularity``: the subject's inbound links (None: unknown, counted as 0)."""
     conf_mlm = confidence(p_mlm, rule.measure)
     if rule.skips(conf_mlm) or not np.any(p_knn):
         return 0.0
-    return rule.lambda_for(conf_mlm, confidence(p_knn, rule.measure))
+    return rule.lambda_for(conf_mlm, confidence(p_knn, rule.measure), math.log1p(popularity or 0))

@@ -210,6 +210,8 @@ class AnswerPipeline:
     ) -> Assembled:  # fmt: skip
         if query.temperature is None:
             query = replace(query, temperature=self.auto_temperature)
+        if query.interpolation == "adaptive" and (query.rule or DEFAULT_RULE).popularity_weight and query.popularity is None:
+            query = replace(query, popularity=self.subject_popularity(query.subject))
         if query.answer == "entity":
             assert self.entity_answerer is not None, "check_query refuses entity answers without links"
             return self.entity_answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
@@ -222,6 +224,14 @@ class AnswerPipeline:
         )
         preds = [replace(p, entity=ref) for p, ref in zip(parts.predictions, refs, strict=True)]
         return replace(parts, predictions=preds)
+
+    def subject_popularity(self, subject: str | None) -> int:
+        """The inbound links of the subject's entity (0: no subject, no links, or none link to it)."""
+        if not subject or not self.datastore.linked:
+            return 0
+        title = self.articles.subjects.resolve(subject) or subject
+        ref = self.datastore.entity(title)
+        return ref.popularity if ref is not None else 0
 
     def _neighbour_words(self, nbrs: Neighbours) -> dict[int, str]:
         """The word stored at each neighbour rank, spelt as the answers spell it."""

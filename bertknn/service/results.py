@@ -31,6 +31,7 @@ class Query:
     rule: AdaptiveRule | None = None  # the adaptive rule; None = AdaptiveRule() defaults
     any_token: bool = False  # rank every vocabulary entry (LAMA's protocol), not only words
     answer: AnswerKind = "word"  # entity: p_kNN over the linked entities (datastores with links)
+    popularity: int | None = None  # the subject's inbound links, for an adaptive rule that weighs them (pipeline)
 
 
 @dataclass(frozen=True)

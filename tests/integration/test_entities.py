@@ -221,3 +221,105 @@ def test_merged_slices_have_the_single_build_s_entities(ds: Path, model: Path, c
     assert read_manifest(merged).links == read_manifest(ds).links
     a, b = Datastore(merged), Datastore(ds)
     assert np.array_equal(a.article_rows(["Port Ambrel"], "entity")[1], b.article_rows(["Port Ambrel"], "entity")[1])
+
+
+# ---- the evaluations (python -m evaluation lama --answer entity | --by-popularity, follow) ------------------------
+
+
+@pytest.fixture(scope="module")
+def lama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LAMA-format probe about the corpus: birthplaces (P19) and the country a city lies in (P138's slot here:
+    the relation id only keys the composed template of the pair P19 -> P138)."""
+    import json
+
+    root = tmp_path_factory.mktemp("ent-lama")
+    (root / "TREx").mkdir()
+    rows = [{"relation": "P19", "template": "[X] was born in [Y] ."},
+            {"relation": "P138", "template": "[X] is a city in the [Y] ."}]  # fmt: skip
+    (root / "relations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    facts = {
+        "P19": [("Orvin Tasker", "New Quellport"), ("Mira Dolan", "Port Ambrel")],
+        "P138": [("New Quellport", "Kingdom of Zembla"), ("Port Ambrel", "Republic of Tessaly")],
+    }
+    for rel, pairs in facts.items():
+        lines = [{"uuid": f"{rel}-{i}", "sub_label": s, "obj_label": o, "evidences": []} for i, (s, o) in enumerate(pairs)]
+        (root / "TREx" / f"{rel}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return root
+
+
+def test_entity_level_lama_and_two_hop_evaluations(lama_dir: Path, ds: Path, tmp_path: Path, capsys) -> None:
+    import json
+
+    from bertknn.evaluation.__main__ import main as evaluate
+
+    common = ["--data", str(lama_dir), "--datastore", str(ds), "--device", "cpu", "--quiet"]
+    assert evaluate(["lama", "--answer", "entity", *common, "--out", str(tmp_path / "lama.json")]) == 0
+    lama = json.loads((tmp_path / "lama.json").read_text())
+    # every object is several wordpieces: the word-level probe would drop all four facts; here each counts
+    assert lama["relations"]["P19"]["BERT-kNN (entity)"] == {"n": 2, "p@1": 100.0, "p@10": 100.0}
+    assert lama["macro"]["BERT-kNN (entity)"]["p@1"] == 100.0 and lama["macro"]["kNN (entity)"]["relations"] == 2
+    # a word answer ("new") stands for no entity with this tiny model: the entity row is what finds the city
+    assert lama["macro"]["MLM word -> entity"]["p@1"] < 100.0
+    assert "LAMA, entity answers" in capsys.readouterr().out
+
+    assert evaluate(["follow", "--pairs", "P19:P138", *common, "--out", str(tmp_path / "follow.json")]) == 0
+    follow = json.loads((tmp_path / "follow.json").read_text())
+    assert follow["settings"]["questions"] == 2
+    assert follow["relations"]["P19->P138"]["hop 1 (follow)"]["p@1"] == 100.0
+    assert follow["relations"]["P19->P138"]["hop 2 (follow)"]["p@1"] == 100.0
+    # the one-shot question is restricted to the person's article, which does not say where the city lies
+    assert follow["relations"]["P19->P138"]["one shot (composed)"]["p@1"] == 0.0
+    out = capsys.readouterr().out
+    assert "Two hops" in out
+
+    assert evaluate(["follow", "--pairs", "P19:P999", *common]) == 1
+    assert "--pairs 'P19:P999'" in capsys.readouterr().err
+
+
+def test_popularity_buckets_split_the_subjects_by_inbound_links() -> None:
+    from bertknn.evaluation.entities import popularity_buckets
+
+    ranks = {"MLM": [1, None, 1, 2, None, 1, 1, 1], "kNN": [1, 1, 1, 1, 1, 1, None, None]}
+    out = popularity_buckets(ranks, [0, 0, 1, 1, 5, 5, 40, 40])
+    buckets = out["buckets"]
+    assert [b["n"] for b in buckets] == [2, 2, 2, 2]  # type: ignore[index]
+    assert [b["MLM"] for b in buckets] == [50.0, 50.0, 50.0, 100.0]  # type: ignore[index]
+    assert [b["kNN"] for b in buckets] == [100.0, 100.0, 100.0, 0.0]  # type: ignore[index]
+
+
+def test_an_adaptive_rule_weighs_the_subject_s_popularity(ds: Path) -> None:
+    rule = {"bias": 0.0, "knn_weight": 0.0, "mlm_weight": 0.0, "popularity_weight": 4.0, "skip_threshold": None}
+    settings = ServiceSettings(datastore=ds, model={"device": "cpu"}, defaults={"adaptive_rule": rule})
+    with TestClient(create_app(settings)) as c:
+        def lam(subject: str) -> float:
+            body = {"text": f"{subject.lower()} is a [MASK] .", "subject": subject, "interpolation": "adaptive"}
+            r = c.post("/predict", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["lambda_used"]
+
+        assert lam("Orvin Tasker") == pytest.approx(0.5)  # nothing links to him: log(1 + 0) = 0
+        assert lam("New Quellport") == pytest.approx(1 / (1 + 3.0**4), rel=1e-4)  # 2 inbound links: sigmoid(-4 log 3)
+
+
+def test_an_interrupted_build_with_links_resumes_to_the_same_bytes(ds: Path, model: Path, corpus: Path, tmp_path: Path) -> None:
+    from bertknn.core.format import MANIFEST, SHARDS_DIR
+
+    out = Path(shutil.copytree(ds, tmp_path / "ds"))
+    # as if killed before its last shard and the manifest: the finished shards are kept, the rest is made again
+    (out / MANIFEST).unlink()
+    kept = {p.name: (p / "entity_labels.npy").stat().st_ino for p in (out / SHARDS_DIR).glob("shard-*")}
+    shutil.rmtree(out / SHARDS_DIR / "shard-00002")
+    del kept["shard-00002"]
+    build_tiny(out, [corpus], model)
+    assert validate_datastore(out, hashes=True) == []
+    for name in ("shard-00000", "shard-00001", "shard-00002"):
+        for f in ("entity_labels.npy", "entities.txt", "entity_offsets.npy", "labels.npy"):
+            assert (out / SHARDS_DIR / name / f).read_bytes() == (ds / SHARDS_DIR / name / f).read_bytes()
+    assert {n: (out / SHARDS_DIR / n / "entity_labels.npy").stat().st_ino for n in kept} == kept  # not redone
+    assert _entities(out) == _entities(ds) and read_manifest(out).links == read_manifest(ds).links
+    # a resume with links off is refused: the finished shards were made with them
+    from bertknn.core.errors import BuildError
+
+    (out / MANIFEST).unlink()
+    with pytest.raises(BuildError, match=r"\(links differ\)"):
+        build_tiny(out, [corpus], model, links=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -215,3 +216,26 @@ def test_space_rejects_bad_axes():
     with pytest.raises(ValueError):
         AdaptiveSpace(knn_weights=())
     assert 0.33 in AdaptiveSpace().with_base_lambda(0.33).base_lambdas
+
+
+def test_popularity_lowers_lambda_and_the_fit_uses_it_only_where_it_separates():
+    rule = AdaptiveRule(bias=0.0, knn_weight=0.0, mlm_weight=0.0, popularity_weight=1.0, skip_threshold=None)
+    assert rule.lambda_for(0.5, 0.5) == pytest.approx(0.5)  # no links (popularity 0): log(1 + 0) = 0
+    assert rule.lambda_for(0.5, 0.5, math.log1p(9)) == pytest.approx(1 / (1 + 10))  # sigmoid(-log 10)
+    p_mlm, p_knn = np.array([0.6, 0.4]), np.array([0.2, 0.8])
+    assert adaptive_lambda(rule, p_mlm, p_knn, 9) == pytest.approx(1 / 11)
+    assert adaptive_lambda(rule, p_mlm, p_knn, None) == pytest.approx(0.5)
+    # the same confidences everywhere; popular subjects: the MLM is right, kNN wrong; rare ones: the reverse
+    popular = [replace(_query("P1", 3, 4, 3, mlm_conf=0.6, knn_conf=0.9), log_pop=math.log1p(500))] * 2
+    rare = [_query("P1", 5, 6, 6, mlm_conf=0.6, knn_conf=0.9)] * 2
+    space = AdaptiveSpace(measures=("top1",), base_lambdas=(0.7,), knn_weights=(0.0,), mlm_weights=(0.0,),
+                          skip_thresholds=(None,))  # fmt: skip
+    without = fit_rule([*popular, *rare], space, fixed_lambda=0.7)
+    assert without.best.macro["p@1"] == 50.0 and without.best.rule.popularity_weight == 0.0
+    fit = fit_rule([*popular, *rare], replace(space, popularity_weights=(0.0, 0.5)), fixed_lambda=0.7)
+    assert fit.best.macro["p@1"] == 100.0 and fit.best.rule.popularity_weight == 0.5
+    # and where popularity separates nothing, the fit keeps it out (weaker dependence wins ties)
+    flat = fit_rule(rare, replace(space, popularity_weights=(0.0, 0.5)), fixed_lambda=0.7)
+    assert flat.best.rule.popularity_weight == 0.0
+    with pytest.raises(ValueError, match="weights must be >= 0"):
+        AdaptiveSpace(popularity_weights=(-1.0,))

@@ -212,3 +212,31 @@ def test_templates_need_one_x_and_one_y() -> None:
     for bad in ("[X] was born in [MASK] .", "[X] and [X] in [Y] .", "born in [Y] .", "[X] [Y] [mask]"):
         with pytest.raises(InvalidRequest, match="relations.3"):
             check_template(bad, 3)
+
+
+def test_prepared_rows_keep_each_anchor_s_span_through_splitting_and_masking(bert_tokenizer) -> None:
+    from bertknn.builder.build import ShardPreparer
+    from bertknn.builder.corpus import Article
+    from bertknn.builder.wikitext import Link
+    from tests.conftest import BERT_TOKENIZER
+
+    text = ("Dante Alighieri was born in Florence in 1265. He wrote the Divine Comedy in exile. "
+            "He died in Ravenna, in the Papal States, in 1321.")  # fmt: skip
+    anchors = [("Florence", "Florence"), ("Divine Comedy", "Divine Comedy"), ("Ravenna", "Ravenna"),
+               ("Papal States", "Papal States"), ("exile. He", "Exile")]  # the last crosses a sentence end  # fmt: skip
+    links = tuple(Link(text.index(a), text.index(a) + len(a), t) for a, t in anchors)
+    prep = ShardPreparer(str(BERT_TOKENIZER), 64, load_stopwords(), 10, "single-piece", links=True)
+    shard = prep.prepare(0, [Article("1", "Dante Alighieri", text, "x.jsonl", links=links)])
+    assert shard.entity_labels is not None and shard.entities is not None
+    found = {}
+    for row in np.flatnonzero(shard.entity_labels >= 0).tolist():
+        a, b = shard.spans[row].tolist()
+        sentence = shard.sentences[shard.sentence_ids[row]]
+        found[sentence[a:b]] = shard.entities[shard.entity_labels[row]]
+        masked = shard.inputs[row]
+        assert masked.input_ids.count(bert_tokenizer.mask_token_id) == 1
+        if shard.labels[row] < 0:  # an anchor row: its words are gone, one [MASK] in their place
+            assert bert_tokenizer.decode(masked.input_ids).count(sentence[a:b].lower()) == 0
+    assert found == {"Florence": "Florence", "Divine Comedy": "Divine Comedy", "Ravenna": "Ravenna",
+                     "Papal States": "Papal States"}  # fmt: skip
+    assert "Exile" not in shard.entities  # an anchor across two sentences is in neither

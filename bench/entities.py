@@ -1,0 +1,151 @@
+"""Entities benchmark, one command: ``python -m bench.entities`` (``--help`` for the options).
+
+1. Facts: the first ``--limit`` facts of every T-REx relation with evidence files (all of them, whatever their
+   object's length: entity answers have no single-wordpiece rule), and two-hop questions composed from the facts
+   (X r1 Y, Y r2 Z, for the relation pairs that `bertknn.evaluation.entities.COMPOSED` names), ``--follow-limit``
+   per pair.
+2. Corpus (``bench/quality/corpus.py`` with ``links=True``): the benchmark corpus with links: the subject articles
+   of those facts and of the questions' bridges Y, made of T-REx evidence sentences in which the object's surface
+   form links to the object's title (as Wikipedia's own link there would), plus ``--distractors`` vital articles.
+3. Datastore: built with the real builder (``--model``, default the proxy MiniLM MLM), links kept; reused when
+   the corpus and the model are unchanged.
+4. Evaluations (the commands a user runs, in process, service defaults):
+   ``python -m evaluation lama --answer entity``, ``python -m evaluation lama --by-popularity --adaptive
+   --adaptive-popularity`` (word answers: P@1 per quartile of the subjects' inbound links, and the adaptive rule
+   fitted on dev with and without the subject's popularity as a feature) and ``python -m evaluation follow``.
+
+Writes ``bench/results/entities-{lama,popularity,follow}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
+
+logger = logging.getLogger("bench.entities")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.entities", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default=str(PROXY_MODEL), help="masked LM directory or name")
+    p.add_argument("--data", type=Path, default=SHARED / "data", help="directory holding lama/ and wiki/")
+    p.add_argument("--work", type=Path, default=REPO / "runs" / "bench-entities", help="corpus and datastore go here")
+    p.add_argument("--results", type=Path, default=REPO / "bench" / "results", help="reports go here")
+    p.add_argument("--limit", type=int, default=30, help="facts per relation (first N, file order)")
+    p.add_argument("--follow-limit", type=int, default=30, help="two-hop questions per relation pair")
+    p.add_argument("--distractors", type=int, default=300, help="vital articles added as distractors")
+    p.add_argument("--fact-sentences", type=int, default=20, help="evidence sentences kept per evaluated fact")
+    p.add_argument("--other-sentences", type=int, default=5, help="other evidence sentences per subject article")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = CPU quota)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
+    p.add_argument("--rebuild", action="store_true", help="build the datastore again even if it is current")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+
+    from bench.quality.corpus import write_corpus
+    from bertknn.builder.build import build
+    from bertknn.builder.settings import BuildSettings
+    from bertknn.core.format import read_manifest, sha256_file, validate_datastore
+    from bertknn.core.runtime import cpu_quota_threads
+    from bertknn.evaluation.__main__ import main as evaluate
+    from bertknn.evaluation.entities import COMPOSED, two_hop_questions
+    from bertknn.evaluation.lama import discover_relations, read_facts
+
+    t0 = time.perf_counter()
+    lama_dir, wiki_dir = args.data / "lama", args.data / "wiki"
+    relations = {r.id: r for r in discover_relations(lama_dir, trex="evidence") if r.template is not None}
+    subjects: set[str] = set()
+    uids: set[str] = set()
+    for rel in relations.values():
+        for fact in read_facts(rel)[: args.limit]:
+            if fact.subject:
+                subjects.add(fact.subject)
+                uids.add(fact.uid)
+    questions = two_hop_questions(relations, list(COMPOSED), args.follow_limit)
+    bridges = {q.bridge for q in questions}
+    for q in questions:
+        subjects.add(q.subject)
+    for rel in relations.values():  # the facts that make each question: X r1 Y, and Y's r2 facts
+        for fact in read_facts(rel):
+            if fact.subject in subjects and any(q.subject == fact.subject and q.r1 == rel.id for q in questions):
+                uids.add(fact.uid)
+            if fact.subject in bridges and any(q.bridge == fact.subject and q.r2 == rel.id for q in questions):
+                subjects.add(fact.subject)
+                uids.add(fact.uid)
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    corpus = args.work / "corpus.jsonl"
+    stats = write_corpus(
+        corpus, wiki_dir=wiki_dir, lama_dir=lama_dir, trex_subjects=subjects, trex_uids=uids, google_re_uids=set(),
+        distractors=args.distractors, max_fact_sentences=args.fact_sentences,
+        max_other_sentences=args.other_sentences, links=True,
+    )  # fmt: skip
+    links = sum(len(json.loads(line).get("links", [])) for line in corpus.open(encoding="utf-8"))
+    logger.info("corpus %s: %d articles, %d links, %d two-hop questions", corpus, stats.articles, links, len(questions))
+
+    ds = args.work / "datastore"
+    corpus_sha = sha256_file(corpus)
+    current = (
+        not args.rebuild
+        and (ds / "manifest.json").is_file()
+        and [s.sha256 for s in read_manifest(ds).sources] == [corpus_sha]
+        and read_manifest(ds).links is not None
+        and not validate_datastore(ds, hashes=False)
+    )
+    t = time.perf_counter()
+    if not current:
+        if ds.exists():
+            shutil.rmtree(ds)
+        build(BuildSettings(corpus=[corpus], model=args.model, out=ds, device=args.device, workers=1,
+                            batch_size=128, threads=args.threads or cpu_quota_threads()))  # type: ignore[call-arg]  # fmt: skip
+    build_s = time.perf_counter() - t
+    man = read_manifest(ds)
+    logger.info("datastore %s: %s, links %s%s", ds, man.counts.model_dump(), man.links, " (reused)" if current else "")
+
+    common = ["--datastore", str(ds), "--device", args.device, "--data", str(lama_dir)] + (["--quiet"] if args.quiet else [])
+    if args.threads:
+        common += ["--threads", str(args.threads)]
+    args.results.mkdir(parents=True, exist_ok=True)
+    runs = {
+        "lama": ["lama", "--answer", "entity", "--trex", "evidence", "--datasets", "T-REx", "--limit", str(args.limit)],
+        "popularity": ["lama", "--by-popularity", "--adaptive", "--adaptive-popularity", "--trex", "evidence",
+                       "--datasets", "T-REx", "--limit", str(args.limit)],
+        "follow": ["follow", "--limit", str(args.follow_limit)],
+    }
+    for name, argv_run in runs.items():
+        out = args.results / f"entities-{name}.json"
+        code = evaluate([*argv_run, *common, "--out", str(out)])
+        if code != 0:
+            return code
+        report = json.loads(out.read_text(encoding="utf-8"))
+        report.setdefault("settings", {}).update(
+            {"bench": {"corpus_articles": stats.articles, "corpus_links": links, "contexts": man.counts.contexts,
+                       "links": man.links.model_dump() if man.links else None, "build_s": round(build_s, 1),
+                       "datastore_reused": current, "model": args.model}}
+        )  # fmt: skip
+        out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    logger.info("bench.entities finished in %.0f s", time.perf_counter() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
