@@ -14,7 +14,10 @@
    --adaptive-popularity`` (word answers: P@1 per quartile of the subjects' inbound links, and the adaptive rule
    fitted on dev with and without the subject's popularity as a feature) and ``python -m evaluation follow``.
 
-Writes ``bench/results/entities-{lama,popularity,follow}.json``.
+5. What links cost a word query after its forward pass (each answer's entity): the same queries with warm caches,
+   links on and off, alternating.
+
+Writes ``bench/results/entities-{lama,popularity,follow,overhead}.json``.
 """
 
 from __future__ import annotations
@@ -143,8 +146,53 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "datastore_reused": current, "model": args.model}}
         )  # fmt: skip
         out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    overhead = measure_overhead(ds, lama_dir, args.limit, args.device)
+    (args.results / "entities-overhead.json").write_text(json.dumps(overhead, indent=1) + "\n", encoding="utf-8")
+    logger.info("entity attach overhead: %s", overhead)
     logger.info("bench.entities finished in %.0f s", time.perf_counter() - t0)
     return 0
+
+
+def measure_overhead(ds: Path, lama_dir: Path, limit: int, device: str, reps: int = 3) -> dict[str, object]:
+    """What links cost a word query after its forward pass (each word answer's entity, the rows filter): the same
+    queries with warm encoding and retrieval caches, on the datastore with its links and with them switched off,
+    in alternating blocks, one torch thread."""
+    import torch
+
+    from bertknn.evaluation.lama import discover_relations, fill_template, read_facts
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.pipeline import AnswerPipeline
+    from bertknn.service.results import Query
+
+    torch.set_num_threads(1)
+    pipe = AnswerPipeline.open(ds, device=device, cache=InMemoryCache(1 << 16))
+    lower = bool(getattr(pipe.encoder.tokenizer, "do_lower_case", False))
+    queries = [
+        Query(text=fill_template(r.template, f.subject, lowercase=lower), subject=f.subject)
+        for r in discover_relations(lama_dir, trex="evidence") if r.template is not None
+        for f in read_facts(r)[:limit] if f.subject
+    ]  # fmt: skip
+    for q in queries:  # warm the caches: what is timed is what comes after the forward pass
+        pipe.predict(q)
+    links = pipe.datastore.manifest.links
+    ms: dict[str, list[float]] = {"with_links": [], "links_off": []}
+    try:
+        for _ in range(reps):
+            for name, value in (("with_links", links), ("links_off", None)):
+                pipe.datastore.manifest.links = value
+                t = time.perf_counter()
+                for q in queries:
+                    pipe.predict(q)
+                ms[name].append(round((time.perf_counter() - t) / len(queries) * 1000, 4))
+    finally:
+        pipe.datastore.manifest.links = links
+        pipe.close()
+    best = {k: min(v) for k, v in ms.items()}
+    return {
+        "queries": len(queries), "ms_per_query_after_forward": ms, "best": best,
+        "added_ms": round(best["with_links"] - best["links_off"], 4),
+        "ratio": round(best["with_links"] / best["links_off"], 3),
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

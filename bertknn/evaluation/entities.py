@@ -235,18 +235,24 @@ def popularity_of(pipeline: AnswerPipeline, subject: str) -> int:
 def popularity_buckets(
     ranks: Mapping[str, Sequence[int | None]], popularity: Sequence[int], *, buckets: int = 4
 ) -> dict[str, object]:
-    """P@1 per row and per quantile bucket of popularity (ties kept together: a bucket's edges are values)."""
-    pop = np.asarray(popularity, dtype=np.float64)
-    edges = np.unique(np.quantile(pop, np.linspace(0, 1, buckets + 1))) if len(pop) else np.zeros(1)
-    which = np.clip(np.searchsorted(edges, pop, side="right") - 1, 0, max(0, len(edges) - 2))
-    out: dict[str, object] = {"edges": edges.tolist(), "buckets": []}
-    for b in range(max(1, len(edges) - 1)):
-        members = np.flatnonzero(which == b)
-        row: dict[str, object] = {
-            "popularity": [float(edges[b]), float(edges[min(b + 1, len(edges) - 1)])],
-            "n": int(len(members)),
-            "log1p_mean": float(np.mean(np.log1p(pop[members]))) if len(members) else math.nan,
-        }
+    """P@1 per row and per popularity bucket: the subjects nothing links to (popularity 0, often most of them),
+    then ``buckets`` quantile buckets of the others (ties kept together: a bucket's edges are values, so there may
+    be fewer)."""
+    pop = np.asarray(popularity, dtype=np.int64)
+    positive = pop[pop > 0]
+    edges = np.unique(np.quantile(positive, np.linspace(0, 1, buckets + 1))) if len(positive) else np.zeros(0)
+    groups: list[tuple[tuple[float, float], np.ndarray]] = []
+    if (pop == 0).any():
+        groups.append(((0.0, 0.0), np.flatnonzero(pop == 0)))
+    for b in range(max(0, len(edges) - 1)):
+        lo, hi = edges[b], edges[b + 1]
+        upper = pop <= hi if b == len(edges) - 2 else pop < hi
+        groups.append(((float(lo), float(hi)), np.flatnonzero((pop >= lo) & upper & (pop > 0))))
+    if len(edges) == 1:  # every linked subject has the same popularity
+        groups.append(((float(edges[0]), float(edges[0])), np.flatnonzero(pop == edges[0])))
+    out: dict[str, object] = {"zero": int((pop == 0).sum()), "edges": edges.tolist(), "buckets": []}
+    for (lo, hi), members in groups:
+        row: dict[str, object] = {"popularity": [lo, hi], "n": int(len(members))}
         for name, r in ranks.items():
             hits = [r[i] == 1 for i in members.tolist()]
             row[name] = 100.0 * sum(hits) / max(1, len(hits))

@@ -61,9 +61,12 @@ class EntityAnswerer:
         found: list[EntityRef] = []
         index: dict[str, int] = {}
         labels = np.empty(len(nbrs), dtype=np.int64)
-        for n, row in enumerate(nbrs.rows.tolist()):
-            ref = self.datastore.entity_at(int(row))
-            assert ref is not None, "entity answers search linked rows only"
+        refs: dict[tuple[int, int], EntityRef] = {}
+        for n, where in enumerate(self.datastore.entity_indexes(nbrs.rows.tolist())):
+            assert where is not None, "entity answers search linked rows only"
+            ref = refs.get(where)
+            if ref is None:
+                ref = refs[where] = self.datastore.entity_of(*where)
             c = index.get(ref.title)
             if c is None:
                 c = index[ref.title] = len(found)
@@ -122,14 +125,17 @@ def entity_of_words(
         return [None] * len(words)
     votes: dict[str, dict[str, tuple[float, EntityRef]]] = {}
     wanted = set(words)
+    ranks = [r for r in range(len(nbrs)) if word_at.get(r) in wanted]
+    found = datastore.entity_indexes([int(nbrs.rows[r]) for r in ranks])
+    refs: dict[tuple[int, int], EntityRef] = {}  # each link target looked up once
     d0 = float(nbrs.distances[0]) if len(nbrs) else 0.0
-    for rank, row in enumerate(nbrs.rows.tolist()):
-        word = word_at.get(rank)
-        if word not in wanted:
+    for rank, where in zip(ranks, found, strict=True):
+        if where is None:
             continue
-        ref = datastore.entity_at(int(row))
+        ref = refs.get(where)
         if ref is None:
-            continue
+            ref = refs[where] = datastore.entity_of(*where)
+        word = word_at[rank]
         weight = math.exp(-(float(nbrs.distances[rank]) - d0) / temperature)
         held = votes.setdefault(word, {}).get(ref.title)
         votes[word][ref.title] = ((held[0] if held else 0.0) + weight, ref)

@@ -279,12 +279,18 @@ def test_entity_level_lama_and_two_hop_evaluations(lama_dir: Path, ds: Path, tmp
 def test_popularity_buckets_split_the_subjects_by_inbound_links() -> None:
     from bertknn.evaluation.entities import popularity_buckets
 
-    ranks = {"MLM": [1, None, 1, 2, None, 1, 1, 1], "kNN": [1, 1, 1, 1, 1, 1, None, None]}
-    out = popularity_buckets(ranks, [0, 0, 1, 1, 5, 5, 40, 40])
+    ranks = {"MLM": [1, None, 1, 2, None, 1, 1, 1, None], "kNN": [1, 1, 1, 1, 1, 1, None, None, 1]}
+    out = popularity_buckets(ranks, [0, 0, 1, 1, 5, 5, 40, 40, 0], buckets=2)
     buckets = out["buckets"]
-    assert [b["n"] for b in buckets] == [2, 2, 2, 2]  # type: ignore[index]
-    assert [b["MLM"] for b in buckets] == [50.0, 50.0, 50.0, 100.0]  # type: ignore[index]
-    assert [b["kNN"] for b in buckets] == [100.0, 100.0, 100.0, 0.0]  # type: ignore[index]
+    # nothing links to three subjects: a bucket of their own; the others split at their median (5)
+    assert out["zero"] == 3 and out["edges"] == [1.0, 5.0, 40.0]
+    assert [b["popularity"] for b in buckets] == [[0.0, 0.0], [1.0, 5.0], [5.0, 40.0]]  # type: ignore[index]
+    assert [b["n"] for b in buckets] == [3, 2, 4]  # type: ignore[index]
+    assert [b["MLM"] for b in buckets] == pytest.approx([100 / 3, 50.0, 75.0])  # type: ignore[index]
+    assert [b["kNN"] for b in buckets] == pytest.approx([100.0, 100.0, 50.0])  # type: ignore[index]
+    assert popularity_buckets(ranks, [0] * 9)["buckets"] == [  # nobody linked: one bucket
+        {"popularity": [0.0, 0.0], "n": 9, "MLM": pytest.approx(500 / 9), "kNN": pytest.approx(700 / 9)}
+    ]
 
 
 def test_an_adaptive_rule_weighs_the_subject_s_popularity(ds: Path) -> None:

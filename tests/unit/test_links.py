@@ -146,8 +146,13 @@ class _Linked:
     def __init__(self, rows: dict[int, EntityRef | None]):
         self.rows = rows
 
-    def entity_at(self, row: int) -> EntityRef | None:
-        return self.rows[row]
+    def entity_indexes(self, rows: list[int]) -> list[tuple[int, int] | None]:
+        return [None if self.rows[r] is None else (0, r) for r in rows]
+
+    def entity_of(self, pos: int, local: int) -> EntityRef:
+        ref = self.rows[local]
+        assert ref is not None
+        return ref
 
     def entity(self, title: str) -> EntityRef | None:
         return {"Pisa": EntityRef("Pisa", 9)}.get(title)

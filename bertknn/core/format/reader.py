@@ -289,6 +289,11 @@ class Datastore:
             if self.linked:
                 lab = (shard.entity_labels if answer == "entity" else shard.labels)[a:b]
                 keep = np.flatnonzero(lab >= 0)
+                if len(keep) == b - a:  # (no row left out: the plain slice, as without links)
+                    vecs.append(shard.payload[a:b])
+                    labels.append(lab)
+                    ids.append(np.arange(base + a, base + b, dtype=np.int64))
+                    continue
                 vecs.append(shard.payload[a:b][keep])
                 labels.append(lab[keep])
                 ids.append(base + a + keep.astype(np.int64))
@@ -342,12 +347,29 @@ class Datastore:
         """The entity a row links to (its title after redirects, its popularity), or None (no link)."""
         if not self.linked:
             return None
-        pos, row = self.locate(global_row)
-        shard = self.shards[pos]
-        local = int(shard.entity_labels[row])
-        if local < 0:
-            return None
-        target = shard.entity_title(local)
+        (found,) = self.entity_indexes([global_row])
+        return None if found is None else self.entity_of(*found)
+
+    def entity_indexes(self, global_rows: Sequence[int]) -> list[tuple[int, int] | None]:
+        """For each row, (shard position, its link's index in that shard's entities), or None (no link): one
+        read of each shard's ``entity_labels`` for all of them."""
+        out: list[tuple[int, int] | None] = [None] * len(global_rows)
+        if not self.linked:
+            return out
+        by_shard: dict[int, list[tuple[int, int]]] = {}
+        for i, g in enumerate(global_rows):
+            pos, row = self.locate(g)
+            by_shard.setdefault(pos, []).append((i, row))
+        for pos, items in by_shard.items():
+            rows = np.fromiter((r for _, r in items), dtype=np.int64, count=len(items))
+            for (i, _), local in zip(items, self.shards[pos].entity_labels[rows].tolist(), strict=True):
+                if local >= 0:
+                    out[i] = (pos, int(local))
+        return out
+
+    def entity_of(self, pos: int, local: int) -> EntityRef:
+        """The entity of link ``local`` of shard position ``pos`` (see `entity_indexes`)."""
+        target = self.shards[pos].entity_title(local)
         return self.table.entity(target) or EntityRef(self.redirects.get(target, target), 0)
 
     def entity(self, title: str) -> EntityRef | None:
