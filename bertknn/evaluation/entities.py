@@ -17,7 +17,6 @@ All figures are macro averages over relations (LAMA's convention), with each rel
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
