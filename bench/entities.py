@@ -147,10 +147,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     overhead = measure_overhead(ds, lama_dir, args.limit, args.device)
+    overhead["follow"] = measure_follow(ds, relations, questions, args.device)
+    overhead["model"] = args.model
     (args.results / "entities-overhead.json").write_text(json.dumps(overhead, indent=1) + "\n", encoding="utf-8")
-    logger.info("entity attach overhead: %s", overhead)
+    logger.info("entity costs: %s", overhead)
     logger.info("bench.entities finished in %.0f s", time.perf_counter() - t0)
     return 0
+
+
+def measure_follow(ds: Path, relations: dict, questions: Sequence, device: str, limit: int = 40) -> dict[str, object]:
+    """Uncached latency of a two-hop relation following (beam 5: 1 + up to 5 queries, two forward passes) against
+    one entity query (its first hop alone), question by question, alternating, one torch thread, no cache."""
+    import asyncio
+
+    import numpy as np
+    import torch
+
+    from bertknn.evaluation.lama import fill_template
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.follow import follow
+    from bertknn.service.pipeline import AnswerPipeline
+    from bertknn.service.results import Query
+
+    torch.set_num_threads(1)
+    pipe = AnswerPipeline.open(ds, device=device, cache=InMemoryCache(0))  # nothing cached: every forward runs
+    lower = bool(getattr(pipe.encoder.tokenizer, "do_lower_case", False))
+    base = Query(text="", answer="entity")
+    batches: list[int] = []
+
+    async def ask(queries: list[Query]) -> list:
+        batches.append(len(queries))
+        return pipe.predict_batch(queries)
+
+    one: list[float] = []
+    two: list[float] = []
+    try:
+        for q in list(questions)[:limit]:
+            t1, t2 = relations[q.r1].template, relations[q.r2].template
+            text = fill_template(t1, q.subject, lowercase=lower)
+            t = time.perf_counter()
+            pipe.predict(Query(text=text, subject=q.subject, answer="entity"))
+            one.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            asyncio.run(follow(q.subject, [t1, t2], top_k=10, beam=5, lower=lower, base=base, ask=ask))
+            two.append(time.perf_counter() - t)
+    finally:
+        pipe.close()
+    p50_one, p50_two = float(np.median(one)) * 1000, float(np.median(two)) * 1000
+    return {
+        "questions": len(one), "predict_entity_p50_ms": round(p50_one, 2), "follow_two_hops_p50_ms": round(p50_two, 2),
+        "ratio": round(p50_two / p50_one, 2), "queries_per_follow_mean": round(sum(batches) / max(1, len(one)), 2),
+    }  # fmt: skip
 
 
 def measure_overhead(ds: Path, lama_dir: Path, limit: int, device: str, reps: int = 3) -> dict[str, object]:

@@ -91,6 +91,8 @@ def measure_distance_scale(
             entry = ds.articles.get(title)
             if entry is None or entry.shard != pos or entry.rows < 2:
                 continue  # superseded rows, or an article of one context
+            if ds.linked and int(ds.shards[pos].labels[row]) < 0:
+                continue  # an entity link's anchor-only row: no word, never a word query's neighbour
             by_article.setdefault(title, []).append(g)
             taken += 1
         distances: list[np.ndarray] = []
@@ -98,8 +100,11 @@ def measure_distance_scale(
         faiss.omp_set_num_threads(1)
         for title, picked in by_article.items():
             payload, labels, ids = ds.article_rows([title])
+            if len(ids) < 2:
+                continue
             index = rows_index(payload, ds.codec)
             local = np.searchsorted(ids, picked)
+            assert np.array_equal(ids[local], picked), "a sampled row is not among its article's word rows"
             pos, _ = ds.locate(picked[0])
             queries = ds.float_rows(pos, (np.asarray(picked) - ds.shard_offsets[pos]))
             d, nn = index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k + 1, len(ids)))

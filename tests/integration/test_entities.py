@@ -329,3 +329,18 @@ def test_an_interrupted_build_with_links_resumes_to_the_same_bytes(ds: Path, mod
     (out / MANIFEST).unlink()
     with pytest.raises(BuildError, match=r"\(links differ\)"):
         build_tiny(out, [corpus], model, links=False)
+
+
+def test_the_distance_scale_is_measured_on_word_rows_only(ds: Path) -> None:
+    """Anchor-only rows are never a word query's neighbour, so the temperature statistic leaves them out (it once
+    took one as a query and compared it with the wrong row)."""
+    from bertknn.core.calibration import measure_distance_scale
+
+    m = read_manifest(ds)
+    store = Datastore(ds)
+    anchors = sum(int((store.shards[i].labels < 0).sum()) for i in range(len(store.shards)))
+    assert anchors == 6  # the case at hand: the sample draws from all 60 rows, 6 of them anchors
+    # a sampled anchor row would trip the check that every query is among its article's word rows
+    scale = measure_distance_scale(ds, m, sample=10_000)
+    assert scale is not None and 0 < scale.sample <= store.total_rows - anchors
+    assert m.distance_scale is not None and m.distance_scale.value == measure_distance_scale(ds, m).value  # type: ignore[union-attr]
