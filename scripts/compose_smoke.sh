@@ -286,6 +286,7 @@ check_stop() {
   podman stop -t 10 "$api" >/dev/null
   t1=$(date +%s.%N)
   code=$(podman inspect --format '{{.State.ExitCode}}' "$api")
+  podman logs --timestamps --tail 8 "$api" 2>&1 | sed 's/^/  api log: /'  # where the stop's time went
   python -c "import sys; t=float(sys.argv[2])-float(sys.argv[1]); print(f'api stopped on SIGTERM in {t:.1f} s, exit code {sys.argv[3]}'); sys.exit(t >= 8)" \
     "$t0" "$t1" "$code" || fail "the api took too long to stop on SIGTERM"
   [ "$code" != 137 ] || fail "the api was killed (exit 137), not stopped by SIGTERM"

@@ -222,10 +222,15 @@ def create_app(
             resources.draining = True
             if watch is not None:
                 watch.cancel()
+            steps: dict[str, float] = {}
+            t = time.perf_counter()
             await resources.reloader.close()
+            steps["reloader"], t = time.perf_counter() - t, time.perf_counter()
             await resources.answerer.stop()
+            steps["answerer"], t = time.perf_counter() - t, time.perf_counter()
             (resources.pipeline or pipeline).close()  # the version serving last (a reload may have swapped it)
-            logger.info("stopped")
+            steps["pipeline"] = time.perf_counter() - t
+            logger.info("stopped (%s)", ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()))
 
     app = FastAPI(
         title="BERT-kNN",
