@@ -104,7 +104,7 @@ def recode_datastore(src: Path, out: Path, spec: CodecSpec) -> dict:
     summary = {
         "datastore": str(out), "id": new.datastore_id, "codec": info.factory, "code_bytes": info.code_bytes,
         "contexts": total, "vectors_bytes": vec_bytes, "codes_bytes": code_bytes,
-        "temperature_auto": new.distance_scale.value if new.distance_scale else None,
+        "temperature_auto": new.distance_scale.model_dump() if new.distance_scale else None,
         "train_s": round(coder.train_seconds, 2), "seconds": round(time.perf_counter() - t0, 2),
     }  # fmt: skip
     logger.info("recode finished: %s", summary)

@@ -6,18 +6,22 @@ fixed ``l`` makes p_kNN one-hot for some and flat for others. The statistic (``S
 
     Draw a seeded sample of stored contexts (uniform over rows, articles with at least two contexts). For each,
     search its own article's contexts, itself left out, as the restricted kNN does (the same index, through the
-    codec when there is one; a coded context's query is its decoded vector), keeping the ``k`` nearest. ``l`` is
-    the temperature that maximises the mean log-probability that ``softmax(-d / l)`` over those neighbours gives the
-    context's own word, over the sampled contexts whose word is among them (leave-one-out likelihood), found on a
-    log-spaced grid around the sample's median neighbour distance.
+    codec when there is one; a coded context's query is its decoded vector), keeping the ``k`` nearest. The
+    temperature is relative to each query's own neighbours: ``l = a * median(d)`` over the distances the query got.
+    ``a`` is the factor that maximises the mean log-probability that ``softmax(-d / l)`` over those neighbours gives
+    the context's own word, over the sampled contexts whose word is among them (leave-one-out likelihood), found on a
+    log-spaced grid.
 
-It needs no labels beyond the datastore's own and no constant tuned on any model: it asks at which distance scale a
-context's own-article neighbours predict its word. The service uses the recorded ``l`` when a request and the
-settings leave the temperature at ``auto``; a datastore without the measurement gets the paper's 6.
+It needs no labels beyond the datastore's own and no constant tuned on any model: it asks at which distance scale,
+relative to how far a context's own-article neighbours lie, they predict its word. The service applies ``a`` to
+each query's neighbour distances when a request and the settings leave the temperature at ``auto``. A datastore
+measured with the earlier statistic (``FIXED_STATISTIC``: one ``l`` for every query, fitted the same way) keeps it;
+one without a measurement gets the paper's 6. docs/decisions/codecs-and-temperature.md says why the relative form.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
@@ -26,28 +30,65 @@ import numpy as np
 from bertknn.core.format.codec import rows_index
 from bertknn.core.format.contract import DistanceScale, Manifest
 
-STATISTIC = "own-article-loo-temperature-v1"
+STATISTIC = "own-article-loo-relative-temperature-v2"  # value: the factor a of l = a * median(d)
+FIXED_STATISTIC = "own-article-loo-temperature-v1"  # value: l itself (datastores measured before v2)
 PAPER_TEMPERATURE = 6.0
 SAMPLE = 2000
 NEIGHBOURS = 128
 
 
-def temperature_for(scale: DistanceScale | None) -> float:
+def neighbour_scale(distances: np.ndarray) -> float:
+    """The distance scale of one query's neighbours, which ``l`` is relative to: the median of their squared L2
+    distances (0 without neighbours)."""
+    return float(np.median(distances)) if len(distances) else 0.0
+
+
+@dataclass(frozen=True)
+class AutoTemperature:
+    """What ``temperature: auto`` stands for with one datastore: ``factor * neighbour_scale(d)`` for each query
+    (``factor`` None: the fixed ``typical`` for every query). ``typical`` also stands in for a query without
+    neighbours (its temperature changes nothing) or with all of them at distance 0."""
+
+    factor: float | None
+    typical: float
+
+    def of(self, distances: np.ndarray) -> float:
+        """The ``l`` for a query whose neighbours lie at ``distances`` (squared L2)."""
+        if self.factor is None:
+            return self.typical
+        scale = neighbour_scale(distances)
+        return self.factor * scale if scale > 0 else self.typical
+
+
+def temperature_for(scale: DistanceScale | None) -> AutoTemperature:
     """The temperature ``auto`` stands for: the datastore's measured one, else the paper's."""
-    if scale is None or scale.statistic != STATISTIC or not scale.value > 0:
-        return PAPER_TEMPERATURE
-    return float(scale.value)
+    if scale is not None and scale.value > 0:
+        if scale.statistic == STATISTIC and scale.typical is not None and scale.typical > 0:
+            return AutoTemperature(float(scale.value), float(scale.typical))
+        if scale.statistic == FIXED_STATISTIC:
+            return AutoTemperature(None, float(scale.value))
+    return AutoTemperature(None, PAPER_TEMPERATURE)
 
 
-def fit_temperature(distances: list[np.ndarray], matches: list[np.ndarray], grid: int = 121) -> float:
-    """The ``l`` maximising the mean over samples of ``log sum_{j: match} softmax(-d / l)_j`` (samples without a
-    match are left out); a log grid of ``grid`` points from 1/100 to 100 times the median distance."""
-    keep = [(d.astype(np.float64), m) for d, m in zip(distances, matches, strict=True) if m.any() and len(d) > 1]
+def fit_temperature(
+    distances: list[np.ndarray], matches: list[np.ndarray], scales: list[float] | None = None, grid: int = 121
+) -> float | None:
+    """The ``a`` maximising the mean over samples of ``log sum_{j: match} softmax(-d / (a * scale))_j`` (samples
+    without a match, or without a positive scale, are left out); a log grid of ``grid`` points from 1/100 to 100
+    times the median of ``d / scale``. Without ``scales`` (all 1) that ``a`` is a fixed temperature ``l``. None when
+    no sample can say (no match among any sample's neighbours, or every distance 0)."""
+    if scales is None:
+        scales = [1.0] * len(distances)
+    keep = [
+        (d.astype(np.float64) / s, m)
+        for d, m, s in zip(distances, matches, scales, strict=True)
+        if m.any() and len(d) > 1 and s > 0
+    ]
     if not keep:
-        return PAPER_TEMPERATURE
+        return None
     median = float(np.median(np.concatenate([d for d, _ in keep])))
     if not median > 0:
-        return PAPER_TEMPERATURE
+        return None
     candidates = median * np.logspace(-2, 2, grid)
     width = max(len(d) for d, _ in keep)
     dist = np.full((len(keep), width), np.inf)
@@ -55,7 +96,7 @@ def fit_temperature(distances: list[np.ndarray], matches: list[np.ndarray], grid
     for i, (d, m) in enumerate(keep):
         dist[i, : len(d)] = d
         match[i, : len(d)] = m
-    best, best_ll = PAPER_TEMPERATURE, -np.inf
+    best, best_ll = float(candidates[0]), -np.inf
     for lt in candidates:
         logits = -dist / lt
         top = logits.max(axis=1, keepdims=True)  # finite: every row has a neighbour
@@ -114,6 +155,12 @@ def measure_distance_scale(
                 matches.append(labels[nn[qi][keep][:k]] == labels[li])
         if not distances:
             return None
-        return DistanceScale(statistic=STATISTIC, value=fit_temperature(distances, matches), sample=len(distances), seed=seed)
+        scales = [neighbour_scale(d) for d in distances]
+        factor = fit_temperature(distances, matches, scales)
+        if factor is None:
+            return None
+        positive = [s for s in scales if s > 0]
+        typical = factor * float(np.median(positive)) if positive else PAPER_TEMPERATURE
+        return DistanceScale(statistic=STATISTIC, value=factor, typical=typical, sample=len(distances), seed=seed)
     finally:
         ds.close()

@@ -13,7 +13,7 @@ from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
-from bertknn.core.calibration import temperature_for
+from bertknn.core.calibration import AutoTemperature, temperature_for
 from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
 from bertknn.core.errors import DatastoreError, ModelLoadError, QueryError
 from bertknn.core.format import Datastore, validate_datastore
@@ -196,20 +196,21 @@ class AnswerPipeline:
         return query.interpolation == "adaptive" and knn_skipped(query.rule or DEFAULT_RULE, enc.p_mlm())
 
     @cached_property
-    def auto_temperature(self) -> float:
-        """The temperature ``auto`` stands for with this datastore (measured by its builder; else the paper's)."""
+    def auto_temperature(self) -> AutoTemperature:
+        """What temperature ``auto`` stands for with this datastore (measured by its builder; else the paper's)."""
         return temperature_for(self.datastore.manifest.distance_scale)
 
-    def temperature(self, query: Query) -> float:
-        """The temperature applied to ``query``: its own, or the datastore's for auto (None)."""
-        return query.temperature if query.temperature is not None else self.auto_temperature
+    def resolve_temperature(self, query: Query, nbrs: Neighbours) -> Query:
+        """``query`` with its temperature: its own, or for auto (None) the datastore's for these neighbours."""
+        if query.temperature is not None:
+            return query
+        return replace(query, temperature=self.auto_temperature.of(nbrs.distances))
 
     def answer(
         self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *,
         with_distributions: bool = False,
     ) -> Assembled:  # fmt: skip
-        if query.temperature is None:
-            query = replace(query, temperature=self.auto_temperature)
+        query = self.resolve_temperature(query, nbrs)
         if query.interpolation == "adaptive" and (query.rule or DEFAULT_RULE).popularity_weight and query.popularity is None:
             query = replace(query, popularity=self.subject_popularity(query.subject))
         if query.answer == "entity":
@@ -314,6 +315,8 @@ class AnswerPipeline:
             nbrs = self.neighbours(query, enc, hits, search)
             stage.add("knn", time.perf_counter() - t)
         t = time.perf_counter()
+        query = self.resolve_temperature(query, nbrs)
+        assert query.temperature is not None
         parts = self.answer(query, enc, hits, nbrs, with_distributions=with_distributions)
         stage.add("interpolation", time.perf_counter() - t)
         for name in ("embedding", "interpolation") if skipped else ("retrieval", "embedding", "knn", "interpolation"):
@@ -331,7 +334,7 @@ class AnswerPipeline:
             query.interpolation,
             skipped,
             self.articles.subject_status(query),
-            self.temperature(query),
+            query.temperature,
         )
 
     def release(self) -> None:

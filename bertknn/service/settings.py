@@ -71,8 +71,8 @@ class DefaultsSettings(BaseModel):
     k: int = Field(128, ge=1)
     temperature: float | Literal["auto"] = Field(
         "auto",
-        description="l in softmax(-d/l): a number, or auto, the temperature the builder measured for the datastore "
-        "(its own distance scale; the paper's 6 for a datastore without the measurement)",
+        description="l in softmax(-d/l): a number, or auto: the builder's measured factor times the median distance of "
+        "each query's own neighbours (the paper's 6 for a datastore without the measurement)",
     )
 
     @field_validator("temperature")

@@ -36,6 +36,8 @@ from bertknn.core.format import (
 )
 from bertknn.core.format.codec import CodecSpec
 from bertknn.service.main import create_app
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Query
 from bertknn.service.settings import ServiceSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -259,17 +261,28 @@ def test_the_service_searches_codes_and_applies_auto_temperature(pq_store: Path,
     auto = read_manifest(tmp).distance_scale
     assert auto is not None
     title = next(iter(Datastore(tmp).articles))
+    assert auto.statistic == STATISTIC and auto.typical is not None
+    # the l auto stands for: the datastore's factor times the median distance of this query's own neighbours
+    body = {"text": "the capital is [MASK] .", "subject": title, "top_k": 3}
+    pipe = AnswerPipeline.open(tmp, device="cpu")
+    try:
+        query = Query(text=body["text"], subject=title, top_k=3)
+        encs, _ = pipe.encode([pipe.check_query(query)])
+        nbrs = pipe.neighbours(query, encs[0], pipe.retrieve(query)[0])
+        assert len(nbrs) > 2
+        want = auto.value * float(np.median(nbrs.distances))
+    finally:
+        pipe.close()
     app = create_app(ServiceSettings(datastore=tmp, model={"device": "cpu"}, batching={"max_wait_ms": 1}))  # type: ignore[arg-type]
     with TestClient(app) as client:
-        body = {"text": "the capital is [MASK] .", "subject": title, "top_k": 3}
         r = client.post("/predict", json=body)
         assert r.status_code == 200, r.text
-        assert r.json()["temperature_used"] == pytest.approx(auto.value)
+        assert r.json()["temperature_used"] == pytest.approx(want, rel=1e-4)
         assert r.json()["knn"], "no neighbours from the codes"
         r = client.post("/predict", json={**body, "temperature": 3.5})
         assert r.status_code == 200 and r.json()["temperature_used"] == 3.5
         r = client.post("/predict", json={**body, "temperature": "auto"})
-        assert r.status_code == 200 and r.json()["temperature_used"] == pytest.approx(auto.value)
+        assert r.status_code == 200 and r.json()["temperature_used"] == pytest.approx(want, rel=1e-4)
         r = client.post("/predict", json={**body, "temperature": "hot"})
         assert r.status_code == 422 and "temperature" in r.text
 

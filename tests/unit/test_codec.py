@@ -7,7 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from bertknn.core.calibration import PAPER_TEMPERATURE, STATISTIC, fit_temperature, temperature_for
+from bertknn.core.calibration import (
+    FIXED_STATISTIC,
+    PAPER_TEMPERATURE,
+    STATISTIC,
+    AutoTemperature,
+    fit_temperature,
+    temperature_for,
+)
 from bertknn.core.format import DistanceScale
 from bertknn.core.format.codec import CodecSpec, code_index, decode, encode, rows_index, train_codec
 
@@ -117,20 +124,48 @@ def test_the_temperature_statistic_finds_the_known_maximum_likelihood() -> None:
     matches = [np.array([True, False])] * int(n * p) + [np.array([False, True])] * (n - int(n * p))
     want = D / math.log(p / (1 - p))
     got = fit_temperature(distances, matches)
-    assert abs(got - want) / want < 0.05, (got, want)
+    assert got is not None and abs(got - want) / want < 0.05, (got, want)
     # scaling every distance scales the temperature
     got10 = fit_temperature([d * 10 for d in distances], matches)
-    assert abs(got10 / got - 10) < 0.05 * 10
+    assert got10 is not None and abs(got10 / got - 10) < 0.05 * 10
     # samples whose word is not among their neighbours carry no information: the same answer
     extra = [np.array([1.0, 2.0])] * 50
     assert fit_temperature(distances + extra, matches + [np.array([False, False])] * 50) == pytest.approx(got)
 
 
+def test_the_relative_temperature_statistic_finds_the_known_maximum_likelihood() -> None:
+    """The same two-neighbour likelihood, but each sample at its own distance scale s (its neighbours at 0 and
+    2 s, so their median is s): with l = a * s the likelihood peaks where 2 / a = ln(p / (1-p)), for every s at once,
+    which no single fixed l can fit."""
+    p, n = 0.8, 600
+    rng = np.random.default_rng(3)
+    scales = rng.choice([5.0, 50.0, 500.0], size=n)
+    distances = [np.array([0.0, 2 * s]) for s in scales]
+    matches = [np.array([True, False]) if i < int(n * p) else np.array([False, True]) for i in range(n)]
+    want = 2 / math.log(p / (1 - p))
+    got = fit_temperature(distances, matches, [float(np.median(d)) for d in distances])
+    assert got is not None and abs(got - want) / want < 0.05, (got, want)
+    # samples whose scale is 0 say nothing about a factor: left out
+    got0 = fit_temperature(distances + [np.zeros(2)] * 40, matches + [np.array([True, False])] * 40,
+                           [float(np.median(d)) for d in distances] + [0.0] * 40)
+    assert got0 == pytest.approx(got)
+
+
 def test_auto_temperature_falls_back_to_the_paper_without_a_measurement() -> None:
-    assert temperature_for(None) == PAPER_TEMPERATURE == 6.0
-    assert temperature_for(DistanceScale(statistic=STATISTIC, value=17.5, sample=10, seed=0)) == 17.5
-    assert temperature_for(DistanceScale(statistic="some-future-statistic", value=17.5, sample=10, seed=0)) == 6.0
-    assert fit_temperature([], []) == PAPER_TEMPERATURE
+    assert temperature_for(None) == AutoTemperature(None, PAPER_TEMPERATURE) and PAPER_TEMPERATURE == 6.0
+    assert temperature_for(None).of(np.array([100.0, 200.0])) == 6.0
+    # the earlier statistic: one l for every query, whatever its neighbours' distances
+    fixed = temperature_for(DistanceScale(statistic=FIXED_STATISTIC, value=17.5, sample=10, seed=0))
+    assert fixed.of(np.array([1.0, 3.0])) == fixed.of(np.array([100.0, 300.0])) == 17.5
+    # the relative one: the factor times the median of the query's own neighbour distances
+    auto = temperature_for(DistanceScale(statistic=STATISTIC, value=0.2, typical=20.0, sample=10, seed=0))
+    assert auto.of(np.array([50.0, 100.0, 400.0])) == pytest.approx(20.0)
+    assert auto.of(np.array([5.0, 10.0, 40.0])) == pytest.approx(2.0)
+    assert auto.of(np.zeros(0)) == auto.of(np.zeros(3)) == 20.0  # no neighbours, or all at 0: the typical l
+    assert temperature_for(DistanceScale(statistic=STATISTIC, value=0.2, sample=10, seed=0)).typical == 6.0
+    assert temperature_for(DistanceScale(statistic="some-future-statistic", value=17.5, sample=10, seed=0)).typical == 6.0
+    assert fit_temperature([], []) is None
+    assert fit_temperature([np.array([1.0, 2.0])], [np.array([False, False])]) is None  # nothing to learn from
 
 
 def test_auto_code_size_keeps_twelve_dimensions_per_byte() -> None:

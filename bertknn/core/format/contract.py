@@ -228,7 +228,8 @@ class DistanceScale(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     statistic: str  # the statistic's name and version (calibration.STATISTIC)
-    value: float  # in squared-L2 units
+    value: float  # v2: the factor a of l = a * (median distance of the query's neighbours); v1: l (squared-L2 units)
+    typical: float | None = None  # v2: the l at the sample's median neighbour distance (squared-L2 units)
     sample: int  # contexts the statistic was taken over
     seed: int
 

@@ -29,8 +29,8 @@ class PredictRequest(BaseModel):
     k: int | None = Field(None, ge=1, description="neighbours (default 128; at most limits.max_k)")
     temperature: Annotated[float, Field(gt=0, le=1000)] | Literal["auto"] | None = Field(
         None,
-        description="l in softmax(-d/l); auto: the datastore's own, measured when it was built (default: the "
-        "server's, auto)",
+        description="l in softmax(-d/l); auto: the datastore's own factor, measured when it was built, times the "
+        "median distance of this query's neighbours (default: the server's, auto)",
     )
     lambda_: float | None = Field(None, ge=0, le=1, alias="lambda", description="kNN weight (default 0.3)")
     interpolation: Literal["fixed", "adaptive"] | None = Field(
@@ -151,7 +151,7 @@ class PredictResponse(BaseModel):
     knn_skipped: bool = Field(
         False, description="adaptive: p_MLM was confident, so no retrieval and no kNN search ran (lambda_used 0)"
     )
-    temperature_used: float = Field(..., description="l applied in softmax(-d/l): the request's, or the datastore's own for auto")
+    temperature_used: float = Field(..., description="l applied in softmax(-d/l): the request's, or for auto the one derived from this query's neighbours")
     subject_status: Literal["found", "redirect", "folded", "not_found"] | None = Field(
         None, description="how the request's subject was matched to an article (found: its exact title; redirect: "
         "through a redirect; folded: ignoring case and accents); not_found: no article, so the retriever ranked "
