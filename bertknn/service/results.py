@@ -99,7 +99,7 @@ class Answer:
     interpolation: Interpolation = "fixed"
     knn_skipped: bool = False  # adaptive: answered by the MLM alone, no retrieval and no kNN search ran
     subject_status: SubjectStatus | None = None  # how the query's subject found its article; None: no subject
-    temperature_used: float = 6.0  # l applied: the query's, or the datastore's own for auto
+    temperature_used: float = 6.0  # l applied: the query's, or for auto the one derived from its neighbours' distances
 
 
 @dataclass
