@@ -153,13 +153,12 @@ def _auto(pipeline) -> dict:  # noqa: ANN001
 def _calibrated(ds: Path) -> None:
     """Measure the distance scale again when a reused datastore was measured with another statistic (what
     `python -m datastore_builder calibrate` does), so its rows show the current ``temperature: auto``."""
-    from bertknn.core.calibration import STATISTIC, measure_distance_scale
-    from bertknn.core.format import read_manifest, write_manifest
+    from bertknn.core.calibration import STATISTIC, recalibrate
+    from bertknn.core.format import read_manifest
 
     man = read_manifest(ds)
     if man.distance_scale is None or man.distance_scale.statistic != STATISTIC:
-        man.distance_scale = measure_distance_scale(ds, man)
-        write_manifest(ds, man)
+        recalibrate(ds, man)
 
 
 def _datastore_is_current(ds: Path, corpus_sha: str, model_sha: str) -> bool:

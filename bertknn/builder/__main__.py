@@ -117,17 +117,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
             print(json.dumps(recode_datastore(recode_settings.datastore, recode_settings.out, recode_settings.codec_spec())))
             return 0
         if args.command == "calibrate":
-            from bertknn.core.calibration import measure_distance_scale
-            from bertknn.core.format import read_manifest, validate_datastore, write_manifest
+            from bertknn.core.calibration import recalibrate
+            from bertknn.core.format import read_manifest, validate_datastore
 
             manifest = read_manifest(args.datastore)
             problems = validate_datastore(args.datastore, hashes=False, manifest=manifest, deep=False)
             if problems:
                 print(f"error: {problems[0]}", file=sys.stderr)
                 return 1
-            before = manifest.distance_scale
-            manifest.distance_scale = measure_distance_scale(args.datastore, manifest)
-            write_manifest(args.datastore, manifest)  # atomic; the datastore id does not depend on it
+            before = recalibrate(args.datastore, manifest)
             print(json.dumps({"datastore": str(args.datastore), "before": before and before.model_dump(),
                               "distance_scale": manifest.distance_scale and manifest.distance_scale.model_dump()}))
             return 0

@@ -164,3 +164,14 @@ def measure_distance_scale(
         return DistanceScale(statistic=STATISTIC, value=factor, typical=typical, sample=len(distances), seed=seed)
     finally:
         ds.close()
+
+
+def recalibrate(root: Path, manifest: Manifest) -> DistanceScale | None:
+    """Measure the datastore's distance scale again and record it in its manifest (written atomically; the datastore
+    id does not depend on it). Returns the scale it replaced."""
+    from bertknn.core.format import write_manifest
+
+    before = manifest.distance_scale
+    manifest.distance_scale = measure_distance_scale(root, manifest)
+    write_manifest(root, manifest)
+    return before
