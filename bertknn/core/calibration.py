@@ -29,6 +29,7 @@ import numpy as np
 
 from bertknn.core.format.codec import rows_index
 from bertknn.core.format.contract import DistanceScale, Manifest
+from bertknn.core.format.reader import Datastore
 
 STATISTIC = "own-article-loo-relative-temperature-v2"  # value: the factor a of l = a * median(d)
 FIXED_STATISTIC = "own-article-loo-temperature-v1"  # value: l itself (datastores measured before v2)
@@ -107,63 +108,78 @@ def fit_temperature(
     return best
 
 
+@dataclass(frozen=True)
+class NeighbourSample:
+    """The statistic's sample: for each sampled context (global row ``rows[i]``), the squared L2 distances of its
+    nearest neighbours in its own article, itself left out, and which of them carry its word."""
+
+    rows: list[int]
+    distances: list[np.ndarray]
+    matches: list[np.ndarray]
+
+
+def sample_neighbours(ds: Datastore, *, sample: int = SAMPLE, k: int = NEIGHBOURS, seed: int = 0) -> NeighbourSample:
+    """Draw the statistic's seeded sample from an open datastore and search each context's own article, as the
+    restricted kNN does (see the module docstring). Empty when no article has two word contexts."""
+    out = NeighbourSample([], [], [])
+    total = ds.total_rows
+    if total < 2:
+        return out
+    rng = np.random.default_rng(seed)
+    rows = np.unique(rng.integers(0, total, size=min(total, 4 * sample)))
+    rng.shuffle(rows)
+    by_article: dict[str, list[int]] = {}
+    taken = 0
+    for g in rows.tolist():
+        if taken >= sample:
+            break
+        pos, row = ds.locate(g)
+        title = ds.table.title_at(pos, row)
+        entry = ds.articles.get(title)
+        if entry is None or entry.shard != pos or entry.rows < 2:
+            continue  # superseded rows, or an article of one context
+        if ds.linked and int(ds.shards[pos].labels[row]) < 0:
+            continue  # an entity link's anchor-only row: no word, never a word query's neighbour
+        by_article.setdefault(title, []).append(g)
+        taken += 1
+    faiss.omp_set_num_threads(1)
+    for title, picked in by_article.items():
+        payload, labels, ids = ds.article_rows([title])
+        if len(ids) < 2:
+            continue
+        index = rows_index(payload, ds.codec)
+        local = np.searchsorted(ids, picked)
+        assert np.array_equal(ids[local], picked), "a sampled row is not among its article's word rows"
+        pos, _ = ds.locate(picked[0])
+        queries = ds.float_rows(pos, (np.asarray(picked) - ds.shard_offsets[pos]))
+        d, nn = index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k + 1, len(ids)))
+        for qi, li in enumerate(local):
+            keep = (nn[qi] >= 0) & (nn[qi] != li)
+            out.rows.append(int(picked[qi]))
+            out.distances.append(d[qi][keep][:k])
+            out.matches.append(labels[nn[qi][keep][:k]] == labels[li])
+    return out
+
+
 def measure_distance_scale(
     root: Path, manifest: Manifest, *, sample: int = SAMPLE, k: int = NEIGHBOURS, seed: int = 0
 ) -> DistanceScale | None:
     """The statistic above over the datastore at ``root`` described by ``manifest`` (its article table written);
     None when it has no article of two contexts."""
-    from bertknn.core.format.reader import Datastore
-
     ds = Datastore(root, manifest)
     try:
-        total = ds.total_rows
-        if total < 2:
-            return None
-        rng = np.random.default_rng(seed)
-        rows = np.unique(rng.integers(0, total, size=min(total, 4 * sample)))
-        rng.shuffle(rows)
-        by_article: dict[str, list[int]] = {}
-        taken = 0
-        for g in rows.tolist():
-            if taken >= sample:
-                break
-            pos, row = ds.locate(g)
-            title = ds.table.title_at(pos, row)
-            entry = ds.articles.get(title)
-            if entry is None or entry.shard != pos or entry.rows < 2:
-                continue  # superseded rows, or an article of one context
-            if ds.linked and int(ds.shards[pos].labels[row]) < 0:
-                continue  # an entity link's anchor-only row: no word, never a word query's neighbour
-            by_article.setdefault(title, []).append(g)
-            taken += 1
-        distances: list[np.ndarray] = []
-        matches: list[np.ndarray] = []
-        faiss.omp_set_num_threads(1)
-        for title, picked in by_article.items():
-            payload, labels, ids = ds.article_rows([title])
-            if len(ids) < 2:
-                continue
-            index = rows_index(payload, ds.codec)
-            local = np.searchsorted(ids, picked)
-            assert np.array_equal(ids[local], picked), "a sampled row is not among its article's word rows"
-            pos, _ = ds.locate(picked[0])
-            queries = ds.float_rows(pos, (np.asarray(picked) - ds.shard_offsets[pos]))
-            d, nn = index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k + 1, len(ids)))
-            for qi, li in enumerate(local):
-                keep = (nn[qi] >= 0) & (nn[qi] != li)
-                distances.append(d[qi][keep][:k])
-                matches.append(labels[nn[qi][keep][:k]] == labels[li])
-        if not distances:
-            return None
-        scales = [neighbour_scale(d) for d in distances]
-        factor = fit_temperature(distances, matches, scales)
-        if factor is None:
-            return None
-        positive = [s for s in scales if s > 0]
-        typical = factor * float(np.median(positive)) if positive else PAPER_TEMPERATURE
-        return DistanceScale(statistic=STATISTIC, value=factor, typical=typical, sample=len(distances), seed=seed)
+        drawn = sample_neighbours(ds, sample=sample, k=k, seed=seed)
     finally:
         ds.close()
+    if not drawn.distances:
+        return None
+    scales = [neighbour_scale(d) for d in drawn.distances]
+    factor = fit_temperature(drawn.distances, drawn.matches, scales)
+    if factor is None:
+        return None
+    positive = [s for s in scales if s > 0]
+    typical = factor * float(np.median(positive)) if positive else PAPER_TEMPERATURE
+    return DistanceScale(statistic=STATISTIC, value=factor, typical=typical, sample=len(drawn.distances), seed=seed)
 
 
 def recalibrate(root: Path, manifest: Manifest) -> DistanceScale | None:

@@ -21,7 +21,7 @@ from bertknn.builder.build import build
 from bertknn.builder.merge import merge_slices
 from bertknn.builder.recode import recode_datastore
 from bertknn.builder.settings import BuildSettings
-from bertknn.core.calibration import STATISTIC
+from bertknn.core.calibration import STATISTIC, sample_neighbours
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BuildError, DatastoreError, MergeError
 from bertknn.core.format import (
@@ -129,6 +129,30 @@ def test_the_build_measures_its_distance_scale(pq_store: Path, fp16_store: Path)
     for root in (pq_store, fp16_store):
         scale = read_manifest(root).distance_scale
         assert scale is not None and scale.statistic == STATISTIC and scale.value > 0 and scale.sample > 100
+
+
+def test_the_statistics_sample_is_each_contexts_own_article_searched_exactly(fp16_store: Path) -> None:
+    """`sample_neighbours` against a brute-force search: each sampled context's k nearest rows of its own article,
+    itself left out, by squared L2 over the stored vectors, and which of them carry its word."""
+    ds = Datastore(fp16_store)
+    try:
+        drawn = sample_neighbours(ds, sample=40, k=16, seed=3)
+        assert len(drawn.rows) == len(set(drawn.rows)) == 40
+        for g, dist, match in zip(drawn.rows, drawn.distances, drawn.matches, strict=True):
+            pos, row = ds.locate(g)
+            _, labels, ids = ds.article_rows([ds.table.title_at(pos, row)])
+            others = ids[ids != g]
+            local = others - ds.shard_offsets[pos]
+            vectors = ds.float_rows(pos, local).astype(np.float64)
+            own = ds.float_rows(pos, np.array([row])).astype(np.float64)[0]
+            exact = ((vectors - own) ** 2).sum(axis=1)
+            order = np.argsort(exact, kind="stable")[:16]
+            np.testing.assert_allclose(dist, exact[order], rtol=1e-4, atol=1e-4)
+            own_label = labels[ids == g][0]
+            # ties may order two rows either way: compare the count of matches
+            assert int(match.sum()) == int((labels[ids != g][order] == own_label).sum())
+    finally:
+        ds.close()
 
 
 def test_too_few_contexts_for_the_codec_is_refused_before_any_forward_pass(

@@ -1,0 +1,149 @@
+"""What the datastore's own contexts say about the mixture, one command: ``python -m bench.calibration``.
+
+The builder fits ``temperature: auto`` by the leave-one-out likelihood of p_kNN alone (``bertknn/core/calibration.py``).
+This benchmark asks the same sample the next question: at which kNN weight lambda, and which temperature factor
+``a``, does the *mixture* ``lambda p_kNN + (1 - lambda) p_MLM`` give the sampled contexts' own words the highest
+mean log-probability? p_MLM comes from the model's forward pass over each sampled context's sentence with its word
+replaced by [MASK] (the service's query path). Nothing here is tuned on LAMA: it is the diagnostic a researcher runs
+to see whether the paper's lambda = 0.3 suits a model and datastore, next to the builder's ``a``.
+
+Reads the datastore (default: the quality benchmark's, ``runs/bench-quality/datastore``; ``python -m bench.quality``
+builds it) and writes ``bench/results/calibration.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import PROXY_MODEL, RUNS, machine, result_name, write_result
+
+LAMBDAS = np.round(np.arange(0.0, 1.0001, 0.05), 2)
+FACTOR_STEPS = np.logspace(-1, 1, 21, base=4.0)  # the builder's a times 1/4 ... 4
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.calibration", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--datastore", type=Path, default=RUNS / "bench-quality" / "datastore")
+    p.add_argument("--model", default=str(PROXY_MODEL), help="masked LM the datastore was built with")
+    p.add_argument("--sample", type=int, default=2000, help="contexts drawn (the builder's sample size)")
+    p.add_argument("--seed", type=int, default=0, help="the builder's seed is 0")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the CPU quota)")
+    return p
+
+
+def knn_gold(distances: list[np.ndarray], matches: list[np.ndarray], scales: np.ndarray, factor: float) -> np.ndarray:
+    """p_kNN of each sampled context's own word at ``l = factor * scale`` (0 where no neighbour carries it)."""
+    out = np.zeros(len(distances))
+    for i, (d, m, s) in enumerate(zip(distances, matches, scales, strict=True)):
+        if len(d) == 0 or s <= 0 or not m.any():
+            continue
+        logits = -d.astype(np.float64) / (factor * s)
+        w = np.exp(logits - logits.max())
+        out[i] = float((w * m).sum() / w.sum())
+    return out
+
+
+def mixture_ll(p_knn: np.ndarray, p_mlm: np.ndarray, lam: float) -> float:
+    """Mean log-probability of the gold under ``lam p_kNN + (1 - lam) p_MLM`` (-inf when some gold gets 0)."""
+    with np.errstate(divide="ignore"):
+        return float(np.mean(np.log(lam * p_knn + (1.0 - lam) * p_mlm)))
+
+
+def _json_ll(value: float) -> float | None:
+    """A log-likelihood for the JSON report: None where it is -inf (some sampled word gets probability 0)."""
+    return round(value, 5) if np.isfinite(value) else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    from bertknn.core.calibration import fit_temperature, neighbour_scale, sample_neighbours, temperature_for
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.format import read_manifest
+    from bertknn.core.format.reader import Datastore
+    from bertknn.core.runtime import cpu_quota_threads
+
+    if not (args.datastore / "manifest.json").is_file():
+        print(f"bench.calibration: no datastore at {args.datastore}: run `python -m bench.quality` first, or pass "
+              "--datastore", file=sys.stderr)  # fmt: skip
+        return 2
+    torch.set_num_threads(args.threads or cpu_quota_threads())
+    t0 = time.perf_counter()
+    manifest = read_manifest(args.datastore)
+    ds = Datastore(args.datastore, manifest)
+    try:
+        if ds.whole_words:
+            print("bench.calibration: a whole-word datastore's labels are words, not token ids; this benchmark reads "
+                  "single-wordpiece datastores", file=sys.stderr)  # fmt: skip
+            return 2
+        drawn = sample_neighbours(ds, sample=args.sample, seed=args.seed)
+        contexts = ds.contexts(drawn.rows)
+        gold = ds.labels_at(np.asarray(drawn.rows, dtype=np.int64)).astype(np.int64)
+    finally:
+        ds.close()
+    encoder = MaskedLMEncoder.load(args.model, device="cpu")
+    inputs = [encoder.query_input(c.sentence[: c.span[0]] + "[MASK]" + c.sentence[c.span[1] :]) for c in contexts]
+    p_mlm = np.empty(len(inputs))
+    mlm_top1 = np.empty(len(inputs), dtype=bool)
+    with torch.inference_mode():
+        for i in range(0, len(inputs), args.batch_size):
+            lp = encoder.encode(inputs[i : i + args.batch_size], with_mlm=True).mlm_log_probs
+            assert lp is not None
+            rows = lp.numpy()
+            g = gold[i : i + args.batch_size]
+            p_mlm[i : i + len(rows)] = np.exp(rows[np.arange(len(rows)), g].astype(np.float64))
+            mlm_top1[i : i + len(rows)] = rows.argmax(axis=1) == g
+
+    scales = np.array([neighbour_scale(d) for d in drawn.distances])
+    builder = temperature_for(manifest.distance_scale)
+    refit = fit_temperature(drawn.distances, drawn.matches, list(scales))
+    a0 = builder.factor if builder.factor is not None else refit
+    if a0 is None:
+        print("bench.calibration: no sampled context has its word among its neighbours", file=sys.stderr)
+        return 2
+    grid: list[dict] = []
+    for step in FACTOR_STEPS:
+        pk = knn_gold(drawn.distances, drawn.matches, scales, float(a0 * step))
+        for lam in LAMBDAS:
+            grid.append({"factor": round(float(a0 * step), 5), "lambda": float(lam), "ll": mixture_ll(pk, p_mlm, lam)})
+    by_ll = max(grid, key=lambda r: r["ll"])
+    pk0 = knn_gold(drawn.distances, drawn.matches, scales, float(a0))
+    at_a0 = [mixture_ll(pk0, p_mlm, lam) for lam in LAMBDAS]
+    payload = {
+        "datastore": {"path": str(args.datastore), "id": manifest.datastore_id, "contexts": manifest.counts.contexts},
+        "model": str(args.model),
+        "sample": len(drawn.rows),
+        "seed": args.seed,
+        "gold_among_neighbours": round(float(np.mean([m.any() for m in drawn.matches])), 4),
+        "mlm_p1_on_sample": round(float(mlm_top1.mean()), 4),
+        "mlm_mean_p_gold": round(float(p_mlm.mean()), 5),
+        "builder_factor": builder.factor,
+        "refit_knn_only_factor": refit,
+        "at_builder_factor": {
+            "best_lambda": float(LAMBDAS[int(np.argmax(at_a0))]),
+            "ll_by_lambda": {f"{lam:.2f}": _json_ll(v) for lam, v in zip(LAMBDAS, at_a0, strict=True)},
+        },
+        "joint_best": {"factor": by_ll["factor"], "lambda": by_ll["lambda"], "ll": _json_ll(by_ll["ll"])},
+        "paper_lambda_ll_at_builder_factor": _json_ll(at_a0[int(np.flatnonzero(LAMBDAS == 0.3)[0])]),
+        "grid": [{**r, "ll": _json_ll(r["ll"])} for r in grid],
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "machine": machine(),
+    }
+    path = write_result(result_name("calibration", args.model), payload)
+    print(json.dumps({k: v for k, v in payload.items() if k not in ("grid", "machine")}, indent=1))
+    print(f"written {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
