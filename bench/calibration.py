@@ -8,7 +8,8 @@ replaced by [MASK] (the service's query path). Nothing here is tuned on LAMA: it
 to see whether the paper's lambda = 0.3 suits a model and datastore, next to the builder's ``a``.
 
 Reads the datastore (default: the quality benchmark's, ``runs/bench-quality/datastore``; ``python -m bench.quality``
-builds it) and writes ``bench/results/calibration.json``.
+builds it) and writes ``bench/results/calibration.json`` (``--out`` for another datastore of the same model, such as a
+``recode`` copy).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the builder's seed is 0")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the CPU quota)")
+    p.add_argument("--out", type=Path, help="write the report here (default bench/results/calibration.json; another "
+                   "model's beside it)")  # fmt: skip
     return p
 
 
@@ -139,7 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - t0, 1),
         "machine": machine(),
     }
-    path = write_result(result_name("calibration", args.model), payload)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(payload, indent=1) + "\n")
+        path = args.out
+    else:
+        path = write_result(result_name("calibration", args.model), payload)
     print(json.dumps({k: v for k, v in payload.items() if k not in ("grid", "machine")}, indent=1))
     print(f"written {path}")
     return 0
