@@ -17,7 +17,8 @@
    by hash of the fact id) with the best setting evaluated on the rest (``tuned``), once on the paper's grid and
    once with l up to 32 (``tuned_wide_l``: the l range suits bert-base's distance scale, not every model's), and
    the default settings on that same rest (``retrieval_test``), to compare like with like; ``--no-grid`` skips
-   the three.
+   the three;
+   - ``--factor-sweep``: the defaults with temperature auto's factor scaled, on all facts and on that rest.
 
 Writes ``bench/results/quality.json`` (every report in the ``--out`` format of ``python -m evaluation lama``,
 with the subset, corpus, datastore and wall times) and ``bench/results/quality.md`` (the table).
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="compact copies of the datastore evaluated as rows (`recode`; reused when current): int8, pqM (M-byte "
         "product-quantizer codes, no rotation), pqM-opq (after an OPQ rotation), pqM-pcaD (PCA to D dimensions); "
         "empty: none",
+    )
+    p.add_argument(
+        "--factor-sweep",
+        default="0.75,0.9,1,1.1,1.25,1.5,2",
+        help="multiples of temperature auto's factor (the builder's a) evaluated at otherwise default settings, on all "
+        "facts and on the grid's test split; empty: none",
     )
     return p
 
@@ -250,6 +257,37 @@ def _codec_rows(args, encoder, ds: Path, man, queries: list, pipeline, run) -> d
     return rows
 
 
+def _factor_rows(args, encoder, ds: Path, man, probe, run) -> list[dict]:  # noqa: ANN001
+    """--factor-sweep: the default settings with auto's factor ``a`` scaled by each multiple (the datastore opened
+    with a manifest whose distance scale is scaled; nothing on disk changes), on all facts and on the grid's test
+    split: how far the builder's leave-one-out ``a`` lies from LAMA's own optimum, for P@1 and for P@10."""
+    from bertknn.core.calibration import STATISTIC
+    from bertknn.core.format import Datastore
+    from bertknn.evaluation.runner import RunSettings
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.pipeline import AnswerPipeline
+
+    scale = man.distance_scale
+    multiples = [float(m) for m in args.factor_sweep.split(",") if m.strip()]
+    if not multiples or scale is None or scale.statistic != STATISTIC or not scale.typical:
+        return []
+    rows = []
+    for m in multiples:
+        scaled = scale.model_copy(update={"value": scale.value * m, "typical": scale.typical * m})
+        pipe = AnswerPipeline(encoder, Datastore(ds, man.model_copy(update={"distance_scale": scaled})),
+                              cache=InMemoryCache(1 << 18))  # fmt: skip
+        try:
+            keys = {}
+            for split, queries in (("all", probe.queries), ("test", probe.for_split("test"))):
+                keys[split] = f"factor_{m:g}_{split}"
+                extra = {"factor_multiple": m, "split": split}
+                run("retrieval", "full", queries, RunSettings(batch_size=args.batch_size), extra, pipe, keys[split])
+            rows.append({"multiple": m, "factor": scaled.value, "typical": scaled.typical, "runs": keys})
+        finally:
+            pipe.close()
+    return rows
+
+
 def _markdown(runs: dict[str, dict], meta: dict) -> str:
     cols = ("mlm", "knn", "bert_knn")
     t = meta["timings_s"]
@@ -285,7 +323,8 @@ def _markdown(runs: dict[str, dict], meta: dict) -> str:
         ("common", "LAMA common vocabulary (ranking and facts)"),
     ):
         subset = {
-            k: v for k, v in runs.items() if v["settings"]["vocab_name"] == vocab_name and "codec" not in v["settings"]
+            k: v for k, v in runs.items()
+            if v["settings"]["vocab_name"] == vocab_name and not {"codec", "factor_multiple"} & set(v["settings"])
         }
         if not subset:
             continue
@@ -347,6 +386,32 @@ def _markdown(runs: dict[str, dict], meta: dict) -> str:
                 )
                 + " |"
             )
+        lines.append("")
+    sweep = meta.get("factor_sweep") or []
+    if sweep:
+        n_all = sum(r["facts"] for r in runs[sweep[0]["runs"]["all"]]["relations"].values())
+        n_test = sum(r["facts"] for r in runs[sweep[0]["runs"]["test"]]["relations"].values())
+        lines += [
+            "## Temperature auto's factor scaled (full vocabulary, default settings otherwise)",
+            "",
+            f"Each row multiplies the builder's factor a = {meta['temperature_auto']['factor']:.3f} (l = a x the "
+            "median of each query's neighbour distances); gap = kNN P@10 - BERT-kNN P@10. "
+            f"All: {n_all} facts; test: the grid's test split ({n_test} facts).",
+            "",
+            "| multiple | a | l at the sample's median | BERT-kNN P@1 / P@10, all | kNN P@10, all | gap, all "
+            "| BERT-kNN P@1 / P@10, test | kNN P@10, test | gap, test |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in sweep:
+            cells = [f"{row['multiple']:g}", f"{row['factor']:.3f}", f"{row['typical']:.1f}"]
+            for split in ("all", "test"):
+                m = runs[row["runs"][split]]["macro"]
+                cells += [
+                    f"{m['bert_knn']['p@1']:.2f} / {m['bert_knn']['p@10']:.2f}",
+                    f"{m['knn']['p@10']:.2f}",
+                    f"{m['knn']['p@10'] - m['bert_knn']['p@10']:.2f}",
+                ]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -521,6 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {"split": "test", "grid": grid_info},
             )
         codecs = _codec_rows(args, encoder, ds, man, probe.queries, pipeline, run)
+        sweep = _factor_rows(args, encoder, ds, man, probe, run)
     finally:
         pipeline.close()
     timings["total"] = time.perf_counter() - t_start
@@ -557,6 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "codecs": codecs,
         "temperature_auto": codecs["fp16"]["temperature_auto"],
+        "factor_sweep": sweep,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "machine": {"cores": os.cpu_count(), "torch_threads": threads, "python": platform.python_version()},
     }
