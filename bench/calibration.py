@@ -67,7 +67,10 @@ def _json_ll(value: float) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.sample < 1 or args.batch_size < 1 or args.threads < 0:
+        parser.error("--sample and --batch-size must be >= 1, --threads >= 0")
     import torch
 
     from bertknn.core.calibration import fit_temperature, neighbour_scale, sample_neighbours, temperature_for

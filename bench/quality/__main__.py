@@ -46,6 +46,17 @@ PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
 logger = logging.getLogger("bench.quality")
 
 
+def _multiples(text: str) -> list[float]:
+    """``--factor-sweep``: comma-separated positive numbers (empty: none)."""
+    try:
+        values = [float(m) for m in text.split(",") if m.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. 0.75,1,1.5") from None
+    if not all(v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every multiple must be > 0")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.quality",
@@ -91,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--factor-sweep",
+        type=_multiples,
         default="0.75,0.9,1,1.1,1.25,1.5,2",
         help="multiples of temperature auto's factor (the builder's a) evaluated at otherwise default settings, on all "
         "facts and on the grid's test split; empty: none",
@@ -268,7 +280,7 @@ def _factor_rows(args, encoder, ds: Path, man, probe, run) -> list[dict]:  # noq
     from bertknn.service.pipeline import AnswerPipeline
 
     scale = man.distance_scale
-    multiples = [float(m) for m in args.factor_sweep.split(",") if m.strip()]
+    multiples: list[float] = args.factor_sweep
     if not multiples or scale is None or scale.statistic != STATISTIC or not scale.typical:
         return []
     rows = []
