@@ -44,14 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def knn_gold(distances: list[np.ndarray], matches: list[np.ndarray], scales: np.ndarray, factor: float) -> np.ndarray:
-    """p_kNN of each sampled context's own word at ``l = factor * scale`` (0 where no neighbour carries it)."""
+    """p_kNN of each sampled context's own word at ``l = factor * scale`` (0 where no neighbour carries it), by the
+    builder's own likelihood (`own_word_log_probability`)."""
+    from bertknn.core.calibration import own_word_log_probability, padded
+
     out = np.zeros(len(distances))
-    for i, (d, m, s) in enumerate(zip(distances, matches, scales, strict=True)):
-        if len(d) == 0 or s <= 0 or not m.any():
-            continue
-        logits = -d.astype(np.float64) / (factor * s)
-        w = np.exp(logits - logits.max())
-        out[i] = float((w * m).sum() / w.sum())
+    rows = [i for i, (d, m, s) in enumerate(zip(distances, matches, scales, strict=True)) if len(d) and s > 0 and m.any()]
+    if rows:
+        dist, match = padded([distances[i] for i in rows], [matches[i] for i in rows])
+        out[rows] = np.exp(own_word_log_probability(dist, match, (factor * scales[rows])[:, None]))
     return out
 
 

@@ -269,14 +269,15 @@ def _codec_rows(args, encoder, ds: Path, man, queries: list, pipeline, run) -> d
     return rows
 
 
-def _factor_rows(args, encoder, ds: Path, man, probe, run) -> list[dict]:  # noqa: ANN001
+def _factor_rows(args, pipeline, ds: Path, man, probe, run) -> list[dict]:  # noqa: ANN001
     """--factor-sweep: the default settings with auto's factor ``a`` scaled by each multiple (the datastore opened
     with a manifest whose distance scale is scaled; nothing on disk changes), on all facts and on the grid's test
-    split: how far the builder's leave-one-out ``a`` lies from LAMA's own optimum, for P@1 and for P@10."""
+    split: how far the builder's leave-one-out ``a`` lies from LAMA's own optimum, for P@1 and for P@10. Each
+    pipeline shares ``pipeline``'s model and cache (encodings and retrieval results do not depend on the
+    temperature), so no query's forward pass runs again."""
     from bertknn.core.calibration import STATISTIC
     from bertknn.core.format import Datastore
     from bertknn.evaluation.runner import RunSettings
-    from bertknn.service.cache import InMemoryCache
     from bertknn.service.pipeline import AnswerPipeline
 
     scale = man.distance_scale
@@ -286,8 +287,8 @@ def _factor_rows(args, encoder, ds: Path, man, probe, run) -> list[dict]:  # noq
     rows = []
     for m in multiples:
         scaled = scale.model_copy(update={"value": scale.value * m, "typical": scale.typical * m})
-        pipe = AnswerPipeline(encoder, Datastore(ds, man.model_copy(update={"distance_scale": scaled})),
-                              cache=InMemoryCache(1 << 18))  # fmt: skip
+        pipe = AnswerPipeline(pipeline.encoder, Datastore(ds, man.model_copy(update={"distance_scale": scaled})),
+                              cache=pipeline.cache)  # fmt: skip
         try:
             keys = {}
             for split, queries in (("all", probe.queries), ("test", probe.for_split("test"))):
@@ -296,7 +297,7 @@ def _factor_rows(args, encoder, ds: Path, man, probe, run) -> list[dict]:  # noq
                 run("retrieval", "full", queries, RunSettings(batch_size=args.batch_size), extra, pipe, keys[split])
             rows.append({"multiple": m, "factor": scaled.value, "typical": scaled.typical, "runs": keys})
         finally:
-            pipe.close()
+            pipe.release()  # its retrievers; the shared cache stays open
     return rows
 
 
@@ -598,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {"split": "test", "grid": grid_info},
             )
         codecs = _codec_rows(args, encoder, ds, man, probe.queries, pipeline, run)
-        sweep = _factor_rows(args, encoder, ds, man, probe, run)
+        sweep = _factor_rows(args, pipeline, ds, man, probe, run)
     finally:
         pipeline.close()
     timings["total"] = time.perf_counter() - t_start

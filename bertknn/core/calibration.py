@@ -71,6 +71,29 @@ def temperature_for(scale: DistanceScale | None) -> AutoTemperature:
     return AutoTemperature(None, PAPER_TEMPERATURE)
 
 
+def padded(distances: list[np.ndarray], matches: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Samples of different neighbour counts as one float64 [n, width] distance matrix (inf past a sample's own
+    neighbours) and its bool match matrix."""
+    width = max((len(d) for d in distances), default=0)
+    dist = np.full((len(distances), width), np.inf)
+    match = np.zeros((len(distances), width), dtype=bool)
+    for i, (d, m) in enumerate(zip(distances, matches, strict=True)):
+        dist[i, : len(d)] = d
+        match[i, : len(d)] = m
+    return dist, match
+
+
+def own_word_log_probability(dist: np.ndarray, match: np.ndarray, temperature: float | np.ndarray) -> np.ndarray:
+    """Per row of `padded` samples: ``log sum_{j: match} softmax(-d / l)_j``, the log-probability p_kNN gives the
+    sample's own word (-inf where no neighbour carries it). ``temperature``: one l, or one per row ([n, 1]). Every
+    row needs at least one neighbour."""
+    logits = -dist / temperature
+    top = logits.max(axis=1, keepdims=True)  # finite: every row has a neighbour
+    w = np.exp(logits - top)
+    with np.errstate(divide="ignore"):
+        return np.log((w * match).sum(axis=1)) - np.log(w.sum(axis=1))
+
+
 def fit_temperature(
     distances: list[np.ndarray], matches: list[np.ndarray], scales: list[float] | None = None, grid: int = 121
 ) -> float | None:
@@ -91,18 +114,10 @@ def fit_temperature(
     if not median > 0:
         return None
     candidates = median * np.logspace(-2, 2, grid)
-    width = max(len(d) for d, _ in keep)
-    dist = np.full((len(keep), width), np.inf)
-    match = np.zeros((len(keep), width), dtype=bool)
-    for i, (d, m) in enumerate(keep):
-        dist[i, : len(d)] = d
-        match[i, : len(d)] = m
+    dist, match = padded([d for d, _ in keep], [m for _, m in keep])
     best, best_ll = float(candidates[0]), -np.inf
     for lt in candidates:
-        logits = -dist / lt
-        top = logits.max(axis=1, keepdims=True)  # finite: every row has a neighbour
-        w = np.exp(logits - top)
-        ll = float(np.mean(np.log((w * match).sum(axis=1)) - np.log(w.sum(axis=1))))
+        ll = float(np.mean(own_word_log_probability(dist, match, lt)))
         if ll > best_ll:
             best, best_ll = float(lt), ll
     return best
