@@ -187,7 +187,7 @@ class ShardPreparer:
         self.links = links
         self.tokenizer = tokenizer
         self.inputs = ContextTokenizer(tokenizer, max_seq_len)
-        self.selector = TargetSelector(tokenizer, stopwords, targets)
+        self.selector = TargetSelector(tokenizer, stopwords, targets, words=self.inputs.words)
         self.splitter = SentenceSplitter()
         self.min_sentence_chars = min_sentence_chars
 
@@ -198,7 +198,7 @@ class ShardPreparer:
         labels: list[int] = []
         sent_ids: list[int] = []
         spans: list[tuple[int, int]] = []
-        words = WordTableBuilder(self.tokenizer) if self.selector.mode == "whole-word" else None
+        words = WordTableBuilder(self.inputs.words) if self.selector.mode == "whole-word" else None
         entity_ids: dict[str, int] = {}
         entity_labels: list[int] = []
         times = StageTimes()
@@ -613,8 +613,9 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads or cpu_quota_threads())
     encoder = encoder or MaskedLMEncoder.load(
-        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype, max_seq_len=settings.max_seq_len
-    )
+        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
+        max_seq_len=settings.max_seq_len, mlm_head="ignored",
+    )  # fmt: skip
     if settings.backend != "eager":
         used = encoder.set_backend(settings.backend, with_mlm=False)
         logger.info("forward backend: %s (asked: %s)", used, settings.backend)
@@ -751,8 +752,9 @@ def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = 
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads or cpu_quota_threads())
     encoder = encoder or MaskedLMEncoder.load(
-        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype, max_seq_len=settings.max_seq_len
-    )
+        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
+        max_seq_len=settings.max_seq_len, mlm_head="ignored",
+    )  # fmt: skip
     coder = open_coder(out, spec, encoder.hidden_size)
     assert coder is not None
     if coder.ready:

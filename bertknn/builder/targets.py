@@ -12,6 +12,7 @@ from typing import Literal
 from transformers import PreTrainedTokenizerBase
 
 from bertknn.core.text import is_punctuation
+from bertknn.core.wordmodel import WordModel
 from bertknn.core.words import MAX_WORD_PIECES
 
 # an entity link's anchor of more wordpieces than this is left out (titles of works, long names)
@@ -40,10 +41,12 @@ def stopwords_sha256(words: frozenset[str]) -> str:
 
 @dataclass(frozen=True)
 class Target:
-    """One whole word: the token index of its (first) wordpiece, that piece's id and the word's character span.
+    """One whole word: the index of its first token, its label and its character span.
 
-    ``pieces`` holds every wordpiece id of the word in whole-word mode (one entry for a one-piece word) and is
-    empty in single-piece mode.
+    ``token_id`` is the label of a single-piece target (the token word it spells, `WordModel.token_word`: one
+    id for ``Paris`` and ``ĠParis``). ``pieces`` holds the word's token ids in whole-word mode (one entry for a
+    one-piece word) and is empty in single-piece mode. ``width``: the tokens the mask replaces (a one-piece word
+    may carry SentencePiece's lone "▁" before it).
     """
 
     token_index: int
@@ -52,10 +55,11 @@ class Target:
     char_end: int
     pieces: tuple[int, ...] = ()
     entity: int = -1  # the link this occurrence is the anchor of (an index the caller gave), or -1
+    width: int = 0  # tokens replaced by the mask; 0: one per piece (at least one)
 
     @property
     def num_pieces(self) -> int:
-        return max(1, len(self.pieces))
+        return self.width or max(1, len(self.pieces))
 
 
 @dataclass(frozen=True)
@@ -66,21 +70,20 @@ class TokenizedSentence:
 
 
 class TargetSelector:
-    """Finds every whole word of a sentence that is exactly one wordpiece (``whole-word``: of any number of
-    wordpieces up to MAX_WORD_PIECES), minus stopwords and punctuation."""
+    """Finds every whole word of a sentence that is exactly one token (``whole-word``: of any number of tokens
+    up to MAX_WORD_PIECES), minus stopwords and punctuation. Words are the tokenizer's (`WordModel.words`)."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, stopwords: frozenset[str], mode: TargetMode = "single-piece"
-    ):
+        self, tokenizer: PreTrainedTokenizerBase, stopwords: frozenset[str], mode: TargetMode = "single-piece",
+        words: WordModel | None = None,
+    ):  # fmt: skip
         if mode not in TARGET_MODES:
             raise ValueError(f"target mode {mode!r}: choose one of {', '.join(TARGET_MODES)}")
         self.tokenizer = tokenizer
+        self.words = words if words is not None else WordModel(tokenizer)
         self.stopwords = stopwords
         self.mode = mode
-        self.special_ids = set(tokenizer.all_special_ids)
-        self._lower = bool(getattr(tokenizer, "do_lower_case", False)) or "uncased" in str(
-            getattr(tokenizer, "name_or_path", "")
-        )
+        self.special_ids = self.words.special_ids
 
     def select(
         self, sentences: Sequence[str], links: Sequence[Sequence[SentenceLink]] | None = None
@@ -94,41 +97,25 @@ class TargetSelector:
         and punctuation, are left out."""
         if not sentences:
             return []
-        # split_special_tokens: a literal "[MASK]" or "[CLS]" in corpus text is text, not a second mask.
-        enc = self.tokenizer(
-            list(sentences),
-            add_special_tokens=False,
-            return_offsets_mapping=True,
-            return_attention_mask=False,
-            split_special_tokens=True,
-        )
         out = []
-        for b, text in enumerate(sentences):
-            ids = enc["input_ids"][b]
-            offsets = enc["offset_mapping"][b]
-            word_ids = enc.word_ids(b)
-            if self.mode == "whole-word":
-                targets = self._whole_words(text, ids, offsets, word_ids)
-                if links is not None and links[b]:
-                    targets = self._link_targets(text, ids, offsets, targets, links[b])
-                out.append(TokenizedSentence(text, tuple(int(t) for t in ids), tuple(targets)))
-                continue
-            counts: dict[int, int] = {}
-            for w in word_ids:
-                if w is not None:
-                    counts[w] = counts.get(w, 0) + 1
+        for b, tok in enumerate(self.words.tokenize(sentences)):
             targets = []
-            for i, (tok, w) in enumerate(zip(ids, word_ids, strict=True)):
-                if w is None or counts[w] != 1 or tok in self.special_ids:
-                    continue
-                start, end = offsets[i]
-                word = text[start:end]
+            for w in self.words.words(tok):
+                word = tok.text[w.start : w.end]
                 if is_punctuation(word) or word.lower() in self.stopwords:
                     continue
-                targets.append(Target(i, int(tok), int(start), int(end)))
+                content = self.words.content(tok, w)
+                if self.mode == "whole-word":
+                    if len(content) <= MAX_WORD_PIECES:
+                        pieces = tuple(tok.ids[i] for i in content)
+                        targets.append(Target(w.first, pieces[0], w.start, w.end, pieces, width=w.num_tokens))
+                    continue
+                label = self.words.token_word(tok.ids[content[0]]) if len(content) == 1 else -1
+                if label >= 0:
+                    targets.append(Target(w.first, label, w.start, w.end, width=w.num_tokens))
             if links is not None and links[b]:
-                targets = self._link_targets(text, ids, offsets, targets, links[b])
-            out.append(TokenizedSentence(text, tuple(int(t) for t in ids), tuple(targets)))
+                targets = self._link_targets(tok.text, tok.ids, tok.offsets, targets, links[b])
+            out.append(TokenizedSentence(tok.text, tok.ids, tuple(targets)))
         return out
 
     def _link_targets(
@@ -140,7 +127,7 @@ class TargetSelector:
         links: Sequence[SentenceLink],
     ) -> list[Target]:
         by_span = {(t.char_start, t.char_end): i for i, t in enumerate(targets)}
-        starts = {int(o[0]): i for i, o in enumerate(offsets) if o[1] > o[0]}
+        starts = {int(o[0]): i for i, o in reversed(list(enumerate(offsets))) if o[1] > o[0]}
         ends = {int(o[1]): i for i, o in enumerate(offsets) if o[1] > o[0]}
         out = list(targets)
         taken: set[int] = set()
@@ -155,30 +142,13 @@ class TargetSelector:
                     taken.add(word)
                     out[word] = replace(out[word], entity=entity)
                 continue
+            while first > 0 and offsets[first - 1][0] == offsets[first - 1][1] == offsets[first][0]:
+                first -= 1  # SentencePiece's lone "▁" before the anchor goes under the mask with it
             pieces = tuple(int(ids[i]) for i in range(first, last + 1))
             if any(p in self.special_ids for p in pieces) or not _content(text[start:end], self.stopwords):
                 continue
             extra.append(Target(first, -1, start, end, pieces, entity))
         return sorted(out + extra, key=lambda t: (t.token_index, t.num_pieces))
-
-    def _whole_words(
-        self, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]], word_ids: Sequence[int | None]
-    ) -> list[Target]:
-        spans: dict[int, list[int]] = {}  # word -> its token indices (contiguous)
-        for i, w in enumerate(word_ids):
-            if w is not None:
-                spans.setdefault(w, []).append(i)
-        targets = []
-        for idx in spans.values():
-            if len(idx) > MAX_WORD_PIECES or any(ids[i] in self.special_ids for i in idx):
-                continue
-            start, end = offsets[idx[0]][0], offsets[idx[-1]][1]
-            word = text[start:end]
-            if is_punctuation(word) or word.lower() in self.stopwords:
-                continue
-            pieces = tuple(int(ids[i]) for i in idx)
-            targets.append(Target(idx[0], pieces[0], int(start), int(end), pieces))
-        return targets
 
 
 def _content(anchor: str, stopwords: frozenset[str]) -> bool:

@@ -162,6 +162,7 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
             device=settings.device,
             dtype=settings.dtype,
             max_seq_len=old.max_seq_len,
+            mlm_head="ignored",
         )
         check_same_model(encoder, old)
 

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from bertknn.core.errors import ModelLoadError, QueryError
+from bertknn.core.errors import ModelLoadError
 from bertknn.core.hashing import weights_sha256
 from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
-from bertknn.core.text import MASK_RE
+from bertknn.core.wordmodel import WordModel
 from bertknn.core.topk import top_entries
 
 logger = logging.getLogger(__name__)
@@ -48,22 +48,21 @@ class EncoderOutput:
 
 
 class ContextTokenizer:
-    """Token ids -> model inputs around one [MASK]; the shared path for datastore contexts and queries."""
+    """Token ids -> model inputs around one mask; the shared path for datastore contexts and queries.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_seq_len: int):
+    The word logic (which tokens make a word, where a query's mask goes) is the tokenizer's `WordModel`."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_seq_len: int, vocab_size: int | None = None):
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
-        self.mask_id = int(tokenizer.mask_token_id)
-
-    def text_ids(self, text: str) -> list[int]:
-        """``tokenizer(text, add_special_tokens=False)["input_ids"]``."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        self.words = WordModel(tokenizer, vocab_size)
+        self.mask_id = self.words.mask_id
 
     def masked_input(self, ids: Sequence[int], mask_pos: int) -> MaskedInput:
         """Special tokens around ``ids`` (which hold the mask at ``mask_pos``), windowed to ``max_seq_len``.
 
-        Shared by the builder (a sentence with one target replaced by the mask id) and the service (a query
-        tokenised as is), so both embed identically.
+        Shared by the builder (a sentence with one target's tokens replaced by the mask id) and the service (a
+        query whose [MASK] was placed the same way, `WordModel.query_ids`), so both embed identically.
         """
         budget = self.max_seq_len - 2
         if len(ids) > budget:
@@ -76,36 +75,73 @@ class ContextTokenizer:
             return MaskedInput(tuple(full), full.index(self.mask_id))
         return MaskedInput((cls_id, *ids, sep_id), mask_pos + 1)
 
-    def normalize_query(self, text: str) -> str:
-        """Any spelling of [MASK] (``[mask]``, ``[ Mask ]``) becomes the tokenizer's mask token."""
-        return MASK_RE.sub(self.tokenizer.mask_token, text)
-
     def query_input(self, text: str) -> MaskedInput:
         """A cloze question -> model input; `QueryError` says what is wrong with the text."""
-        text = self.normalize_query(text)
-        n_masks = text.count(self.tokenizer.mask_token)
-        if n_masks != 1:
-            raise QueryError(f"the text must contain exactly one [MASK]; found {n_masks}")
-        if not text.replace(self.tokenizer.mask_token, "").strip():
-            raise QueryError("the text has nothing but [MASK]; give the words around it")
-        ids = self.text_ids(text)
-        positions = [i for i, t in enumerate(ids) if t == self.mask_id]
-        if len(positions) != 1:
-            raise QueryError(f"the text must tokenise to exactly one [MASK]; found {len(positions)}")
-        return self.masked_input(ids, positions[0])
+        ids, pos = self.words.query_ids(text)
+        return self.masked_input(ids, pos)
 
 
 BackendName = Literal["auto", "eager", "onnx"]
+MlmHeadPolicy = Literal["required", "ignored", "knn-only"]
 # (input_ids, attention_mask, rows, mask_pos as host int64 arrays, `_arrays`) -> ([MASK] embeddings float32,
 # log p_MLM at [MASK])
 _FastForward = Callable[..., tuple[np.ndarray, torch.Tensor | None]]
 
 
-class _MaskCore(torch.nn.Module):
-    """The forward as one module: the [MASK] row at ``layer`` and, with a head, log p_MLM there (that row only).
+class _Chain(torch.nn.Module):
+    """A masked LM's head as its modules in order (DistilBERT's transform, activation, norm and projection)."""
 
-    Eager `encode` runs it as it is; the ONNX backend exports it. Without a head (the
-    builder's embeddings) no LM head runs at all.
+    def __init__(self, *modules: torch.nn.Module):
+        super().__init__()
+        self.parts = torch.nn.ModuleList(modules)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        for part in self.parts:
+            hidden = part(hidden)
+        return hidden
+
+
+class _TiedHead(torch.nn.Module):
+    """DeBERTa-v2/v3's head (not legacy): it takes the word embeddings as a second argument."""
+
+    def __init__(self, head: torch.nn.Module, embeddings: torch.nn.Module):
+        super().__init__()
+        self.head, self.embeddings = head, embeddings
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.head(hidden, self.embeddings))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def mlm_head(model: Any) -> torch.nn.Module | None:
+    """The module that turns a masked LM's last hidden state into vocabulary logits, for the families whose
+    heads are known (BERT, RoBERTa/XLM-R, DistilBERT, ModernBERT, DeBERTa-v2/v3, ALBERT); otherwise a single
+    head module when the model has exactly one; None when it cannot be told (the full forward's logits are used).
+    """
+    kind = str(getattr(model.config, "model_type", ""))
+    if kind == "distilbert":
+        return _Chain(model.vocab_transform, model.activation, model.vocab_layer_norm, model.vocab_projector)
+    if kind == "modernbert":
+        return _Chain(model.head, model.decoder)
+    if kind == "deberta-v2" and hasattr(model, "lm_predictions"):
+        return _TiedHead(model.lm_predictions, model.deberta.embeddings.word_embeddings)
+    named = {"bert": "cls", "roberta": "lm_head", "xlm-roberta": "lm_head", "camembert": "lm_head",
+             "deberta-v2": "cls", "albert": "predictions"}  # fmt: skip
+    if kind in named and hasattr(model, named[kind]):
+        return cast(torch.nn.Module, getattr(model, named[kind]))
+    heads = [m for n, m in model.named_children() if n != model.base_model_prefix]
+    return heads[0] if len(heads) == 1 else None
+
+
+class _MaskCore(torch.nn.Module):
+    """The forward as one module: the mask's row at ``layer`` and, with a head, log p_MLM there (that row only).
+
+    The head reads the base model's last hidden state (after a final norm where the family has one, as
+    ModernBERT). Eager `encode` runs it as it is; the ONNX backend exports it. Without a head (the builder's
+    embeddings) no LM head runs at all.
     """
 
     def __init__(self, base: torch.nn.Module, head: torch.nn.Module | None, layer: int):
@@ -115,11 +151,11 @@ class _MaskCore(torch.nn.Module):
     def forward(
         self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        hidden = self.base(input_ids=ids, attention_mask=attn, output_hidden_states=True).hidden_states
-        emb = hidden[self.layer][rows, pos]
+        out = self.base(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+        emb = out.hidden_states[self.layer][rows, pos]
         if self.head is None:
             return (emb,)
-        return emb, torch.log_softmax(self.head(hidden[-1][rows, pos]).float(), dim=-1)
+        return emb, torch.log_softmax(self.head(out.last_hidden_state[rows, pos]).float(), dim=-1)
 
 
 class MaskedLMEncoder:
@@ -155,23 +191,24 @@ class MaskedLMEncoder:
         if max_seq_len > limit or max_seq_len < 8:
             raise ModelLoadError(f"max_seq_len={max_seq_len} must be between 8 and the model's limit {limit}")
         self.max_seq_len = max_seq_len
-        self.inputs = ContextTokenizer(tokenizer, max_seq_len)
         self.weights_sha256 = weights_hash or weights_sha256(model)
         self.device = device or torch.device("cpu")
         self.dtype = dtype
         model = model.to(self.device, dtype).eval()
         self.model = model
         self.base: torch.nn.Module = cast(torch.nn.Module, model.base_model)
-        heads = [m for n, m in model.named_children() if n != model.base_model_prefix]
-        # BERT-like models have exactly one head module (``cls``); it is applied at the [MASK] row only.
-        self.head: torch.nn.Module | None = heads[0] if len(heads) == 1 else None
+        # the family's LM head, applied at the mask's row only; None: the full forward's logits (unknown family)
+        self.head: torch.nn.Module | None = mlm_head(model)
         self.vocab_size = int(config.vocab_size)
+        self.inputs = ContextTokenizer(tokenizer, max_seq_len, self.vocab_size)
+        self.words = self.inputs.words
         self.hidden_size = int(config.hidden_size)
         # the forward, with p_MLM (the service) and embeddings only (the builder); the one place it is written
         self._cores = {
             with_mlm: _MaskCore(self.base, self.head if with_mlm else None, self.layer).eval()
             for with_mlm in (True, False)
         }
+        self.has_mlm = True  # False: no trained MLM head (`load`'s knn-only); p_MLM is then uniform
         self.backend: str = "eager"
         self._fast: _FastForward | None = None
         self._fast_with_mlm = True  # which encode() call the compiled forward serves
@@ -186,18 +223,40 @@ class MaskedLMEncoder:
         device: DeviceName | str = "auto",
         dtype: DtypeName | str = "auto",
         max_seq_len: int = 128,
+        mlm_head: MlmHeadPolicy = "required",
     ) -> MaskedLMEncoder:
-        """Load any Hugging Face masked LM by hub name or local directory (safetensors preferred)."""
+        """Load any Hugging Face masked LM by hub name or local directory (safetensors preferred).
+
+        ``mlm_head``: ``required`` refuses a checkpoint whose MLM head weights are missing (a random head would
+        serve garbage p_MLM); ``ignored`` loads it for its embeddings only (the builder), ``knn-only`` serves it
+        with a uniform p_MLM, so the answers are the neighbours' alone.
+        """
         dev = resolve_device(device)
+        where = Path(name_or_path).expanduser()
+        if (name_or_path.startswith((".", "/", "~")) or where.exists()) and not where.is_dir():
+            raise ModelLoadError(f"the model directory {name_or_path} does not exist; pass a masked LM's directory "
+                                 "or its Hugging Face hub name")  # fmt: skip
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
-            model = AutoModelForMaskedLM.from_pretrained(name_or_path, dtype=torch.float32, use_safetensors=None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
+                model, info = AutoModelForMaskedLM.from_pretrained(
+                    name_or_path, dtype=torch.float32, use_safetensors=None, output_loading_info=True
+                )
         except (OSError, ValueError) as exc:
             raise ModelLoadError(
-                f"cannot load the masked LM {name_or_path!r}: {exc}. Pass a local model directory "
+                f"cannot load the masked LM {name_or_path!r}: {_first_line(exc)}. Pass a local model directory "
                 "(--model /path or BERTKNN_MODEL) where the Hugging Face hub is unreachable."
             ) from exc
-        return cls(
+        prefix = f"{model.base_model_prefix}."
+        missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(prefix))
+        if missing and mlm_head == "required":
+            raise ModelLoadError(
+                f"{name_or_path}: the checkpoint has no MLM head ({len(missing)} head weights missing, e.g. "
+                f"{missing[0]}); p_MLM would be random. Use a checkpoint with its MLM head, or serve it kNN-only "
+                "(--model-knn-only / BERTKNN_MODEL__KNN_ONLY=true)"
+            )
+        encoder = cls(
             model,
             tokenizer,
             name=name_or_path,
@@ -206,6 +265,11 @@ class MaskedLMEncoder:
             dtype=resolve_dtype(dtype, dev),
             max_seq_len=max_seq_len,
         )
+        if mlm_head == "knn-only" or (missing and mlm_head == "ignored"):
+            encoder.has_mlm = False
+            if mlm_head == "knn-only":
+                logger.warning("%s: served kNN-only: p_MLM is uniform, the answers are the neighbours'", name_or_path)
+        return encoder
 
     # ---- inputs (delegated, so worker processes can tokenise without the model) ---------------------------
 
@@ -344,7 +408,13 @@ class MaskedLMEncoder:
         """
         if mlm_top < 0 or (mlm_top and not with_mlm):
             raise ValueError("mlm_top must be >= 0, and only applies with with_mlm=True")
-        out = self._forward(items, with_mlm)
+        out = self._forward(items, with_mlm and self.has_mlm)
+        if with_mlm and not self.has_mlm:  # kNN-only: every token equally likely
+            uniform = torch.full((len(items), self.vocab_size), -float(np.log(self.vocab_size)))
+            out = EncoderOutput(out.embeddings, uniform)
+        elif out.mlm_log_probs is not None and self.words.vocab.merge_layers:
+            # one word, one entry: a bare form's mass (``Paris`` at a text's start) goes to ``ĠParis``
+            out = EncoderOutput(out.embeddings, self.words.vocab.merge_log_probs(out.mlm_log_probs))
         if not mlm_top or out.mlm_log_probs is None:
             return out
         k = min(mlm_top, self.vocab_size)

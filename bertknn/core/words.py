@@ -16,16 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import PreTrainedTokenizerBase
+from bertknn.core.wordmodel import WordModel
 
 # Words of more wordpieces are not targets: the service scores a word by one forward pass per piece.
 MAX_WORD_PIECES = 8
-
-
-def word_text(tokenizer: PreTrainedTokenizerBase, pieces: Sequence[int]) -> str:
-    """A word's text from its wordpieces (``kel ##va ##dorn`` -> ``kelvadorn``): the key of the word."""
-    tokens = tokenizer.convert_ids_to_tokens(list(pieces))
-    return str(tokenizer.convert_tokens_to_string([tokens] if isinstance(tokens, str) else tokens)).strip()
 
 
 @dataclass(frozen=True)
@@ -99,10 +93,14 @@ def check_word_table(table: WordTable, vocab_size: int) -> str | None:
 
 
 class WordTableBuilder:
-    """Assigns shard-local word ids in first-occurrence order while a shard is prepared."""
+    """Assigns shard-local word ids in first-occurrence order while a shard is prepared.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
-        self.tokenizer = tokenizer
+    A word is keyed by its text (`WordModel.decode_word`: ``ĠPar is`` and a text-initial ``Par is`` are one
+    word); its stored pieces are its running-text tokens (`WordModel.pieces_of`), the form a query's mask in the
+    middle of a sentence is scored with."""
+
+    def __init__(self, words: WordModel):
+        self.words = words
         self._by_pieces: dict[tuple[int, ...], int] = {}
         self._by_text: dict[str, int] = {}
         self.entries: list[WordEntry] = []
@@ -112,12 +110,13 @@ class WordTableBuilder:
         label = self._by_pieces.get(pieces)
         if label is not None:
             return label
-        text = word_text(self.tokenizer, pieces)
+        text = self.words.decode_word(pieces)
         label = self._by_text.get(text)
         if label is None:
             label = len(self.entries)
             self._by_text[text] = label
-            self.entries.append(WordEntry(text, pieces))
+            running = self.words.pieces_of(text)
+            self.entries.append(WordEntry(text, running if 1 <= len(running) <= MAX_WORD_PIECES else pieces))
         self._by_pieces[pieces] = label
         return label
 

@@ -506,7 +506,7 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
             ds, model=args.model, device=args.device, threads=args.threads, cache_items=1 << 16
         )
         stack.callback(pipeline.close)
-        vocab = ObjectVocabulary(pipeline.encoder.tokenizer, restrict)
+        vocab = ObjectVocabulary(pipeline.encoder.tokenizer, restrict, words=pipeline.encoder.words)
         identity = {"mode": "in-process", "datastore": str(ds), **pipeline.identity()}
         if args.multi_piece and pipeline.words is None:
             raise EvaluationError(

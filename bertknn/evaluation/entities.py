@@ -112,7 +112,7 @@ def _query(settings: RunSettings, text: str, subject: str | None, **kw: object) 
 
 
 def _lowercase(pipeline: AnswerPipeline) -> bool:
-    return bool(getattr(pipeline.encoder.tokenizer, "do_lower_case", False))
+    return pipeline.encoder.words.lowercase
 
 
 def _facts(relation: Relation, limit: int | None) -> list[tuple[str, str]]:

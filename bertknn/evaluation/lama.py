@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from bertknn.core.errors import LamaError
 from bertknn.core.text import MASK_RE
+from bertknn.core.wordmodel import WordModel, lowercases
 
 logger = logging.getLogger(__name__)
 
@@ -283,50 +284,47 @@ def load_vocab_file(path: Path | str) -> frozenset[str]:
 
 
 def is_uncased(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """True when the tokenizer lowercases its input (bert-base-uncased and the like)."""
-    flag = getattr(tokenizer, "do_lower_case", None)
-    if isinstance(flag, bool):
-        return flag
-    probe = "Paris Zebra Quantum"
-    return (
-        tokenizer(probe, add_special_tokens=False)["input_ids"]
-        == tokenizer(probe.lower(), add_special_tokens=False)["input_ids"]
-    )
+    """True when the tokenizer lowercases its input (bert-base-uncased and the like): `lowercases`."""
+    return lowercases(tokenizer)
 
 
 class ObjectVocabulary:
-    """Which gold objects a model can be scored on: single wordpieces, optionally within a restricted list."""
+    """Which gold objects a model can be scored on: one-token words (`WordModel`), optionally within a restricted
+    list. The gold id is the word's label, the same id the datastore's labels and the answers use."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, restrict: frozenset[str] | None = None):
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, restrict: frozenset[str] | None = None, words: WordModel | None = None
+    ):
         self.tokenizer = tokenizer
-        self.lowercase = is_uncased(tokenizer)
+        self.words = words if words is not None else WordModel(tokenizer)
+        self.lowercase = self.words.lowercase
         self.restrict = restrict
-        self._vocab: dict[str, int] = tokenizer.get_vocab()
-        self._special = set(tokenizer.all_special_tokens)
 
     def normalize(self, text: str) -> str:
         return text.lower() if self.lowercase else text
 
     def wordpiece(self, obj: str) -> tuple[str, int] | None:
-        """The object's single wordpiece and its id, or None when it tokenises to anything else."""
+        """The object's one-token word as it is written in running text, and its label; None when the object is
+        not exactly one token there (or that token is no word: a special token, an unknown token)."""
         text = self.normalize(obj.strip())
         if not text:
             return None
-        pieces = self.tokenizer.tokenize(text)
-        if len(pieces) != 1 or pieces[0] in self._special or pieces[0] == self.tokenizer.unk_token:
+        pieces = self.words.pieces_of(text)
+        if len(pieces) != 1 or pieces[0] == self.tokenizer.unk_token_id:
             return None
-        token = pieces[0]
-        token_id = self._vocab.get(token)
-        return None if token_id is None else (token, token_id)
+        label = self.words.token_word(pieces[0])
+        return None if label < 0 else (self.words.token_text(label), label)
 
     def allowed(self, token: str) -> bool:
         return self.restrict is None or token in self.restrict
 
     def allowed_ids(self) -> np.ndarray | None:
-        """Sorted ids of the restricted vocabulary's tokens that the model has (None: unrestricted)."""
+        """Sorted labels of the restricted vocabulary's words that the model has as one token (None: unrestricted)."""
         if self.restrict is None:
             return None
-        ids = sorted({self._vocab[w] for w in self.restrict if w in self._vocab and w not in self._special})
+        words = sorted({self.normalize(w) for w in self.restrict})
+        singles = [p[0] for p in self.words.running_text_ids(words) if len(p) == 1]
+        ids = sorted({w for w in (self.words.token_word(t) for t in singles) if w >= 0})
         if not ids:
             raise LamaError(
                 "no token of the restricted vocabulary is in the model's vocabulary; wrong --vocab file?"

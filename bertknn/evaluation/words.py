@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertknn.core.text import MASK_RE
-from bertknn.core.words import MAX_WORD_PIECES, word_text
+from bertknn.core.words import MAX_WORD_PIECES
 from bertknn.evaluation.base import Runner, RunSettings, gold_rank
 from bertknn.evaluation.lama import (
     TREX,
@@ -69,21 +69,22 @@ class MultiPieceStats:
 
 def object_word(vocab: ObjectVocabulary, obj: str) -> tuple[str, tuple[int, ...]] | str:
     """The object as one multi-piece word ``(text, pieces)``, or the name of the filter that drops it."""
-    tok = vocab.tokenizer
+    words = vocab.words
     text = vocab.normalize(obj.strip())
     if not text:
         return "several_words"
-    enc = tok(text, add_special_tokens=False)
-    if len({w for w in enc.word_ids() if w is not None}) != 1:
+    tok = words.tokenize([f" {text}"])[0]
+    found = words.words(tok)
+    if len(found) != 1 or (found[0].start, found[0].end) != (1, len(tok.text)):
         return "several_words"
-    pieces = tuple(int(i) for i in enc["input_ids"])
-    if not set(pieces).isdisjoint(tok.all_special_ids):
+    pieces = tuple(tok.ids[i] for i in words.content(tok, found[0]))
+    if not set(pieces).isdisjoint(words.special_ids) or vocab.tokenizer.unk_token_id in pieces:
         return "unknown_piece"
     if len(pieces) == 1:
         return "single_wordpiece"
     if len(pieces) > MAX_WORD_PIECES:
         return "too_many_pieces"
-    return word_text(tok, pieces), pieces
+    return words.decode_word(pieces), pieces
 
 
 def build_multi_piece_queries(

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
 
 from bertknn.core.format import Datastore
-from bertknn.core.text import is_punctuation
 from bertknn.service.codec import PMlmAt, QueryEncoding
 from bertknn.service.interpolate import (
     AdaptiveRule,
@@ -32,7 +29,6 @@ from bertknn.service.results import (
 from bertknn.service.retrieval.knn import Neighbours
 
 DEFAULT_RULE = AdaptiveRule()
-_UNUSED = re.compile(r"\[unused\d+\]")
 
 
 class Answerer(Protocol):
@@ -85,28 +81,19 @@ def lambda_for(query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray | None,
     return query.lambda_
 
 
-def non_word_tokens(vocab: Sequence[str], special_ids: Iterable[int]) -> np.ndarray:
-    """Which token ids are never a cloze answer by default: special tokens (``[UNK]``, ``[unused7]``),
-    continuation pieces (``##s``) and punctuation (no letter or digit). Bool array over the vocabulary."""
-    out = np.zeros(len(vocab), dtype=bool)
-    out[list(special_ids)] = True
-    for i, tok in enumerate(vocab):
-        if tok.startswith("##") or is_punctuation(tok) or _UNUSED.fullmatch(tok):
-            out[i] = True
-    return out
-
-
 class TokenAnswerer:
     """Answers over the vocabulary's tokens (single-piece datastores): the paper's interpolation.
 
-    The rankings (predictions, mlm, knn) leave out `non_word_tokens` unless a query asks for ``any_token``; the
+    The rankings (predictions, mlm, knn) leave out the non-word tokens unless a query asks for ``any_token``; the
     distributions themselves (evaluation) are never changed."""
 
-    def __init__(self, vocab: list[str], contexts: ContextReader, *, special_ids: Iterable[int] = ()):
+    def __init__(self, vocab: list[str], contexts: ContextReader, *, non_words: np.ndarray):
+        """``non_words``: the ids that are never a cloze answer by default (`VocabWords.non_words`: special
+        tokens, inner pieces, punctuation, bare forms whose mass went to their word)."""
         self.vocab = vocab
         self.vocab_size = len(vocab)
         self.reader = contexts
-        self.non_words = non_word_tokens(vocab, special_ids)
+        self.non_words = non_words
 
     def answer(
         self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *, with_distributions: bool

@@ -49,12 +49,10 @@ class EntityAnswerer:
         self.datastore = datastore
         self.words = words  # the whole-word machinery (sequential fill), shared
         self.reader = reader
-        tok = words.encoder.tokenizer
-        self.lower = bool(getattr(tok, "do_lower_case", False))  # the model is uncased: names are lower-cased
+        self.lower = words.encoder.words.lowercase  # the model is uncased: names are lower-cased
 
     def pieces(self, title: str) -> tuple[int, ...]:
-        tok = self.words.encoder.tokenizer
-        return tuple(int(i) for i in tok(surface_form(title, self.lower), add_special_tokens=False)["input_ids"])
+        return self.words.encoder.words.pieces_of(surface_form(title, self.lower))
 
     def candidates(self, nbrs: Neighbours) -> tuple[list[EntityRef], np.ndarray]:
         """The neighbours' entities (nearest first, each once by title) and each neighbour's candidate index."""

@@ -74,6 +74,7 @@ def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
         key_prefix=settings.cache.key_prefix,
         mlm_top_entries=settings.cache.mlm_top_entries,
         verify_checksums=settings.verify_checksums,
+        mlm_head="knn-only" if settings.model.knn_only else "required",
     )
     backend = pipeline.encoder.set_backend(settings.model.backend)
     logger.info("model backend: %s, %d torch threads", backend, torch.get_num_threads())

@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 
 from bertknn.core.calibration import AutoTemperature, temperature_for
-from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
+from bertknn.core.encoder import MaskedInput, MaskedLMEncoder, MlmHeadPolicy
 from bertknn.core.errors import DatastoreError, ModelLoadError, QueryError
 from bertknn.core.format import Datastore, validate_datastore
 from bertknn.core.model_ref import locate_model
@@ -36,8 +36,8 @@ logger = logging.getLogger(__name__)
 
 
 def vocabulary(encoder: MaskedLMEncoder) -> list[str]:
-    """Every token id's spelling, in id order."""
-    return list(encoder.tokenizer.convert_ids_to_tokens(list(range(encoder.vocab_size))))
+    """Every token id's shown text, in id order (a word as it reads: ``Paris``, not ``ĠParis``)."""
+    return encoder.words.vocab.texts
 
 
 def default_answerer(
@@ -46,7 +46,7 @@ def default_answerer(
     """Tokens for a single-piece datastore; whole words (`bertknn.service.words`) for a whole-word one."""
     if datastore.whole_words:
         return WordAnswerer(encoder, datastore, queries, reader)
-    return TokenAnswerer(vocab, reader, special_ids=encoder.tokenizer.all_special_ids)
+    return TokenAnswerer(vocab, reader, non_words=encoder.words.vocab.non_words)
 
 
 class AnswerPipeline:
@@ -98,6 +98,7 @@ class AnswerPipeline:
         key_prefix: str = "bertknn",
         mlm_top_entries: int = 2048,
         verify_checksums: bool = False,
+        mlm_head: MlmHeadPolicy = "required",
     ) -> AnswerPipeline:
         """Load and check everything once: datastore (validated), model (hash-checked), indexes, JVM."""
         problems = validate_datastore(datastore_dir, hashes=verify_checksums, deep=verify_checksums)
@@ -106,7 +107,9 @@ class AnswerPipeline:
         datastore = Datastore(datastore_dir)
         man = datastore.manifest
         name = locate_model(man.model.name, man.model.path, model)
-        encoder = MaskedLMEncoder.load(name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len)
+        encoder = MaskedLMEncoder.load(
+            name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len, mlm_head=mlm_head
+        )
         return cls(encoder, datastore, cache=cache, key_prefix=key_prefix, mlm_top_entries=mlm_top_entries)
 
     def for_datastore(self, datastore_dir: Path | str, *, verify_checksums: bool = False) -> AnswerPipeline:
@@ -359,8 +362,8 @@ def check_compatible(encoder: MaskedLMEncoder, datastore: Datastore) -> None:
             "rebuild the datastore with this one."
         )
     if man.model.name != encoder.name:
-        logger.warning(
-            "model loaded as %r, manifest names %r: same weights (sha256 match), accepted", encoder.name, man.model.name
+        logger.info(
+            "model loaded as %r, manifest names %r: same weights (sha256 match)", encoder.name, man.model.name
         )
     if not 0 <= man.layer <= encoder.num_layers:
         raise ModelLoadError(f"datastore layer {man.layer} is out of range for a {encoder.num_layers}-layer model")

@@ -35,7 +35,6 @@ from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
 from bertknn.core.format import Datastore
 from bertknn.core.text import is_punctuation
 from bertknn.core.words import WordEntry as Word
-from bertknn.core.words import word_text
 from bertknn.service.answer import ContextReader, lambda_for
 from bertknn.service.cache import cache_key
 from bertknn.service.codec import QueryEncoding
@@ -97,21 +96,18 @@ class WordAnswerer:
         self.mask_id = int(self.encoder.tokenizer.mask_token_id)
         # Runs a model call; the async server points it at its model thread (all torch calls from one thread).
         self.run_model: Callable[[Callable[[], Any]], Any] = lambda fn: fn()
-        self._special = set(self.encoder.tokenizer.all_special_ids)
         # filled lazily: only the MLM's top tokens are ever asked
         self._token_words: dict[int, Word | None] = {}
 
     # ---- vocabulary --------------------------------------------------------------------------------------
 
     def token_word(self, token_id: int) -> Word | None:
-        """The whole word a token spells on its own (its text tokenises back to it), or None: continuation
-        pieces (``##s``), special tokens."""
+        """The whole word a token spells on its own (`WordModel.token_word`), or None: inner pieces (``##s``),
+        special tokens, punctuation."""
         if token_id not in self._token_words:
-            tok = self.encoder.tokenizer
-            text = word_text(tok, [token_id])
-            back = tok(text, add_special_tokens=False)["input_ids"] if text else []
-            ok = bool(text) and token_id not in self._special and list(back) == [token_id]
-            self._token_words[token_id] = Word(text, (token_id,)) if ok else None
+            words = self.encoder.words
+            label = words.token_word(token_id)
+            self._token_words[token_id] = Word(words.token_text(label), (label,)) if label >= 0 else None
         return self._token_words[token_id]
 
     # ---- p_MLM of words ----------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from bertknn.core.words import (
     WordTable,
     WordTableBuilder,
     check_word_table,
-    word_text,
 )
+from bertknn.core.wordmodel import WordModel
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +79,13 @@ def test_word_table_labels_are_first_occurrence_ids_keyed_by_text(
     sentences = whole.select(
         ["Kierkegaard wrote in Copenhagen.", "KIERKEGAARD lived in Copenhagen and wrote."]
     )
-    builder = WordTableBuilder(bert_tokenizer)
+    builder = WordTableBuilder(WordModel(bert_tokenizer))
     labels = [builder.add(t.pieces) for s in sentences for t in s.targets]
     table = builder.table()
     assert [e.text for e in table.entries] == ["kierkegaard", "wrote", "copenhagen", "lived"]
     assert labels == [0, 1, 2, 0, 3, 2, 1]
     assert table[0].multi_piece and not table[1].multi_piece
-    assert word_text(bert_tokenizer, table[0].pieces) == "kierkegaard"
+    assert WordModel(bert_tokenizer).decode_word(table[0].pieces) == "kierkegaard"
     assert check_word_table(table, bert_tokenizer.vocab_size) is None
     again = WordTable.from_json(table.to_json())
     assert again.entries == table.entries

@@ -1,0 +1,204 @@
+"""Any masked LM: each family's tiny random model, its tokenizer trained here with the published conventions
+(tests/support/families.py), through the real builder, the service and the LAMA evaluation.
+
+What must hold for every family: answers are plain words (``Quimby``, never ``ĠQuimby``, ``▁Quimby`` or
+``##by``); a query whose text is a stored context's sentence finds that context first, with its word; no stopword
+is a target; a word's occurrences share one label whichever form the tokenizer gave it at that place; entity
+answers, ``/follow`` and the LAMA evaluation run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from bertknn.builder.targets import load_stopwords
+from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.errors import ModelLoadError
+from bertknn.core.format import Datastore
+from bertknn.evaluation.__main__ import main as evaluation_main
+from bertknn.service.main import create_app
+from bertknn.service.settings import ServiceSettings
+from tests.conftest import SHARED_DATA, build_tiny, write_jsonl
+from tests.integration.test_entities import linked
+from tests.support.families import FAMILIES, make_family_model
+
+# Cased made-up names, each written at a sentence's start (a bare form for byte-level BPE) and inside one.
+ARTICLES = [
+    linked("1", "Zorblat", "Zorblat was born in Quimby. Zorblat wrote many songs about rivers. He later moved to "
+           "the city of Plonk.", [("Quimby", "Quimby"), ("Plonk", "Plonk")]),
+    linked("2", "Quimby", "Quimby is a small town near the sea. Quimby is known for fishing and boats. Many poets "
+           "live in Quimby. Quimby lies in Vostok.", [("Vostok", "Vostok")]),
+    linked("3", "Frelle", "Frelle was born in Vostok. Frelle is a painter of mountains. She studied in Plonk.",
+           [("Vostok", "Vostok"), ("Plonk", "Plonk")]),
+    linked("4", "Plonk", "Plonk is a large city with a famous bridge. The bridge of Plonk is red. Plonk lies in "
+           "Vostok.", [("Vostok", "Vostok")]),
+    linked("5", "Vostok", "Vostok is a cold country in the north. Vostok has long winters and deep snow.", []),
+]  # fmt: skip
+ANSWERS = {"Quimby", "Plonk", "Vostok"}  # one token in every family's vocabulary (the subjects may be several)
+PLAIN_WORD = re.compile(r"^[^\W_](?:[\w'.-]*\w)?$")  # letters or digits, no marker, no space
+
+
+def _training_text() -> list[str]:
+    leads = [json.loads(line)["text"] for line in (SHARED_DATA / "wiki" / "vital_articles.jsonl").open()][:400]
+    return [a["text"] for a in ARTICLES] * 40 + leads
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
+    """(family, model directory, datastore): single-piece targets, entity links kept."""
+    name = request.param
+    root = tmp_path_factory.mktemp(f"family-{name}")
+    model = make_family_model(root / "model", name, _training_text(), vocab_size=3000)
+    corpus = write_jsonl(root / "corpus.jsonl", ARTICLES)
+    ds = build_tiny(root / "ds", [corpus], model)
+    return name, model, ds
+
+
+@pytest.fixture(scope="module")
+def client(family: tuple[str, Path, Path]):
+    _, model, ds = family
+    with TestClient(create_app(ServiceSettings(datastore=ds, model={"name": str(model), "device": "cpu"}))) as c:
+        yield c
+
+
+def _words_of(body: dict) -> list[str]:
+    return [p["token"] for key in ("predictions", "mlm", "knn") for p in body[key]]
+
+
+def _rows(ds: Path) -> list[tuple[str, str, int]]:
+    """Every stored word context: (sentence, word as written, label)."""
+    store = Datastore(ds)
+    out = []
+    for shard in store.shards:
+        labels, spans, sids = shard.labels, shard.spans, shard.sentence_ids
+        for label, (a, b), sid in zip(labels.tolist(), spans.tolist(), sids.tolist(), strict=True):
+            if label >= 0:
+                sentence = shard.sentence(sid)
+                out.append((sentence, sentence[a:b], label))
+    return out
+
+
+def test_the_names_are_single_tokens_so_the_checks_below_bite(family: tuple[str, Path, Path]) -> None:
+    _, model, _ = family
+    enc = MaskedLMEncoder.load(str(model), device="cpu", max_seq_len=64)
+    for name in ANSWERS:
+        assert len(enc.words.pieces_of(name)) == 1, name
+
+
+def test_a_word_keeps_one_label_in_every_form_and_no_stopword_is_a_target(family: tuple[str, Path, Path]) -> None:
+    _, _, ds = family
+    rows = _rows(ds)
+    stop = load_stopwords()
+    assert rows and not [w for _, w, _ in rows if w.lower() in stop]
+    by_word: dict[str, set[int]] = {}
+    for _, word, label in rows:
+        by_word.setdefault(word, set()).add(label)
+    for name in ANSWERS:
+        assert len(by_word[name]) == 1, (name, by_word[name])  # "Quimby is ..." and "... in Quimby." alike
+
+
+def test_a_stored_context_comes_back_first_with_its_word(family: tuple[str, Path, Path], client: TestClient) -> None:
+    """The query is a stored sentence with its word masked: its nearest neighbour is that very context (distance
+    0) and the kNN's answer at k=1 is its word, as the datastore shows it."""
+    rows = [r for r in _rows(family[2]) if r[1] in ANSWERS]
+    assert len(rows) >= 8
+    uncased = family[0] in ("bert", "distilbert")
+    for sentence, word, _ in rows[:8]:
+        at = sentence.index(word)
+        text = f"{sentence[:at]}[MASK]{sentence[at + len(word):]}"
+        title = next(a["title"] for a in ARTICLES if sentence in a["text"])
+        ask = {"text": text, "subject": title, "lambda": 1.0, "top_k": 10, "contexts_per_answer": 8}
+        r = client.post("/predict", json={**ask, "k": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["knn"][0]["token"] == (word.lower() if uncased else word), (text, r.json()["knn"])
+        body = client.post("/predict", json={**ask, "k": 8}).json()
+        nearest = next(c for p in body["predictions"] for c in p["contexts"] if c["rank"] == 1)
+        assert nearest["sentence"] == f"{sentence[:at]}**{word}**{sentence[at + len(word):]}"
+        assert nearest["distance"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_answers_are_plain_words_in_the_models_case(family: tuple[str, Path, Path], client: TestClient) -> None:
+    name = family[0]
+    r = client.post("/predict", json={"text": "Zorblat was born in [MASK].", "subject": "Zorblat", "top_k": 10})
+    assert r.status_code == 200, r.text
+    words = _words_of(r.json())
+    assert words and all(PLAIN_WORD.match(w) for w in words), words
+    cased = name not in ("bert", "distilbert")
+    assert ("Quimby" if cased else "quimby") in [p["token"] for p in r.json()["knn"]]
+    stop = load_stopwords()
+    assert not [w for w in (p["token"] for p in r.json()["knn"]) if w.lower() in stop]
+
+
+def test_the_models_own_mask_spelling_is_the_same_question(family: tuple[str, Path, Path], client: TestClient) -> None:
+    mask = MaskedLMEncoder.load(str(family[1]), device="cpu", max_seq_len=64).tokenizer.mask_token
+    ask = {"subject": "Zorblat", "top_k": 3}
+    a = client.post("/predict", json={"text": "Zorblat was born in [MASK].", **ask}).json()
+    b = client.post("/predict", json={"text": f"Zorblat was born in {mask}.", **ask}).json()
+    assert a["predictions"] == b["predictions"]
+
+
+def test_entity_answers_and_follow(family: tuple[str, Path, Path], client: TestClient) -> None:
+    r = client.post("/predict", json={"text": "Zorblat was born in [MASK].", "subject": "Zorblat", "answer": "entity"})
+    assert r.status_code == 200, r.text
+    entities = [p["entity"]["title"] for p in r.json()["predictions"] if p["entity"]]
+    assert "Quimby" in entities
+    r = client.post("/follow", json={"subject": "Zorblat", "relations": ["[X] was born in [Y] .", "[X] lies in [Y] ."]})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [h["relation"] for h in out["hops"]] == ["[X] was born in [Y] .", "[X] lies in [Y] ."]
+    assert out["hops"][0]["entities"] and all(PLAIN_WORD.match(e["title"]) for h in out["hops"] for e in h["entities"])
+    assert out["answers"] and out["answers"][0]["path"][0]["title"] == "Zorblat"
+
+
+def test_lama_runs_and_finds_the_stored_facts(family: tuple[str, Path, Path], tmp_path: Path) -> None:
+    name, model, ds = family
+    lama = tmp_path / "lama"
+    (lama / "TREx").mkdir(parents=True)
+    (lama / "relations.jsonl").write_text(json.dumps({"relation": "P19", "template": "[X] was born in [Y]."}) + "\n")
+    facts = [("Zorblat", "Quimby"), ("Frelle", "Vostok"), ("Zorblat", "New Quimby")]
+    (lama / "TREx" / "P19.jsonl").write_text("".join(
+        json.dumps({"uuid": f"u{i}", "sub_label": s, "obj_label": o, "predicate_id": "P19", "evidences": []}) + "\n"
+        for i, (s, o) in enumerate(facts)))  # fmt: skip
+    out = tmp_path / "report.json"
+    preds = tmp_path / "predictions.jsonl"
+    # the template is the corpus's own sentence, so the nearest context is that sentence's (k=1: a random model's
+    # other contexts lie close to it and would outvote it)
+    rc = evaluation_main(["lama", "--data", str(lama), "--datastore", str(ds), "--model", str(model), "--out",
+                          str(out), "--predictions", str(preds), "--device", "cpu", "--quiet", "--k", "1"])  # fmt: skip
+    assert rc == 0
+    rows = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert len(rows) == 2, rows  # "New Quimby" is two words: not a single-token fact
+    report = json.loads(out.read_text())
+    assert report["relations"]["P19"]["knn"]["p@1"] == pytest.approx(100.0), (name, rows)
+
+
+def test_a_checkpoint_without_its_mlm_head_is_refused_in_one_line_or_served_knn_only(
+    family: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    _, model, ds = family
+    headless = tmp_path / "headless"
+    headless.mkdir()
+    for f in model.iterdir():
+        if f.name != "model.safetensors":
+            (headless / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(model / "model.safetensors"))
+    enc = MaskedLMEncoder.load(str(model), device="cpu", max_seq_len=64)
+    prefix = f"{enc.model.base_model_prefix}."
+    base = {k: v for k, v in tensors.items() if k.startswith(prefix) or "embeddings" in k}
+    assert len(base) < len(tensors)
+    save_file(base, str(headless / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="no MLM head") as err:
+        MaskedLMEncoder.load(str(headless), device="cpu", max_seq_len=64)
+    assert "\n" not in str(err.value)
+    knn_only = MaskedLMEncoder.load(str(headless), device="cpu", max_seq_len=64, mlm_head="knn-only")
+    out = knn_only.encode([knn_only.query_input("Zorblat was born in [MASK].")], with_mlm=True)
+    assert out.mlm_log_probs is not None
+    np.testing.assert_allclose(out.mlm_log_probs.exp().numpy(), 1.0 / knn_only.vocab_size, rtol=1e-5)
