@@ -21,8 +21,8 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenize
 from bertknn.core.errors import ModelLoadError
 from bertknn.core.hashing import weights_sha256
 from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
-from bertknn.core.wordmodel import WordModel
 from bertknn.core.topk import top_entries
+from bertknn.core.wordmodel import WordModel
 
 logger = logging.getLogger(__name__)
 

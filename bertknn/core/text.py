@@ -19,6 +19,15 @@ def is_punctuation(word: str) -> bool:
     return not any(unicodedata.category(ch)[0] in "LN" for ch in word)
 
 
+def is_word_break(piece: str) -> bool:
+    """True when a token's text is punctuation that ends a word, as BERT's pre-tokenizer splits it: ASCII
+    characters other than letters and digits, and Unicode punctuation (``.``, ``,``, ``«``). Symbols such as ``°``
+    stay inside a word (``1°c``), as they do for BERT."""
+    return bool(piece) and all(
+        (ch.isascii() and not ch.isalnum()) or unicodedata.category(ch).startswith("P") for ch in piece
+    )
+
+
 def fold_text(text: str) -> str:
     """Case- and accent-insensitive form of a text, as both TF-IDF sides see it."""
     decomposed = unicodedata.normalize("NFKD", text)

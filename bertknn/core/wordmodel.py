@@ -5,7 +5,7 @@ its own encoder), never from ``##``, ``Ġ`` or ``▁`` literals, so one rule cov
 byte-level BPE (RoBERTa, ModernBERT) and SentencePiece/Unigram (XLM-R, DeBERTa-v2/v3, ALBERT):
 
 - **Words of a sentence** (`WordModel.words`): the tokenizer's own word ids, split further where a token is only
-  punctuation (SentencePiece pre-tokenises on spaces alone, so ``Paris.`` is one of its "words").
+  punctuation (`is_word_break`; SentencePiece pre-tokenises on spaces alone, so ``Paris.`` is one of its "words").
 - **The masked sequence** (`WordModel.masked`): a word's tokens replaced by ONE mask id. A query's ``[MASK]`` is
   first replaced by an ordinary word and that word's tokens are masked, so a query and a stored context of the
   same text give the same ids whatever the tokenizer does with the space before its mask token.
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from bertknn.core.errors import QueryError
-from bertknn.core.text import MASK_RE, is_punctuation
+from bertknn.core.text import MASK_RE, is_punctuation, is_word_break
 
 # words a query's [MASK] may be replaced by before tokenising (its tokens then become the one mask): the first
 # that the tokenizer knows (no unknown or special token) is used
@@ -185,7 +185,7 @@ class WordModel:
             s, e = tok.offsets[i]
             piece = tok.text[s:e]
             # a space-only token (SentencePiece's lone "▁") belongs to the word after it
-            if w is None or tid in self.special_ids or (piece.strip() and is_punctuation(piece)):
+            if w is None or tid in self.special_ids or is_word_break(piece.strip()):
                 close()
                 previous = None
                 continue

@@ -319,12 +319,15 @@ class ObjectVocabulary:
         return self.restrict is None or token in self.restrict
 
     def allowed_ids(self) -> np.ndarray | None:
-        """Sorted labels of the restricted vocabulary's words that the model has as one token (None: unrestricted)."""
+        """Sorted ids of the restricted vocabulary's entries that the model has as one token, words by their
+        label (None: unrestricted)."""
         if self.restrict is None:
             return None
         words = sorted({self.normalize(w) for w in self.restrict})
         singles = [p[0] for p in self.words.running_text_ids(words) if len(p) == 1]
-        ids = sorted({w for w in (self.words.token_word(t) for t in singles) if w >= 0})
+        # a word's label; a one-token entry that is no word (LAMA's list has punctuation) stays itself
+        ids = sorted({w if w >= 0 else t for t, w in ((t, self.words.token_word(t)) for t in singles)}
+                     - self.words.special_ids - {self.tokenizer.unk_token_id})
         if not ids:
             raise LamaError(
                 "no token of the restricted vocabulary is in the model's vocabulary; wrong --vocab file?"

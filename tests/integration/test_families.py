@@ -202,3 +202,14 @@ def test_a_checkpoint_without_its_mlm_head_is_refused_in_one_line_or_served_knn_
     out = knn_only.encode([knn_only.query_input("Zorblat was born in [MASK].")], with_mlm=True)
     assert out.mlm_log_probs is not None
     np.testing.assert_allclose(out.mlm_log_probs.exp().numpy(), 1.0 / knn_only.vocab_size, rtol=1e-5)
+
+
+def test_onnx_runtime_runs_every_family_and_matches_eager(family: tuple[str, Path, Path]) -> None:
+    enc = MaskedLMEncoder.load(str(family[1]), device="cpu", max_seq_len=64)
+    queries = [enc.query_input("Zorblat was born in [MASK]."), enc.query_input("[MASK] is a small town near the sea.")]
+    eager = enc.encode(queries, with_mlm=True)
+    assert enc.set_backend("onnx") == "onnx"
+    fast = enc.encode(queries, with_mlm=True)
+    np.testing.assert_allclose(fast.embeddings, eager.embeddings, atol=1e-3)
+    assert fast.mlm_log_probs is not None and eager.mlm_log_probs is not None
+    np.testing.assert_allclose(fast.mlm_log_probs.numpy(), eager.mlm_log_probs.numpy(), atol=1e-3)

@@ -23,7 +23,7 @@ from bertknn.builder.writer import write_table
 from bertknn.core.errors import CorpusError, ModelLoadError
 from bertknn.core.format import read_manifest, write_manifest
 from bertknn.core.model_ref import local_model_path, locate_model
-from bertknn.service.answer import non_word_tokens
+from bertknn.core.wordmodel import WordModel
 from bertknn.service.api.routes import to_query
 from bertknn.service.api.schemas import PredictRequest
 from bertknn.service.interpolate import top_k
@@ -44,10 +44,16 @@ def client(tiny_datastore: Path):
 # ---- answers are words ----------------------------------------------------------------------------------------
 
 
-def test_non_word_tokens_are_specials_pieces_and_punctuation() -> None:
-    vocab = ["[PAD]", "[UNK]", "paris", "##s", ".", ",", "[unused3]", "1921", "élan", "--", "x"]
-    got = non_word_tokens(vocab, special_ids=[0, 1])
-    assert [t for t, bad in zip(vocab, got, strict=True) if bad] == ["[PAD]", "[UNK]", "##s", ".", ",", "[unused3]", "--"]
+def test_non_word_tokens_are_specials_pieces_and_punctuation(tmp_path: Path) -> None:
+    from transformers import BertTokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "paris", "##s", ".", ",", "[unused3]", "1921", "élan",
+             "--", "x", "-"]  # fmt: skip
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = BertTokenizer(vocab=str(tmp_path / "vocab.txt"), do_lower_case=True, strip_accents=False)
+    got = WordModel(tok).vocab.non_words
+    assert [t for t, bad in zip(vocab, got, strict=True) if bad] == [
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "##s", ".", ",", "[unused3]", "--", "-"]  # fmt: skip
 
 
 @pytest.mark.parametrize("text", ["zorblat was born in [MASK] .", "he said [MASK]", "[MASK] ."])

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 FAMILIES = ("bert", "distilbert", "roberta", "modernbert", "xlm-roberta", "deberta-v2")
 
@@ -59,8 +60,10 @@ def _byte_bpe(texts: list[str], vocab_size: int, *, roberta: bool):  # noqa: ANN
     tok.add_special_tokens([AddedToken(names["mask_token"], lstrip=True, rstrip=False, normalized=False)])
     cls, sep = names["cls_token"], names["sep_token"]
     if roberta:
+        sep_id, cls_id = tok.token_to_id(sep), tok.token_to_id(cls)
+        assert sep_id is not None and cls_id is not None
         tok.post_processor = processors.RobertaProcessing(
-            (sep, tok.token_to_id(sep)), (cls, tok.token_to_id(cls)), trim_offsets=True, add_prefix_space=False
+            (sep, sep_id), (cls, cls_id), trim_offsets=True, add_prefix_space=False
         )
     else:
         tok.post_processor = processors.TemplateProcessing(
@@ -70,8 +73,17 @@ def _byte_bpe(texts: list[str], vocab_size: int, *, roberta: bool):  # noqa: ANN
 
 
 def _unigram(texts: list[str], vocab_size: int, *, xlmr: bool):  # noqa: ANN202
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
@@ -97,31 +109,28 @@ def _config(family: str, vocab_size: int, names: dict[str, int], *, hidden: int,
             intermediate: int, positions: int):  # noqa: ANN202
     import transformers as tf
 
-    common = dict(vocab_size=vocab_size, pad_token_id=names["pad"])
-    if family == "bert":
-        return tf.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                             intermediate_size=intermediate, max_position_embeddings=positions, **common)
-    if family == "distilbert":
-        return tf.DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=intermediate,
-                                   max_position_embeddings=positions, **common)
-    if family in ("roberta", "xlm-roberta"):
-        cls = tf.RobertaConfig if family == "roberta" else tf.XLMRobertaConfig
-        return cls(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                   intermediate_size=intermediate, max_position_embeddings=positions + 2,
-                   bos_token_id=names["cls"], eos_token_id=names["sep"], **common)
-    if family == "modernbert":
-        return tf.ModernBertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                   intermediate_size=intermediate, max_position_embeddings=positions,
-                                   global_attn_every_n_layers=2, local_attention=16,
-                                   cls_token_id=names["cls"], sep_token_id=names["sep"],
-                                   bos_token_id=names["cls"], eos_token_id=names["sep"], **common)
-    if family == "deberta-v2":
-        return tf.DebertaV2Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                  intermediate_size=intermediate, max_position_embeddings=positions,
-                                  relative_attention=True, position_buckets=16, pos_att_type=["p2c", "c2p"],
-                                  position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True,
-                                  **common)
-    raise ValueError(f"unknown family {family!r}")
+    common: dict[str, Any] = dict(vocab_size=vocab_size, pad_token_id=names["pad"])
+    bert_like: dict[str, Any] = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                     intermediate_size=intermediate, max_position_embeddings=positions, **common)
+    kinds: dict[str, tuple[Any, dict[str, Any]]] = {
+        "bert": (tf.BertConfig, bert_like),
+        "distilbert": (tf.DistilBertConfig, dict(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=intermediate,
+                                                 max_position_embeddings=positions, **common)),
+        "roberta": (tf.RobertaConfig, {**bert_like, "max_position_embeddings": positions + 2,
+                                       "bos_token_id": names["cls"], "eos_token_id": names["sep"]}),
+        "xlm-roberta": (tf.XLMRobertaConfig, {**bert_like, "max_position_embeddings": positions + 2,
+                                              "bos_token_id": names["cls"], "eos_token_id": names["sep"]}),
+        "modernbert": (tf.ModernBertConfig, {**bert_like, "global_attn_every_n_layers": 2, "local_attention": 16,
+                                             "cls_token_id": names["cls"], "sep_token_id": names["sep"],
+                                             "bos_token_id": names["cls"], "eos_token_id": names["sep"]}),
+        "deberta-v2": (tf.DebertaV2Config, {**bert_like, "relative_attention": True, "position_buckets": 16,
+                                            "pos_att_type": ["p2c", "c2p"], "position_biased_input": False,
+                                            "norm_rel_ebd": "layer_norm", "share_att_key": True}),
+    }  # fmt: skip
+    if family not in kinds:
+        raise ValueError(f"unknown family {family!r}")
+    cls, kwargs = kinds[family]
+    return cls(**kwargs)
 
 
 def train_tokenizer(family: str, texts: Iterable[str], *, vocab_size: int = 800):  # noqa: ANN201

@@ -6,6 +6,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
+from bertknn.core.wordmodel import WordModel
 from bertknn.core.words import (
     MAX_WORD_PIECES,
     WordEntry,
@@ -13,7 +14,6 @@ from bertknn.core.words import (
     WordTableBuilder,
     check_word_table,
 )
-from bertknn.core.wordmodel import WordModel
 
 
 @pytest.fixture(scope="module")
