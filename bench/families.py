@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = args.work / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(a) + "\n" for a in leads[: args.articles]), encoding="utf-8")
     texts = [a["text"] for a in leads[:3000]]
+    path = None
     result: dict[str, Any] = {"machine": machine(), "torch_threads": 1, "articles": args.articles, "families": {}}
     for family in families:
         model = make_shaped(family, args.work / f"{family}-base-shaped", texts=texts)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{BASE_NAMES[family]:24s} /predict p50 {s['uncached_p50_ms']:7.1f} ms = {s['uncached_p50_over_bare_p50']:.3f}x "
               f"bare {s['bare_forward_p50_ms']:.1f} ms ({s['backend']}); build {b['build_ctx_per_s']:.1f} ctx/s = "
               f"{b['build_over_forward']:.3f}x bare ({b['backend']})", flush=True)  # fmt: skip
-    path = write_result("families", result)
+        path = write_result("families", result)  # after each family: a long run that stops keeps its rows
     print(f"wrote {path}")
     return 0
 
