@@ -12,7 +12,8 @@ the ratios are the service's and the builder's real overhead on that shape; the 
 Measured in one run per family, on this machine's default backend (ONNX Runtime on a CPU):
 - uncached ``/predict`` p50 (a real service process, raw HTTP client) over the bare forward's p50 (one query
   with p_MLM), in alternating blocks of 10 queries so the host's drift falls on both;
-- the builder's contexts/s over the bare forward of the same batches (`bench.builder.one_run`).
+- the builder's contexts/s over the bare forward of the same batches (`bench.builder.one_run`), at the builder's
+  default threads (the CPU quota), on ``--builder-articles`` leads.
 Writes ``bench/results/families.json``.
 """
 
@@ -116,29 +117,39 @@ def serving_ratio(model: Path, ds: Path, queries: int) -> dict[str, Any]:
 
 
 def builder_ratio(model: Path, corpus: Path) -> dict[str, Any]:
+    """A build at the builder's default threads (the CPU quota) against the bare forward of its batches."""
+    import torch
+
     from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.runtime import cpu_quota_threads
+
+    torch.set_num_threads(cpu_quota_threads())
 
     args = SimpleNamespace(model=model, device="cpu", batch_size=128, max_seq_len=128, articles_per_shard=5,
                            workers=1, code_bytes=0)  # fmt: skip
     enc = MaskedLMEncoder.load(str(model), device="cpu", max_seq_len=128, mlm_head="ignored")
-    run = one_run(enc, corpus, args, "auto")  # type: ignore[arg-type]
-    return {k: run[k] for k in ("backend", "contexts", "build_ctx_per_s", "bare_forward_ctx_per_s",
-                                "build_over_forward")}  # fmt: skip
+    try:
+        run = one_run(enc, corpus, args, "auto")  # type: ignore[arg-type]
+    finally:
+        torch.set_num_threads(1)
+    keep = ("backend", "contexts", "build_ctx_per_s", "bare_forward_ctx_per_s", "build_over_forward", "bound")
+    return {"threads": cpu_quota_threads(), **{k: run[k] for k in keep}}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.families", description=__doc__.splitlines()[0])
     p.add_argument("--families", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--queries", type=int, default=40, help="uncached /predict queries per family (at least 10)")
-    p.add_argument("--articles", type=int, default=12, help="Vital Articles leads the datastore is built from")
+    p.add_argument("--articles", type=int, default=8, help="Vital Articles leads the served datastore holds")
+    p.add_argument("--builder-articles", type=int, default=30, help="Vital Articles leads the timed build reads")
     p.add_argument("--work", type=Path, default=RUNS / "bench-families")
     args = p.parse_args(argv)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = sorted(set(families) - set(SHAPES))
     if unknown or not families:
         p.error(f"--families: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(SHAPES)}")
-    if args.queries < 10 or args.articles < 1:
-        p.error("--queries must be at least 10 and --articles at least 1")
+    if args.queries < 10 or args.articles < 1 or args.builder_articles < 1:
+        p.error("--queries must be at least 10, --articles and --builder-articles at least 1")
     logging.basicConfig(level=logging.WARNING)
     import torch
 
@@ -149,14 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = args.work / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(a) + "\n" for a in leads[: args.articles]), encoding="utf-8")
+    build_corpus = args.work / f"corpus-{args.builder_articles}.jsonl"
+    build_corpus.write_text("".join(json.dumps(a) + "\n" for a in leads[: args.builder_articles]), encoding="utf-8")
     texts = [a["text"] for a in leads[:3000]]
     path = None
-    result: dict[str, Any] = {"machine": machine(), "torch_threads": 1, "articles": args.articles, "families": {}}
+    result: dict[str, Any] = {"machine": machine(), "service_torch_threads": 1, "articles": args.articles,
+                              "builder_articles": args.builder_articles, "families": {}}  # fmt: skip
     for family in families:
         model = make_shaped(family, args.work / f"{family}-base-shaped", texts=texts)
         ds = build_datastore([corpus], args.work / f"ds-{family}", model)
         row: dict[str, Any] = {"shape": BASE_NAMES[family], "serving": serving_ratio(model, ds, args.queries),
-               "builder": builder_ratio(model, corpus)}  # fmt: skip
+               "builder": builder_ratio(model, build_corpus)}  # fmt: skip
         result["families"][family] = row
         s, b = row["serving"], row["builder"]
         print(f"{BASE_NAMES[family]:24s} /predict p50 {s['uncached_p50_ms']:7.1f} ms = {s['uncached_p50_over_bare_p50']:.3f}x "

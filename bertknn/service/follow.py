@@ -51,6 +51,7 @@ class Step:
     title: str
     prob: float
     contexts: list[Context] = field(default_factory=list)
+    found_by: str | None = None  # how the articles this step was read from were found; None for the subject
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class HopEntity:
     prob: float
     contexts: list[Context]
     via: str | None  # the previous hop's entity that contributed most (None at hop 1: the subject)
+    found_by: str | None = None  # how that parent's query found its articles (subject, redirect, folded, bm25...)
 
 
 @dataclass(frozen=True)
@@ -79,21 +81,36 @@ class FollowResult:
     subject: str
     hops: list[Hop]
     answers: list[FollowAnswer]
+    warnings: list[str] = field(default_factory=list)
 
 
-def combine(parents: Sequence[tuple[str, float]], results: Sequence[Sequence[tuple[str, float, list[Context]]]]) -> list[HopEntity]:
+def combine(
+    parents: Sequence[tuple[str, float]],
+    results: Sequence[Sequence[tuple[str, float, list[Context]]]],
+    found_by: Sequence[str | None] | None = None,
+) -> list[HopEntity]:
     """One hop's weighted set: ``results[i]`` is the entity answer (title, p, contexts) of parent ``parents[i]``
-    (title, weight); P(a) = sum_i weight_i * p_i(a), each entity keeping the parent that gave it most."""
+    (title, weight); P(a) = sum_i weight_i * p_i(a), each entity keeping the parent that gave it most.
+    ``found_by[i]``: how parent i's query found its articles."""
+    rules = list(found_by) if found_by is not None else [None] * len(parents)
     total: dict[str, float] = {}
-    best: dict[str, tuple[float, str, list[Context]]] = {}
-    for (parent, weight), answers in zip(parents, results, strict=True):
+    best: dict[str, tuple[float, str, list[Context], str | None]] = {}
+    for (parent, weight), answers, rule in zip(parents, results, rules, strict=True):
         for title, p, contexts in answers:
             share = weight * p
             total[title] = total.get(title, 0.0) + share
             if title not in best or share > best[title][0]:
-                best[title] = (share, parent, contexts)
+                best[title] = (share, parent, contexts, rule)
     ranked = sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))
-    return [HopEntity(t, p, best[t][2], best[t][1]) for t, p in ranked]
+    return [HopEntity(t, p, best[t][2], best[t][1], best[t][3]) for t, p in ranked]
+
+
+def found_by(answer: Answer) -> str | None:
+    """How a hop's query found its articles: the rule of its retrieved articles (subject, redirect, bm25...)."""
+    if not answer.articles:
+        return None
+    rule = answer.articles[0].rule
+    return answer.subject_status if rule == "subject" and answer.subject_status in ("redirect", "folded") else rule
 
 
 def paths(subject: str, hops: Sequence[Hop], top_k: int) -> list[FollowAnswer]:
@@ -107,7 +124,7 @@ def paths(subject: str, hops: Sequence[Hop], top_k: int) -> list[FollowAnswer]:
             if via is None or via not in index[h - 1]:
                 break
             chain.append(index[h - 1][via])
-        steps = [Step(subject, 1.0)] + [Step(x.title, x.prob, x.contexts) for x in reversed(chain)]
+        steps = [Step(subject, 1.0)] + [Step(x.title, x.prob, x.contexts, x.found_by) for x in reversed(chain)]
         out.append(FollowAnswer(e.title, e.prob, steps))
     return out
 
@@ -126,6 +143,7 @@ async def follow(
     forward pass); ``base``: the query options of every hop (k, temperature, lambda, retriever...)."""
     parents: list[tuple[str, float]] = [(subject, 1.0)]
     hops: list[Hop] = []
+    warnings: list[str] = []
     for h, relation in enumerate(relations):
         queries = [
             replace(base, text=fill(relation, title, lower), subject=title, answer="entity", top_k=max(top_k, beam))
@@ -133,11 +151,18 @@ async def follow(
         ]
         answers = await ask(queries)
         results = [[(p.token, p.prob, p.contexts) for p in a.predictions] for a in answers]
-        entities = combine(parents, results)
+        rules = [found_by(a) for a in answers]
+        warnings += [
+            f"hop {h + 1}: {title!r} has no article in this datastore; its articles were ranked by {rule}"
+            for (title, _), a, rule in zip(parents, answers, rules, strict=True) if a.subject_status == "not_found"
+        ]  # fmt: skip
+        entities = combine(parents, results, rules)
         if h == 0:
-            entities = [HopEntity(e.title, e.prob, e.contexts, None) for e in entities]
+            entities = [HopEntity(e.title, e.prob, e.contexts, None, e.found_by) for e in entities]
         hops.append(Hop(relation, entities))
         parents = [(e.title, e.prob) for e in entities[:beam]]
         if not parents:
             break
-    return FollowResult(subject, [Hop(h.relation, h.entities[:top_k]) for h in hops], paths(subject, hops, top_k))
+    return FollowResult(
+        subject, [Hop(h.relation, h.entities[:top_k]) for h in hops], paths(subject, hops, top_k), warnings
+    )

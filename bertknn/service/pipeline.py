@@ -34,6 +34,19 @@ from bertknn.service.words import WordAnswerer
 
 logger = logging.getLogger(__name__)
 
+NO_LINKS = (
+    "this datastore has no entity links (its corpus had none): build one from a corpus with links, a Wikipedia "
+    "dump or JSON lines with a \"links\" list (docs/entities.md)"
+)
+
+
+def subject_warnings(query: Query, status: str | None) -> list[str]:
+    """What a response must say when its subject found no article: the answer came from other articles."""
+    if status != "not_found":
+        return []
+    how = "the whole datastore was searched" if query.retriever == "none" else f"{query.retriever} ranked the articles"
+    return [f"subject {query.subject!r} has no article in this datastore; {how} instead"]
+
 
 def vocabulary(encoder: MaskedLMEncoder) -> list[str]:
     """Every token id's shown text, in id order (a word as it reads: ``Paris``, not ``ĠParis``)."""
@@ -152,11 +165,8 @@ class AnswerPipeline:
     def check_query(self, query: Query) -> MaskedInput:
         """Tokenise and check one query; `QueryError` says what to fix."""
         if query.answer == "entity":
-            if not self.datastore.linked:
-                raise QueryError(
-                    "answer 'entity' needs a datastore with entity links; this one has none (rebuild it with "
-                    "links, the builder's default), or ask for answer 'word'"
-                )
+            if not self.datastore.has_entities:
+                raise QueryError(f"answer 'entity' needs entity links, and {NO_LINKS}; or ask for answer 'word'")
             if query.retriever == "none":
                 raise QueryError("answer 'entity' searches the retrieved articles' links: use retriever bm25 or tfidf")
         return self.encoder.query_input(query.text)
@@ -321,6 +331,7 @@ class AnswerPipeline:
         query = self.resolve_temperature(query, nbrs)
         assert query.temperature is not None
         parts = self.answer(query, enc, hits, nbrs, with_distributions=with_distributions)
+        status = self.articles.subject_status(query)
         stage.add("interpolation", time.perf_counter() - t)
         for name in ("embedding", "interpolation") if skipped else ("retrieval", "embedding", "knn", "interpolation"):
             stage.times.setdefault(name, 0.0)
@@ -336,8 +347,9 @@ class AnswerPipeline:
             parts.distributions,
             query.interpolation,
             skipped,
-            self.articles.subject_status(query),
+            status,
             query.temperature,
+            subject_warnings(query, status),
         )
 
     def release(self) -> None:

@@ -100,6 +100,7 @@ class Answer:
     knn_skipped: bool = False  # adaptive: answered by the MLM alone, no retrieval and no kNN search ran
     subject_status: SubjectStatus | None = None  # how the query's subject found its article; None: no subject
     temperature_used: float = 6.0  # l applied: the query's, or for auto the one derived from its neighbours' distances
+    warnings: list[str] = field(default_factory=list)  # a fallback the caller should know of (an unknown subject)
 
 
 @dataclass

@@ -344,3 +344,45 @@ def test_the_distance_scale_is_measured_on_word_rows_only(ds: Path) -> None:
     scale = measure_distance_scale(ds, m, sample=10_000)
     assert scale is not None and 0 < scale.sample <= store.total_rows - anchors
     assert m.distance_scale is not None and m.distance_scale.value == measure_distance_scale(ds, m).value  # type: ignore[union-attr]
+
+
+# ---- no silent fallbacks (#35) -----------------------------------------------------------------------------------
+
+
+def test_a_datastore_without_links_refuses_entity_answers_and_follow_saying_how_to_get_links(
+    tiny_datastore: Path,
+) -> None:
+    """The quick start's kind of datastore: built with links kept, from a corpus that has none."""
+    assert not Datastore(tiny_datastore).has_entities
+    with TestClient(create_app(ServiceSettings(datastore=tiny_datastore, model={"device": "cpu"}))) as c:
+        r = c.post("/predict", json={"text": "zorblat was born in [MASK] .", "subject": "Zorblat", "answer": "entity"})
+        assert r.status_code == 422 and "no entity links" in r.json()["error"]["message"], r.text
+        assert "corpus with links" in r.json()["error"]["message"]
+        r = c.post("/follow", json={"subject": "Zorblat", "relations": ["[X] was born in [Y] ."]})
+        assert r.status_code == 422 and "no entity links" in r.json()["error"]["message"], r.text
+        r = c.post("/predict", json={"text": "zorblat was born in [MASK] .", "subject": "Nobody Known"})
+        assert r.status_code == 200 and r.json()["subject_status"] == "not_found"
+        assert r.json()["warnings"] == [
+            "subject 'Nobody Known' has no article in this datastore; bm25 ranked the articles instead"
+        ]
+        r = c.post("/predict", json={"text": "zorblat was born in [MASK] .", "subject": "Zorblat"})
+        assert r.json()["warnings"] == []
+
+
+def test_a_hop_whose_entity_has_no_article_says_which_rule_found_its_articles(model: Path, tmp_path: Path) -> None:
+    articles = [
+        linked("1", "Orvin Tasker", "Orvin Tasker was born in Port Ambrel. Orvin Tasker paints ships.",
+               [("Port Ambrel", "Port Ambrel")]),
+        linked("2", "Mira Dolan", "Mira Dolan lives in Port Ambrel. Port Ambrel is a city in the Kingdom of Zembla.",
+               [("Port Ambrel", "Port Ambrel"), ("Kingdom of Zembla", "Kingdom of Zembla")]),
+    ]  # fmt: skip  (Port Ambrel and the Kingdom have no article of their own)
+    ds = build_tiny(tmp_path / "ds", [write_jsonl(tmp_path / "c.jsonl", articles)], model)
+    with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
+        body = {"subject": "Orvin Tasker", "relations": ["[X] was born in [Y] .", "[X] is a city in the [Y] ."],
+                "beam": 1}  # fmt: skip
+        out = c.post("/follow", json=body).json()
+    assert out["hops"][0]["entities"][0]["title"] == "Port Ambrel"
+    assert out["hops"][0]["entities"][0]["found_by"] == "subject"  # Orvin Tasker's own article
+    assert all(e["found_by"] == "bm25" for e in out["hops"][1]["entities"])
+    assert out["warnings"] == ["hop 2: 'Port Ambrel' has no article in this datastore; its articles were ranked by bm25"]
+    assert [s["found_by"] for s in out["answers"][0]["path"]] == [None, "subject", "bm25"]

@@ -270,6 +270,11 @@ class Datastore:
         """Whether the rows carry entity links (``manifest.links``)."""
         return self.manifest.links is not None
 
+    @property
+    def has_entities(self) -> bool:
+        """Whether any row is linked to an entity (a build that kept links over a corpus without any has none)."""
+        return self.manifest.links is not None and self.manifest.links.entities > 0
+
     def article_rows(
         self, titles: Iterable[str], answer: str = "word"
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

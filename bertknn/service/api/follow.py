@@ -14,7 +14,7 @@ from bertknn.service.api.deps import AnswererDep, ResourcesDep
 from bertknn.service.api.routes import ERRORS, temperature_value
 from bertknn.service.api.schemas import FollowRequest, FollowResponse
 from bertknn.service.follow import FollowResult, check_template, follow
-from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.pipeline import NO_LINKS, AnswerPipeline
 from bertknn.service.results import Answer, Query
 from bertknn.service.retrieval.subject import SubjectResolver
 from bertknn.service.settings import ServiceSettings
@@ -68,6 +68,7 @@ def to_response(result: FollowResult, seconds: float, identity: dict) -> FollowR
         "subject": result.subject,
         "hops": [asdict(h) for h in result.hops],
         "answers": [asdict(a) for a in result.answers],
+        "warnings": result.warnings,
         "timings_ms": {"total": round(seconds * 1000, 3)},
         **identity,
     }
@@ -79,11 +80,8 @@ async def follow_route(body: FollowRequest, answerer: AnswererDep, resources: Re
     base = base_query(body, resources.settings)
     t0 = time.perf_counter()
     with answerer.lease() as pipe:  # one datastore version for every hop
-        if not pipe.datastore.linked:
-            raise QueryError(
-                "/follow needs a datastore with entity links; this one has none (rebuild it with links, the "
-                "builder's default)"
-            )
+        if not pipe.datastore.has_entities:
+            raise QueryError(f"/follow follows entity links, and {NO_LINKS}")
         subject = resolve_subject(pipe, body.subject)
 
         async def ask(queries: list[Query]) -> list[Answer]:

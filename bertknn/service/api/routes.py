@@ -95,6 +95,7 @@ def response_fields(answer: Answer, identity: dict) -> dict[str, Any]:
         "interpolation": answer.interpolation,
         "knn_skipped": answer.knn_skipped,
         "subject_status": answer.subject_status,
+        "warnings": answer.warnings,
         "timings_ms": answer.timings_ms,
         "cache": answer.cache,
         **identity,

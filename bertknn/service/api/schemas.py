@@ -157,6 +157,9 @@ class PredictResponse(BaseModel):
         "through a redirect; folded: ignoring case and accents); not_found: no article, so the retriever ranked "
         "the articles instead; null when the request named no subject"
     )
+    warnings: list[str] = Field(
+        default_factory=list, description="fallbacks the caller should know of: a subject that has no article"
+    )
     timings_ms: dict[str, float]
     cache: dict[str, Literal["hit", "miss", "none"]]
     model: ModelIdentity
@@ -210,6 +213,10 @@ class FollowEntityOut(BaseModel):
     title: str
     prob: float
     contexts: list[ContextOut]
+    found_by: str | None = Field(
+        None, description="how the articles this step was read from were found: subject (the entity's own article), "
+        "redirect, folded, or the retriever that ranked them when the entity has no article; null for the subject"
+    )
 
 
 class FollowHopOut(BaseModel):
@@ -230,6 +237,9 @@ class FollowResponse(BaseModel):
     subject: str = Field(..., description="the subject's title, as resolved")
     hops: list[FollowHopOut]
     answers: list[FollowAnswerOut]
+    warnings: list[str] = Field(
+        default_factory=list, description="fallbacks taken: a hop whose entity has no article of its own"
+    )
     timings_ms: dict[str, float]
     model: ModelIdentity
     datastore: DatastoreIdentity
