@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
         if legacy := adopt_legacy_env(old, new):
             logger.warning("environment: %s read as %s* (the one scheme); rename them", ", ".join(legacy), new)
     args = _parser(prog).parse_args(argv)
-    from bertknn.core.errors import BertKnnError
+    from bertknn.core.errors import BertKnnError, ModelLoadError
 
     try:
         if args.command == "build":
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
             return 0
     except BertKnnError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ModelLoadError) else 1  # 2: the --model given does not load; fix the flag
     except OSError as exc:
         where = exc.filename or getattr(args, "out", None) or getattr(args, "datastore", None) or ""
         print(f"error: {where}: {_os_error_message(exc)}", file=sys.stderr)

@@ -608,7 +608,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     if updated is not None and updated.updates:
         raise BuildError(
             f"{out} holds version {updated.version} of a datastore that `add` updated; building into it again would "
-            "drop what was added. Use `python -m datastore_builder add` to update it, or another --out"
+            "drop what was added. Use `bert-knn add` to update it, or another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads or cpu_quota_threads())
@@ -621,7 +621,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         logger.info("forward backend: %s (asked: %s)", used, settings.backend)
     if settings.num_shards > 1 and settings.codec != "fp16" and settings.codec_from is None:
         raise BuildError(
-            f"the slices of a sliced build must share one codec: train it first (`python -m datastore_builder "
+            f"the slices of a sliced build must share one codec: train it first (`bert-knn "
             f"train-codec --corpus ... --model ... --codec {settings.codec} --out CODEC_DIR`), then give every slice "
             "--codec-from CODEC_DIR"
         )

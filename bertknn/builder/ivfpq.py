@@ -186,7 +186,7 @@ def _write_index(root: Path, rel: str, index: faiss.Index, meta: dict, t0: float
 def extend_ivfpq(root: Path, old: Manifest, new: Manifest, rel: str) -> dict[str, str]:
     """Write ``rel``: the old manifest's index plus the rows of the shards ``new`` appends (for ``add``).
 
-    The coarse quantizer and PQ codebooks stay as trained (re-run ``python -m datastore_builder ivfpq`` to
+    The coarse quantizer and PQ codebooks stay as trained (re-run ``bert-knn ivfpq`` to
     retrain after large updates); rows keep their global ids because new shards come last. Superseded rows stay
     in the index and are skipped at search time (``Datastore.superseded_rows``). The old index file is not
     touched, so the old manifest stays valid until the new one replaces it. An old index that does not match
@@ -224,7 +224,7 @@ def extend_ivfpq(root: Path, old: Manifest, new: Manifest, rel: str) -> dict[str
 
 
 def add_ivfpq(root: Path) -> Manifest:
-    """Build the IVF-PQ index into a finished datastore and list it in its manifest (``python -m datastore_builder ivfpq``).
+    """Build the IVF-PQ index into a finished datastore and list it in its manifest (``bert-knn ivfpq``).
 
     The manifest is rewritten atomically with the new index; its ``datastore_id`` does not change (the id
     covers the model and the shards, which this does not touch).
@@ -234,7 +234,7 @@ def add_ivfpq(root: Path) -> Manifest:
     if manifest.slice is not None:
         raise DatastoreError(
             f"{root} is slice {manifest.slice.index} of {manifest.slice.count}; merge the slices first "
-            "(`python -m datastore_builder merge ... --ivfpq`)"
+            "(`bert-knn merge ... --ivfpq`)"
         )
     problems = validate_datastore(root, hashes=False)
     if problems:

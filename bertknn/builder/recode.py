@@ -4,7 +4,7 @@ The codec is trained on a seeded sample of the source's own vectors (spread over
 ``vectors.npy`` becomes ``codes.npy``, and everything else is taken as it is (hard links where the file system
 allows, else copies): labels, sentences, references, the article table, redirects and the sparse indexes. The
 distance scale is measured again (codes change distances); a whole-datastore IVF-PQ index is not carried over
-(``python -m datastore_builder ivfpq DST`` builds one). The source is left untouched.
+(``bert-knn ivfpq DST`` builds one). The source is left untouched.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ that finds matching indexes keeps them instead of rebuilding.
                      bucket ``buckets[i]`` in every document that contains it -- an inverted index. The reader
                      memory-maps every file, so a query reads only its own buckets' postings and start-up reads
                      nothing per document (format version 2; version 1's ``postings.npz`` and ``titles.json``
-                     were loaded whole, and ``python -m datastore_builder upgrade`` converts them).
+                     were loaded whole, and ``bert-knn upgrade`` converts them).
     Text -> features (:class:`NgramHasher`, shared with the service): Unicode NFKD with combining marks dropped,
     ``casefold`` (so "Émile" and "emile" match), tokens ``\\w+`` or single non-space symbols, unigrams and
     bigrams joined by a space; an n-gram is dropped when *all* its tokens are stopwords (the bundled English

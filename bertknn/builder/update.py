@@ -1,4 +1,4 @@
-"""``python -m datastore_builder add``: new or changed articles into new shards and a new manifest version.
+"""``bert-knn add``: new or changed articles into new shards and a new manifest version.
 
 An update never modifies a file an older version reads, so a reader (or a running service) that holds the
 old manifest keeps working, and a crash at any point leaves the old version valid:
@@ -126,7 +126,7 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
     root = Path(settings.datastore)
     check_corpus_files(settings.corpus)
     if not root.is_dir():
-        raise UpdateError(f"{root}: no such datastore directory; build one first (python -m datastore_builder build)")
+        raise UpdateError(f"{root}: no such datastore directory; build one first (bert-knn build)")
     read_manifest(root)  # a directory without a finished datastore gets no lock file either
     with _exclusive(root):
         old = read_manifest(root)

@@ -1,4 +1,4 @@
-"""CLI: ``python -m evaluation lama|follow --data DIR --datastore DIR [options]`` (see ``--help``)."""
+"""CLI: ``bert-knn eval lama|follow --data DIR --datastore DIR [options]`` (see ``--help``)."""
 
 from __future__ import annotations
 
@@ -254,13 +254,13 @@ def prepare_datastore(args: argparse.Namespace) -> Path:
         if man.layer != want:
             raise EvaluationError(
                 f"{ds} was built at layer {man.layer} (hidden_states index), not {want} (--layer {args.layer}). "
-                f"Pass --datastore pointing at a datastore built with `python -m datastore_builder build --layer "
+                f"Pass --datastore pointing at a datastore built with `bert-knn build --layer "
                 f"{args.layer} ...`, or --corpus FILE with a new --datastore DIR to build one here."
             )
     needed = "ivfpq" if args.no_retrieval else args.retriever
     if needed not in man.indexes:
         fix = (
-            f"`python -m datastore_builder ivfpq {ds}` adds it"
+            f"`bert-knn ivfpq {ds}` adds it"
             if needed == "ivfpq"
             else "rebuild the datastore with sparse indexes (the default)"
         )
@@ -362,7 +362,7 @@ def _adaptive_rule(
     rule = fit.best.rule.model_copy(
         update={
             "fitted": {
-                "by": "python -m evaluation lama --adaptive",
+                "by": "bert-knn eval lama --adaptive",
                 "dev_split": f"sha256(fact id) mod 100 < {DEV_PERCENT}",
                 "dev_queries": fit.queries,
                 "dev_macro": {"fixed": _round(fit.fixed), "adaptive": _round(fit.best.macro)},
@@ -511,7 +511,7 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
         if args.multi_piece and pipeline.words is None:
             raise EvaluationError(
                 f"--multi-piece needs a whole-word datastore and {ds} stores single wordpieces; build one with "
-                "`python -m datastore_builder build --targets whole-word ...`"
+                "`bert-knn build --targets whole-word ...`"
             )
         if args.grid and pipeline.words is not None:
             raise EvaluationError(f"--grid works on token ids; {ds} is a whole-word datastore (drop --grid)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from pydantic import ValidationError
@@ -56,21 +57,60 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
     except BertKnnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    busy = port_problem(settings.host, settings.port)
+    if busy is not None:  # before the model loads, not after
+        print(f"error: {busy}", file=sys.stderr)
+        return 2
     import uvicorn
 
     from bertknn.service.main import create_app
 
+    app = create_app(settings)
     # Kubernetes: a preStop sleep lets the endpoints drop this pod before SIGTERM; uvicorn then stops accepting,
     # lets requests in flight finish (at most graceful_shutdown_s) and runs the lifespan's shutdown.
-    uvicorn.run(
-        create_app(settings),
+    server = uvicorn.Server(uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # the request middleware logs each request, with its id and latency
         timeout_graceful_shutdown=settings.graceful_shutdown_s or None,
-    )
+    ))  # fmt: skip
+    quiet = _ExplainedStartupFailure(app)
+    logging.getLogger("uvicorn.error").addFilter(quiet)
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's start-up failure (exit code 3)
+        if app.state.startup_error:
+            return 2  # explained in one line: a datastore or model problem the user fixes
+        raise
     return 0
+
+
+class _ExplainedStartupFailure(logging.Filter):
+    """Drops uvicorn's traceback of a start-up failure that the service explained in one line (a `BertKnnError`:
+    a truncated shard, a model that is not the datastore's); other failures keep their traceback."""
+
+    def __init__(self, app: object):
+        super().__init__()
+        self.app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        explained = getattr(getattr(self.app, "state", None), "startup_error", None)
+        return not (explained and record.levelno >= logging.ERROR)
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why the service could not listen on ``host:port`` (another process holds it), or None."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return (f"cannot listen on {host}:{port} ({exc.strerror or exc}): another process serves there; stop it "
+                    "or pass --port")  # fmt: skip
+    return None
 
 
 if __name__ == "__main__":

@@ -232,7 +232,7 @@ class AdaptiveRule(BaseModel):
                           - popularity_weight * log(1 + popularity)), min_lambda, max_lambda),
     with conf the chosen `confidence` measure and popularity the subject's inbound links in a datastore with links
     (Mallen et al. 2023: retrieval helps less popular subjects most; 0 without links or subject). When conf(p_MLM) >= skip_threshold the query is answered by the
-    masked LM alone: lambda 0, and neither retrieval nor the kNN search runs. ``python -m evaluation lama
+    masked LM alone: lambda 0, and neither retrieval nor the kNN search runs. ``bert-knn eval lama
     --adaptive --adaptive-out rule.json`` fits the parameters on the dev split.
     """
 

@@ -19,6 +19,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bertknn.core import runtime
+from bertknn.core.errors import BertKnnError
 from bertknn.service.api.admin import router as admin_router
 from bertknn.service.api.docs import install_docs
 from bertknn.service.api.errors import (
@@ -205,6 +206,8 @@ def create_app(
         except Exception as exc:
             model_thread.shutdown(wait=False)
             logger.error("start-up failed: %s", exc)
+            if isinstance(exc, BertKnnError):  # explained in that line: `bert-knn serve` shows no traceback
+                app.state.startup_error = str(exc)
             raise
         resources.pipeline = pipeline
         resources.metrics.watch_cache(pipeline.cache)
@@ -245,6 +248,7 @@ def create_app(
         redirect_slashes=False,  # /predict/ is a 404 that names /predict, never a 307 with an empty body
     )
     app.state.resources = resources
+    app.state.startup_error = None
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(follow_router)

@@ -138,7 +138,7 @@ def test_no_retrieval_searches_the_whole_datastore(
     tiny_lama, tiny_datastore, tiny_datastore_ivfpq, tmp_path, capsys
 ):
     assert _run("--data", tiny_lama, "--datastore", tiny_datastore, "--no-retrieval") == 1
-    assert "datastore_builder ivfpq" in capsys.readouterr().err  # says how to add the index
+    assert "bert-knn ivfpq" in capsys.readouterr().err  # says how to add the index
     out = tmp_path / "none.json"
     assert _run("--data", tiny_lama, "--datastore", tiny_datastore_ivfpq, "--no-retrieval", "--out", out) == 0
     body = json.loads(out.read_text())

@@ -226,3 +226,67 @@ def test_a_build_off_a_terminal_logs_progress_at_an_interval(caplog: pytest.LogC
 def test_the_license_is_an_spdx_string() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["license"] == "Apache-2.0"
+
+
+# ---- one clean line for each first-run mistake (#35) -----------------------------------------------------------
+
+
+def _serve(ds: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "service", "--datastore", str(ds), "--device", "cpu", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=180, check=False)
+
+
+def _errors(run: subprocess.CompletedProcess[str]) -> list[str]:
+    """The lines that say something went wrong (uvicorn's and the service's INFO lines left out)."""
+    return [ln for ln in run.stderr.splitlines() if "ERROR" in ln or ln.startswith(("error", "Traceback", "  File"))]
+
+
+def test_serve_on_a_busy_port_says_so_before_loading_anything(tmp_path: Path, tiny_datastore: Path) -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        run = _serve(tiny_datastore, "--host", "127.0.0.1", "--port", str(port), cwd=tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{port} (Address already in use): another process serves there; stop it "
+        "or pass --port"
+    ]
+
+
+def test_serve_on_a_truncated_shard_says_it_in_one_line_without_a_traceback(tmp_path: Path, tiny_datastore: Path) -> None:
+    from tests.conftest import free_port
+
+    ds = tmp_path / "ds"
+    shutil.copytree(tiny_datastore, ds)
+    vectors = next(ds.rglob("vectors.npy"))
+    vectors.write_bytes(vectors.read_bytes()[:-64])
+    run = _serve(ds, "--host", "127.0.0.1", "--port", str(free_port()), cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    errors = _errors(run)
+    assert len(errors) == 1 and "start-up failed" in errors[0] and "vectors.npy" in errors[0], run.stderr
+
+
+def test_a_missing_model_directory_is_one_line(tmp_path: Path, tiny_corpus: Path) -> None:
+    cmd = [sys.executable, "-m", "bertknn.cli", "build", "--corpus", str(tiny_corpus), "--model",
+           str(tmp_path / "missing" / "dir"), "--out", str(tmp_path / "ds"), "--device", "cpu"]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=180, check=False)
+    assert run.returncode == 2, run.stderr
+    errors = _errors(run)
+    assert len(errors) == 1 and "does not exist" in errors[0] and "missing/dir" in errors[0], run.stderr
+
+
+def test_validation_messages_are_in_the_projects_words(client: TestClient) -> None:
+    msg = client.post("/predict", json={**Q, "temperature": "hot"}).json()["error"]["message"]
+    assert msg.startswith("temperature: should be") and "'auto'" in msg, msg
+    assert "constrained" not in msg and "literal[" not in msg and msg.count("temperature") == 1, msg
+    msg = client.post("/predict", json={**Q, "topk": 3}).json()["error"]["message"]
+    assert "queries" not in msg and "relations" not in msg and "top_k" in msg, msg  # /predict's fields only
+    msg = client.post("/follow", json={"subject": "x", "relations": ["[X] r [Y] ."], "topk": 3}).json()["error"]["message"]
+    assert "did you mean 'top_k'" in msg and "text" not in [f.strip() for f in msg.split("allowed:")[1].split(",")]
+    r = client.post("/predict", json={**Q, "retriever": "none"})
+    if r.status_code == 422:
+        msg = r.json()["error"]["message"]
+        assert "bert-knn ivfpq" in msg and "/" not in msg.split("bert-knn ivfpq")[1], msg  # no machine path

@@ -237,7 +237,7 @@ def test_new_content_replaces_the_indexes_atomically(tmp_path: Path) -> None:
 
 
 def test_missing_ivfpq_index_says_how_to_build_it(datastore: Datastore) -> None:
-    with pytest.raises(DatastoreError, match=r"python -m datastore_builder ivfpq"):
+    with pytest.raises(DatastoreError, match=r"bert-knn ivfpq"):
         IvfPqKnn(datastore)
 
 

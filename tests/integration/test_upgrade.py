@@ -69,7 +69,7 @@ def old_datastore(tmp_path: Path, tiny_datastore: Path) -> Path:
 
 
 def test_an_old_datastore_is_refused_naming_the_converter(old_datastore: Path, tiny_model_dir: Path) -> None:
-    with pytest.raises(DatastoreError, match=f"python -m datastore_builder upgrade {old_datastore}"):
+    with pytest.raises(DatastoreError, match=f"bert-knn upgrade {old_datastore}"):
         Datastore(old_datastore)
     problems = validate_datastore(old_datastore)
     assert len(problems) == 1 and "format version 1" in problems[0] and "upgrade" in problems[0]

@@ -31,7 +31,7 @@ Layout of a datastore directory (all arrays are ``.npy``, opened with ``mmap_mod
 Rows of one article are contiguous inside one shard, so a search restricted to a few articles reads only
 their rows, whatever the datastore's size.
 
-Versions: ``python -m datastore_builder add`` (``bertknn.builder.update``) appends shards and writes manifest
+Versions: ``bert-knn add`` (``bertknn.builder.update``) appends shards and writes manifest
 version N+1 with an ``updates`` record naming them. An article of a later shard replaces the same title in
 earlier shards: the old rows stay on disk (shards are immutable) but are no longer reachable, and the manifest
 counts them as ``superseded_*``. Only shards an ``add`` made may repeat a title (``validate`` checks it).
@@ -119,7 +119,7 @@ __all__ = [
 # 3: the article table (titles, folded titles, redirects, superseding) is an SQLite file, opened not loaded
 # 4: entity links (``Manifest.links``): rows whose label is -1 (an anchor only), entity files, the entities table
 FORMAT_VERSION = 4
-UPGRADABLE_FORMAT_VERSIONS = (1, 2, 3)  # `python -m datastore_builder upgrade` converts them
+UPGRADABLE_FORMAT_VERSIONS = (1, 2, 3)  # `bert-knn upgrade` converts them
 MANIFEST = "manifest.json"
 REDIRECTS = "redirects.json"
 SHARDS_DIR = "shards"
@@ -265,7 +265,7 @@ class Counts(BaseModel):
 
 
 class UpdateInfo(BaseModel):
-    """One ``python -m datastore_builder add``: the version it made and the shards it appended."""
+    """One ``bert-knn add``: the version it made and the shards it appended."""
 
     model_config = ConfigDict(frozen=True)
     version: int

@@ -195,7 +195,7 @@ class Datastore:
         version = self.manifest.format_version
         if version != FORMAT_VERSION:
             fix = (
-                f"convert it: python -m datastore_builder upgrade {self.root}"
+                f"convert it: bert-knn upgrade {self.root}"
                 if version in UPGRADABLE_FORMAT_VERSIONS
                 else "rebuild the datastore with this version of the builder"
             )

@@ -154,7 +154,7 @@ class ArticleTable(Mapping[str, ArticleEntry]):
         if meta.get("format") != TABLE_FORMAT or meta.get("version") != str(TABLE_VERSION):
             raise DatastoreError(
                 f"{self.path}: article table {meta.get('format')!r} version {meta.get('version')!r}, this code reads "
-                f"{TABLE_FORMAT!r} version {TABLE_VERSION}; run `python -m datastore_builder upgrade` on the datastore"
+                f"{TABLE_FORMAT!r} version {TABLE_VERSION}; run `bert-knn upgrade` on the datastore"
             )
         self.meta = meta
         self.content_id = meta.get("content_id", "")

@@ -79,7 +79,7 @@ def validate_datastore(
     problems: list[str] = []
     if manifest.format_version != FORMAT_VERSION:
         fix = (
-            f"convert it: python -m datastore_builder upgrade {root}"
+            f"convert it: bert-knn upgrade {root}"
             if manifest.format_version in UPGRADABLE_FORMAT_VERSIONS
             else "rebuild it with this version of the builder"
         )

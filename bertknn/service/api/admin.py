@@ -42,7 +42,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     "/reload",
     response_model=ReloadResponse,
     responses=_ERRORS,
-    summary="Serve the datastore's current version (after `python -m datastore_builder add`) without a restart",
+    summary="Serve the datastore's current version (after `bert-knn add`) without a restart",
 )
 async def reload(resources: ResourcesDep) -> ReloadResponse:
     reloader = resources.reloader

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from collections.abc import Sequence
 from contextvars import ContextVar
 
@@ -31,13 +32,21 @@ from bertknn.core.errors import (
 from bertknn.service.api.schemas import BatchRequest, FollowRequest, PredictRequest
 
 logger = logging.getLogger(__name__)
-# the names a request body may use: an unknown one is answered with the closest of these
-REQUEST_FIELDS: tuple[str, ...] = tuple(
-    sorted({
-        *PredictRequest.model_json_schema(by_alias=True)["properties"], *BatchRequest.model_fields,
-        *FollowRequest.model_json_schema(by_alias=True)["properties"],
-    })  # fmt: skip
-)
+# the names each endpoint's body may use: an unknown one is answered with the closest of its own endpoint's
+_PREDICT_FIELDS = tuple(sorted(PredictRequest.model_json_schema(by_alias=True)["properties"]))
+_BATCH_FIELDS = tuple(sorted(BatchRequest.model_json_schema(by_alias=True)["properties"]))
+_FOLLOW_FIELDS = tuple(sorted(FollowRequest.model_json_schema(by_alias=True)["properties"]))
+REQUEST_FIELDS: tuple[str, ...] = tuple(sorted({*_PREDICT_FIELDS, *_BATCH_FIELDS, *_FOLLOW_FIELDS}))
+_UNION_TAG = re.compile(r"[-\[('\]]")  # pydantic's name of a union member in a location: constrained-float
+
+
+def fields_for(path: str, loc: Sequence[object]) -> tuple[str, ...]:
+    """The fields allowed where an unknown one was sent: a batch's queries are /predict bodies."""
+    if path.startswith("/predict/batch"):
+        return _PREDICT_FIELDS if "queries" in loc[:-1] else _BATCH_FIELDS
+    if path.startswith("/follow"):
+        return _FOLLOW_FIELDS
+    return _PREDICT_FIELDS if path.startswith("/predict") else REQUEST_FIELDS
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 INTERNAL_MESSAGE = "internal error; the request id identifies it in the server log"
 
@@ -93,11 +102,12 @@ def _unknown_field(name: str, allowed: Sequence[str]) -> str:
     return f"unknown field; {hint}allowed: {', '.join(allowed)}"
 
 
-def _validation_message(exc: RequestValidationError, content_type: str | None, allowed_fields: Sequence[str] = ()) -> str:
-    """Pydantic's errors, each with the field it is about; a body that is not a JSON object says what to send."""
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = tuple(err.get("loc", ()))
+def _validation_message(exc: RequestValidationError, content_type: str | None, path: str = "/predict") -> str:
+    """Pydantic's errors, each with the field it is about (in the request's own words: no union member names;
+    the alternatives of one field in one part); a body that is not a JSON object says what to send."""
+    parts: dict[str, list[str]] = {}
+    for err in exc.errors()[:8]:
+        loc = tuple(x for x in err.get("loc", ()) if not (isinstance(x, str) and _UNION_TAG.search(x)))
         where = ".".join(str(x) for x in loc if x != "body") or "body"
         kind = err.get("type", "")
         if loc == ("body",) and content_type is not None and not _is_json(content_type):
@@ -108,11 +118,12 @@ def _validation_message(exc: RequestValidationError, content_type: str | None, a
         elif loc == ("body",) and kind in ("model_attributes_type", "dict_type"):
             msg = "Input should be an object"
         elif kind == "extra_forbidden":
-            msg = _unknown_field(str(loc[-1]), allowed_fields)
+            msg = _unknown_field(str(loc[-1]), fields_for(path, loc))
         else:
-            msg = err.get("msg", "invalid")
-        parts.append(f"{where}: {msg}")
-    return "; ".join(parts)
+            msg = str(err.get("msg", "invalid")).replace("Input should", "should")
+        if msg not in parts.setdefault(where, []):
+            parts[where].append(msg)
+    return "; ".join(f"{where}: {' or '.join(msgs)}" for where, msgs in list(parts.items())[:5])
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -133,7 +144,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         has_body = request.method in ("POST", "PUT", "PATCH")
         content_type = request.headers.get("content-type", "") if has_body else None
-        return error_response(422, "invalid_request", _validation_message(exc, content_type, REQUEST_FIELDS))
+        return error_response(422, "invalid_request", _validation_message(exc, content_type, request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -36,7 +36,7 @@ class IvfPqKnn:
         root = datastore.root
         rel = datastore.manifest.indexes.get("ivfpq", IVFPQ_FILE)
         path = root / rel
-        build_hint = f"build it with `python -m datastore_builder ivfpq {root}`"
+        build_hint = f"build it with `bert-knn ivfpq {root}`"
         if not path.is_file():
             raise DatastoreError(
                 f"{path}: no whole-datastore IVF-PQ index (needed by retriever 'none'); {build_hint}"

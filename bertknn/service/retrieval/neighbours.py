@@ -76,7 +76,7 @@ def _open_global_knn(datastore: Datastore) -> GlobalKnn:
     if "ivfpq" not in datastore.manifest.indexes:
         raise RetrieverUnavailable(
             "retriever 'none' needs the whole-datastore IVF-PQ index; build it with "
-            f"`python -m datastore_builder ivfpq {datastore.root}`"
+            "`bert-knn ivfpq DATASTORE` (the datastore this service serves)"
         )
     from bertknn.service.retrieval.global_knn import IvfPqKnn
 

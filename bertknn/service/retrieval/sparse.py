@@ -171,7 +171,7 @@ class TfidfRetriever:
             if params.get("version") != SPARSE_FORMAT_VERSION:
                 raise SparseIndexError(
                     f"{self.index_dir}: TF-IDF index version {params.get('version')}, this code reads "
-                    f"{SPARSE_FORMAT_VERSION}; convert the datastore: python -m datastore_builder upgrade DATASTORE"
+                    f"{SPARSE_FORMAT_VERSION}; convert the datastore: bert-knn upgrade DATASTORE"
                 )
             self.hasher = NgramHasher.from_params(params, params_path)
 
