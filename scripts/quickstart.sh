@@ -11,14 +11,25 @@ export TOKENIZERS_PARALLELISM=false
 MODEL=${BERTKNN_MODEL:-bert-base-uncased}
 OUT=${QUICKSTART_OUT:-runs/quickstart}
 PORT=${BERTKNN_PORT:-8000}
+if ! python -c '
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("0.0.0.0", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)' "$PORT"; then
+  echo "quickstart: port $PORT is in use by another process; stop it or pick another with BERTKNN_PORT=8001" >&2
+  exit 2
+fi
 bert-knn build --corpus data/sample_wiki.jsonl --model "$MODEL" --out "$OUT"
 bert-knn validate "$OUT"
 bert-knn serve --datastore "$OUT" --port "$PORT" --log-level warning &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
-  curl -fsS "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
   kill -0 $SERVER 2>/dev/null || { echo "quickstart: the service exited; see the log above" >&2; exit 1; }
+  curl -fsS "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
   sleep 1
 done
 # Two questions the bundled sample answers (tests/integration/test_quickstart.py checks them): in both, the

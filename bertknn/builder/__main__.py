@@ -7,6 +7,8 @@ import argparse
 import errno
 import json
 import logging
+import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import TypeVar
@@ -81,13 +83,20 @@ def _settings_or_errors(cls: type[S], args: argparse.Namespace) -> S | None:
         return None
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for old, new in (("BERTKNN_BUILD_", "BERTKNN_BUILD__"), ("BERTKNN_ADD_", "BERTKNN_ADD__")):
         if legacy := adopt_legacy_env(old, new):
             logger.warning("environment: %s read as %s* (the one scheme); rename them", ", ".join(legacy), new)
     args = _parser(prog).parse_args(argv)
-    from bertknn.core.errors import BertKnnError, ModelLoadError
+    from bertknn.core.errors import BertKnnError, BuildInterrupted, ModelLoadError
+
+    if args.command == "build":  # SIGTERM stops a build as Ctrl-C does: the finished work is kept
+        signal.signal(signal.SIGTERM, _interrupt)
 
     try:
         if args.command == "build":
@@ -166,6 +175,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
             add_ivfpq(args.datastore)
             print(f"OK: IVF-PQ index added to {args.datastore}")
             return 0
+    except BuildInterrupted as exc:
+        if args.command != "build":
+            print(f"stopped ({exc})", file=sys.stderr)
+            return 130
+        command = shlex.join([*prog.split(), *(sys.argv[1:] if argv is None else argv)])
+        print(f"{exc}. Resume it with the same command: {command}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("stopped before any work began; nothing to keep", file=sys.stderr)
+        return 130
     except BertKnnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ModelLoadError) else 1  # 2: the --model given does not load; fix the flag

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from bertknn.builder.wikitext import TEXT_RULES, sentence_problem
 from bertknn.builder.writer import ShardData, finished_parts, remove_stale_temp, write_shard, write_table
 from bertknn.core.calibration import measure_distance_scale
 from bertknn.core.encoder import ContextTokenizer, MaskedInput, MaskedLMEncoder
-from bertknn.core.errors import BuildError, DatastoreError
+from bertknn.core.errors import BuildError, BuildInterrupted, DatastoreError
 from bertknn.core.format import (
     REDIRECTS,
     CodecInfo,
@@ -271,6 +272,7 @@ _WORKER: ShardPreparer | None = None
 
 def _init_worker(*args: object) -> None:
     global _WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (it keeps the work)
     torch.set_num_threads(1)
     _WORKER = ShardPreparer(*args)  # type: ignore[arg-type]
 
@@ -280,25 +282,57 @@ def _prepare_in_worker(index: int, articles: list[Article]) -> PreparedShard:
     return _WORKER.prepare(index, articles)
 
 
+# Rows embedded per step (the default of ``checkpoint_contexts``), in the shard's (article) order, each step in
+# length-sorted batches: an interrupted build keeps every article whose rows were all embedded.
+EMBED_STEP_ROWS = 2048
+
+
 def embed_prepared(
     encoder: MaskedLMEncoder,
     prepared: PreparedShard,
     batch_size: int,
     on_batch: Callable[[int], None] | None = None,
+    out: np.ndarray | None = None,
+    done: list[int] | None = None,
+    step_rows: int = EMBED_STEP_ROWS,
 ) -> np.ndarray:
-    """Embed every context of a shard in length-sorted batches; rows come back in the shard's order.
-    ``on_batch`` hears the number of contexts of each batch done (progress)."""
+    """Embed every context of a shard in steps of `EMBED_STEP_ROWS` rows, each in length-sorted batches; rows
+    come back in the shard's order. ``on_batch`` hears the number of contexts of each batch done (progress);
+    ``out`` receives the rows, and ``done[0]`` says how many leading rows are embedded (an interrupted build
+    writes the articles they cover)."""
     n = len(prepared.inputs)
-    out = np.empty((n, encoder.hidden_size), dtype=np.float16)
-    order = sorted(range(n), key=lambda i: len(prepared.inputs[i].input_ids))
-    for start in range(0, n, batch_size):
-        idx = order[start : start + batch_size]
-        emb = encoder.encode([prepared.inputs[i] for i in idx]).embeddings
-        out[idx] = emb.astype(np.float16)
-        return_free_memory()  # the forward's freed buffers go back to the system, not to glibc's heap
-        if on_batch is not None:
-            on_batch(len(idx))
+    out = np.empty((n, encoder.hidden_size), dtype=np.float16) if out is None else out
+    step = max(1, step_rows)
+    for lo in range(0, n, step):
+        order = sorted(range(lo, min(n, lo + step)), key=lambda i: len(prepared.inputs[i].input_ids))
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            emb = encoder.encode([prepared.inputs[i] for i in idx]).embeddings
+            out[idx] = emb.astype(np.float16)
+            return_free_memory()  # the forward's freed buffers go back to the system, not to glibc's heap
+            if on_batch is not None:
+                on_batch(len(idx))
+        if done is not None:
+            done[0] = min(n, lo + step)
     return out
+
+
+class _PartialPart(Exception):
+    """Ctrl-C while a part was embedded: its first ``rows`` rows are in ``vectors``."""
+
+    def __init__(self, vectors: np.ndarray, rows: int):
+        super().__init__(rows)
+        self.vectors, self.rows = vectors, rows
+
+
+def _whole_articles(prepared: PreparedShard, rows: int) -> tuple[int, int]:
+    """How many leading articles of a part lie within its first ``rows`` rows, and the rows they hold."""
+    n, end = 0, 0
+    for meta in prepared.articles:
+        if meta["row_end"] > rows:
+            break
+        n, end = n + 1, meta["row_end"]
+    return n, end
 
 
 def _build_state(
@@ -355,6 +389,7 @@ class ShardOptions:
     workers: int
     contexts_per_shard: int | None = None  # None: one part per block
     links: bool = False  # keep entity links (rows labelled with their link targets)
+    checkpoint_contexts: int = EMBED_STEP_ROWS  # rows per embedding step: what an interrupt may lose
 
 
 @dataclass
@@ -438,6 +473,7 @@ def embed_shards(
     coder: Coder | None = None,
     *,
     train_only: bool = False,
+    on_prepared: Callable[[int, int], None] | None = None,
 ) -> float:
     """Prepare (worker processes, a few articles per call), cut into parts of at most ``contexts_per_shard``
     contexts, embed and write every part of every work's block, in order.
@@ -493,6 +529,8 @@ def embed_shards(
                     prepared = local.prepare(work.block, arts)
                 if times is not None:
                     times.merge(prepared.times)
+                if on_prepared is not None:
+                    on_prepared(len(prepared.articles), prepared.rows)
                 yield work, prepared, last
 
         cutter = _PartCutter(options.contexts_per_shard, options.targets == "whole-word")
@@ -507,7 +545,12 @@ def embed_shards(
         def embed(prepared: PreparedShard) -> np.ndarray:
             nonlocal encode_seconds
             t1 = time.perf_counter()
-            vectors = embed_prepared(encoder, prepared, options.batch_size, on_batch)
+            vectors = np.empty((prepared.rows, encoder.hidden_size), dtype=np.float16)
+            done = [0]
+            try:
+                embed_prepared(encoder, prepared, options.batch_size, on_batch, vectors, done, options.checkpoint_contexts)
+            except KeyboardInterrupt:
+                raise _PartialPart(vectors, done[0]) from None
             forward_s = time.perf_counter() - t1
             encode_seconds += forward_s
             if times is not None:
@@ -550,8 +593,18 @@ def embed_shards(
                 for cut, vectors in zip(head, embedded, strict=True):
                     write(cut, vectors)
             for cut in parts:
-                write(cut, embed(cut[3]))
+                try:
+                    vectors = embed(cut[3])
+                except _PartialPart as partial:
+                    articles, rows = _whole_articles(cut[3], partial.rows)
+                    if articles:  # the articles embedded so far: a finished part that a resume continues after
+                        write((cut[0], cut[1], False, cut[3].select(0, articles)), partial.vectors[:rows])
+                    raise KeyboardInterrupt from None
+                write(cut, vectors)
             finish_write()
+        except KeyboardInterrupt:
+            finish_write()  # the parts already handed to the writer are finished, not dropped
+            raise BuildInterrupted("interrupted") from None
         finally:
             writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
             if pool is not None:
@@ -651,7 +704,17 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
     t0 = time.perf_counter()
     new_contexts = 0
-    progress = BuildProgress(total_articles=settings.limit_articles, stages=stats.times, workers=settings.workers)
+    stored = sum(Path(p).stat().st_size for p in settings.corpus)
+    if plan.unit == "streams" and not whole:
+        stored //= settings.num_shards  # a slice of a multistream dump reads about its share of the streams
+
+    def read_fraction() -> float | None:
+        return min(1.0, sum(stats.read.values()) / stored) if stored else None
+
+    progress = BuildProgress(
+        total_articles=settings.limit_articles, stages=stats.times, workers=settings.workers,
+        read_fraction=read_fraction,
+    )  # fmt: skip
 
     def works() -> Iterator[Work]:
         blocks = iter_blocks(
@@ -661,6 +724,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         for block in blocks:
             done = finished_parts(out, block.index)
             infos.extend(done)
+            progress.resumed(sum(i.articles for i in done), sum(i.rows for i in done))
             for info in done:
                 logger.info("shard %s already complete, skipped (resume)", info.name.removeprefix("shard-"))
             if done and done[-1].last:
@@ -678,12 +742,20 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
 
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
-        settings.workers, settings.contexts_per_shard or None, settings.links,
+        settings.workers, settings.contexts_per_shard or None, settings.links, settings.checkpoint_contexts,
     )
     try:
         encode_seconds = embed_shards(
-            out, works(), encoder, options, written, progress.embedded, stats.times, coder
-        )
+            out, works(), encoder, options, written, progress.embedded, stats.times, coder,
+            on_prepared=progress.prepared,
+        )  # fmt: skip
+    except BuildInterrupted:
+        kept = sorted({i.key: i for i in infos}.values(), key=lambda i: i.key)
+        raise BuildInterrupted(
+            f"stopped: {out} keeps {len(kept)} finished parts ({sum(i.rows for i in kept):,} contexts of "
+            f"{sum(i.articles for i in kept):,} articles; {new_contexts:,} contexts of them from this run); at most "
+            f"{settings.checkpoint_contexts:,} contexts of work in flight were lost"
+        ) from None
     finally:
         progress.close()
 
@@ -764,7 +836,7 @@ def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = 
     blocks = iter_blocks(plan, settings.articles_per_shard, CorpusStats(), Counts(), limit_articles=settings.limit_articles)
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
-        settings.workers, settings.contexts_per_shard or None, settings.links,
+        settings.workers, settings.contexts_per_shard or None, settings.links, settings.checkpoint_contexts,
     )
     works = (Work(b.index, 0, b.articles) for b in blocks)
     embed_shards(out, works, encoder, options, lambda info: None, coder=coder, train_only=True)

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 import xml.etree.ElementTree as ET
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal, cast
@@ -64,25 +64,44 @@ class CorpusStats:
     redirects: dict[str, str] = field(default_factory=dict)
     skipped_pages: int = 0
     times: StageTimes = field(default_factory=StageTimes)  # decompress and parse, in the reading process
+    # bytes of each corpus file (as stored: compressed) read so far, for the build's ETA
+    read: dict[str, int] = field(default_factory=dict)
+
+    def reader(self, path: Path) -> Callable[[int], None]:
+        """A callback that records how far into ``path`` (stored bytes) reading has come."""
+        key = str(path)
+
+        def at(position: int) -> None:
+            self.read[key] = position
+
+        return at
 
 
 class _TimedReader:
-    """A binary file whose reads are timed as the ``decompress`` stage (bytes out of bz2/gzip, or the file)."""
+    """A binary file whose reads are timed as the ``decompress`` stage (bytes out of bz2/gzip, or the file), and
+    whose position in the stored (compressed) file is reported to ``at``."""
 
-    def __init__(self, f: IO[bytes], times: StageTimes):
+    def __init__(self, f: IO[bytes], times: StageTimes, raw: IO[bytes] | None = None, at: Callable[[int], None] | None = None):
         self._f = f
         self._times = times
+        self._raw, self._at = raw, at
 
     def read(self, n: int = -1) -> bytes:
         t = time.perf_counter()
         data = self._f.read(n)
         self._times.add("decompress", time.perf_counter() - t, len(data))
+        self._report()
         return data
+
+    def _report(self) -> None:
+        if self._at is not None and self._raw is not None and not self._raw.closed:
+            self._at(self._raw.tell())
 
     def readline(self, n: int = -1) -> bytes:
         t = time.perf_counter()
         data = self._f.readline(n)
         self._times.add("decompress", time.perf_counter() - t, len(data))
+        self._report()
         return data
 
     def __iter__(self) -> Iterator[bytes]:
@@ -91,6 +110,8 @@ class _TimedReader:
 
     def close(self) -> None:
         self._f.close()
+        if self._raw is not None and self._raw is not self._f:
+            self._raw.close()
 
     def __enter__(self) -> _TimedReader:
         return self
@@ -137,6 +158,23 @@ def _open(path: Path) -> IO[bytes]:
     if kind == "gzip":
         return cast(IO[bytes], gzip.open(path, "rb"))
     return open(path, "rb")
+
+
+def _open_raw(path: Path) -> tuple[IO[bytes], IO[bytes]]:
+    """The decompressed content, and the stored file under it (its position: how much has been read); closing
+    the content does not close a compressed file's stored file: `_TimedReader` closes both."""
+    kind = _compression(path)
+    raw = open(path, "rb")  # noqa: SIM115 - closed with the reader that wraps it
+    if kind == "bz2":
+        return cast(IO[bytes], bz2.open(raw, "rb")), raw
+    if kind == "gzip":
+        return cast(IO[bytes], gzip.open(raw, "rb")), raw
+    return raw, raw
+
+
+def _timed(path: Path, times: StageTimes, at: Callable[[int], None] | None) -> _TimedReader:
+    f, raw = _open_raw(path)
+    return _TimedReader(f, times, raw, at)
 
 
 def detect_format(path: Path) -> CorpusFormat:
@@ -210,14 +248,14 @@ def _json_links(value: object, text: str, where: str) -> tuple[Link, ...]:
     return tuple(links)
 
 
-def read_jsonl(path: Path, times: StageTimes | None = None) -> Iterator[Article]:
+def read_jsonl(path: Path, times: StageTimes | None = None, at: Callable[[int], None] | None = None) -> Iterator[Article]:
     """``{"id", "title", "text"}`` per line, as WikiExtractor and most Wikipedia tools emit; optional ``"links"``
     (``[{"start", "end", "target"}]``), or WikiExtractor ``--links`` anchors in the text."""
     lineno = 0
     times = times if times is not None else StageTimes()
     clock = _ParseClock(times)
     try:
-        with _TimedReader(_open(path), times) as f:
+        with _timed(path, times, at) as f:
             for lineno, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
@@ -292,7 +330,7 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
     """
     clock = _ParseClock(stats.times)
     try:
-        with _TimedReader(_open(path), stats.times) as f:
+        with _timed(path, stats.times, stats.reader(path)) as f:
             root: ET.Element | None = None
             for event, elem in ET.iterparse(f, events=("start", "end")):
                 if root is None:
@@ -407,8 +445,12 @@ def read_streams(index: StreamIndex, first: int, end: int, stats: CorpusStats) -
     k = first
     try:
         with open(path, "rb") as f:
+            done, size = stats.reader(path), path.stat().st_size
             for k in range(first, end):
                 data = _read_stream(f, index.offsets[k], stats.times)
+                # the streams read so far, in bytes of the dump (a slice reads only its own)
+                stream_end = index.offsets[k + 1] if k + 1 < len(index.offsets) else size
+                done(stats.read.get(str(path), 0) + stream_end - index.offsets[k])
                 t = time.perf_counter()
                 # a stream holds <page> elements without a root (the first and last streams of a dump hold the
                 # <mediawiki> header and footer instead, and are not in the index; trimmed here all the same)
@@ -442,7 +484,7 @@ def read_corpora(paths: Iterable[Path], stats: CorpusStats) -> Iterator[Article]
         if not path.is_file():
             raise CorpusError(f"{path}: no such corpus file")
         if detect_format(path) == "jsonl":
-            yield from read_jsonl(path, stats.times)
+            yield from read_jsonl(path, stats.times, stats.reader(path))
         else:
             yield from read_mediawiki_xml(path, stats)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from tqdm import tqdm
@@ -15,10 +16,13 @@ logger = logging.getLogger("bertknn.builder")
 
 
 class BuildProgress:
-    """Counts embedded contexts and finished articles. On a TTY it drives a tqdm bar; otherwise (a log file, a
-    container, CI) it logs one line every ``interval_s`` seconds, so a long build is never silent.
+    """Counts articles and contexts as they are prepared, contexts as they are embedded, and parts as they are
+    written. On a TTY it drives a tqdm bar; otherwise (a log file, a container, CI) it logs one line every
+    ``interval_s`` seconds, so a long build is never silent.
 
-    ``total_articles``: when known (``--limit-articles``), the ETA is taken from the share of articles done.
+    The ETA: ``total_articles`` (``--limit-articles``) when known, else ``read_fraction`` (the share of the corpus
+    files' stored bytes read so far). The work still to do is estimated in contexts (those prepared so far, scaled
+    by the share read), so that reading ahead of the model does not make the ETA look shorter than it is.
     """
 
     def __init__(
@@ -29,19 +33,37 @@ class BuildProgress:
         stream: TextIO | None = None,
         stages: StageTimes | None = None,
         workers: int = 0,
+        read_fraction: Callable[[], float | None] | None = None,
     ):
         self.stream = stream if stream is not None else sys.stderr
         self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval_s = interval_s
         self.total_articles = total_articles
+        self.read_fraction = read_fraction
         self.stages = stages
         self.workers = workers
-        self.contexts = 0
-        self.articles = 0
+        self.contexts = 0  # embedded
+        self.prepared_contexts = 0
+        self.articles = 0  # prepared (read, split and tokenised)
         self.shards = 0
+        self.kept = 0  # contexts of the finished parts a resumed build skips
         self.t0 = time.monotonic()
         self._last_log = self.t0
         self._bar = tqdm(desc="contexts", unit="ctx", dynamic_ncols=True, file=self.stream) if self.interactive else None
+
+    def prepared(self, articles: int, contexts: int) -> None:
+        """``articles`` more articles, holding ``contexts`` contexts, are ready for the model."""
+        self.articles += articles
+        self.prepared_contexts += contexts
+        if self._bar is not None and (total := self.total_contexts()) is not None:
+            self._bar.total = max(int(total), self.contexts)
+            self._bar.refresh()
+
+    def resumed(self, articles: int, contexts: int) -> None:
+        """Finished parts of an earlier run, skipped: they count toward the whole, not toward the rate."""
+        self.articles += articles
+        self.prepared_contexts += contexts
+        self.kept += contexts
 
     def embedded(self, rows: int) -> None:
         """``rows`` more contexts went through the model."""
@@ -53,20 +75,36 @@ class BuildProgress:
 
     def shard_written(self, articles: int) -> None:
         self.shards += 1
-        self.articles += articles
         self._maybe_log()
+
+    def total_contexts(self) -> float | None:
+        """The contexts the whole build will hold, estimated from what was prepared and how much of it is read."""
+        share = None
+        if self.total_articles:
+            share = min(1.0, self.articles / self.total_articles)
+        elif self.read_fraction is not None:
+            share = self.read_fraction()
+        if not share or not self.prepared_contexts:
+            return None
+        return self.prepared_contexts / share
+
+    def eta(self) -> str:
+        total = self.total_contexts()
+        if total is None or not self.contexts:
+            return "after the first contexts" if self.total_articles or self.read_fraction else "unknown"
+        elapsed = time.monotonic() - self.t0
+        left = max(0.0, total - self.kept - self.contexts) * elapsed / self.contexts
+        basis = "--limit-articles" if self.total_articles else "the share of the corpus read"
+        return f"{left / 60:.1f} min (of about {total:,.0f} contexts; from {basis})"
 
     def line(self) -> str:
         elapsed = max(1e-9, time.monotonic() - self.t0)
         rate = self.contexts / elapsed
-        eta = "unknown (streamed corpus; --limit-articles gives one)"
-        if self.total_articles and self.articles:
-            left = max(0, self.total_articles - self.articles) * elapsed / self.articles
-            eta = f"{left / 60:.1f} min"
         stages = f"; {self.stages.line(self.workers)}" if self.stages is not None else ""
         return (
-            f"progress: {self.contexts:,} contexts, {self.articles:,} articles in {self.shards} shards, "
-            f"{rate:.1f} contexts/s, {elapsed / 60:.1f} min elapsed, ETA {eta}{stages}"
+            f"progress: {self.contexts:,} contexts embedded of {self.prepared_contexts:,} prepared from "
+            f"{self.articles:,} articles, {self.shards} parts written, {rate:.1f} contexts/s, "
+            f"{elapsed / 60:.1f} min elapsed, ETA {self.eta()}{stages}"
         )
 
     def _maybe_log(self) -> None:

@@ -62,6 +62,10 @@ class BuildSettings(CodecOptions, BaseSettings):
         description="contexts per shard: a block is written in parts of about this many (cut between articles), "
         "the unit of resume; it bounds the builder's memory. 0: one shard per block",
     )
+    checkpoint_contexts: int = Field(
+        2048, ge=1, description="contexts embedded between the points a Ctrl-C or SIGTERM keeps: an interrupted "
+        "build writes the articles embedded so far as a finished part, so at most this much work is lost"
+    )
     index: Path | None = Field(
         None,
         description="the multistream index of the one --corpus dump (default: Wikimedia's "
@@ -75,9 +79,10 @@ class BuildSettings(CodecOptions, BaseSettings):
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = the container's CPU quota")
     workers: int = Field(1, ge=0, description="processes that split and tokenise ahead of the model; 0 = inline")
     backend: BackendName = Field(
-        "eager",
-        description="forward: eager PyTorch (the reference), onnx (ONNX Runtime, CPU float32), or auto (onnx on a "
-        "CPU, eager on a GPU); onnx is checked against eager before use and falls back if it differs",
+        "auto",
+        description="forward: auto (onnx on a CPU, eager on a GPU: the fastest measured), eager PyTorch (the "
+        "reference), or onnx (ONNX Runtime, CPU float32); onnx is checked against eager before use and falls back "
+        "if it differs",
     )
     targets: TargetMode = Field(
         "single-piece",

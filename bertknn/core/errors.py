@@ -41,6 +41,10 @@ class BuildError(BertKnnError):
     """A build cannot start or resume (other settings than the interrupted run, bad output directory)."""
 
 
+class BuildInterrupted(BuildError):
+    """Ctrl-C or SIGTERM stopped a build; the message says what was kept (finished parts stay on disk)."""
+
+
 class UpdateError(BuildError):
     """``add`` cannot update this datastore."""
 

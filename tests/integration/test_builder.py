@@ -13,6 +13,7 @@ import bz2
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -191,7 +192,7 @@ def check_alignment(root: Path, corpus: list[Path], tokenizer: PreTrainedTokeniz
 def jsonl_store(tmp_path_factory: pytest.TempPathFactory, bert_vocab_model: Path, vital30: Path) -> Path:
     out = tmp_path_factory.mktemp("jsonl") / "ds"
     with torch_threads(1):
-        build(settings([vital30], bert_vocab_model, out))
+        build(settings([vital30], bert_vocab_model, out, backend="eager"))  # the reference forward
     return out
 
 
@@ -216,10 +217,10 @@ def test_onnx_backend_build_matches_the_eager_one_and_is_recorded(
 ) -> None:
     out = tmp_path / "onnx"
     with torch_threads(1):
-        build(settings([vital30], bert_vocab_model, out, backend="onnx"))
+        build(settings([vital30], bert_vocab_model, out))  # the default on a CPU: auto, that is onnx
     assert validate_datastore(out) == []
     assert json.loads((out / "build.json").read_text())["backend"] == "onnx"
-    assert "backend" not in json.loads((jsonl_store / "build.json").read_text())  # eager: the default, unrecorded
+    assert "backend" not in json.loads((jsonl_store / "build.json").read_text())  # eager: unrecorded
     # every stored vector against the model computed directly, as for the eager build
     assert check_alignment(out, [vital30], tokenizer, bert_vocab_model) >= 40
     # the same rows, labels and sentences as the eager build; vectors equal to float16 storage precision
@@ -231,7 +232,7 @@ def test_onnx_backend_build_matches_the_eager_one_and_is_recorded(
                                    rtol=2e-3, atol=2e-3)
     # a resumed build does not mix backends
     with torch_threads(1), pytest.raises(BuildError, match="backend"):
-        build(settings([vital30], bert_vocab_model, out))
+        build(settings([vital30], bert_vocab_model, out, backend="eager"))
 
 
 # ---- XML dump -----------------------------------------------------------------------------------------------
@@ -393,6 +394,88 @@ def test_sigkilled_build_resumes_to_the_same_bytes(
     assert [name for name in want if got[name] != want[name]] == []
     assert (out / MANIFEST).read_bytes() == (reference / MANIFEST).read_bytes()
     assert (out / REDIRECTS).read_bytes() == (reference / REDIRECTS).read_bytes()
+
+
+def _rows(root: Path) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """A datastore's rows in order, whatever its parts: labels, the sentence of each row, and the vectors."""
+    store = Datastore(root)
+    labels, sentences, vectors = [], [], []
+    for shard in store.shards:
+        labels.append(np.asarray(shard.labels))
+        sentences += [shard.sentence(int(i)) for i in shard.sentence_ids]
+        vectors.append(np.asarray(shard.vectors, dtype=np.float32))
+    return np.concatenate(labels), sentences, np.concatenate(vectors)
+
+
+def test_ctrl_c_keeps_the_work_says_how_to_resume_and_the_resume_gives_the_same_rows(
+    tmp_path: Path, bert_vocab_model: Path, vital120: Path, reference: Path
+) -> None:
+    out = tmp_path / "stopped"
+    # blocks of 30 articles (a few thousand contexts each), kept every 64 contexts: the interrupt lands inside a part
+    argv = [*cli_args(vital120, bert_vocab_model, out, "--workers", "1"), "--articles-per-shard", "30",
+            "--checkpoint-contexts", "64"]  # fmt: skip
+    command = [sys.executable, "-m", "datastore_builder", *argv]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    first = out / SHARDS_DIR / "shard-00000"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and not first.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # into the next block's part
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group: the builder and its worker
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"stopped: {out} keeps ") and "Resume it with the same command: " in last, last
+    resume = shlex.split(last.split("Resume it with the same command: ", 1)[1])
+    assert resume == ["python", "-m", "datastore_builder", *argv]
+    kept = [json.loads((p / "SHARD.json").read_text()) for p in sorted((out / SHARDS_DIR).glob("shard-*"))]
+    assert kept and not (out / MANIFEST).exists()
+
+    done = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert validate_datastore(out) == []
+    got, want = _rows(out), _rows(reference)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]
+    np.testing.assert_allclose(got[2], want[2], rtol=2e-3, atol=2e-3)  # float16 rounding of other batches
+    assert read_manifest(out).counts.contexts == read_manifest(reference).counts.contexts
+
+
+def test_an_interrupt_inside_a_part_writes_the_articles_embedded_so_far(
+    tmp_path: Path, bert_vocab_model: Path, vital120: Path, reference: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C at a known point: 1,500 contexts into a one-block build (about 4,800 contexts in one part)."""
+    from bertknn.builder.progress import BuildProgress
+
+    real = BuildProgress.embedded
+
+    def embedded(self: BuildProgress, rows: int) -> None:
+        real(self, rows)
+        if self.contexts >= 1500:
+            raise KeyboardInterrupt  # as SIGINT does, inside the forward loop
+
+    out = tmp_path / "ds"
+    argv = [*cli_args(vital120, bert_vocab_model, out, "--workers", "0"), "--articles-per-shard", "120",
+            "--checkpoint-contexts", "256"]  # fmt: skip
+    monkeypatch.setattr(BuildProgress, "embedded", embedded)
+    with torch_threads(1):
+        assert main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "keeps 1 finished parts" in err and "at most 256 contexts of work in flight were lost" in err, err
+    (part,) = [json.loads((p / "SHARD.json").read_text()) for p in (out / SHARDS_DIR).glob("shard-*")]
+    assert not part["last"] and 0 < part["articles"] < 120 and 1500 - 256 - 200 < part["rows"] <= 1500, part
+    monkeypatch.setattr(BuildProgress, "embedded", real)
+    with torch_threads(1):
+        assert main(argv) == 0  # the same command resumes after the part
+    got, want = _rows(out), _rows(reference)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]
+    np.testing.assert_allclose(got[2], want[2], rtol=2e-3, atol=2e-3)
 
 
 # ---- parallel slices and merge -------------------------------------------------------------------------------

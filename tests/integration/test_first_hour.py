@@ -215,12 +215,45 @@ def test_a_build_off_a_terminal_logs_progress_at_an_interval(caplog: pytest.LogC
     progress = BuildProgress(interval_s=0.0, total_articles=10, stream=io.StringIO())
     assert not progress.interactive
     with caplog.at_level(logging.INFO, logger="bertknn.builder"):
+        progress.prepared(5, 300)  # half the articles, before any part is written
         progress.embedded(120)
-        progress.shard_written(5)
         progress.close()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress:")]
-    assert lines and "120 contexts" in lines[-1] and "5 articles" in lines[-1] and "contexts/s" in lines[-1]
-    assert "ETA" in lines[-1] and "min" in lines[-1].split("ETA")[1]
+    assert lines and "120 contexts embedded of 300 prepared from 5 articles" in lines[-1], lines
+    assert "0 parts written" in lines[-1] and "contexts/s" in lines[-1]
+    assert "of about 600 contexts; from --limit-articles" in lines[-1].split("ETA")[1], lines[-1]
+
+
+def test_the_eta_of_a_streamed_corpus_comes_from_the_share_read() -> None:
+    share = [0.25]
+    progress = BuildProgress(interval_s=1e9, stream=io.StringIO(), read_fraction=lambda: share[0])
+    assert progress.eta() == "after the first contexts"
+    progress.prepared(12, 1000)  # a quarter of the corpus read: about 4,000 contexts in all
+    progress.embedded(500)
+    assert progress.total_contexts() == pytest.approx(4000)
+    assert "of about 4,000 contexts; from the share of the corpus read" in progress.eta()
+    share[0] = 1.0
+    assert progress.total_contexts() == pytest.approx(1000)
+    assert BuildProgress(stream=io.StringIO()).eta() == "unknown"
+
+
+def test_a_real_builds_eta_is_known_with_limit_articles_and_without(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dump read as a stream: the ETA comes from the bytes of the (compressed) file read; with --limit-articles
+    from the articles."""
+    import bz2 as bz2_mod
+
+    from tests.conftest import TINY_ARTICLES, build_tiny
+
+    corpus = tmp_path / "c.jsonl.bz2"
+    corpus.write_bytes(bz2_mod.compress("".join(json.dumps(a) + "\n" for a in TINY_ARTICLES * 3).encode()))
+    for extra, basis in (({}, "the share of the corpus read"), ({"limit_articles": 4}, "--limit-articles")):
+        with caplog.at_level(logging.INFO, logger="bertknn.builder"):
+            caplog.clear()
+            build_tiny(tmp_path / f"ds-{basis[:5]}", [corpus], tiny_model_dir, sparse_indexes=False, **extra)
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress:")]
+        assert lines and basis in lines[-1] and "ETA unknown" not in lines[-1], lines
 
 
 def test_the_license_is_an_spdx_string() -> None:

@@ -56,3 +56,21 @@ def test_each_demo_question_is_answered_and_knn_fixes_the_mlm(sample_pipeline: A
     assert answer.predictions[0].token == GOLD[subject]
     assert answer.predictions[0].contexts and subject in answer.predictions[0].contexts[0].article
     assert answer.mlm[0].token != GOLD[subject]  # the masked LM alone gets it wrong: the datastore is what helps
+
+
+def test_the_quick_start_refuses_a_busy_port_before_building(tmp_path: Path) -> None:
+    """Another server on the port must not answer the demo questions in the quick start's place."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        env = {**os.environ, "BERTKNN_PORT": str(port), "QUICKSTART_OUT": str(tmp_path / "ds"),
+               "BERTKNN_MODEL": str(PROXY_MODEL)}  # fmt: skip
+        run = subprocess.run(["bash", str(QUICKSTART)], env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"quickstart: port {port} is in use" in run.stderr
+    assert not (tmp_path / "ds").exists()  # nothing was built
