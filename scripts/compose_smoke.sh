@@ -243,6 +243,21 @@ check_hardening() {
   [ "$ro" = true ] || fail "the api's root filesystem is writable"
   if podman exec "$api" touch /opt/venv/x 2>/dev/null; then fail "wrote into the api's root filesystem"; fi
 }
+check_no_password_on_a_command_line() {
+  # every process of both containers, and the containers' own commands: the password must appear in none
+  local name c
+  for name in redis api; do
+    c=$(container "$name")
+    if podman exec "$c" sh -c 'for f in /proc/[0-9]*/cmdline; do tr "\0" " " <"$f"; echo; done' 2>/dev/null \
+        | grep -qF "$REDIS_PASSWORD"; then
+      fail "the Redis password is on a command line in the $name container"
+    fi
+    if podman inspect --format '{{.Config.Cmd}} {{.Config.Entrypoint}} {{.Args}}' "$c" | grep -qF "$REDIS_PASSWORD"; then
+      fail "the Redis password is in the $name container's command (podman inspect)"
+    fi
+  done
+  echo "the Redis password is on no command line (ps of both containers, podman inspect)"
+}
 check_healthchecks() {
   # podman runs healthchecks from systemd timers; without systemd they run on demand, which is what this does.
   local name
@@ -319,6 +334,7 @@ step "check /readyz" check_ready
 step "check /predict: the answer, contexts, a Redis cache hit on repeat" check_predict
 step "check the api: uid 10001, read-only root filesystem" check_hardening
 step "check the healthchecks (redis, api)" check_healthchecks
+step "check that no command line holds the Redis password" check_no_password_on_a_command_line
 step "check a Redis outage: /predict 200, /readyz degraded, recovery" check_redis_outage
 if [ "${SMOKE_KEEP:-0}" != "1" ]; then
   step "stop the api: SIGTERM, no SIGKILL" check_stop

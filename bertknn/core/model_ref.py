@@ -10,6 +10,14 @@ from pathlib import Path
 from bertknn.core.errors import ModelLoadError
 
 
+def public_model_name(name: str) -> str:
+    """How a model is named to the service's callers: a hub id as it is, a local directory by its last part
+    (``/srv/models/bert-base-uncased`` -> ``bert-base-uncased``: no machine path in a response)."""
+    if name.startswith((".", "/", "~")) or "\\" in name or Path(name).expanduser().is_dir():
+        return Path(name.rstrip("/\\")).name or name
+    return name
+
+
 def local_model_path(name: str) -> str | None:
     """The absolute path of ``name`` when it is a local model directory (as given, relative to the working
     directory), else None (a hub name)."""

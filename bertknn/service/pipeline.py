@@ -17,7 +17,7 @@ from bertknn.core.calibration import AutoTemperature, temperature_for
 from bertknn.core.encoder import MaskedInput, MaskedLMEncoder, MlmHeadPolicy
 from bertknn.core.errors import DatastoreError, ModelLoadError, QueryError
 from bertknn.core.format import Datastore, validate_datastore
-from bertknn.core.model_ref import locate_model
+from bertknn.core.model_ref import locate_model, public_model_name
 from bertknn.service.answer import DEFAULT_RULE, Answerer, ContextReader, TokenAnswerer
 from bertknn.service.cache import Cache, InMemoryCache
 from bertknn.service.codec import QueryEncoding
@@ -146,7 +146,7 @@ class AnswerPipeline:
         man = self.datastore.manifest
         return {
             "model": {
-                "name": self.encoder.name,
+                "name": public_model_name(self.encoder.name),
                 "weights_sha256": self.encoder.weights_sha256,
                 "layer": self.encoder.layer,
                 "num_layers": self.encoder.num_layers,
@@ -156,7 +156,7 @@ class AnswerPipeline:
                 "version": man.version,
                 "articles": man.counts.articles,
                 "contexts": man.counts.contexts,
-                "model_name": man.model.name,
+                "model_name": public_model_name(man.model.name),
             },
         }
 

@@ -576,7 +576,30 @@ def test_no_secret_in_the_deployment_files() -> None:
     assert secret["stringData"]["password"].startswith("REPLACE-ME"), "the committed Secret must stay a placeholder"
     assert env_example()["REDIS_PASSWORD"] == ""
     redis = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["redis"]
-    password = redis["command"][redis["command"].index("--requirepass") + 1]
-    assert password.startswith("${REDIS_PASSWORD:?"), "compose must refuse to start without a password"
-    assert "allkeys-lru" in redis["command"] and "--maxmemory" in redis["command"]
+    assert redis["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?"), "compose must refuse to start without a password"
+    script = "\n".join(redis["command"])
+    assert "allkeys-lru" in script and "--maxmemory" in script
+
+
+def _argv_of(script: str) -> str:
+    """A shell script without its here-documents: what ends up on command lines."""
+    return re.sub(r"<<(\w+)\n.*?\n\1\n?", "", script, flags=re.DOTALL)
+
+
+def test_the_redis_password_is_never_on_a_command_line() -> None:
+    """compose: configuration on redis-server's stdin (a here-document); Kubernetes: the mounted Secret's file."""
+    redis = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["redis"]
+    script = "\n".join(redis["command"])
+    assert "redis-server - " in script and "requirepass ${REDIS_PASSWORD}" in script.replace("$$", "$")
+    assert "PASSWORD" not in _argv_of(script) and "--requirepass" not in script
+    docs = list(yaml.safe_load_all((K8S / "base" / "redis.yaml").read_text()))
+    pod = next(d for d in docs if d and d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = "\n".join(container["args"])
+    assert "requirepass $(cat /run/secrets/bertknn-redis/password)" in args and "--requirepass" not in args
+    assert "PASSWORD" not in _argv_of(args)
+    assert not any(e["name"] == "REDIS_PASSWORD" for e in container["env"])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/run/secrets/bertknn-redis")
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "bertknn-redis" and mount["readOnly"]
 

@@ -313,7 +313,7 @@ def test_a_missing_model_directory_is_one_line(tmp_path: Path, tiny_corpus: Path
 
 def test_validation_messages_are_in_the_projects_words(client: TestClient) -> None:
     msg = client.post("/predict", json={**Q, "temperature": "hot"}).json()["error"]["message"]
-    assert msg.startswith("temperature: should be") and "'auto'" in msg, msg
+    assert msg.startswith("temperature: Input should be") and "'auto'" in msg, msg
     assert "constrained" not in msg and "literal[" not in msg and msg.count("temperature") == 1, msg
     msg = client.post("/predict", json={**Q, "topk": 3}).json()["error"]["message"]
     assert "queries" not in msg and "relations" not in msg and "top_k" in msg, msg  # /predict's fields only
@@ -323,3 +323,22 @@ def test_validation_messages_are_in_the_projects_words(client: TestClient) -> No
     if r.status_code == 422:
         msg = r.json()["error"]["message"]
         assert "bert-knn ivfpq" in msg and "/" not in msg.split("bert-knn ivfpq")[1], msg  # no machine path
+
+
+# ---- nothing of the machine in a response (#36) ----------------------------------------------------------------
+
+
+def test_responses_name_the_model_without_a_machine_path(client: TestClient, tiny_model_dir: Path) -> None:
+    body = client.post("/predict", json=Q).json()
+    assert body["model"]["name"] == tiny_model_dir.name and "/" not in body["model"]["name"]
+    assert "/" not in body["datastore"]["model_name"]
+    ready = client.get("/readyz").json()
+    assert "/" not in json.dumps(ready["model"]) and ready["cache"]["detail"] == ""
+
+
+def test_a_batch_may_hold_as_many_queries_as_the_setting_allows(tiny_datastore: Path) -> None:
+    settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu"}, limits={"max_batch_queries": 80})
+    with TestClient(create_app(settings)) as c:
+        assert c.post("/predict/batch", json={"queries": [Q] * 80}).status_code == 200
+        r = c.post("/predict/batch", json={"queries": [Q] * 81})
+        assert r.status_code == 422 and "limit of 80" in r.json()["error"]["message"]

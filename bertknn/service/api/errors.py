@@ -120,7 +120,7 @@ def _validation_message(exc: RequestValidationError, content_type: str | None, p
         elif kind == "extra_forbidden":
             msg = _unknown_field(str(loc[-1]), fields_for(path, loc))
         else:
-            msg = str(err.get("msg", "invalid")).replace("Input should", "should")
+            msg = str(err.get("msg", "invalid"))
         if msg not in parts.setdefault(where, []):
             parts[where].append(msg)
     return "; ".join(f"{where}: {' or '.join(msgs)}" for where, msgs in list(parts.items())[:5])

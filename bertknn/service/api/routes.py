@@ -139,6 +139,9 @@ async def healthz() -> HealthResponse:
     return HealthResponse()
 
 
+_CACHE_DETAIL = {"degraded": "the cache is unreachable; requests are answered without it (the server log has the error)"}
+
+
 @router.get(
     "/readyz",
     response_model=ReadyResponse,
@@ -156,7 +159,8 @@ async def readyz(resources: ResourcesDep) -> JSONResponse:
         {
             "status": "ready",
             "retrievers": sorted([*pipe.retrievers, *(["none"] if "ivfpq" in pipe.datastore.manifest.indexes else [])]),
-            "cache": CacheHealth(backend=status.backend, state=status.state, detail=status.detail),
+            # the state only: the error's text (hosts, addresses) stays in the server's log
+            "cache": CacheHealth(backend=status.backend, state=status.state, detail=_CACHE_DETAIL.get(status.state, "")),
             **pipe.identity(),
         }
     )

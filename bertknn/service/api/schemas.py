@@ -85,7 +85,9 @@ class FollowRequest(BaseModel):
 
 class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{"queries": [_EXAMPLE]}]})
-    queries: list[PredictRequest] = Field(..., min_length=1, max_length=64)
+    queries: list[PredictRequest] = Field(
+        ..., min_length=1, description="at most the server's limits.max_batch_queries (default 64)"
+    )
 
 
 class ContextOut(BaseModel):
