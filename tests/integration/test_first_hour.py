@@ -342,3 +342,19 @@ def test_a_batch_may_hold_as_many_queries_as_the_setting_allows(tiny_datastore: 
         assert c.post("/predict/batch", json={"queries": [Q] * 80}).status_code == 200
         r = c.post("/predict/batch", json={"queries": [Q] * 81})
         assert r.status_code == 422 and "limit of 80" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("content", "says"), [('{"format_version": 4, "model": ', "not JSON: EOF while parsing"),
+                                               ('{"format_version": 4}', "model: Field required; 4 more")])
+def test_a_corrupt_manifest_is_named_in_one_line_without_pydantics_url(
+    tmp_path: Path, tiny_datastore: Path, content: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bertknn.builder.__main__ import main as builder
+
+    ds = tmp_path / "ds"
+    shutil.copytree(tiny_datastore, ds)
+    (ds / "manifest.json").write_text(content)
+    assert builder(["validate", str(ds)]) == 1
+    out = capsys.readouterr()
+    lines = (out.out + out.err).strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "pydantic" not in lines[0] and "http" not in lines[0], lines

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+from pydantic import ValidationError
 
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format.contract import IVFPQ_FILE, MANIFEST, Manifest, ivfpq_meta_path
@@ -71,8 +72,21 @@ def read_manifest(root: Path) -> Manifest:
         )
     try:
         return Manifest.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise DatastoreError(f"{path}: not a valid manifest ({_first_problem(exc)}). Rebuild the datastore.") from exc
     except ValueError as exc:
         raise DatastoreError(f"{path}: not a valid manifest ({exc}). Rebuild the datastore.") from exc
+
+
+def _first_problem(exc: ValidationError) -> str:
+    """Pydantic's first error in one line and in plain words: where, and what (no URL, no input dump)."""
+    errors = exc.errors(include_url=False, include_input=False)
+    err = errors[0]
+    where = ".".join(str(x) for x in err.get("loc", ())) or "the file"
+    if err.get("type") == "json_invalid":
+        return f"not JSON: {err.get('ctx', {}).get('error', 'cannot be parsed')}"
+    more = f"; {len(errors) - 1} more" if len(errors) > 1 else ""
+    return f"{where}: {err.get('msg', 'invalid')}{more}"
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:
