@@ -669,8 +669,13 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
         max_seq_len=settings.max_seq_len, mlm_head="ignored",
     )  # fmt: skip
-    if settings.backend != "eager":
-        used = encoder.set_backend(settings.backend, with_mlm=False)
+    state_path = out / BUILD_STATE
+    previous = json.loads(state_path.read_text()) if state_path.is_file() else None
+    asked = settings.backend
+    if asked == "auto" and previous is not None:
+        asked = previous.get("backend", "eager")  # a resumed build keeps the forward it started with
+    if asked != "eager":
+        used = encoder.set_backend(asked, with_mlm=False)
         logger.info("forward backend: %s (asked: %s)", used, settings.backend)
     if settings.num_shards > 1 and settings.codec != "fp16" and settings.codec_from is None:
         raise BuildError(
@@ -684,9 +689,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
         SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
     ]
     state = _build_state(settings, encoder, stop_hash, sources, plan.unit)
-    state_path = out / BUILD_STATE
-    if state_path.is_file():
-        previous = json.loads(state_path.read_text())
+    if previous is not None:
         if previous != state:
             diff = sorted(k for k in {*state, *previous} if previous.get(k) != state.get(k))
             raise BuildError(

@@ -9,7 +9,9 @@ wordpieces: the same arithmetic as for words, with entities as labels.
 p_MLM(e): the entity's surface form is its title without a trailing parenthetical ("Paris (mythology)" ->
 "Paris"), lower-cased for an uncased model. A surface of one wordpiece takes p_MLM at the query's [MASK]; one of m
 wordpieces is scored by the whole-word machinery (`bertknn.service.words`: m masks, sequential fill, the product
-of the pieces' probabilities). Candidates are the neighbours' entities only: the MLM has no list of entities.
+of the pieces' probabilities), for the `FILL_CANDIDATES` entities the neighbours weigh most (the others' p_MLM is
+0, so the cost is bounded by the answers, not by the entities linked around the neighbours). Candidates are the
+neighbours' entities only: the MLM has no list of entities.
 
 p(e) = lambda p_kNN(e) + (1 - lambda) p_MLM(e), ranked over the candidates. Word answers (the default) also say
 which entity a word stands for: `entity_of_words`.
@@ -33,6 +35,8 @@ from bertknn.service.results import ArticleHit, Assembled, Prediction, Query, To
 from bertknn.service.retrieval.knn import Neighbours
 from bertknn.service.words import WordAnswerer
 
+# entities whose several-piece names are scored by sequential fill (at least the top_k asked for)
+FILL_CANDIDATES = 16
 _PARENTHETICAL = re.compile(r"\s*\([^()]*\)\s*$")
 
 
@@ -72,16 +76,25 @@ class EntityAnswerer:
             labels[n] = c
         return found, labels
 
-    def mlm_probs(self, query: Query, enc: QueryEncoding, entities: Sequence[EntityRef]) -> np.ndarray:
+    def mlm_probs(
+        self, query: Query, enc: QueryEncoding, entities: Sequence[EntityRef], p_knn: np.ndarray | None = None
+    ) -> np.ndarray:
+        """p_MLM of each entity's name. A one-piece name reads the query's own forward pass; a name of several
+        pieces costs sequential-fill passes, so only the `FILL_CANDIDATES` (at least top_k) entities the
+        neighbours weigh most are filled (``p_knn``): the cost is bounded by the answers asked for, not by the
+        number of entities linked around the neighbours. The others' p_MLM is 0."""
         token_p = enc.p_mlm()
         out = np.zeros(len(entities), dtype=np.float64)
         multi: list[int] = []
         multi_pieces: list[tuple[int, ...]] = []
+        fill = set(range(len(entities)))
+        if p_knn is not None and len(entities) > max(FILL_CANDIDATES, query.top_k):
+            fill = set(np.argsort(-p_knn, kind="stable")[: max(FILL_CANDIDATES, query.top_k)].tolist())
         for i, e in enumerate(entities):
             pieces = self.pieces(e.title)
             if len(pieces) == 1:
                 out[i] = float(token_p[pieces[0]])
-            elif pieces:
+            elif pieces and i in fill:
                 multi.append(i)
                 multi_pieces.append(pieces)
         if multi:
@@ -93,8 +106,8 @@ class EntityAnswerer:
     ) -> Assembled:
         assert query.temperature is not None, "the pipeline resolves temperature auto"
         entities, labels = self.candidates(nbrs)
-        p_mlm = self.mlm_probs(query, enc, entities).astype(np.float32)
         p_knn = knn_distribution(nbrs.distances, labels, len(entities), query.temperature)
+        p_mlm = self.mlm_probs(query, enc, entities, p_knn).astype(np.float32)
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []

@@ -386,3 +386,32 @@ def test_a_hop_whose_entity_has_no_article_says_which_rule_found_its_articles(mo
     assert all(e["found_by"] == "bm25" for e in out["hops"][1]["entities"])
     assert out["warnings"] == ["hop 2: 'Port Ambrel' has no article in this datastore; its articles were ranked by bm25"]
     assert [s["found_by"] for s in out["answers"][0]["path"]] == [None, "subject", "bm25"]
+
+
+def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thirty linked names of two pieces around the neighbours: sequential fill scores at most FILL_CANDIDATES."""
+    from bertknn.service.entities import FILL_CANDIDATES
+    from bertknn.service.words import WordAnswerer
+
+    first = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
+    second = ["north", "south", "east", "west", "hill"]
+    names = [f"{a.title()} {b.title()}" for a in first for b in second]  # 30 names of two words
+    text = " ".join(f"Ravel met {n} in the hall." for n in names)
+    corpus = write_jsonl(tmp_path / "c.jsonl", [linked("1", "Ravel", text, [(n, n) for n in names])])
+    model = make_tiny_bert(tmp_path / "m", corpus_words([{"title": "Ravel", "text": text}]))
+    ds = build_tiny(tmp_path / "ds", [corpus], model)
+    filled: list[int] = []
+    real = WordAnswerer.fill_probs
+
+    def counting(self: WordAnswerer, text: str, words: list[tuple[int, ...]]) -> np.ndarray:
+        filled.append(len(words))
+        return real(self, text, words)
+
+    monkeypatch.setattr(WordAnswerer, "fill_probs", counting)
+    with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
+        body = c.post("/predict", json={"text": "ravel met [MASK] in the hall .", "subject": "Ravel",
+                                        "answer": "entity", "top_k": 5}).json()  # fmt: skip
+    assert len(body["knn"]) == 5 and body["predictions"]
+    assert filled and max(filled) <= FILL_CANDIDATES < 30, filled

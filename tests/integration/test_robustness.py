@@ -150,6 +150,9 @@ def build_argv(corpus: Path, model: Path, out: Path, *, workers: int = 0, indexe
         "--max-seq-len", "64",
         "--threads", "1",
         "--workers", str(workers),
+        # the reference forward: a fault injected here (a file-size limit) would also stop the ONNX export, which
+        # auto then replaces by eager, and the build under test would not be the reference's
+        "--backend", "eager",
     ]  # fmt: skip
     return argv + (["--ivfpq"] if indexes else ["--no-sparse-indexes"])
 
