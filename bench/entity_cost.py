@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--dump {args.dump}: no such file (see the module docstring for a small real one)")
     if args.articles < 1 or args.subjects < 1:
         p.error("--articles and --subjects must be at least 1")
-    from bertknn.service.follow import follow
     from bertknn.service.cache import InMemoryCache
+    from bertknn.service.follow import follow
     from bertknn.service.pipeline import AnswerPipeline
     from bertknn.service.results import Query
 
