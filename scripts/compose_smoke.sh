@@ -245,18 +245,25 @@ check_hardening() {
 }
 check_no_password_on_a_command_line() {
   # every process of both containers, and the containers' own commands: the password must appear in none
-  local name c
+  local name c password cmdlines spec
+  password=$(sed -n 's/^REDIS_PASSWORD=//p' "$WORK/.env")
+  [ -n "$password" ] || fail "no REDIS_PASSWORD in $WORK/.env"
   for name in redis api; do
     c=$(container "$name")
-    if podman exec "$c" sh -c 'for f in /proc/[0-9]*/cmdline; do tr "\0" " " <"$f"; echo; done' 2>/dev/null \
-        | grep -qF "$REDIS_PASSWORD"; then
+    cmdlines=$(podman exec "$c" sh -c 'for f in /proc/[0-9]*/cmdline; do tr "\0" " " <"$f"; echo; done') \
+      || fail "cannot list the processes of the $name container"
+    printf '%s\n' "$cmdlines" | grep -q "redis-server\|bert-knn\|python" \
+      || fail "the $name container's process list shows neither redis-server nor the service: $cmdlines"
+    if printf '%s\n' "$cmdlines" | grep -qF "$password"; then
       fail "the Redis password is on a command line in the $name container"
     fi
-    if podman inspect --format '{{.Config.Cmd}} {{.Config.Entrypoint}} {{.Args}}' "$c" | grep -qF "$REDIS_PASSWORD"; then
+    spec=$(podman inspect --format '{{.Config.Cmd}} {{.Config.Entrypoint}} {{.Args}}' "$c") \
+      || fail "cannot inspect the $name container"
+    if printf '%s\n' "$spec" | grep -qF "$password"; then
       fail "the Redis password is in the $name container's command (podman inspect)"
     fi
+    echo "$name: $(printf '%s\n' "$cmdlines" | grep -c .) processes, none with the password on its command line"
   done
-  echo "the Redis password is on no command line (ps of both containers, podman inspect)"
 }
 check_healthchecks() {
   # podman runs healthchecks from systemd timers; without systemd they run on demand, which is what this does.
