@@ -279,6 +279,12 @@ class MaskedLMEncoder:
     def query_input(self, text: str) -> MaskedInput:
         return self.inputs.query_input(text)
 
+    @property
+    def numerics(self) -> str:
+        """What the forward's numbers depend on besides the weights: dtype and backend (``float32/onnx``). Part of
+        every cache key, so that replicas of other numerics sharing one cache never serve each other's values."""
+        return f"{str(self.dtype).removeprefix('torch.')}/{self.backend}"
+
     # ---- backend ------------------------------------------------------------------------------------------
 
     def set_backend(self, backend: BackendName | str, *, with_mlm: bool = True) -> str:

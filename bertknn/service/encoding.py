@@ -38,7 +38,8 @@ class QueryEncoder:
         self.mlm_top_entries = mlm_top_entries
 
     def _enc_key(self, inp: MaskedInput) -> str:
-        return cache_key(self.key_prefix, "enc", self.encoder.weights_sha256, self.encoder.layer, inp.input_ids)
+        enc = self.encoder
+        return cache_key(self.key_prefix, "enc", enc.weights_sha256, enc.numerics, enc.layer, inp.input_ids)
 
     def _decode(self, raw: bytes | None) -> QueryEncoding | None:
         if raw is None:

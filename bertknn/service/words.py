@@ -130,7 +130,8 @@ class WordAnswerer:
         inp = self.encoder.query_input(text)
         cache = self.queries.cache
         prefix, sha = self.queries.key_prefix, self.encoder.weights_sha256
-        keys = [cache_key(prefix, "fill", sha, inp.input_ids, pieces) for pieces in words]
+        numerics = self.encoder.numerics
+        keys = [cache_key(prefix, "fill", sha, numerics, inp.input_ids, pieces) for pieces in words]
         out = np.zeros(len(words), dtype=np.float64)
         todo: list[int] = []
         for i, raw in enumerate(cache.get_many(keys)):

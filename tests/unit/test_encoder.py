@@ -279,3 +279,24 @@ def test_encode_with_mlm_top_matches_the_full_distribution(encoder: MaskedLMEnco
         assert ids[i][0] == int(out.mlm_log_probs[i].argmax())
     with pytest.raises(ValueError, match="mlm_top"):
         encoder.encode(items, with_mlm=False, mlm_top=3)
+
+
+def test_cache_keys_carry_the_forwards_dtype_and_backend(encoder: MaskedLMEncoder) -> None:
+    """A GPU replica (bf16) and a CPU one (float32, ONNX) sharing one Redis never serve each other's encodings."""
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.encoding import QueryEncoder
+
+    inp = encoder.query_input("zorblat was born in [MASK] .")
+    queries = QueryEncoder(encoder, InMemoryCache(), key_prefix="t", mlm_top_entries=8)
+    was = (encoder.dtype, encoder.backend)
+    try:
+        encoder.backend = "eager"
+        eager_key = queries._enc_key(inp)
+        encoder.backend = "onnx"
+        onnx_key = queries._enc_key(inp)
+        encoder.dtype = torch.bfloat16
+        bf16_key = queries._enc_key(inp)
+    finally:
+        encoder.dtype, encoder.backend = was
+    assert len({eager_key, onnx_key, bf16_key}) == 3
+    assert encoder.numerics == f"{str(was[0]).removeprefix('torch.')}/{was[1]}"
