@@ -344,8 +344,9 @@ class MaskedLMEncoder:
             torch.onnx.export(
                 core, example, path, input_names=names,
                 output_names=["embedding", "log_probs"] if core.head is not None else ["embedding"],
+                # rows/mask_pos: the positions read, which may be more than the sequences (`log_probs_at`)
                 dynamic_axes={"input_ids": {0: "batch", 1: "width"}, "attention_mask": {0: "batch", 1: "width"},
-                              "rows": {0: "batch"}, "mask_pos": {0: "batch"}},
+                              "rows": {0: "reads"}, "mask_pos": {0: "reads"}},
                 dynamo=False, opset_version=17,
             )  # fmt: skip
             model_bytes = path.read_bytes()
@@ -377,6 +378,29 @@ class MaskedLMEncoder:
                 err = max(err, float((want[1].cpu() - got_lp).abs().max()))
             if not err <= tol:
                 raise RuntimeError(f"{name} differs from the eager forward by {err:.3g} (tolerance {tol})")
+
+    @torch.inference_mode()
+    def log_probs_at(self, sequences: Sequence[Sequence[int]], reads: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """log p_MLM at several positions of each sequence from one forward pass: row i of the result is read at
+        ``reads[i]`` = (sequence index, position). (Several masks of one sequence, as the one-pass fill reads
+        them, cost one row of the batch, not one each.)"""
+        if not reads:
+            return torch.zeros((0, self.vocab_size))
+        if not self.has_mlm:
+            return torch.full((len(reads), self.vocab_size), -float(np.log(self.vocab_size)))
+        ids, attn, _, _ = self._arrays([MaskedInput(tuple(x), 0) for x in sequences])
+        rows = np.fromiter((r for r, _ in reads), np.int64, len(reads))
+        pos = np.fromiter((p for _, p in reads), np.int64, len(reads))
+        if self._fast is not None and self._fast_with_mlm:
+            log_p = self._fast(ids, attn, rows, pos)[1]
+        elif self.head is None:
+            t_ids, t_attn, t_rows, t_pos = self._to_device([ids, attn, rows, pos])
+            logits = self.model(input_ids=t_ids, attention_mask=t_attn).logits[t_rows, t_pos]
+            log_p = torch.log_softmax(logits.float(), dim=-1).cpu()
+        else:
+            log_p = self._cores[True](*self._to_device([ids, attn, rows, pos]))[1].cpu()
+        assert log_p is not None
+        return self.words.vocab.merge_log_probs(log_p) if self.words.vocab.merge_layers else log_p
 
     def _arrays(self, items: Sequence[MaskedInput]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Padded ids, attention mask, batch rows and [MASK] positions: host int64 arrays.

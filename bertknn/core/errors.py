@@ -6,6 +6,8 @@ prints their message on one line. A message names what went wrong and what to do
 
 from __future__ import annotations
 
+import time
+
 
 class BertKnnError(Exception):
     """Base of every error this project raises on purpose."""
@@ -80,6 +82,28 @@ class Overloaded(BertKnnError):
     """The queue in front of the model is full; retry after a short delay."""
 
     retry_after_s = 1
+
+
+class ClientOverloaded(Overloaded):
+    """One client already has as much work in flight as it may (``limits.max_client_cost``); retry later."""
+
+
+class DeadlineExceeded(BertKnnError):
+    """A request ran past its deadline (the server's ``limits.deadline_ms`` or the request's own, whichever is
+    shorter); its queued work is dropped. Retry later, or ask for less (smaller k, fewer queries, fewer hops)."""
+
+    retry_after_s = 1
+
+
+def check_deadline(deadline: float | None) -> None:
+    """Raise `DeadlineExceeded` when ``deadline`` (a `time.monotonic` time; None: none) has passed: called before
+    each further forward pass of a request, so the model thread moves on to others' work."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise DeadlineExceeded("the request ran past its deadline; its remaining work was dropped")
+
+
+class TooCostly(InvalidRequest):
+    """A request whose estimated cost is over one of the server's caps; the message names the cap."""
 
 
 class ReloadError(BertKnnError):

@@ -42,7 +42,9 @@ class MicroBatcher(Generic[T, R]):
     """Batches `submit`ted items into calls of ``fn`` on the thread of ``executor`` (a single-thread pool).
 
     Between `start` and `stop` that thread runs the batcher's loop; other work for it (for example extra
-    forward passes that must come from the model's thread) goes through `call`, which runs before the next batch.
+    forward passes that must come from the model's thread) goes through `call`. When both wait, calls and batches
+    take turns: one request's long series of extra passes never holds back the others' next batch by more than one
+    call.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class MicroBatcher(Generic[T, R]):
         self._cond = threading.Condition()
         self._stopping = False
         self._running = False  # the worker is inside fn
+        self._last_was_call = False  # calls and batches take turns when both wait
         self._worker: Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -115,7 +118,7 @@ class MicroBatcher(Generic[T, R]):
         return await fut
 
     def call(self, fn: Callable[[], R]) -> Future[R]:
-        """Run ``fn`` on the batcher's thread (before its next batch); thread-safe."""
+        """Run ``fn`` on the batcher's thread (next, or after one batch when batches wait too); thread-safe."""
         if self._worker is None or self._worker.done():
             return self._executor.submit(fn)
         fut: Future[R] = Future()
@@ -134,8 +137,10 @@ class MicroBatcher(Generic[T, R]):
                 # can take a result any more), instead of keeping the process from exiting
                 if not self._cond.wait(timeout=0.5) and self._orphaned():
                     return None
-            if self._calls:
+            if self._calls and not (self._items and self._last_was_call):
+                self._last_was_call = True
                 return self._calls.popleft()
+            self._last_was_call = False
             if not self._items:
                 return None  # stopping, and nothing left
             if self.max_wait_s > 0 and len(self._items) < self.max_batch_size and not self._stopping:

@@ -8,9 +8,11 @@ wordpieces: the same arithmetic as for words, with entities as labels.
 
 p_MLM(e): the entity's surface form is its title without a trailing parenthetical ("Paris (mythology)" ->
 "Paris"), lower-cased for an uncased model. A surface of one wordpiece takes p_MLM at the query's [MASK]; one of m
-wordpieces is scored by the whole-word machinery (`bertknn.service.words`: m masks, sequential fill, the product
-of the pieces' probabilities), for the `FILL_CANDIDATES` entities the neighbours weigh most (the others' p_MLM is
-0, so the cost is bounded by the answers, not by the entities linked around the neighbours). Candidates are the
+wordpieces (at most `MAX_NAME_PIECES`) is scored by the whole-word machinery in its one-pass form
+(`bertknn.service.words`: the query with m masks, each piece read at its own mask, the product of the pieces'
+probabilities; all lengths in one batched forward pass), for the `FILL_CANDIDATES` entities the neighbours weigh
+most (the others' p_MLM is 0): an entity answer costs one extra forward pass, bounded by the answers, not by the
+entities linked around the neighbours (docs/decisions/entity-fill.md). Candidates are the
 neighbours' entities only: the MLM has no list of entities.
 
 p(e) = lambda p_kNN(e) + (1 - lambda) p_MLM(e), ranked over the candidates. Word answers (the default) also say
@@ -35,8 +37,11 @@ from bertknn.service.results import ArticleHit, Assembled, Prediction, Query, To
 from bertknn.service.retrieval.knn import Neighbours
 from bertknn.service.words import WordAnswerer
 
-# entities whose several-piece names are scored by sequential fill (at least the top_k asked for)
+# entities whose several-piece names are scored (at least the top_k asked for)
 FILL_CANDIDATES = 16
+# longer names score p_MLM 0: one fill pass reads every length up to this (at most 1 + 2 + ... + 8 = 36 rows)
+MAX_NAME_PIECES = 8
+PIECES_CACHED = 200_000  # names whose wordpieces are kept
 _PARENTHETICAL = re.compile(r"\s*\([^()]*\)\s*$")
 
 
@@ -54,9 +59,15 @@ class EntityAnswerer:
         self.words = words  # the whole-word machinery (sequential fill), shared
         self.reader = reader
         self.lower = words.encoder.words.lowercase  # the model is uncased: names are lower-cased
+        self._pieces: dict[str, tuple[int, ...]] = {}  # a name's pieces, tokenised once (bounded: PIECES_CACHED)
 
     def pieces(self, title: str) -> tuple[int, ...]:
-        return self.words.encoder.words.pieces_of(surface_form(title, self.lower))
+        found = self._pieces.get(title)
+        if found is None:
+            if len(self._pieces) >= PIECES_CACHED:
+                self._pieces.clear()
+            found = self._pieces[title] = self.words.encoder.words.pieces_of(surface_form(title, self.lower))
+        return found
 
     def candidates(self, nbrs: Neighbours) -> tuple[list[EntityRef], np.ndarray]:
         """The neighbours' entities (nearest first, each once by title) and each neighbour's candidate index."""
@@ -80,7 +91,7 @@ class EntityAnswerer:
         self, query: Query, enc: QueryEncoding, entities: Sequence[EntityRef], p_knn: np.ndarray | None = None
     ) -> np.ndarray:
         """p_MLM of each entity's name. A one-piece name reads the query's own forward pass; a name of several
-        pieces costs sequential-fill passes, so only the `FILL_CANDIDATES` (at least top_k) entities the
+        pieces costs a fill pass, so only the `FILL_CANDIDATES` (at least top_k) entities the
         neighbours weigh most are filled (``p_knn``): the cost is bounded by the answers asked for, not by the
         number of entities linked around the neighbours. The others' p_MLM is 0."""
         token_p = enc.p_mlm()
@@ -94,11 +105,11 @@ class EntityAnswerer:
             pieces = self.pieces(e.title)
             if len(pieces) == 1:
                 out[i] = float(token_p[pieces[0]])
-            elif pieces and i in fill:
+            elif pieces and len(pieces) <= MAX_NAME_PIECES and i in fill:
                 multi.append(i)
                 multi_pieces.append(pieces)
         if multi:
-            out[multi] = self.words.fill_probs(query.text, multi_pieces)
+            out[multi] = self.words.fill_probs(query.text, multi_pieces, parallel=True, deadline=query.deadline)
         return out
 
     def answer(

@@ -270,6 +270,11 @@ class AnswerPipeline:
         """The whole-word answerer, when this datastore's answers are words."""
         return self.answerer if isinstance(self.answerer, WordAnswerer) else None
 
+    def fill_answerers(self) -> list[WordAnswerer]:
+        """The answerers that run fill passes of their own (whole words, entity names)."""
+        found = [w for w in (self.words, self.entity_answerer.words if self.entity_answerer else None) if w is not None]
+        return list({id(w): w for w in found}.values())
+
     # ---- the whole thing, synchronously (evaluation, CLI) --------------------------------------------------
 
     def predict_batch(self, queries: Sequence[Query], *, with_distributions: bool = False) -> list[Answer]:

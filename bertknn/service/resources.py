@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from bertknn.service.cost import CostCaps, CostGate
 from bertknn.service.metrics import Metrics
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.serving import AsyncAnswerer
@@ -31,3 +32,8 @@ class Resources:
     ready: bool = False
     draining: bool = False
     error: str = ""
+    gate: CostGate = field(init=False)
+
+    def __post_init__(self) -> None:
+        lim = self.settings.limits
+        self.gate = CostGate(CostCaps(lim.max_request_cost, lim.max_client_cost, lim.max_queued_cost))

@@ -32,6 +32,7 @@ class Query:
     any_token: bool = False  # rank every vocabulary entry (LAMA's protocol), not only words
     answer: AnswerKind = "word"  # entity: p_kNN over the linked entities (datastores with links)
     popularity: int | None = None  # the subject's inbound links, for an adaptive rule that weighs them (pipeline)
+    deadline: float | None = None  # time.monotonic() past which no further forward pass starts (None: none)
 
 
 @dataclass(frozen=True)

@@ -121,12 +121,12 @@ class AsyncAnswerer:
 
     @pipeline.setter
     def pipeline(self, pipeline: AnswerPipeline) -> None:
-        # A whole-word pipeline runs extra forward passes (sequential fill) from the kNN pool: on the model thread,
+        # Whole-word and entity answers run extra forward passes (fill) from the kNN pool: on the model thread,
         # which the batcher's loop occupies, so they go through it.
         self._pipeline = pipeline
-        words = getattr(pipeline, "words", None)
-        if words is not None:
+        for words in pipeline.fill_answerers():
             words.run_model = lambda fn: self.batcher.call(fn).result()
+            words.others_waiting = lambda: self.batcher.depth > 0
 
     def _encode_batch(self, jobs: Sequence[_Job]) -> list[_Encoded]:
         # Retrieval (Lucene, its own thread) runs during this batch's forward pass. For a query that found the
@@ -152,10 +152,10 @@ class AsyncAnswerer:
         """The rest of the query on the model thread, when that costs nobody a wait; None: the pool does it.
 
         Not for adaptive queries (the skip decision comes first), not while the retrieval still runs (the
-        model thread never waits for it), and not for whole-word datastores (their answers run more forward
-        passes on this same thread).
+        model thread never waits for it), and not for whole-word datastores or entity answers (they run more
+        forward passes through this same thread).
         """
-        if job.query.interpolation == "adaptive" or job.pipe.words is not None:
+        if job.query.interpolation == "adaptive" or job.pipe.words is not None or job.query.answer == "entity":
             return None
         if job.retrieval is None or not job.retrieval.done():
             return None

@@ -67,6 +67,24 @@ class LimitSettings(BaseModel):
     max_num_articles: int = Field(50, ge=1)
     max_follow_hops: int = Field(4, ge=1, description="relations in one /follow request")
     max_beam: int = Field(20, ge=1, description="a /follow hop's beam: queries per hop")
+    deadline_ms: int = Field(
+        5000, ge=50, le=600_000, description="how long a request may run (a request's own deadline_ms may only be "
+        "shorter); past it the request is answered 504 with Retry-After and its remaining work is dropped"
+    )
+    max_request_cost: int = Field(
+        512, ge=1, description="forward rows one request is estimated to run (docs/limits.md); a request over it is "
+        "a 422 that names this cap"
+    )
+    max_client_cost: int = Field(
+        512, ge=1, description="forward rows one client may have in flight; more is a 429 with Retry-After"
+    )
+    max_queued_cost: int = Field(
+        4096, ge=1, description="forward rows all requests may have in flight; more is a 503 with Retry-After"
+    )
+    client_header: str | None = Field(
+        None, min_length=1, max_length=64, description="the request header that names the client (e.g. one a "
+        "gateway sets from the API key); unset: the peer's address"
+    )
 
 
 class DefaultsSettings(BaseModel):

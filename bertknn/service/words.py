@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
+from bertknn.core.errors import check_deadline
 from bertknn.core.format import Datastore
 from bertknn.core.text import is_punctuation
 from bertknn.core.words import WordEntry as Word
@@ -54,7 +55,8 @@ from bertknn.service.retrieval.knn import Neighbours
 logger = logging.getLogger(__name__)
 
 MLM_CANDIDATES = 10  # one-piece words the MLM contributes (at least top_k): exact ranks up to P@10
-FILL_BATCH = 64  # rows per forward pass of the sequential fill
+FILL_BATCH = 64  # rows per forward pass of the fill
+FILL_BATCH_SHARED = 8  # ... while other requests wait for the model (their wait is one such pass)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,30 @@ def _unpack(raw: bytes) -> float | None:
     return p if np.isfinite(p) and 0.0 <= p <= 1.0 else None
 
 
+@dataclass(frozen=True)
+class _Group:
+    """The words of one length m: their indexes, the query with m masks, the first mask's position."""
+
+    m: int
+    members: list[int]
+    input_ids: tuple[int, ...]
+    first: int
+
+
+def _encode_by(encoder: MaskedLMEncoder, items: Sequence[MaskedInput], deadline: float | None) -> Any:
+    """One fill forward pass, unless the request's deadline passed while it waited for the model thread."""
+    check_deadline(deadline)
+    return encoder.encode(items, with_mlm=True)
+
+
+def _log_probs_by(
+    encoder: MaskedLMEncoder, sequences: Sequence[Sequence[int]], reads: Sequence[tuple[int, int]], deadline: float | None
+) -> Any:
+    """The one-pass fill's forward, unless the request's deadline passed while it waited for the model thread."""
+    check_deadline(deadline)
+    return encoder.log_probs_at(sequences, reads)
+
+
 class WordAnswerer:
     """The whole-word counterpart of `AnswerPipeline.answer` (see the module docstring for the method)."""
 
@@ -96,6 +122,9 @@ class WordAnswerer:
         self.mask_id = int(self.encoder.tokenizer.mask_token_id)
         # Runs a model call; the async server points it at its model thread (all torch calls from one thread).
         self.run_model: Callable[[Callable[[], Any]], Any] = lambda fn: fn()
+        # Whether other requests wait for the model thread now (the server's batcher says): fill passes are
+        # then FILL_BATCH_SHARED rows, so that their wait for one pass stays short.
+        self.others_waiting: Callable[[], bool] = lambda: False
         # filled lazily: only the MLM's top tokens are ever asked
         self._token_words: dict[int, Word | None] = {}
 
@@ -122,16 +151,21 @@ class WordAnswerer:
             else:
                 out[i] = float(token_p[w.pieces[0]])
         if multi:
-            out[multi] = self.fill_probs(query.text, [words[i].pieces for i in multi])
+            out[multi] = self.fill_probs(query.text, [words[i].pieces for i in multi], deadline=query.deadline)
         return out
 
-    def fill_probs(self, text: str, words: Sequence[tuple[int, ...]]) -> np.ndarray:
-        """Sequential-fill p_MLM of multi-piece words at the [MASK] of ``text`` (cached)."""
+    def fill_probs(
+        self, text: str, words: Sequence[tuple[int, ...]], *, parallel: bool = False, deadline: float | None = None
+    ) -> np.ndarray:
+        """p_MLM of multi-piece words at the [MASK] of ``text`` (cached): by sequential fill, or with
+        ``parallel`` from one pass (each length's masks read at once, see `_parallel_log_p`). ``deadline``: a
+        `time.monotonic` time after which no further forward pass starts (`DeadlineExceeded`)."""
         inp = self.encoder.query_input(text)
         cache = self.queries.cache
         prefix, sha = self.queries.key_prefix, self.encoder.weights_sha256
         numerics = self.encoder.numerics
-        keys = [cache_key(prefix, "fill", sha, numerics, inp.input_ids, pieces) for pieces in words]
+        kind = "pfill" if parallel else "fill"
+        keys = [cache_key(prefix, kind, sha, numerics, inp.input_ids, pieces) for pieces in words]
         out = np.zeros(len(words), dtype=np.float64)
         todo: list[int] = []
         for i, raw in enumerate(cache.get_many(keys)):
@@ -141,12 +175,13 @@ class WordAnswerer:
             else:
                 out[i] = value
         if todo:
-            fresh = self._fill(inp, [words[i] for i in todo])
+            fresh = self._fill(inp, [words[i] for i in todo], parallel, deadline)
             out[todo] = fresh
             cache.set_many({keys[i]: _pack(float(p)) for i, p in zip(todo, fresh, strict=True)})
         return out
 
-    def _fill(self, inp: MaskedInput, words: Sequence[tuple[int, ...]]) -> np.ndarray:
+    def _mask_groups(self, inp: MaskedInput, words: Sequence[tuple[int, ...]]) -> list[_Group]:
+        """The words by length m, each length with its m-mask input (lengths whose masks do not fit: left out)."""
         cls_id, sep_id = self.encoder.tokenizer.cls_token_id, self.encoder.tokenizer.sep_token_id
         ids = list(inp.input_ids)
         body, pos = ids, inp.mask_pos
@@ -156,7 +191,7 @@ class WordAnswerer:
         by_length: dict[int, list[int]] = {}
         for i, pieces in enumerate(words):
             by_length.setdefault(len(pieces), []).append(i)
-        groups: list[tuple[int, list[int], tuple[int, ...], int]] = []  # (m, words, m-mask input, first mask)
+        groups: list[_Group] = []
         for m, members in sorted(by_length.items()):
             base = self.encoder.masked_input([*body[:pos], *[self.mask_id] * m, *body[pos + 1 :]], pos)
             first = base.mask_pos
@@ -164,41 +199,74 @@ class WordAnswerer:
                 base.input_ids[first + j] != self.mask_id for j in range(m)
             ):
                 logger.debug(
-                    "sequential fill: %d masks do not fit the window; %d words score 0", m, len(members)
+                    "word fill: %d masks do not fit the window; %d words score 0", m, len(members)
                 )
                 continue
-            groups.append((m, members, base.input_ids, first))
-        log_p = np.zeros(len(words), dtype=np.float64)
-        # Pass j fills piece j of every word of every length > j at once: max(m) passes in all, one row per
-        # distinct (length, prefix).
-        for j in range(max((g[0] for g in groups), default=0)):
-            items: list[MaskedInput] = []
-            row_of: dict[tuple[int, tuple[int, ...]], int] = {}
-            for m, members, base_ids, first in groups:
-                if j >= m:
-                    continue
-                for w in members:
-                    key = (m, words[w][:j])
-                    if key not in row_of:
-                        row = list(base_ids)
-                        row[first : first + j] = key[1]
-                        row_of[key] = len(items)
-                        items.append(MaskedInput(tuple(row), first + j))
-            step = self._log_probs(items)
-            for m, members, _, _ in groups:
-                if j < m:
-                    for w in members:
-                        log_p[w] += step[row_of[(m, words[w][:j])], words[w][j]]
+            groups.append(_Group(m, members, base.input_ids, first))
+        return groups
+
+    def _fill(
+        self, inp: MaskedInput, words: Sequence[tuple[int, ...]], parallel: bool = False, deadline: float | None = None
+    ) -> np.ndarray:
+        groups = self._mask_groups(inp, words)
+        log_p = (
+            self._parallel_log_p(groups, words, deadline) if parallel else self._sequential_log_p(groups, words, deadline)
+        )
         out = np.zeros(len(words), dtype=np.float64)
-        scored = [w for g in groups for w in g[1]]
+        scored = [w for g in groups for w in g.members]
         out[scored] = np.exp(log_p[scored])
         return out
 
-    def _log_probs(self, items: list[MaskedInput]) -> np.ndarray:
+    def _sequential_log_p(
+        self, groups: list[_Group], words: Sequence[tuple[int, ...]], deadline: float | None
+    ) -> np.ndarray:
+        """Pass j fills piece j of every word of every length > j at once: max(m) passes in all, one row per
+        distinct (length, prefix)."""
+        log_p = np.zeros(len(words), dtype=np.float64)
+        for j in range(max((g.m for g in groups), default=0)):
+            items: list[MaskedInput] = []
+            row_of: dict[tuple[int, tuple[int, ...]], int] = {}
+            for g in groups:
+                if j >= g.m:
+                    continue
+                for w in g.members:
+                    key = (g.m, words[w][:j])
+                    if key not in row_of:
+                        row = list(g.input_ids)
+                        row[g.first : g.first + j] = key[1]
+                        row_of[key] = len(items)
+                        items.append(MaskedInput(tuple(row), g.first + j))
+            step = self._log_probs(items, deadline)
+            for g in groups:
+                if j < g.m:
+                    for w in g.members:
+                        log_p[w] += step[row_of[(g.m, words[w][:j])], words[w][j]]
+        return log_p
+
+    def _parallel_log_p(
+        self, groups: list[_Group], words: Sequence[tuple[int, ...]], deadline: float | None
+    ) -> np.ndarray:
+        """One pass for every length: each length's m-mask input once (one row of the batch), read at each of its
+        m masks; a word's log p is the sum of its pieces' log p at their masks."""
+        reads = [(i, g.first + j) for i, g in enumerate(groups) for j in range(g.m)]
+        sequences = [g.input_ids for g in groups]
+        step = self.run_model(partial(_log_probs_by, self.encoder, sequences, reads, deadline)).numpy()
+        log_p = np.zeros(len(words), dtype=np.float64)
+        row = 0
+        for g in groups:
+            for w in g.members:
+                log_p[w] = float(sum(step[row + j, piece] for j, piece in enumerate(words[w])))
+            row += g.m
+        return log_p
+
+    def _log_probs(self, items: list[MaskedInput], deadline: float | None = None) -> np.ndarray:
         parts = []
-        for start in range(0, len(items), FILL_BATCH):
-            chunk = items[start : start + FILL_BATCH]
-            result = self.run_model(partial(self.encoder.encode, chunk, with_mlm=True))
+        start = 0
+        while start < len(items):
+            check_deadline(deadline)
+            chunk = items[start : start + (FILL_BATCH_SHARED if self.others_waiting() else FILL_BATCH)]
+            start += len(chunk)
+            result = self.run_model(partial(_encode_by, self.encoder, chunk, deadline))
             assert result.mlm_log_probs is not None
             parts.append(result.mlm_log_probs.numpy())
         return np.concatenate(parts)

@@ -8,6 +8,7 @@ import bz2
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -391,7 +392,7 @@ def test_a_hop_whose_entity_has_no_article_says_which_rule_found_its_articles(mo
 def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Thirty linked names of two pieces around the neighbours: sequential fill scores at most FILL_CANDIDATES."""
+    """Thirty linked names of two pieces around the neighbours: one fill pass scores at most FILL_CANDIDATES."""
     from bertknn.service.entities import FILL_CANDIDATES
     from bertknn.service.words import WordAnswerer
 
@@ -405,9 +406,10 @@ def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
     filled: list[int] = []
     real = WordAnswerer.fill_probs
 
-    def counting(self: WordAnswerer, text: str, words: list[tuple[int, ...]]) -> np.ndarray:
+    def counting(self: WordAnswerer, text: str, words: list[tuple[int, ...]], **kw: Any) -> np.ndarray:
+        assert kw["parallel"], "entity names are read from one pass"
         filled.append(len(words))
-        return real(self, text, words)
+        return real(self, text, words, **kw)
 
     monkeypatch.setattr(WordAnswerer, "fill_probs", counting)
     with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:

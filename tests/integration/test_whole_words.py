@@ -202,8 +202,9 @@ def test_single_piece_service_cannot_answer_it_and_marks_nothing(single_ds: Path
         assert zorblat["predictions"][0]["token"] == "quimby"
 
 
-def _manual_fill(model_dir: Path, text: str, pieces: list[str]) -> float:
-    """Sequential fill written out by hand with the raw Hugging Face model."""
+def _manual_fill(model_dir: Path, text: str, pieces: list[str], *, parallel: bool = False) -> float:
+    """Sequential fill written out by hand with the raw Hugging Face model; ``parallel``: every piece read from the
+    one pass with all masks in place (the entity answers' form)."""
     tok = AutoTokenizer.from_pretrained(str(model_dir), use_fast=True)
     model = BertForMaskedLM.from_pretrained(str(model_dir)).eval()
     ids: list[int] = list(tok(text)["input_ids"])  # type: ignore[arg-type]
@@ -215,7 +216,8 @@ def _manual_fill(model_dir: Path, text: str, pieces: list[str]) -> float:
         for j, pid in enumerate(piece_ids):
             logits = model(input_ids=torch.tensor([ids])).logits[0, pos + j]
             p *= float(torch.softmax(logits.double(), -1)[pid])
-            ids[pos + j] = pid
+            if not parallel:
+                ids[pos + j] = pid
     return p
 
 
@@ -237,6 +239,11 @@ def test_sequential_fill_is_the_product_of_left_to_right_piece_probabilities(
         np.testing.assert_allclose(got, want, rtol=1e-4)
         alone = pipe.words.fill_probs(text, [ids(PIECES)])
         np.testing.assert_allclose(alone, got[:1], rtol=1e-5)
+        # the one-pass form: each piece at its own mask with every mask in place; differs from sequential fill
+        words.append(["kel", "##va", "##dorn"])  # a third length in the same pass
+        one_pass = pipe.words.fill_probs(text, [ids(w) for w in words], parallel=True)
+        np.testing.assert_allclose(one_pass, [_manual_fill(model_dir, text, w, parallel=True) for w in words], rtol=1e-4)
+        assert not np.allclose(one_pass[:4], got, rtol=1e-5)  # (the tiny random model barely conditions on a prefix)
         # one-piece candidates from the MLM: whole words only, never a continuation piece or a special token
         assert pipe.words.token_word(ids(["quimby"])[0]) is not None
         assert pipe.words.token_word(ids(["##s"])[0]) is None

@@ -173,3 +173,32 @@ def test_a_batcher_nobody_stopped_does_not_keep_the_process_alive():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "7"
     assert time.monotonic() - t < 20
+
+
+def test_calls_and_batches_take_turns_when_both_wait():
+    """One request's series of extra passes (calls) never holds the others' next batch back by more than one."""
+    order: list[str] = []
+    gate, started = threading.Event(), threading.Event()
+
+    def fn(items):
+        if items == [0]:
+            started.set()
+            gate.wait(5)
+        order.append(f"batch {list(items)}")
+        return list(items)
+
+    async def main():
+        b = MicroBatcher(fn, executor=ThreadPoolExecutor(1), max_batch_size=2, max_wait_ms=0, max_queue=100)
+        b.start()
+        first = asyncio.ensure_future(b.submit(0))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        rest = [asyncio.ensure_future(b.submit(i)) for i in range(1, 5)]
+        await asyncio.sleep(0.01)
+        calls = [b.call(lambda n=n: order.append(f"call {n}")) for n in range(3)]
+        gate.set()
+        await asyncio.gather(first, *rest, *(asyncio.wrap_future(c) for c in calls))
+        await b.stop()
+
+    asyncio.run(main())
+    assert order == ["batch [0]", "call 0", "batch [1, 2]", "call 1", "batch [3, 4]", "call 2"]

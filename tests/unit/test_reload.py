@@ -38,6 +38,9 @@ class FakePipeline:
     def release(self) -> None:
         self.released = True
 
+    def fill_answerers(self) -> list:
+        return []
+
 
 def _manifest(root: Path, ds_id: str, version: int) -> None:
     model = ModelInfo(name="m", weights_sha256="0" * 64, architecture="x", num_layers=1, hidden_size=4, vocab_size=9)

@@ -17,7 +17,9 @@ from bertknn.core.errors import (
     AdaptiveRuleError,
     AdminDisabled,
     BertKnnError,
+    ClientOverloaded,
     DatastoreError,
+    DeadlineExceeded,
     Forbidden,
     InvalidRequest,
     ModelLoadError,
@@ -26,6 +28,7 @@ from bertknn.core.errors import (
     QueryError,
     ReloadError,
     RetrieverUnavailable,
+    TooCostly,
     Unauthorized,
     UnknownSubject,
 )
@@ -49,10 +52,17 @@ def fields_for(path: str, loc: Sequence[object]) -> tuple[str, ...]:
     return _PREDICT_FIELDS if path.startswith("/predict") else REQUEST_FIELDS
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 INTERNAL_MESSAGE = "internal error; the request id identifies it in the server log"
+# errors whose text names the machine's files (paths, OS errors): the log gets it, the caller a fixed message
+PRIVATE_MESSAGES: dict[type[BertKnnError], str] = {
+    DatastoreError: "the datastore could not be read for this request; the server log has the details under its "
+    "request id",
+    ModelLoadError: "the model is unavailable; the server log has the details under this request id",
+}
 
 # the one table: error class -> (HTTP status, error code). A subclass not listed takes its nearest listed base.
 ERROR_TABLE: dict[type[BertKnnError], tuple[int, str]] = {
     QueryError: (422, "invalid_query"),
+    TooCostly: (422, "too_costly"),
     UnknownSubject: (422, "unknown_subject"),
     InvalidRequest: (422, "invalid_request"),
     AdaptiveRuleError: (422, "invalid_request"),
@@ -62,7 +72,9 @@ ERROR_TABLE: dict[type[BertKnnError], tuple[int, str]] = {
     Forbidden: (403, "forbidden"),
     ReloadError: (409, "reload_failed"),
     NotReady: (503, "not_ready"),
+    ClientOverloaded: (429, "too_many_requests"),
     Overloaded: (503, "overloaded"),
+    DeadlineExceeded: (504, "deadline_exceeded"),
     DatastoreError: (503, "datastore_unavailable"),
     ModelLoadError: (503, "model_unavailable"),
     BertKnnError: (500, "internal"),
@@ -133,8 +145,12 @@ def install_error_handlers(app: FastAPI) -> None:
         if status >= 500 and code == "internal":
             logger.error("unexpected domain error (request %s)", request_id_var.get(), exc_info=exc)
             return internal_error_response()
+        private = next((m for cls, m in PRIVATE_MESSAGES.items() if isinstance(exc, cls)), None)
+        if private is not None:
+            logger.error("request %s: %s", request_id_var.get(), exc)
+            return error_response(status, code, private)
         headers = None
-        if isinstance(exc, Overloaded):
+        if isinstance(exc, Overloaded | DeadlineExceeded):
             headers = {"Retry-After": str(exc.retry_after_s)}
         elif isinstance(exc, Unauthorized):
             headers = {"WWW-Authenticate": 'Bearer realm="bertknn-admin"'}

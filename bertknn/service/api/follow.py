@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from bertknn.core.errors import InvalidRequest, QueryError, UnknownSubject
 from bertknn.core.titles import normalize_title
+from bertknn.service.api.admission import admitted, deadline_s, monotonic_deadline
 from bertknn.service.api.deps import AnswererDep, ResourcesDep
 from bertknn.service.api.routes import ERRORS, temperature_value
 from bertknn.service.api.schemas import FollowRequest, FollowResponse
+from bertknn.service.cost import follow_cost
 from bertknn.service.follow import FollowResult, check_template, follow
 from bertknn.service.pipeline import NO_LINKS, AnswerPipeline
 from bertknn.service.results import Answer, Query
@@ -76,8 +78,11 @@ def to_response(result: FollowResult, seconds: float, identity: dict) -> FollowR
 
 
 @router.post("/follow", response_model=FollowResponse, responses=ERRORS, summary="Follow relations from an entity")
-async def follow_route(body: FollowRequest, answerer: AnswererDep, resources: ResourcesDep) -> FollowResponse:
-    base = base_query(body, resources.settings)
+async def follow_route(
+    body: FollowRequest, request: Request, answerer: AnswererDep, resources: ResourcesDep
+) -> FollowResponse:
+    seconds = deadline_s(resources, body.deadline_ms)
+    base = replace(base_query(body, resources.settings), deadline=monotonic_deadline(seconds))
     t0 = time.perf_counter()
     with answerer.lease() as pipe:  # one datastore version for every hop
         if not pipe.datastore.has_entities:
@@ -89,5 +94,10 @@ async def follow_route(body: FollowRequest, answerer: AnswererDep, resources: Re
             return await answerer.answer_many(queries, inputs, pipeline=pipe)
 
         lower = pipe.entity_answerer is not None and pipe.entity_answerer.lower
-        result = await follow(subject, body.relations, top_k=body.top_k, beam=body.beam, lower=lower, base=base, ask=ask)
+        cost = follow_cost(base, len(body.relations), body.beam, pipe.datastore)
+        what = f"this follow of {len(body.relations)} hops with beam {body.beam}"
+        result = await admitted(
+            request, resources, cost=cost, what=what, seconds=seconds,
+            work=lambda: follow(subject, body.relations, top_k=body.top_k, beam=body.beam, lower=lower, base=base, ask=ask),
+        )  # fmt: skip
         return to_response(result, time.perf_counter() - t0, pipe.identity())

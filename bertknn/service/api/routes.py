@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bertknn.core.errors import InvalidRequest, QueryError
+from bertknn.service.api.admission import admitted, deadline_s, monotonic_deadline
 from bertknn.service.api.deps import AnswererDep, ResourcesDep
 from bertknn.service.api.schemas import (
     BatchRequest,
@@ -20,6 +22,7 @@ from bertknn.service.api.schemas import (
     PredictResponse,
     ReadyResponse,
 )
+from bertknn.service.cost import batch_cost, query_cost
 from bertknn.service.results import Answer, Query
 from bertknn.service.settings import ServiceSettings
 
@@ -27,7 +30,9 @@ router = APIRouter()
 ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "body too large"},
     422: {"model": ErrorBody, "description": "invalid request or query (the message says what to fix)"},
+    429: {"model": ErrorBody, "description": "this client has as much work in flight as it may (see Retry-After)"},
     503: {"model": ErrorBody, "description": "not ready, or overloaded (see Retry-After)"},
+    504: {"model": ErrorBody, "description": "the request ran past its deadline (see Retry-After)"},
 }
 
 
@@ -108,28 +113,44 @@ def to_response(answer: Answer, identity: dict) -> PredictResponse:
 
 
 @router.post("/predict", response_model=PredictResponse, responses=ERRORS, summary="Answer one cloze question")
-async def predict(body: PredictRequest, answerer: AnswererDep, resources: ResourcesDep) -> PredictResponse:
-    query = to_query(body, resources.settings)
+async def predict(
+    body: PredictRequest, request: Request, answerer: AnswererDep, resources: ResourcesDep
+) -> PredictResponse:
+    seconds = deadline_s(resources, body.deadline_ms)
+    query = replace(to_query(body, resources.settings), deadline=monotonic_deadline(seconds))
     with answerer.lease() as pipe:  # one datastore version for the whole request, even across a live reload
-        answer = await answerer.answer(query, pipeline=pipe)
+        cost = query_cost(query, pipe.datastore)
+        answer = await admitted(
+            request, resources, cost=cost, what="this question", seconds=seconds,
+            work=lambda: answerer.answer(query, pipeline=pipe),
+        )  # fmt: skip
         return to_response(answer, pipe.identity())
 
 
 @router.post("/predict/batch", response_model=BatchResponse, responses=ERRORS, summary="Answer several questions")
-async def predict_batch(body: BatchRequest, answerer: AnswererDep, resources: ResourcesDep) -> BatchResponse:
+async def predict_batch(
+    body: BatchRequest, request: Request, answerer: AnswererDep, resources: ResourcesDep
+) -> BatchResponse:
     limit = resources.settings.limits.max_batch_queries
     if len(body.queries) > limit:
         raise InvalidRequest(f"queries: {len(body.queries)} exceeds this server's limit of {limit} per batch")
+    asked = [ms for ms in (body.deadline_ms, *(q.deadline_ms for q in body.queries)) if ms is not None]
+    seconds = deadline_s(resources, min(asked, default=None))
+    deadline = monotonic_deadline(seconds)
     queries, inputs = [], []
     with answerer.lease() as pipe:  # every query of the batch from the same datastore version
         for i, req in enumerate(body.queries):
             try:
-                q = to_query(req, resources.settings)
+                q = replace(to_query(req, resources.settings), deadline=deadline)
                 inputs.append(pipe.check_query(q))
             except (InvalidRequest, QueryError) as exc:
                 raise type(exc)(f"queries.{i}: {exc}") from exc
             queries.append(q)
-        answers = await answerer.answer_many(queries, inputs, pipeline=pipe)
+        cost = batch_cost(queries, pipe.datastore)
+        answers = await admitted(
+            request, resources, cost=cost, what=f"this batch of {len(queries)} questions", seconds=seconds,
+            work=lambda: answerer.answer_many(queries, inputs, pipeline=pipe),
+        )  # fmt: skip
         identity = pipe.identity()
         return BatchResponse(results=[to_response(a, identity) for a in answers])
 

@@ -50,6 +50,10 @@ class PredictRequest(BaseModel):
         description="word: answers are words (the paper's); entity: answers are Wikipedia entities, voted for by the "
         "neighbours linked to them whatever their surface form (datastores with links; docs/entities.md)",
     )
+    deadline_ms: int | None = Field(
+        None, ge=1, description="how long this request may run, if shorter than the server's limits.deadline_ms "
+        "(default 5000); past it the answer is a 504 with Retry-After"
+    )
 
 
 _FOLLOW_EXAMPLE: Any = {
@@ -81,12 +85,20 @@ class FollowRequest(BaseModel):
     temperature: Annotated[float, Field(gt=0, le=1000)] | Literal["auto"] | None = None
     lambda_: float | None = Field(None, ge=0, le=1, alias="lambda", description="kNN weight (default 0.3)")
     contexts_per_answer: int = Field(2, ge=0, le=20, description="supporting sentences per entity and step")
+    deadline_ms: int | None = Field(
+        None, ge=1, description="how long this request may run, if shorter than the server's limits.deadline_ms "
+        "(default 5000); past it the answer is a 504 with Retry-After"
+    )
 
 
 class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{"queries": [_EXAMPLE]}]})
     queries: list[PredictRequest] = Field(
         ..., min_length=1, description="at most the server's limits.max_batch_queries (default 64)"
+    )
+    deadline_ms: int | None = Field(
+        None, ge=1, description="how long the whole batch may run, if shorter than the server's limits.deadline_ms "
+        "(default 5000); past it the answer is a 504 with Retry-After"
     )
 
 
