@@ -777,6 +777,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
             num_layers=encoder.num_layers,
             hidden_size=encoder.hidden_size,
             vocab_size=encoder.vocab_size,
+            numerics=encoder.numerics,
         ),
         layer=encoder.layer,
         max_seq_len=settings.max_seq_len,

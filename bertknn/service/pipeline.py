@@ -369,6 +369,26 @@ class AnswerPipeline:
         self.cache.close()
 
 
+# dtypes whose datastores any of them may serve: their answers were measured to agree (docs/decisions/numerics.md)
+SERVABLE_DTYPES = frozenset({"float32", "float16", "bfloat16"})
+
+
+def check_numerics(built: str | None, served: str) -> None:
+    """A datastore embedded in one of `SERVABLE_DTYPES` is served by a forward in any of them (any backend); one
+    embedded in another dtype is refused (its vectors may differ beyond the measured rounding)."""
+    if built is None or built == served:
+        return
+    dtype = built.split("/", 1)[0]
+    if dtype not in SERVABLE_DTYPES or served.split("/", 1)[0] not in SERVABLE_DTYPES:
+        raise ModelLoadError(
+            f"this datastore was embedded as {built} and would be served as {served}: only "
+            f"{', '.join(sorted(SERVABLE_DTYPES))} are known to give the same answers (docs/decisions/numerics.md); "
+            "serve it in the dtype it was built with (model.dtype), or rebuild it"
+        )
+    logger.info("datastore embedded as %s, served as %s: within the measured rounding (docs/decisions/numerics.md)",
+                built, served)
+
+
 def check_compatible(encoder: MaskedLMEncoder, datastore: Datastore) -> None:
     """Refuse a model that is not the one the datastore was built with, or a layer it does not have."""
     man = datastore.manifest
@@ -382,6 +402,7 @@ def check_compatible(encoder: MaskedLMEncoder, datastore: Datastore) -> None:
         logger.info(
             "model loaded as %r, manifest names %r: same weights (sha256 match)", encoder.name, man.model.name
         )
+    check_numerics(man.model.numerics, encoder.numerics)
     if not 0 <= man.layer <= encoder.num_layers:
         raise ModelLoadError(f"datastore layer {man.layer} is out of range for a {encoder.num_layers}-layer model")
     if encoder.layer != man.layer:

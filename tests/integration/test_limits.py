@@ -163,3 +163,29 @@ def test_one_client_s_second_costly_request_is_a_429_while_others_are_served(
     assert second.status_code == 429 and second.json()["error"]["code"] == "too_many_requests"
     assert second.headers["retry-after"] == "1" and "limits.max_client_cost" in second.json()["error"]["message"]
     assert results["other"].status_code == 200 and results["first"].status_code == 200
+
+
+INTERNALS = ("Errno", "Traceback", "No such file", "/tmp/", "/home/", "/work/", "/root/", ".npy", "shard-0")
+
+
+def assert_nothing_internal(body: str, *paths: Path) -> None:
+    """No path of the machine, OS error or exception text in a response body."""
+    for marker in (*INTERNALS, *(str(p) for p in paths)):
+        assert marker not in body, f"{marker!r} in {body[:300]}"
+
+
+def test_a_shard_that_cannot_be_read_is_a_503_without_paths_and_the_log_has_them(
+    tiny_datastore: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    ds = Path(shutil.copytree(tiny_datastore, tmp_path / "ds"))
+    with _client(ds) as c:
+        for shard in sorted((ds / "shards").iterdir()):
+            shutil.move(shard, tmp_path / shard.name)  # gone after start-up (a disk unmounted, a bad sync)
+        r = c.post("/predict", json={"text": "zorblat was born in [MASK] .", "subject": "Zorblat"})
+        ready = c.get("/readyz")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "datastore_unavailable", r.text
+    assert_nothing_internal(r.text + ready.text, ds, tiny_datastore)
+    rid = r.json()["error"]["request_id"]
+    assert any(rid in m and str(ds) in m for m in caplog.messages), caplog.messages[-5:]

@@ -204,6 +204,8 @@ class ModelInfo(BaseModel):
     num_layers: int
     hidden_size: int
     vocab_size: int
+    # the forward's dtype and backend when the vectors were embedded ("float32/onnx"); None: built before it was kept
+    numerics: str | None = None
 
 
 class CodecInfo(BaseModel):
