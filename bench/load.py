@@ -3,8 +3,12 @@ Redis. Reports errors (other than deliberate 503s from the full queue), p50/p99,
 answer against the single-client answer for the same query. One command::
 
     python -m bench.load [--clients 64] [--duration 60] [--datastore DIR]
+    python -m bench.load --abuse --datastore DIR_WITH_LINKS [--clients 16] [--duration 30]
 
 Writes bench/results/load.json. Exit status 1 when an answer differs, an unexpected error occurs or memory grows.
+``--abuse``: fairness while one client sends only the costliest requests (`bench.abuse`); writes
+bench/results/load-abuse.json and exits 1 when an ordinary client saw an error, any response was a 5xx, a request
+got no answer, or the ordinary clients' p99 more than doubled.
 """
 
 from __future__ import annotations
@@ -120,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--max-queue", type=int, default=32)
+    p.add_argument("--abuse", action="store_true", help="the fairness test (a datastore with links: --datastore)")
     args = p.parse_args(argv)
+    if args.abuse:
+        return _abuse(args.datastore, args.clients, args.duration, p)
     ds = args.datastore or build_datastore([REPO / "data" / "sample_wiki.jsonl"], RUNS / "bench-serving" / "ds", args.model,
                                            limit=150)
     r = run_load(ds, clients=args.clients, duration=args.duration, max_queue=args.max_queue)
@@ -133,6 +140,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['rss_mb_last_quarter']:.0f} MB ({100 * r['rss_growth']:+.1f}%)")
     print(f"wrote {path}")
     bad = r["errors"] or r["mismatches"] or (r["rss_growth"] is not None and r["rss_growth"] > 0.05)
+    return 1 if bad else 0
+
+
+def _abuse(datastore: Path | None, clients: int, duration: float, p: argparse.ArgumentParser) -> int:
+    from bench.abuse import run_abuse
+
+    if datastore is None or not (datastore / "manifest.json").is_file():
+        p.error("--abuse needs --datastore: a datastore built with links (e.g. bench.entity_cost's)")
+    r = run_abuse(datastore, clients=clients, duration=duration)
+    r["machine"] = machine()
+    path = write_result("load-abuse", r)
+    alone, abused = r["alone"], r["with_abuser"]
+    print(f"{clients} ordinary clients, {duration:.0f}s alone then {duration:.0f}s beside one abuser")
+    print(f"ordinary p50/p99 alone {alone['ordinary_p50_ms']:.1f}/{alone['ordinary_p99_ms']:.1f} ms, with the abuser "
+          f"{abused['ordinary_p50_ms']:.1f}/{abused['ordinary_p99_ms']:.1f} ms: p99 x{r['ordinary_p99_ratio']:.2f}")
+    print(f"codes {abused['codes']}; ordinary errors {r['ordinary_errors']}, 5xx {r['responses_5xx']}, lost {r['lost']}")
+    print(f"wrote {path}")
+    bad = r["ordinary_errors"] or r["responses_5xx"] or r["lost"] or not (r["ordinary_p99_ratio"] or 9) <= 2.0
     return 1 if bad else 0
 
 

@@ -57,9 +57,11 @@ class MicroBatcher(Generic[T, R]):
         max_queue: int = 256,
         on_batch: Callable[[int, float], None] | None = None,
         after_delivery: Callable[[], None] | None = None,
+        key: Callable[[T], str] | None = None,
     ):
         """``after_delivery``: called on the worker thread once a batch's results are on their way to the
-        waiters (work that no request needs to wait for, e.g. cache writes)."""
+        waiters (work that no request needs to wait for, e.g. cache writes). ``key``: an item's client; when more
+        items wait than a batch takes, the batch takes them round robin over clients (each client's in order)."""
         if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
             raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_ms >= 0")
         self._fn = fn
@@ -69,6 +71,7 @@ class MicroBatcher(Generic[T, R]):
         self.max_queue = max_queue
         self._on_batch = on_batch
         self._after_delivery = after_delivery
+        self._key = key
         self._items: deque[tuple[T, asyncio.Future[R]]] = deque()
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._cond = threading.Condition()
@@ -151,7 +154,24 @@ class MicroBatcher(Generic[T, R]):
                         break
                     self._cond.wait(remaining)
             n = min(self.max_batch_size, len(self._items))
-            return [self._items.popleft() for _ in range(n)]
+            if self._key is None or n == len(self._items):
+                return [self._items.popleft() for _ in range(n)]
+            return self._take_fairly(n)
+
+    def _take_fairly(self, n: int) -> list[tuple[T, asyncio.Future[R]]]:
+        """``n`` waiting items, round robin over their clients (under the lock)."""
+        assert self._key is not None
+        rank: dict[str, int] = {}
+        order = []
+        for i, (item, _) in enumerate(self._items):
+            who = self._key(item)
+            rank[who] = rank.get(who, -1) + 1
+            order.append((rank[who], i))
+        chosen = sorted(i for _, i in sorted(order)[:n])
+        taken = [self._items[i] for i in chosen]
+        keep = set(chosen)
+        self._items = deque(x for i, x in enumerate(self._items) if i not in keep)
+        return taken
 
     def _orphaned(self) -> bool:
         loop = self._loop

@@ -1,7 +1,8 @@
 """What a request will cost before it runs, and admission by that cost (docs/limits.md).
 
 The unit is the **row**: one sequence in one forward pass of the model, the model thread being what every request
-shares. A word answer over a single-piece datastore is 1 row. A whole-word datastore's answer adds the sequential
+shares. A word answer over a single-piece datastore is 1 row, plus its neighbour search beyond the default's
+(k=128 over 3 articles), which runs on the CPU threads every request shares: ceil(k x N / 384) - 1 rows. A whole-word datastore's answer adds the sequential
 fill of its multi-piece candidates: (k + the MLM's candidates) x the datastore's mean fill rows per word (from its
 word table). An entity answer adds its one fill pass: at most 1 + 2 + ... + `MAX_NAME_PIECES` rows. A batch is
 the sum of its queries; a ``/follow`` is one query at hop 1 and ``beam`` at each later hop.
@@ -27,6 +28,7 @@ from bertknn.service.results import Query
 from bertknn.service.words import MLM_CANDIDATES
 
 ENTITY_FILL_ROWS = MAX_NAME_PIECES * (MAX_NAME_PIECES + 1) // 2  # every name length, read in one pass
+NEIGHBOUR_UNIT = 128 * 3  # k x articles of the default query: its neighbour search counts as part of its row
 
 
 _ROWS_PER_WORD: WeakKeyDictionary[Datastore, float] = WeakKeyDictionary()  # (a reloaded version is let go)
@@ -46,14 +48,21 @@ def _fill_rows_per_word(datastore: Datastore, sample: int = 16) -> float:
     return _ROWS_PER_WORD[datastore]
 
 
+def neighbour_cost(query: Query) -> int:
+    """The neighbour search's work beyond the default's (k=128 over N=3 articles), counted in rows: it grows with
+    the articles read and the neighbours kept, and runs on the CPU threads every request shares."""
+    return math.ceil(query.k * query.num_articles / NEIGHBOUR_UNIT) - 1
+
+
 def query_cost(query: Query, datastore: Datastore) -> int:
     """The rows one query is expected to run (the module docstring's rules)."""
+    cost = 1 + neighbour_cost(query)
     if query.answer == "entity":
-        return 1 + ENTITY_FILL_ROWS
+        return cost + ENTITY_FILL_ROWS
     if datastore.whole_words:
         candidates = query.k + max(query.top_k, MLM_CANDIDATES)
-        return 1 + math.ceil(candidates * _fill_rows_per_word(datastore))
-    return 1
+        return cost + math.ceil(candidates * _fill_rows_per_word(datastore))
+    return cost
 
 
 def batch_cost(queries: Sequence[Query], datastore: Datastore) -> int:

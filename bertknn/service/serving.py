@@ -14,6 +14,7 @@ from bertknn.core.encoder import MaskedInput
 from bertknn.service.batching import MicroBatcher
 from bertknn.service.codec import QueryEncoding
 from bertknn.service.encoding import PendingEncoding
+from bertknn.service.fair import FairExecutor, client_var
 from bertknn.service.metrics import Metrics
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import Answer, ArticleHit, Query, Stage
@@ -48,8 +49,9 @@ class _Job:
     submitted: float
     # started on arrival when the model is busy, else by the model thread as the forward pass starts
     retrieval: Future[_Retrieved] | None = None
+    client: str = "-"  # who asked (the fair queues' turns)
 
-    def start_retrieval(self, executor: ThreadPoolExecutor, *, prepare: bool = False) -> Future[_Retrieved]:
+    def start_retrieval(self, executor: FairExecutor, *, prepare: bool = False) -> Future[_Retrieved]:
         """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also read and index their rows
         for the kNN there. Only for a query that is the model's only one: it is answered right after its forward
         pass, while a queued query's rows (megabytes for long articles) would sit in memory until its turn."""
@@ -63,7 +65,7 @@ class _Job:
                 search = pipe.prepare_search(query, articles[0]) if prepare else None
                 return _Retrieved(articles, t1 - t0, search, time.perf_counter() - t1)
 
-            self.retrieval = executor.submit(retrieve)
+            self.retrieval = executor.submit(retrieve, client=self.client)
         return self.retrieval
 
 
@@ -102,8 +104,9 @@ class AsyncAnswerer:
         # Every torch call must come from this one thread (the model was loaded on it too): each OS thread that
         # calls torch gets its own OpenMP team, and two spinning teams on few cores halve the forward's speed.
         self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="model")
-        self._retrieval_thread = ThreadPoolExecutor(1, thread_name_prefix="retrieval")
-        self._cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="knn")
+        # retrieval and kNN take turns between clients: one client's flood waits behind itself (`fair`)
+        self._retrieval_thread = FairExecutor(1, "retrieval")
+        self._cpu_pool = FairExecutor(2, "knn")
         self.batcher: MicroBatcher[_Job, _Encoded] = MicroBatcher(
             self._encode_batch,
             executor=self._model_thread,
@@ -112,6 +115,7 @@ class AsyncAnswerer:
             max_queue=batching.max_queue,
             on_batch=lambda n, s: metrics.batch_size.observe(n),
             after_delivery=self._store_encodings,
+            key=lambda job: job.client,
         )
         self._deferred: list[Callable[[], None]] = []  # cache writes of the last batch (model thread only)
 
@@ -183,7 +187,7 @@ class AsyncAnswerer:
             inp = pipe.check_query(query)  # fast tokenisation; raises QueryError before queueing
         stage = Stage()
         t0 = time.perf_counter()
-        job = _Job(inp, query, pipe, stage, t0)
+        job = _Job(inp, query, pipe, stage, t0, client=client_var.get())
         try:
             # A repeated query found in an in-process cache skips the batcher: it never waits behind a forward.
             cached = pipe.local_encoding(inp)
@@ -221,15 +225,16 @@ class AsyncAnswerer:
         stage: Stage,
         retrieval: Future[_Retrieved],
     ) -> Answer:
-        loop = asyncio.get_running_loop()
         stores: list[Callable[[], None]] = []
         if isinstance(enc, PendingEncoding):  # its p_MLM head, here in the pool (see `_encode_batch`)
             t, pending = time.perf_counter(), enc
-            full = await loop.run_in_executor(self._cpu_pool, lambda: pipe.complete(pending, defer_store=stores))
+            full = await asyncio.wrap_future(self._cpu_pool.submit(lambda: pipe.complete(pending, defer_store=stores)))
             stage.add("embedding", time.perf_counter() - t)
         else:
             full = enc
-        skip = query.interpolation == "adaptive" and await loop.run_in_executor(self._cpu_pool, pipe.skips_knn, query, full)
+        skip = query.interpolation == "adaptive" and await asyncio.wrap_future(
+            self._cpu_pool.submit(pipe.skips_knn, query, full)
+        )
         if skip:
             articles: tuple[list, str] = ([], "none")
             search = None
@@ -237,12 +242,13 @@ class AsyncAnswerer:
             got = await asyncio.wrap_future(retrieval)
             got.record(stage)
             articles, search = got.articles, got.search
-        answer = await loop.run_in_executor(
-            self._cpu_pool,
-            lambda: pipe.finish(query, full, "hit" if hit else "miss", stage, articles=articles, search=search),
+        answer = await asyncio.wrap_future(
+            self._cpu_pool.submit(
+                lambda: pipe.finish(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)
+            )
         )
         for store in stores:  # a remote cache's write, after the answer (nobody waits for it)
-            self._cpu_pool.submit(_quietly, store)
+            self._cpu_pool.submit(_quietly, store, client="-")
         return answer
 
     async def answer_many(
@@ -293,5 +299,6 @@ class AsyncAnswerer:
 
     async def stop(self) -> None:
         await self.batcher.stop()
-        for pool in (self._model_thread, self._retrieval_thread, self._cpu_pool):
+        self._model_thread.shutdown(wait=True)
+        for pool in (self._retrieval_thread, self._cpu_pool):
             pool.shutdown(wait=True)

@@ -28,7 +28,11 @@ ASK = {"text": "orvin tasker was born in [MASK] .", "subject": "Orvin Tasker"}
 
 @pytest.fixture(scope="module")
 def linked_ds(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("limits-linked")
+    return build_linked(tmp_path_factory.mktemp("limits-linked"))
+
+
+def build_linked(root: Path) -> Path:
+    """The entity tests' six linked articles, built with a tiny model of their words."""
     model = make_tiny_bert(root / "m", corpus_words([*LINKED_ARTICLES, {"title": "x", "text": "Quellport Zembla"}]))
     return build_tiny(root / "ds", [write_jsonl(root / "c.jsonl", LINKED_ARTICLES)], model)
 

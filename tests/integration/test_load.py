@@ -6,6 +6,7 @@ import pytest
 
 from bench.load import run_load
 from tests.conftest import TINY_ARTICLES
+from tests.integration.test_limits import build_linked
 
 
 def _tiny_lama(tmp_path):
@@ -35,3 +36,28 @@ def test_long_load_64_clients_60s_memory_flat(tiny_datastore, tmp_path):
     r = run_load(tiny_datastore, clients=64, duration=60, n_queries=6, max_queue=32, lama=_tiny_lama(tmp_path))
     _check(r)
     assert r["rss_growth"] < 0.05
+
+
+def test_an_abusive_client_gets_refusals_while_the_others_get_answers(tmp_path):
+    """bench.load --abuse in short: one client sending only the costliest requests beside four ordinary ones (the
+    tiny model on a linked datastore; the p99 ratio is the benchmark's figure, docs/performance.md)."""
+    from bench.abuse import run_abuse
+
+    r = run_abuse(build_linked(tmp_path / "linked"), clients=4, duration=4, lama=_linked_lama(tmp_path))
+    abuser = r["with_abuser"]["codes"]["abuser"]
+    assert r["ordinary_errors"] == 0 and r["responses_5xx"] == 0 and r["lost"] == 0, r
+    assert abuser.get("422", 0) > 0 and abuser.get("200", 0) > 0, abuser  # over the caps refused, within run
+    assert r["alone"]["ordinary_ok"] > 0 and r["with_abuser"]["ordinary_ok"] > 0
+
+
+def _linked_lama(tmp_path):
+    import json
+
+    from tests.integration.test_entities import ARTICLES
+
+    lama = tmp_path / "lama-linked"
+    (lama / "TREx").mkdir(parents=True)
+    (lama / "relations.jsonl").write_text(json.dumps({"relation": "P19", "template": "[X] was born in [Y] ."}) + "\n")
+    facts = [{"sub_label": a["title"], "obj_label": "x"} for a in ARTICLES]
+    (lama / "TREx" / "P19.jsonl").write_text("".join(json.dumps(f) + "\n" for f in facts))
+    return lama

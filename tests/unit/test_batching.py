@@ -202,3 +202,34 @@ def test_calls_and_batches_take_turns_when_both_wait():
 
     asyncio.run(main())
     assert order == ["batch [0]", "call 0", "batch [1, 2]", "call 1", "batch [3, 4]", "call 2"]
+
+
+def test_a_batch_takes_the_waiting_items_round_robin_over_clients():
+    """One client's 6 queued items do not fill the next batch ahead of another client's."""
+    batches: list[list[str]] = []
+    gate, started = threading.Event(), threading.Event()
+
+    def fn(items):
+        if items == ["x0"]:
+            started.set()
+            gate.wait(5)
+        batches.append(list(items))
+        return list(items)
+
+    async def main():
+        b = MicroBatcher(fn, executor=ThreadPoolExecutor(1), max_batch_size=4, max_wait_ms=0, max_queue=100,
+                         key=lambda item: item[0])  # fmt: skip
+        b.start()
+        first = asyncio.ensure_future(b.submit("x0"))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        flood = [asyncio.ensure_future(b.submit(f"a{i}")) for i in range(6)]
+        await asyncio.sleep(0.01)
+        others = [asyncio.ensure_future(b.submit(f"b{i}")) for i in range(2)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(first, *flood, *others)
+        await b.stop()
+
+    asyncio.run(main())
+    assert batches == [["x0"], ["a0", "a1", "b0", "b1"], ["a2", "a3", "a4", "a5"]]

@@ -10,6 +10,7 @@ from typing import TypeVar
 from fastapi import Request
 
 from bertknn.core.errors import DeadlineExceeded
+from bertknn.service.fair import client_var
 from bertknn.service.resources import Resources
 
 T = TypeVar("T")
@@ -37,7 +38,9 @@ async def admitted(
     Past the deadline the request's task is cancelled: its queries still queued for the model are dropped (the
     batcher skips a waiter that gave up) and work already on other threads stops before its next forward pass
     (the queries carry the same deadline)."""
-    with resources.gate.admit(client_of(request, resources), cost, what):
+    client = client_of(request, resources)
+    client_var.set(client)  # the fair queues' turns (this request's task and the tasks it starts)
+    with resources.gate.admit(client, cost, what):
         try:
             async with asyncio.timeout(seconds) as scope:
                 return await work()
