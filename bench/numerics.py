@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from bertknn.core.format import read_manifest
 
     man = read_manifest(args.datastore)
-    result = {"datastore": {"contexts": man.counts.contexts, "built_as": man.model.numerics, "model": man.model.name},
+    result = {"datastore": {"contexts": man.counts.contexts, "built_as": man.model.numerics, "model": Path(man.model.name).name},
               "questions": len(questions), "reference": "float32/eager", "machine": machine(), "numerics": rows}  # fmt: skip
     print(f"wrote {write_result('numerics', result)}")
     return 0

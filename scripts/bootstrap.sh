@@ -15,6 +15,14 @@ if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get install -y -qq --no-install-recommends redis-server || true
 fi
+# the playground's browser test drives Debian's headless Chromium (it fails, saying so, where there is none)
+if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  pkgs="chromium chromium-driver"
+  $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null 2>&1 \
+    || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends $pkgs; } \
+    || echo "bootstrap: chromium could not be installed; the playground's browser test will fail and say so" >&2
+fi
 [ -d .venv ] || "$PY" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip setuptools wheel

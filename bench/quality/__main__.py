@@ -646,6 +646,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     md = _markdown(runs, meta)
     (args.results / "quality.md").write_text(md)
+    from bench.plots import main as plots
+
+    plots(["--results", str(args.results)])  # docs/img/quality: the figures docs/evaluation.md shows
     print("\n" + md)
     print(
         f"wall time {timings['total']:.0f} s; reports: {args.results / 'quality.json'}, {args.results / 'quality.md'}"

@@ -159,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--batch-size", type=int, default=32)
     la.add_argument("--out", type=Path, help="write the JSON report here")
     la.add_argument(
+        "--plots", type=Path, metavar="DIR", help="write plots (PNG and SVG) here: P@1 per relation for MLM, kNN and "
+        "BERT-kNN; by popularity with --by-popularity; the lambda sweep with --grid (needs matplotlib)"
+    )
+    la.add_argument(
         "--predictions", type=Path, help="write one JSON line per query (ranks, top-1 tokens) here"
     )
     la.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -469,6 +473,8 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     restrict = load_vocab_file(args.vocab) if args.vocab else None
     relations = select_relations(discover_relations(args.data, trex=args.trex), args.relations, args.datasets)
     if args.answer == "entity":
+        if args.plots:
+            raise EvaluationError("--plots draws the word answers' report; drop it with --answer entity")
         return _entity_lama(args, settings, relations, stack)
     if args.by_popularity and args.url:
         raise EvaluationError("--by-popularity reads the datastore's entity table in process; drop --url")
@@ -547,6 +553,7 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
             "best": result.best.as_dict(),
             "best_dev_macro_bert_knn": {k: round(v, 2) for k, v in result.ranking[0][1].items()},
             "points": len(result.ranking),
+            "sweep": [{**pt.as_dict(), **{k: round(v, 2) for k, v in p.items()}} for pt, p in result.ranking],
             "seconds": result.seconds,
         }
     rule, adaptive_fit = None, None
@@ -651,6 +658,11 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
         logger.info("report written to %s", args.out)
     if args.predictions:
         write_predictions(args.predictions, queries, results)
+    if args.plots:
+        from bertknn.evaluation.plots import write_plots
+
+        written = write_plots(report, args.plots, title)
+        logger.info("plots written: %s", ", ".join(str(p) for p in written))
     return 0
 
 

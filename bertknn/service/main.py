@@ -29,6 +29,7 @@ from bertknn.service.api.errors import (
     request_id_var,
 )
 from bertknn.service.api.follow import router as follow_router
+from bertknn.service.api.ui import router as ui_router
 from bertknn.service.api.routes import router
 from bertknn.service.cache import Cache, InMemoryCache, RedisCache
 from bertknn.service.jvm import configure_jvm
@@ -253,6 +254,7 @@ def create_app(
     app.include_router(router)
     app.include_router(follow_router)
     app.include_router(admin_router)
+    app.include_router(ui_router)
     install_docs(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)  # type: ignore[arg-type]

@@ -1,0 +1,149 @@
+"""The playground (`GET /ui`) in a real browser: headless Chromium (Debian's package) driven by Selenium against a
+running service, every figure on the page checked against the API's own answer. A screenshot of each page is kept
+in ``runs/test-artifacts`` (``BERTKNN_TEST_ARTIFACTS``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+import pytest
+
+from tests.integration.test_limits import build_linked
+from tests.support.processes import service_process
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("BERTKNN_TEST_ARTIFACTS", REPO / "runs" / "test-artifacts"))
+QUESTION = {"text": "zorblat was born in [MASK] .", "subject": "Zorblat"}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_bin = shutil.which("chromedriver")
+    if chromium is None or driver_bin is None:
+        pytest.fail(
+            "the playground test needs a real browser: Debian's chromium and chromium-driver packages "
+            "(scripts/bootstrap.sh installs them with apt where it can); neither may be skipped"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1100,1300"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(driver_bin), options=opts)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def live(tiny_datastore: Path) -> Iterator[str]:
+    with service_process(tiny_datastore, env={"BERTKNN_MODEL__DEVICE": "cpu"}) as svc:
+        yield svc.url
+
+
+def _wait(driver: Any, css: str, timeout: float = 30) -> list[Any]:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout).until(ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
+    return driver.find_elements(By.CSS_SELECTOR, css)
+
+
+def _shot(driver: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    assert driver.save_screenshot(str(path)) and path.stat().st_size > 10_000
+    return path
+
+
+def _width(el: Any) -> float:
+    style = el.get_attribute("style")  # "width: 12.345%;"
+    return float(style.split("width:")[1].split("%")[0])
+
+
+def test_a_linked_question_shows_the_api_s_answers_bars_and_contexts(browser: Any, live: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    api = httpx.post(f"{live}/predict", json=QUESTION, timeout=60).json()
+    browser.get(f"{live}/ui?{urlencode(QUESTION)}")  # the question in the URL: the page asks at once
+    rows = _wait(browser, "#answers .answer")
+    assert [r.get_attribute("data-token") for r in rows] == [p["token"] for p in api["predictions"]]
+    lam = api["lambda_used"]
+    for row, p in zip(rows, api["predictions"], strict=True):
+        assert float(row.get_attribute("data-prob")) == pytest.approx(p["prob"], rel=1e-6)
+        knn, mlm = lam * p["p_knn"], (1 - lam) * p["p_mlm"]
+        assert _width(row.find_element(By.CSS_SELECTOR, ".bar .knn")) == pytest.approx(100 * knn, abs=1e-3)
+        assert _width(row.find_element(By.CSS_SELECTOR, ".bar .mlm")) == pytest.approx(100 * mlm, abs=1e-3)
+        assert knn + mlm == pytest.approx(p["prob"], rel=1e-5)  # the bar is the whole answer
+    top, best = rows[0], api["predictions"][0]
+    assert top.find_element(By.CSS_SELECTOR, ".token").text == best["token"]
+    assert best["contexts"], "the tiny datastore states the fact"
+    marks = top.find_elements(By.CSS_SELECTOR, ".contexts mark")
+    assert marks and marks[0].text.lower() == best["token"]  # the answer word highlighted in its sentence
+    sentence = top.find_element(By.CSS_SELECTOR, ".contexts .sentence").text
+    assert sentence == best["contexts"][0]["sentence"].replace("**", "")
+    shown = [r.find_element(By.CSS_SELECTOR, "td").text for r in browser.find_elements(By.CSS_SELECTOR, ".article-row")]
+    assert shown == [a["title"] for a in api["articles"]] and "subject" in browser.find_element(By.CSS_SELECTOR, ".meta").text
+    assert browser.find_element(By.CSS_SELECTOR, "#preview .mask").text == "[MASK]"
+    assert not browser.find_element(By.ID, "beam").is_displayed()  # the follow mode's knob stays out of this one
+    _shot(browser, "playground-predict")
+
+
+def test_enter_asks_and_a_refused_question_shows_the_api_s_message(browser: Any, live: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    browser.get(f"{live}/ui")
+    box = _wait(browser, "#text")[0]
+    box.send_keys("two [MASK] in one [MASK] .", Keys.ENTER)
+    error = _wait(browser, "#error")[0]
+    api = httpx.post(f"{live}/predict", json={"text": "two [MASK] in one [MASK] ."}, timeout=60).json()["error"]
+    assert error.find_element(By.CSS_SELECTOR, ".code").text == api["code"]
+    assert error.find_element(By.CSS_SELECTOR, ".message").text == api["message"]
+    assert "text=two" in browser.current_url  # the link reproduces it
+    _shot(browser, "playground-refused")
+
+
+def test_follow_shows_the_path_through_each_hop(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from selenium.webdriver.common.by import By
+
+    ds = build_linked(tmp_path_factory.mktemp("ui-linked"))
+    body = {"subject": "Orvin Tasker", "relations": ["[X] was born in [Y] .", "[X] is a city in the [Y] ."], "beam": 2,
+            "top_k": 3}  # fmt: skip
+    with service_process(ds, env={"BERTKNN_MODEL__DEVICE": "cpu"}) as svc:
+        api = httpx.post(f"{svc.url}/follow", json=body, timeout=60).json()
+        params = {"mode": "follow", "subject": body["subject"], "relations": "\n".join(body["relations"]),
+                  "beam": 2, "top_k": 3}  # fmt: skip
+        browser.get(f"{svc.url}/ui?{urlencode(params)}")
+        answers = _wait(browser, "#answers .follow-answer")
+        assert [a.get_attribute("data-title") for a in answers] == [a["title"] for a in api["answers"]]
+        steps = [s.get_attribute("data-title") for s in answers[0].find_elements(By.CSS_SELECTOR, ".step")]
+        assert steps == [s["title"] for s in api["answers"][0]["path"]] == ["Orvin Tasker", "New Quellport",
+                                                                              "Kingdom of Zembla"]  # fmt: skip
+        support = [m.text for m in answers[0].find_elements(By.CSS_SELECTOR, ".contexts mark")]
+        assert "New Quellport" in support and "Kingdom of Zembla" in support  # each step's sentence
+        _shot(browser, "playground-follow")
+
+
+def test_the_page_is_the_package_s_own_and_calls_nothing_else(live: str) -> None:
+    page = httpx.get(f"{live}/ui")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert "http://" not in page.text and "https://" not in page.text  # no CDN
+    script = httpx.get(f"{live}/ui/app.js").text
+    assert "fetch(" in script and "http" not in script.lower()  # relative paths only: this server's API
+    assert httpx.get(f"{live}/ui/../manifest.json").status_code == 404
+    assert httpx.get(f"{live}/ui/secrets.txt").status_code == 404
