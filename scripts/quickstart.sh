@@ -37,8 +37,9 @@ done
 bert-knn predict "galileo galilei was born in [MASK] ." --subject "Galileo Galilei" --top-k 3 --url "http://127.0.0.1:$PORT"
 echo
 bert-knn predict "marie curie won the nobel prize in [MASK] ." --subject "Marie Curie" --top-k 3 --url "http://127.0.0.1:$PORT"
+echo
+echo "playground: http://127.0.0.1:$PORT/ui?text=galileo+galilei+was+born+in+%5BMASK%5D+.&subject=Galileo+Galilei"
 if [ "${QUICKSTART_SERVE:-1}" = "1" ]; then
-  echo
-  echo "serving $OUT at http://127.0.0.1:$PORT (POST /predict, docs at /docs); Ctrl-C to stop"
+  echo "serving $OUT at http://127.0.0.1:$PORT (POST /predict, the playground at /ui, docs at /docs); Ctrl-C to stop"
   wait $SERVER
 fi

@@ -29,8 +29,8 @@ from bertknn.service.api.errors import (
     request_id_var,
 )
 from bertknn.service.api.follow import router as follow_router
-from bertknn.service.api.ui import router as ui_router
 from bertknn.service.api.routes import router
+from bertknn.service.api.ui import router as ui_router
 from bertknn.service.cache import Cache, InMemoryCache, RedisCache
 from bertknn.service.jvm import configure_jvm
 from bertknn.service.pipeline import AnswerPipeline

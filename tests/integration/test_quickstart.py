@@ -47,6 +47,11 @@ def sample_pipeline(tmp_path_factory: pytest.TempPathFactory) -> AnswerPipeline:
 def test_the_quick_start_asks_the_demo_questions() -> None:
     assert [s for _, s in demo_questions()] == list(GOLD)
     assert not re.search(r"albert einstein was born in", QUICKSTART.read_text())  # the sample cannot answer it
+    from urllib.parse import urlencode
+
+    text, subject = demo_questions()[0]
+    link = "/ui?" + urlencode({"text": text, "subject": subject})  # the playground, asking the first one
+    assert link in QUICKSTART.read_text()
 
 
 @pytest.mark.parametrize(("text", "subject"), demo_questions())
