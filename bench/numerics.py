@@ -27,8 +27,8 @@ def _questions(datastore: Path, n: int) -> list[tuple[str, str | None]]:
 
     ds = Datastore(datastore)
     subjects = [title for title, _ in ds.iter_article_texts()][:20]
-    own = [(t.replace("[X]", s).replace("[Y]", "[MASK]"), s) for s in subjects for t in TEMPLATES]
-    lama = [(text, None) for text, _ in lama_queries(max(0, n - len(own)))]
+    own: list[tuple[str, str | None]] = [(t.replace("[X]", s).replace("[Y]", "[MASK]"), s) for s in subjects for t in TEMPLATES]
+    lama: list[tuple[str, str | None]] = [(text, None) for text, _ in lama_queries(max(0, n - len(own)))]
     return (own + lama)[:n]
 
 
