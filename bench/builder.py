@@ -126,8 +126,12 @@ def one_run(
             encoder.encode(batch)
             forward_s += time.perf_counter() - t
         assert sum(len(b) for b in recorder.batches) == contexts
+        tokens = sum(len(x.input_ids) for b in recorder.batches for x in b)
+        padded = sum(len(b) * max(len(x.input_ids) for x in b) for b in recorder.batches)
         return {
             "backend": encoder.backend,
+            "forward": f"cut at layer {encoder.layer}" if encoder.truncated else "full",
+            "padding_fraction": round(1 - tokens / padded, 4),
             "codec": manifest.codec.factory if manifest.codec else "fp16",
             "articles": manifest.counts.articles,
             "sentences": manifest.counts.sentences,
@@ -162,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, default=VITAL)
     p.add_argument("--articles", type=int, default=200, help="the first N articles of the corpus")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--max-seq-len", type=int, default=128)
     p.add_argument("--articles-per-shard", type=int, default=25, help="small, so the worker prepares ahead")
@@ -172,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codec", default="fp16", help="codec(s) of the build, comma-separated (fp16,int8,pq): one set of "
                    "runs each")
     p.add_argument("--code-bytes", type=int, default=0, help="pq: bytes per code (0: auto)")
+    p.add_argument("--full-forward", action="store_true", help="also run each backend with the full forward (every "
+                   "layer; the encoder before it was cut at the stored layer), alternating: before/after in one run")
     p.add_argument("--out", type=Path, default=RESULTS / "builder.json")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -182,11 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         corpus.write_text("".join(islice(f, args.articles)), encoding="utf-8")
     torch.set_num_threads(cpu_quota_threads())
     backends = [b for b in args.backend.split(",") if b]
-    encoders = {b: MaskedLMEncoder.load(str(args.model), device=args.device, dtype="auto", max_seq_len=args.max_seq_len)
-                for b in backends}
+    if args.full_forward:  # "before": the same backends with the full forward (every layer), alternating
+        backends += [f"{b}+full" for b in backends]
+    encoders = {b: MaskedLMEncoder.load(str(args.model), device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len,
+                                        truncate=not b.endswith("+full"))
+                for b in backends}  # fmt: skip
     encoder = encoders[backends[0]]
     codecs = [c for c in args.codec.split(",") if c]
-    runs = [one_run(encoders[b], corpus, args, b, c) for c in codecs for _ in range(args.runs) for b in backends]
+    runs = [one_run(encoders[b], corpus, args, b.removesuffix("+full"), c) for c in codecs for _ in range(args.runs)
+            for b in backends]  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = {
@@ -209,11 +220,23 @@ def main(argv: list[str] | None = None) -> int:
         # (RUSAGE_CHILDREN would report the parent's size, counted at fork before the worker's exec).
         "peak_rss_mib": round(rss_self / 1024, 1),
     }
+    if args.full_forward:  # the cut forward against the full one, per backend, from the same alternating runs
+        ratio: dict[str, float] = {}
+        for b in {r["backend"] for r in runs}:
+            def mean(forward_full: bool, b: object = b) -> float:
+                rates = [float(r["build_ctx_per_s"]) for r in runs  # type: ignore[arg-type]
+                         if r["backend"] == b and (r["forward"] == "full") == forward_full]  # fmt: skip
+                return sum(rates) / len(rates)
+
+            ratio[str(b)] = round(mean(False) / mean(True), 3)
+        result["cut_over_full_build_ctx_per_s"] = ratio
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
     keys = [
         ("backend", "backend"),
+        ("forward", "forward"),
+        ("padding fraction", "padding_fraction"),
         ("codec", "codec"),
         ("contexts", "contexts"),
         ("build ctx/s", "build_ctx_per_s"),
@@ -236,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         rate = next((v for k, v in st.items() if k.endswith("_per_s_per_process")), None)
         lines.append(f"  {name:12} {st['seconds']:>9.2f} s  ({rate} per s)")
     lines.append(f"  bound: {runs[0]['bound']}")
+    if "cut_over_full_build_ctx_per_s" in result:
+        lines.append(f"build contexts/s, cut at the layer / full forward: {result['cut_over_full_build_ctx_per_s']}")
     sys.stdout.write(
         f"builder: {args.model.name}, layer {encoder.layer}, {result['device']} {result['dtype']}, "
         f"{torch.get_num_threads()} threads, {result['corpus']}\n" + "\n".join(lines) + f"\nwrote {args.out}\n"

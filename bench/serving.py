@@ -319,9 +319,12 @@ def main(argv: list[str] | None = None) -> int:
                               "ratio": p50 / base_p50}  # fmt: skip
         result["scale"] = scale
 
-    # the default settings write serving.json; other backends or thread counts their own file beside it
+    # the default settings write serving.json; other backends, thread counts or a GPU their own file beside it
     default = args.backend == "auto" and not args.threads
-    path = write_result(result_name("serving" if default else f"serving-{backend}-{threads}t", args.model), result)
+    name = "serving" if default else f"serving-{backend}-{threads}t"
+    if result["device"] != "cpu":
+        name = f"serving-{result['device']}"
+    path = write_result(result_name(name, args.model), result)
     print(f"model {result['model']}, {result['datastore']['contexts']} contexts, machine {result['machine']}")
     print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms ({backend} on {result['device']} "
           f"{result['dtype']}, {threads} torch threads; eager, "

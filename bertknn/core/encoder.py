@@ -22,6 +22,7 @@ from bertknn.core.errors import ModelLoadError
 from bertknn.core.hashing import weights_sha256
 from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
 from bertknn.core.topk import top_entries
+from bertknn.core.truncate import TruncatedCore, truncated_base
 from bertknn.core.wordmodel import WordModel
 
 logger = logging.getLogger(__name__)
@@ -172,7 +173,10 @@ class MaskedLMEncoder:
         dtype: torch.dtype = torch.float32,
         max_seq_len: int = 128,
         weights_hash: str | None = None,
+        truncate: bool = True,
     ):
+        """``truncate``: the embeddings-only forward runs the model cut at ``layer`` (`_truncate`); False keeps
+        the full forward (a benchmark's "before")."""
         if tokenizer.mask_token_id is None:
             raise ModelLoadError(f"{name}: the tokenizer has no mask token; a masked LM is required")
         if not getattr(tokenizer, "is_fast", False):
@@ -204,15 +208,43 @@ class MaskedLMEncoder:
         self.words = self.inputs.words
         self.hidden_size = int(config.hidden_size)
         # the forward, with p_MLM (the service) and embeddings only (the builder); the one place it is written
-        self._cores = {
+        self._cores: dict[bool, torch.nn.Module] = {
             with_mlm: _MaskCore(self.base, self.head if with_mlm else None, self.layer).eval()
             for with_mlm in (True, False)
         }
+        # embeddings only (the builder): no layer above ``layer`` runs, where the cut model gives the same rows
+        self.truncated = self._truncate() if truncate else False
         self.has_mlm = True  # False: no trained MLM head (`load`'s knn-only); p_MLM is then uniform
         self.backend: str = "eager"
         self._fast: _FastForward | None = None
         self._fast_with_mlm = True  # which encode() call the compiled forward serves
         self._fast_asked: tuple[str, bool] | None = None  # the set_backend call that built ``_fast``
+
+    @torch.inference_mode()
+    def _truncate(self) -> bool:
+        """Swap the embeddings-only forward for the model cut at ``layer`` (`bertknn.core.truncate`), after its
+        rows matched the full forward's on padded inputs; False (the full forward stays): no known layer list,
+        nothing to cut, or rows that differ."""
+        base = truncated_base(self.base, self.num_layers, self.layer)
+        if base is None:
+            return False
+        mask = self.tokenizer.mask_token
+        check = [self.query_input(t) for t in (f"{mask} x y .", f"a b c d e f {mask} g h i j k l .")]
+        tensors = self._tensors(check)
+        want = self._cores[False](*tensors)[0].float()
+        tol = 1e-4 if self.dtype == torch.float32 else 1e-2
+        for from_last in (True, False):
+            core = TruncatedCore(base, self.layer, from_last).eval()
+            try:
+                got = core(*tensors)[0].float()
+            except Exception as exc:  # noqa: BLE001 - a family whose forward needs every layer: keep the full one
+                logger.debug("%s: the model cut at layer %d does not run (%s)", self.name, self.layer, exc)
+                return False
+            if got.shape == want.shape and float((got - want).abs().max()) <= tol * max(1.0, float(want.abs().max())):
+                self._cores[False] = core
+                return True
+        logger.info("%s: the model cut at layer %d differs from the full forward; it runs in full", self.name, self.layer)
+        return False
 
     @classmethod
     def load(
@@ -224,6 +256,7 @@ class MaskedLMEncoder:
         dtype: DtypeName | str = "auto",
         max_seq_len: int = 128,
         mlm_head: MlmHeadPolicy = "required",
+        truncate: bool = True,
     ) -> MaskedLMEncoder:
         """Load any Hugging Face masked LM by hub name or local directory (safetensors preferred).
 
@@ -264,6 +297,7 @@ class MaskedLMEncoder:
             device=dev,
             dtype=resolve_dtype(dtype, dev),
             max_seq_len=max_seq_len,
+            truncate=truncate,
         )
         if mlm_head == "knn-only" or (missing and mlm_head == "ignored"):
             encoder.has_mlm = False
@@ -325,7 +359,7 @@ class MaskedLMEncoder:
             break
         return self.backend
 
-    def _core_and_example(self) -> tuple[_MaskCore, tuple[torch.Tensor, ...]]:
+    def _core_and_example(self) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
         mask = self.tokenizer.mask_token
         # padded (two lengths), so that the attention mask is part of the traced or exported graph
         example = [self.query_input(f"the {mask} ."), self.query_input(f"a b c d e f g h {mask} i j .")]
@@ -343,7 +377,7 @@ class MaskedLMEncoder:
             path = Path(tmp) / "mask_core.onnx"
             torch.onnx.export(
                 core, example, path, input_names=names,
-                output_names=["embedding", "log_probs"] if core.head is not None else ["embedding"],
+                output_names=["embedding", "log_probs"] if getattr(core, "head", None) is not None else ["embedding"],
                 # rows/mask_pos: the positions read, which may be more than the sequences (`log_probs_at`)
                 dynamic_axes={"input_ids": {0: "batch", 1: "width"}, "attention_mask": {0: "batch", 1: "width"},
                               "rows": {0: "reads"}, "mask_pos": {0: "reads"}},

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from bertknn.builder.targets import load_stopwords
@@ -213,3 +214,36 @@ def test_onnx_runtime_runs_every_family_and_matches_eager(family: tuple[str, Pat
     np.testing.assert_allclose(fast.embeddings, eager.embeddings, atol=1e-3)
     assert fast.mlm_log_probs is not None and eager.mlm_log_probs is not None
     np.testing.assert_allclose(fast.mlm_log_probs.numpy(), eager.mlm_log_probs.numpy(), atol=1e-3)
+
+
+def test_the_builder_s_forward_stops_at_the_stored_layer_with_the_same_vectors(family: tuple[str, Path, Path]) -> None:
+    """The embeddings-only forward runs the model cut at ``layer``: the same rows as the full model's
+    ``hidden_states[layer]`` (computed here with Hugging Face directly), eager and in ONNX Runtime."""
+    from transformers import AutoModelForMaskedLM
+
+    enc = MaskedLMEncoder.load(str(family[1]), device="cpu", max_seq_len=64, layer=1)
+    assert enc.num_layers > 1 and enc.layer == 1
+    assert enc.truncated, f"{family[0]}: the cut model should be in use"
+    assert len(enc._cores[False].base.get_submodule(_layer_list(enc))) == 1  # one layer runs, not all of them
+    queries = [enc.query_input("Zorblat was born in [MASK]."), enc.query_input("[MASK] is a small town near the sea.")]
+    got = enc.encode(queries).embeddings
+    full = AutoModelForMaskedLM.from_pretrained(str(family[1])).eval()
+    ids, attn, rows, pos = enc._tensors(queries)
+    with torch.no_grad():
+        want = full.base_model(input_ids=ids, attention_mask=attn, output_hidden_states=True).hidden_states[1][rows, pos]
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-4)
+    assert enc.set_backend("onnx", with_mlm=False) == "onnx"
+    np.testing.assert_allclose(enc.encode(queries).embeddings, want.numpy(), atol=1e-3)
+
+
+def _layer_list(enc: MaskedLMEncoder) -> str:
+    from bertknn.core.truncate import LAYER_LISTS
+
+    base = enc._cores[False].base
+    for path in LAYER_LISTS:
+        try:
+            base.get_submodule(path)
+            return path
+        except AttributeError:
+            continue
+    raise AssertionError("no layer list")

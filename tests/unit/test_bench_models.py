@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from transformers import BertConfig
 
 from bench.bert_base import BERT_BASE, TOKENIZER, make
@@ -34,3 +35,18 @@ def test_make_writes_a_loadable_model_with_the_real_tokenizer(tmp_path: Path) ->
 def test_other_models_results_do_not_overwrite_the_proxys() -> None:
     assert result_name("serving", PROXY_MODEL) == "serving"
     assert result_name("serving", "runs/bert-base-shaped") == "serving-bert-base-shaped"
+
+
+def test_bench_gpu_without_a_device_says_so_in_one_line_with_its_own_exit_code() -> None:
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: there bench.gpu measures instead of refusing")
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "bench.gpu"], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert run.returncode == 3, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no CUDA device" in lines[0], run.stderr

@@ -1,0 +1,65 @@
+"""The GPU figures in one command, on a machine with a CUDA device::
+
+    python -m bench.gpu [--model runs/bert-base-shaped] [--articles 200]
+
+Runs, one after the other (nothing beside them): the builder's contexts/s on bert-base-uncased's shape in bfloat16
+and float16 with the cut forward and its padding fraction (`bench.builder --device cuda`), uncached ``/predict``
+p50 and throughput at 1 and 64 clients with the service on the GPU (`bench.serving --device cuda`), and the IVF-PQ
+index's training time (`bert-knn ivfpq`, faiss-gpu where installed). Writes ``bench/results/gpu.json``.
+
+Without a CUDA device it says so in one line and exits with status 3 (`NO_DEVICE`), so that a script can tell
+"no GPU here" from a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import REPO, RESULTS, RUNS, machine
+
+NO_DEVICE = 3
+
+
+def _run(cmd: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=REPO)
+    return round(time.perf_counter() - t, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, default=RUNS / "bert-base-shaped")
+    p.add_argument("--articles", type=int, default=200)
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench.gpu: no CUDA device on this machine (torch.cuda.is_available() is False); run it where one is",
+              file=sys.stderr)  # fmt: skip
+        return NO_DEVICE
+    if not (args.model / "config.json").is_file():
+        _run([sys.executable, "-m", "bench.bert_base", "--out", str(args.model)])
+    py = sys.executable
+    out: dict[str, object] = {"device": torch.cuda.get_device_name(0), "machine": machine(), "model": args.model.name}
+    for dtype in ("bfloat16", "float16"):
+        report = RESULTS / f"gpu-builder-{dtype}.json"
+        _run([py, "-m", "bench.builder", "--model", str(args.model), "--device", "cuda", "--dtype", dtype,
+              "--articles", str(args.articles), "--batch-size", "512", "--runs", "2", "--out", str(report)])  # fmt: skip
+        out[f"builder_{dtype}"] = json.loads(report.read_text())["runs"]
+    serving = RESULTS / f"serving-cuda-{args.model.name}.json"
+    _run([py, "-m", "bench.serving", "--model", str(args.model), "--device", "cuda", "--articles", "40",
+          "--work", str(RUNS / "bench-serving-gpu"), "--scale", "", "--concurrency", "1,64"])  # fmt: skip
+    if serving.is_file():
+        out["serving"] = json.loads(serving.read_text())
+    (RESULTS / "gpu.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {RESULTS / 'gpu.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
