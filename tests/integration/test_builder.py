@@ -412,9 +412,9 @@ def test_ctrl_c_keeps_the_work_says_how_to_resume_and_the_resume_gives_the_same_
 ) -> None:
     out = tmp_path / "stopped"
     # blocks of 30 articles (a few thousand contexts each), kept every 64 contexts: the interrupt lands inside a part
-    # (the eager forward in batches of 8, so that the tiny model's build lasts seconds, not a fraction of one)
+    # (the eager forward one context at a time, so that the tiny model's build lasts seconds after the first part)
     argv = [*cli_args(vital120, bert_vocab_model, out, "--workers", "1"), "--articles-per-shard", "30",
-            "--checkpoint-contexts", "64", "--batch-size", "8", "--backend", "eager"]  # fmt: skip
+            "--checkpoint-contexts", "64", "--batch-size", "1", "--backend", "eager"]  # fmt: skip
     command = [sys.executable, "-m", "datastore_builder", *argv]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
