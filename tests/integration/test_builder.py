@@ -407,18 +407,24 @@ def _rows(root: Path) -> tuple[np.ndarray, list[str], np.ndarray]:
     return np.concatenate(labels), sentences, np.concatenate(vectors)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_keeps_the_work_says_how_to_resume_and_the_resume_gives_the_same_rows(
     tmp_path: Path, bert_vocab_model: Path, vital120: Path, reference: Path
 ) -> None:
     out = tmp_path / "stopped"
     # blocks of 30 articles (a few thousand contexts each), kept every 64 contexts: the interrupt lands inside a part
-    # (the eager forward one context at a time, so that the tiny model's build lasts seconds after the first part)
+    # (the eager forward one context at a time, so that the tiny model's build lasts seconds after its first part)
     argv = [*cli_args(vital120, bert_vocab_model, out, "--workers", "1"), "--articles-per-shard", "30",
             "--checkpoint-contexts", "64", "--batch-size", "1", "--backend", "eager"]  # fmt: skip
     command = [sys.executable, "-m", "datastore_builder", *argv]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    # Ctrl-C as a terminal delivers it: a runner that starts the suite in the background (`cmd &` in a script)
+    # hands its children SIGINT ignored, which a real Ctrl-C never meets
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
     first = out / SHARDS_DIR / "shard-00000"
     deadline = time.monotonic() + 300
     while proc.poll() is None and not first.exists() and time.monotonic() < deadline:
