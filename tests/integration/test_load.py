@@ -9,14 +9,15 @@ from tests.conftest import TINY_ARTICLES
 from tests.integration.test_limits import build_linked
 
 
-def _tiny_lama(tmp_path):
-    """A LAMA-shaped directory whose facts are the tiny corpus's, so the queries make sense to the tiny model."""
+def _tiny_lama(tmp_path, articles=TINY_ARTICLES, name="lama"):
+    """A LAMA-shaped directory whose facts are the corpus's (the tiny one by default), so the queries make sense to
+    the tiny model."""
     import json
 
-    lama = tmp_path / "lama"
+    lama = tmp_path / name
     (lama / "TREx").mkdir(parents=True)
     (lama / "relations.jsonl").write_text(json.dumps({"relation": "P19", "template": "[X] was born in [Y] ."}) + "\n")
-    facts = [{"sub_label": a["title"], "obj_label": "x"} for a in TINY_ARTICLES]
+    facts = [{"sub_label": a["title"], "obj_label": "x"} for a in articles]
     (lama / "TREx" / "P19.jsonl").write_text("".join(json.dumps(f) + "\n" for f in facts))
     return lama
 
@@ -42,22 +43,12 @@ def test_an_abusive_client_gets_refusals_while_the_others_get_answers(tmp_path):
     """bench.load --abuse in short: one client sending only the costliest requests beside four ordinary ones (the
     tiny model on a linked datastore; the p99 ratio is the benchmark's figure, docs/performance.md)."""
     from bench.abuse import run_abuse
+    from tests.integration.test_entities import ARTICLES
 
-    r = run_abuse(build_linked(tmp_path / "linked"), clients=4, duration=4, lama=_linked_lama(tmp_path))
+    lama = _tiny_lama(tmp_path, ARTICLES, "lama-linked")
+    r = run_abuse(build_linked(tmp_path / "linked"), clients=4, duration=4, lama=lama)
     abuser = r["with_abuser"]["codes"]["abuser"]
     assert r["ordinary_errors"] == 0 and r["responses_5xx"] == 0 and r["lost"] == 0, r
     assert abuser.get("422", 0) > 0 and abuser.get("200", 0) > 0, abuser  # over the caps refused, within run
     assert r["alone"]["ordinary_ok"] > 0 and r["with_abuser"]["ordinary_ok"] > 0
 
-
-def _linked_lama(tmp_path):
-    import json
-
-    from tests.integration.test_entities import ARTICLES
-
-    lama = tmp_path / "lama-linked"
-    (lama / "TREx").mkdir(parents=True)
-    (lama / "relations.jsonl").write_text(json.dumps({"relation": "P19", "template": "[X] was born in [Y] ."}) + "\n")
-    facts = [{"sub_label": a["title"], "obj_label": "x"} for a in ARTICLES]
-    (lama / "TREx" / "P19.jsonl").write_text("".join(json.dumps(f) + "\n" for f in facts))
-    return lama
