@@ -1,6 +1,6 @@
 """Right answers from real article text: the quality benchmark on real Wikipedia leads, with its failure causes::
 
-    python -m bench.realtext [--model DIR] [--others 300] [--split test]
+    python -m bench.realtext [--model DIR] [--others 300] [--split test] [--probe heldout]
 
 Corpus: real article text, the Vital Articles lead sections in ``../shared/data/wiki``: the lead of every subject
 below, and ``--others`` leads of other articles. Queries: the T-REx facts of the 22 relations in
@@ -8,6 +8,12 @@ below, and ``--others`` leads of other articles. Queries: the T-REx facts of the
 article's lead (so a perfect reader of the searched article could answer), asked with LAMA's templates, with
 the subject named (its own article is searched) and without (BM25 picks the articles). Facts are split into dev
 and test by subject (sha256 of the title), so that no subject's article is tuned on and then tested.
+``--probe heldout`` asks the T-REx relations of ``TREx_facts_all41`` that are not among those 22 instead (an
+independent check, never tuned on: every fact is scored, as split ``heldout``), over their own subjects' leads.
+
+Each setting is scored in one run with the paper's method (``mlm_prior`` 0, ``article_sharpness`` 0), then with
+each change on top: the neighbours' vote weighted by p_MLM (`bertknn.service.interpolate.weigh_vote`), then the
+neighbours of lower-ranked articles counting less (`article_offsets`; the service's defaults).
 
 For each setting: macro P@1 over relations of BERT-kNN, kNN alone and MLM alone; the ceiling (answer present in
 the articles searched); and each BERT-kNN miss by its first cause: retrieval missed the subject's article, the
@@ -30,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import PROXY_MODEL, RUNS, SHARED, build_datastore, machine, result_name, write_result
+from bertknn.service.interpolate import DEFAULT_ARTICLE_SHARPNESS, DEFAULT_MLM_PRIOR
 
 LAMA = SHARED / "data" / "lama"
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
@@ -50,14 +57,24 @@ def split_of_subject(subject: str) -> str:
     return "dev" if int(hashlib.sha256(subject.encode("utf-8")).hexdigest()[:8], 16) % 2 == 0 else "test"
 
 
-def load_facts(words: Any, leads: dict[str, str]) -> list[Fact]:
-    """The facts whose subject has a lead that writes the object as a whole word, one token for the model."""
+def probe_files(probe: str) -> list[Path]:
+    """The relation files asked: the 22 of ``TREx`` (tuned on), or the held-out ones of ``TREx_facts_all41``."""
+    tuned = sorted((LAMA / "TREx").glob("P*.jsonl"))
+    if probe == "trex":
+        return tuned
+    names = {f.name for f in tuned}
+    return [f for f in sorted((LAMA / "TREx_facts_all41").glob("P*.jsonl")) if f.name not in names]
+
+
+def load_facts(words: Any, leads: dict[str, str], files: list[Path] | None = None, split: str | None = None) -> list[Fact]:
+    """The facts whose subject has a lead that writes the object as a whole word, one token for the model.
+    ``split``: every fact's split (default: dev or test by subject)."""
     from bertknn.evaluation.lama import ObjectVocabulary, fill_template
 
     templates = {r["relation"]: r["template"] for r in map(json.loads, (LAMA / "relations.jsonl").open())}
     vocab = ObjectVocabulary(words.tokenizer, words=words)
     out: list[Fact] = []
-    for path in sorted((LAMA / "TREx").glob("P*.jsonl")):
+    for path in files if files is not None else probe_files("trex"):
         rel = path.stem
         seen: set[tuple[str, str]] = set()
         for line in path.open(encoding="utf-8"):
@@ -73,7 +90,7 @@ def load_facts(words: Any, leads: dict[str, str]) -> list[Fact]:
                 continue
             seen.add((subject, obj))
             text = fill_template(templates[rel], subject, lowercase=vocab.lowercase)
-            out.append(Fact(rel, subject, obj, text, piece[1], split_of_subject(subject)))
+            out.append(Fact(rel, subject, obj, text, piece[1], split or split_of_subject(subject)))
     return out
 
 
@@ -83,7 +100,7 @@ def subject_words(words: Any, subject: str) -> set[int]:
     return {i for i in ids if i >= 0}
 
 
-def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, batch: int = 32) -> dict[str, Any]:
+def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, knobs: dict[str, float], batch: int = 32) -> dict[str, Any]:
     """Macro P@1 of BERT-kNN, kNN and MLM, the ceiling, and the misses by cause."""
     from bertknn.service.results import Query
 
@@ -93,8 +110,8 @@ def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, batch: int = 
     causes: Counter[str] = Counter()
     for start in range(0, len(facts), batch):
         chunk = facts[start : start + batch]
-        queries = [Query(text=f.text, subject=f.subject if with_subject else None, top_k=1, return_contexts=False)
-                   for f in chunk]  # fmt: skip
+        queries = [Query(text=f.text, subject=f.subject if with_subject else None, top_k=1, return_contexts=False,
+                         **knobs) for f in chunk]  # type: ignore[arg-type]  # fmt: skip
         for f, ans in zip(chunk, pipeline.predict_batch(queries, with_distributions=True), strict=True):
             d = ans.distributions
             assert d is not None and d.p_knn is not None and d.p is not None
@@ -134,16 +151,23 @@ def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, batch: int = 
     }  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.realtext", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=str(PROXY_MODEL))
-    p.add_argument("--others", type=int, default=300, help="leads of other articles added to the corpus")
-    p.add_argument("--split", choices=["dev", "test", "all"], default="all", help="facts scored (default: both "
-                   "splits, each reported)")  # fmt: skip
-    p.add_argument("--work", type=Path, default=RUNS / "bench-realtext")
-    args = p.parse_args(argv)
-    if args.others < 0:
-        p.error("--others must be at least 0")
+# the settings scored, each change on top of the one before: the paper's vote, then the vote weighted by p_MLM,
+# then (the service's defaults) lower-ranked articles counting less
+VOTES = {
+    "paper": {"mlm_prior": 0.0, "article_sharpness": 0.0},
+    "weighted_vote": {"mlm_prior": DEFAULT_MLM_PRIOR, "article_sharpness": 0.0},
+    "default": {"mlm_prior": DEFAULT_MLM_PRIOR, "article_sharpness": DEFAULT_ARTICLE_SHARPNESS},
+}
+
+
+# --sweep: the service's other knob at its default, this one varied
+SWEEP = [{"mlm_prior": b, "article_sharpness": DEFAULT_ARTICLE_SHARPNESS} for b in (0.0, 0.05, 0.1, 0.15, 0.25, 0.5)] + [
+    {"mlm_prior": DEFAULT_MLM_PRIOR, "article_sharpness": s} for s in (0.0, 5.0, 20.0)
+]
+
+
+def open_benchmark(args: argparse.Namespace) -> tuple[Any, list[Fact], dict[str, int]]:
+    """The facts of ``--probe``, and a pipeline over their subjects' leads plus ``--others`` other leads."""
     from transformers import AutoTokenizer
 
     from bertknn.core.wordmodel import WordModel
@@ -151,32 +175,60 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [json.loads(line) for line in VITAL.open(encoding="utf-8")]
     leads = {r["title"]: r["text"] for r in rows}
-    facts = load_facts(WordModel(AutoTokenizer.from_pretrained(args.model)), leads)
+    words = WordModel(AutoTokenizer.from_pretrained(args.model))
+    facts = load_facts(words, leads, probe_files(args.probe), "heldout" if args.probe == "heldout" else None)
     subjects = {f.subject for f in facts}
     others = [r for r in rows if r["title"] not in subjects][: args.others]
     args.work.mkdir(parents=True, exist_ok=True)
-    corpus = args.work / f"corpus-{len(subjects)}-{args.others}.jsonl"
+    name = f"{len(subjects)}-{args.others}" + ("-heldout" if args.probe == "heldout" else "")
+    corpus = args.work / f"corpus-{name}.jsonl"
     if not corpus.is_file():
         chosen = [r for r in rows if r["title"] in subjects] + others
         corpus.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chosen), encoding="utf-8")
-    ds = build_datastore([corpus], args.work / f"ds-{Path(args.model).name}-{len(subjects)}-{args.others}", args.model)
+    ds = build_datastore([corpus], args.work / f"ds-{Path(args.model).name}-{name}", args.model)
     pipeline = AnswerPipeline.open(ds, device="cpu")
     pipeline.encoder.set_backend("auto")
-    splits = ["dev", "test"] if args.split == "all" else [args.split]
-    result: dict[str, Any] = {"model": Path(args.model).name, "machine": machine(), "corpus": {
-        "subject_leads": len(subjects), "other_leads": len(others),
-        "contexts": pipeline.datastore.manifest.counts.contexts}, "splits": {}}  # fmt: skip
+    sizes = {"subject_leads": len(subjects), "other_leads": len(others),
+             "contexts": pipeline.datastore.manifest.counts.contexts}  # fmt: skip
+    return pipeline, facts, sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.realtext", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(PROXY_MODEL))
+    p.add_argument("--others", type=int, default=300, help="leads of other articles added to the corpus")
+    p.add_argument("--split", choices=["dev", "test", "all"], default="all", help="facts scored (default: both "
+                   "splits, each reported)")  # fmt: skip
+    p.add_argument("--probe", choices=["trex", "heldout"], default="trex", help="trex: the 22 relations (dev and "
+                   "test); heldout: the other T-REx relations, an independent check")  # fmt: skip
+    p.add_argument("--sweep", action="store_true", help="also score each mlm_prior and article_sharpness of the "
+                   "sweep (how the defaults were chosen: docs/decisions/mlm-weighted-vote.md)")  # fmt: skip
+    p.add_argument("--work", type=Path, default=RUNS / "bench-realtext")
+    args = p.parse_args(argv)
+    if args.others < 0:
+        p.error("--others must be at least 0")
+    pipeline, facts, sizes = open_benchmark(args)
+    if args.probe == "heldout":
+        splits = ["heldout"]
+    else:
+        splits = ["dev", "test"] if args.split == "all" else [args.split]
+    result: dict[str, Any] = {"model": Path(args.model).name, "machine": machine(), "probe": args.probe,
+                              "corpus": sizes, "splits": {}}  # fmt: skip
+    votes = dict(VOTES)
+    if args.sweep:
+        votes.update({f"mlm_prior={k['mlm_prior']:g},article_sharpness={k['article_sharpness']:g}": k for k in SWEEP})
+    result["votes"] = votes
     for split in splits:
         chosen = [f for f in facts if f.split == split]
         result["splits"][split] = {
-            "with_subject": score(pipeline, chosen, with_subject=True),
-            "without_subject": score(pipeline, chosen, with_subject=False),
-        }
+            f"{setting}/{vote}": score(pipeline, chosen, with_subject=setting == "with_subject", knobs=knobs)
+            for setting in ("with_subject", "without_subject") for vote, knobs in votes.items()
+        }  # fmt: skip
         for setting, r in result["splits"][split].items():
-            print(f"{split:4s} {setting:15s} facts {r['facts']:4d}  BERT-kNN {r['p@1']['bert_knn']:5.1f}  kNN "
+            print(f"{split:7s} {setting:50s} facts {r['facts']:4d}  BERT-kNN {r['p@1']['bert_knn']:5.1f}  kNN "
                   f"{r['p@1']['knn']:5.1f}  MLM {r['p@1']['mlm']:5.1f}  ceiling {r['ceiling']:5.1f}  misses: "
                   + ", ".join(f"{k} {v:.0f}%" for k, v in r["miss_causes"].items()), flush=True)  # fmt: skip
-    path = write_result(result_name("realtext", args.model), result)
+    path = write_result(result_name("realtext" + ("-heldout" if args.probe == "heldout" else ""), args.model), result)
     print(f"wrote {path}")
     pipeline.close()
     return 0

@@ -192,7 +192,8 @@ def _datastore_is_current(ds: Path, corpus_sha: str, model_sha: str) -> bool:
 
 RUN_LABELS = {
     "retrieval": "subject article (no subject: BM25 top 3)",
-    "retrieval_l6": "subject article (no subject: BM25 top 3), l=6 (the paper's)",
+    "retrieval_paper": "subject article (no subject: BM25 top 3), the paper's vote (mlm_prior 0, articles equal)",
+    "retrieval_l6": "subject article (no subject: BM25 top 3), the paper's method (l=6, its vote)",
     "retrieval_test": "subject article (no subject: BM25 top 3), test split",
     "no_retrieval": "none: whole datastore (IVF-PQ)",
     "tuned": "grid-tuned on dev, test split",
@@ -310,7 +311,9 @@ def _markdown(runs: dict[str, dict], meta: dict) -> str:
         f"- Model: `{Path(meta['model']).name}` ({meta['model']}); datastore: {meta['datastore']['articles']} "
         f"articles, {meta['datastore']['contexts']} contexts, layer {meta['datastore']['layer']}.",
         f"- Subset: {meta['subset']['description']}.",
-        f"- Settings: k=128, lambda=0.3, temperature auto (the service's defaults; auto is the datastore's own l, "
+        "- Settings: k=128, lambda=0.3, the vote weighted by p_MLM^0.15 (mlm_prior), lower-ranked articles' "
+        "neighbours counting less (article_sharpness 10), "
+        f"temperature auto (the service's defaults; auto is the datastore's own l, "
         f"relative to each query's neighbours: l = {meta['temperature_auto']['factor']:.3f} x their median squared "
         f"distance, the factor measured by the builder; {meta['temperature_auto']['typical']:.2f} at its sample's "
         "median) unless the row says otherwise; no retrieval = "
@@ -523,7 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = RunSettings(batch_size=args.batch_size)
     plan = [
         ("retrieval", base),
-        ("retrieval_l6", base.with_(temperature=6.0)),
+        ("retrieval_paper", base.with_(mlm_prior=0.0, article_sharpness=0.0)),
+        ("retrieval_l6", base.with_(temperature=6.0, mlm_prior=0.0, article_sharpness=0.0)),
         ("no_retrieval", base.with_(retriever="none")),
     ]
 
@@ -551,6 +555,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else "auto: per query",
                 "temperature_auto": _auto(pipe or pipeline),
                 "lambda": settings.lambda_,
+                "mlm_prior": settings.mlm_prior,
+                "article_sharpness": settings.article_sharpness,
                 "vocab_name": vocab_name,
                 "vocab": str(vocab_path) if vocab_name == "common" else None,
                 "limit": limit,

@@ -34,6 +34,7 @@ from bertknn.evaluation.metrics import (
     skipped_fraction,
     summarize,
 )
+from bertknn.service.interpolate import DEFAULT_ARTICLE_SHARPNESS, DEFAULT_MLM_PRIOR
 
 if TYPE_CHECKING:
     from bertknn.evaluation.adaptive import AdaptiveFit
@@ -129,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
         "datastore's own, measured when it was built",
     )
     la.add_argument("--lambda", dest="lambda_", type=float, default=0.3, help="kNN weight")
+    la.add_argument(
+        "--mlm-prior", type=float, default=DEFAULT_MLM_PRIOR,
+        help="the neighbours' vote weighted by p_MLM to this power (0: the paper's plain vote; single-token answers)",
+    )  # fmt: skip
+    la.add_argument(
+        "--article-sharpness", type=float, default=DEFAULT_ARTICLE_SHARPNESS,
+        help="lower-ranked articles' neighbours count exp(-this * (1 - score / top score)) as much (0: the same)",
+    )  # fmt: skip
     la.add_argument("--layer", type=int, help="hidden_states index the datastore must be built at (ablation)")
     la.add_argument(
         "--corpus",
@@ -317,6 +326,8 @@ def run_settings_dict(s: RunSettings) -> dict[str, object]:
         "k": s.k,
         "temperature": s.temperature if s.temperature is not None else "auto",
         "lambda": s.lambda_,
+        "mlm_prior": s.mlm_prior,
+        "article_sharpness": s.article_sharpness,
         "batch_size": s.batch_size,
     }
 
@@ -468,6 +479,8 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
         k=args.k,
         temperature=args.temperature,
         lambda_=args.lambda_,
+        mlm_prior=args.mlm_prior,
+        article_sharpness=args.article_sharpness,
         batch_size=args.batch_size,
     )
     restrict = load_vocab_file(args.vocab) if args.vocab else None
@@ -540,6 +553,8 @@ def _run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
                 allowed_ids=allowed,
                 batch_size=args.batch_size,
                 progress=not args.quiet,
+                mlm_prior=settings.mlm_prior,
+                article_sharpness=settings.article_sharpness,
             )
         except ValueError as exc:
             raise EvaluationError(f"--grid: {exc}") from exc

@@ -10,7 +10,7 @@ import numpy as np
 
 from bertknn.evaluation.lama import LamaQuery
 from bertknn.evaluation.metrics import QueryResult
-from bertknn.service.interpolate import rank_of
+from bertknn.service.interpolate import DEFAULT_ARTICLE_SHARPNESS, DEFAULT_MLM_PRIOR, rank_of
 from bertknn.service.results import RetrieverName
 
 
@@ -23,6 +23,8 @@ class RunSettings:
     k: int = 128
     temperature: float | None = None  # None: auto, the datastore's own (the service's default)
     lambda_: float = 0.3
+    mlm_prior: float = DEFAULT_MLM_PRIOR  # 0: the paper's plain vote
+    article_sharpness: float = DEFAULT_ARTICLE_SHARPNESS  # 0: every retrieved article counts the same
     batch_size: int = 32
 
     def with_(self, **changes: object) -> RunSettings:

@@ -20,9 +20,16 @@ from tqdm import tqdm
 from bertknn.evaluation.base import RunSettings, gold_rank
 from bertknn.evaluation.lama import LamaQuery
 from bertknn.evaluation.metrics import KS, Precisions
-from bertknn.service.interpolate import interpolate, knn_distribution
+from bertknn.service.answer import knn_offsets
+from bertknn.service.interpolate import (
+    DEFAULT_ARTICLE_SHARPNESS,
+    DEFAULT_MLM_PRIOR,
+    interpolate,
+    knn_distribution,
+    weigh_vote,
+)
 from bertknn.service.pipeline import AnswerPipeline
-from bertknn.service.results import Query, RetrieverName
+from bertknn.service.results import ArticleHit, Query, RetrieverName
 from bertknn.service.retrieval.knn import Neighbours
 
 logger = logging.getLogger(__name__)
@@ -106,6 +113,8 @@ def grid_search(
     allowed_ids: np.ndarray | None = None,
     batch_size: int = 32,
     progress: bool = True,
+    mlm_prior: float = DEFAULT_MLM_PRIOR,
+    article_sharpness: float = DEFAULT_ARTICLE_SHARPNESS,
 ) -> GridResult:
     """Macro P@1/5/10 of the interpolation for every grid point; the best is the highest macro P@1.
 
@@ -141,6 +150,8 @@ def grid_search(
                     k=max_k,
                     return_contexts=False,
                     any_token=True,
+                    mlm_prior=mlm_prior,
+                    article_sharpness=article_sharpness,
                 )
                 for q in batch
             ]
@@ -148,12 +159,13 @@ def grid_search(
             for q, query, enc in zip(batch, base, encs, strict=True):
                 r = rel_index[q.relation]
                 counts[r] += 1
-                p_mlm = enc.p_mlm()
+                p_mlm = full_mlm = enc.p_mlm()
                 gold = q.obj_id
                 if allowed_ids is not None:
                     p_mlm = p_mlm[allowed_ids]
                     gold = int(np.searchsorted(allowed_ids, q.obj_id))
                 by_n: dict[int | None, Neighbours] = {}
+                articles: list[ArticleHit] = []
                 if retriever == "none":
                     by_n[None] = pipeline.neighbours(query, enc, [])
                 else:
@@ -164,8 +176,11 @@ def grid_search(
                 for n, nbrs in by_n.items():
                     for k in ks:
                         dist, labels = nbrs.distances[:k], nbrs.labels[:k]
+                        near = None if nbrs.article is None else nbrs.article[:k]
+                        offsets = knn_offsets(query, near, articles[:n] if n is not None else [])
                         for t in temps:
-                            p_knn = knn_distribution(dist, labels, vocab, t)
+                            p_knn = knn_distribution(dist, labels, vocab, t, offsets)
+                            p_knn = weigh_vote(p_knn, full_mlm, mlm_prior)
                             if allowed_ids is not None:
                                 p_knn = p_knn[allowed_ids]
                             for lam in lams:

@@ -56,6 +56,8 @@ class PipelineRunner:
             k=s.k,
             temperature=s.temperature,
             lambda_=s.lambda_,
+            mlm_prior=s.mlm_prior,
+            article_sharpness=s.article_sharpness,
             return_contexts=False,
             any_token=True,  # LAMA's protocol: the whole vocabulary ranks (the service's default ranks words only)
         )
@@ -142,6 +144,8 @@ class HttpRunner:
             "k": s.k,
             "temperature": s.temperature,
             "lambda": s.lambda_,
+            "mlm_prior": s.mlm_prior,
+            "article_sharpness": s.article_sharpness,
             "return_contexts": False,
             "any_token": True,  # LAMA's protocol: the whole vocabulary ranks
         }

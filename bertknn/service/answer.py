@@ -11,11 +11,13 @@ from bertknn.service.codec import PMlmAt, QueryEncoding
 from bertknn.service.interpolate import (
     AdaptiveRule,
     adaptive_lambda,
+    article_offsets,
     interpolate,
     interpolated_top_k,
     knn_sparse,
     top_k,
     top_k_among,
+    weigh_vote,
 )
 from bertknn.service.results import (
     ArticleHit,
@@ -81,6 +83,13 @@ def lambda_for(query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray | None,
     return query.lambda_
 
 
+def knn_offsets(query: Query, nbrs_article: np.ndarray | None, articles: list[ArticleHit]) -> np.ndarray | None:
+    """The query's article weighting for its neighbours (`article_offsets`): only among ranked articles."""
+    if query.retriever == "none" or not articles or articles[0].rule == "subject":
+        return None
+    return article_offsets(nbrs_article, [a.score for a in articles], query.article_sharpness)
+
+
 class TokenAnswerer:
     """Answers over the vocabulary's tokens (single-piece datastores): the paper's interpolation.
 
@@ -99,19 +108,21 @@ class TokenAnswerer:
         self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *, with_distributions: bool
     ) -> Assembled:
         assert query.temperature is not None, "the pipeline resolves temperature auto"
-        knn_ids, knn_probs = knn_sparse(nbrs.distances, nbrs.labels, query.temperature)
+        # The dense p_MLM and p_kNN (vocabulary-sized arrays) only where a whole distribution is read: the
+        # adaptive rule, the returned distributions, the dense ranking below. Otherwise both are read at a few ids.
+        dense = enc.p_mlm() if with_distributions or query.interpolation == "adaptive" else None
+        p_mlm: np.ndarray | PMlmAt = dense if dense is not None else enc.p_mlm_at()
+        offsets = knn_offsets(query, nbrs.article, articles)
+        knn_ids, knn_probs = knn_sparse(nbrs.distances, nbrs.labels, query.temperature, offsets)
+        knn_probs = weigh_vote(knn_probs, p_mlm[knn_ids], query.mlm_prior)
 
         def dense_knn() -> np.ndarray:
             p = np.zeros(self.vocab_size, dtype=np.float32)
             p[knn_ids] = knn_probs
             return p
 
-        # The dense p_MLM and p_kNN (vocabulary-sized arrays) only where a whole distribution is read: the
-        # adaptive rule, the returned distributions, the dense ranking below. Otherwise both are read at a few ids.
-        dense = enc.p_mlm() if with_distributions or query.interpolation == "adaptive" else None
         p_knn = dense_knn() if dense is not None else None
         lam = lambda_for(query, dense, p_knn, nbrs)
-        p_mlm: np.ndarray | PMlmAt = dense if dense is not None else enc.p_mlm_at()
         # The ids that may be answers: all, or the words (no special token, piece or punctuation)
         skip = None if query.any_token else self.non_words
         mlm_ids, rank_ids, rank_probs = enc.top_ids, knn_ids, knn_probs

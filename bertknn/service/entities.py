@@ -30,7 +30,7 @@ import numpy as np
 from bertknn.core.format import Datastore
 from bertknn.core.format.table import EntityRef
 from bertknn.core.titles import fold_title, normalize_title
-from bertknn.service.answer import ContextReader, lambda_for
+from bertknn.service.answer import ContextReader, knn_offsets, lambda_for
 from bertknn.service.codec import QueryEncoding
 from bertknn.service.interpolate import interpolate, knn_distribution, top_k
 from bertknn.service.results import ArticleHit, Assembled, Prediction, Query, TokenProb
@@ -117,7 +117,8 @@ class EntityAnswerer:
     ) -> Assembled:
         assert query.temperature is not None, "the pipeline resolves temperature auto"
         entities, labels = self.candidates(nbrs)
-        p_knn = knn_distribution(nbrs.distances, labels, len(entities), query.temperature)
+        offsets = knn_offsets(query, nbrs.article, articles)
+        p_knn = knn_distribution(nbrs.distances, labels, len(entities), query.temperature, offsets)
         p_mlm = self.mlm_probs(query, enc, entities, p_knn).astype(np.float32)
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)

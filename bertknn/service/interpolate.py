@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -13,10 +14,34 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bertknn.core.errors import AdaptiveRuleError
 
 
-def knn_sparse(distances: np.ndarray, labels: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+def article_offsets(
+    article: np.ndarray | None, scores: Sequence[float | None], sharpness: float
+) -> np.ndarray | None:
+    """Per neighbour, what its article's retrieval rank adds to its logit: ``-sharpness * (1 - score / top)``.
+
+    ``article``: each neighbour's article (an index into ``scores``, the searched articles' retrieval scores). An
+    article that scores as high as the top one loses nothing; one that scores half as much counts
+    ``exp(-sharpness / 2)`` as much. None (every article counts the same, as in the paper) for ``sharpness`` 0, a
+    single article, or scores that are missing or not positive (the subject's own article, no retrieval).
+    """
+    if sharpness < 0:
+        raise ValueError("article_sharpness must be >= 0")
+    if sharpness == 0 or article is None or len(scores) < 2 or any(s is None for s in scores):
+        return None
+    s = np.asarray(scores, dtype=np.float64)
+    top = s.max()
+    if not top > 0 or not np.isfinite(s).all():
+        return None
+    return (-sharpness * (1.0 - s / top))[article]
+
+
+def knn_sparse(
+    distances: np.ndarray, labels: np.ndarray, temperature: float, offsets: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The non-zero part of p_kNN: (ids ascending, float32 probabilities), the values of `knn_distribution`.
 
-    p_kNN(w) = sum over neighbours labelled w of softmax(-d / l). The softmax is taken in log space (log-sum-exp
+    p_kNN(w) = sum over neighbours labelled w of softmax(-d / l + offset), the offsets (`article_offsets`)
+    being 0 unless given. The softmax is taken in log space (log-sum-exp
     over all neighbours), so every weight is exp of a number <= 0: huge distances underflow to 0 instead of
     overflowing. Every neighbour counts (a sum per word, not the nearest one per word). Words whose weight
     underflowed to 0 are left out.
@@ -26,6 +51,8 @@ def knn_sparse(distances: np.ndarray, labels: np.ndarray, temperature: float) ->
     if len(distances) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
     logits = -np.asarray(distances, dtype=np.float64) / temperature
+    if offsets is not None:
+        logits = logits + offsets
     top = logits.max()
     log_z = top + np.log(np.exp(logits - top).sum())
     ids, inverse = np.unique(np.asarray(labels, dtype=np.int64), return_inverse=True)
@@ -35,9 +62,39 @@ def knn_sparse(distances: np.ndarray, labels: np.ndarray, temperature: float) ->
     return ids[keep], acc[keep].astype(np.float32)
 
 
-def knn_distribution(distances: np.ndarray, labels: np.ndarray, vocab_size: int, temperature: float) -> np.ndarray:
+DEFAULT_ARTICLE_SHARPNESS = 10.0  # how much less a lower-ranked article's neighbours count (`article_offsets`)
+DEFAULT_MLM_PRIOR = 0.15  # the exponent of p_MLM in the weighted vote (`weigh_vote`); 0 is the paper's vote
+
+
+def weigh_vote(probs: np.ndarray, p_mlm_at: np.ndarray, mlm_prior: float) -> np.ndarray:
+    """The neighbours' vote weighted by how well each word fits the question: ``probs * p_MLM ** mlm_prior``,
+    rescaled to the vote's own total mass (so the weighted vote is still a distribution over the same words).
+
+    ``probs``: p_kNN at some words (the non-zero part, or a dense array); ``p_mlm_at``: p_MLM at the same words.
+    ``mlm_prior`` 0 is the paper's vote (``probs`` unchanged). The weighting runs in log space, so a tiny p_MLM
+    cannot underflow every word at once; a word with p_MLM 0 keeps no vote. Why and how it was measured:
+    docs/decisions/mlm-weighted-vote.md.
+    """
+    if mlm_prior < 0:
+        raise ValueError("mlm_prior must be >= 0")
+    probs = np.asarray(probs)
+    if mlm_prior == 0 or len(probs) == 0:
+        return probs
+    p = np.asarray(p_mlm_at, dtype=np.float64)
+    voted = (probs > 0) & (p > 0)
+    if not voted.any():
+        return probs
+    logw = np.full(len(probs), -np.inf)
+    logw[voted] = np.log(probs[voted].astype(np.float64)) + mlm_prior * np.log(p[voted])
+    w = np.exp(logw - logw[voted].max())
+    return (w * (float(np.sum(probs, dtype=np.float64)) / w.sum())).astype(np.float32)
+
+
+def knn_distribution(
+    distances: np.ndarray, labels: np.ndarray, vocab_size: int, temperature: float, offsets: np.ndarray | None = None
+) -> np.ndarray:
     """p_kNN over the whole vocabulary (see `knn_sparse`); zeros when there are no neighbours."""
-    ids, probs = knn_sparse(distances, labels, temperature)
+    ids, probs = knn_sparse(distances, labels, temperature, offsets)
     p = np.zeros(vocab_size, dtype=np.float32)
     p[ids] = probs
     return p

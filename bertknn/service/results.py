@@ -8,7 +8,12 @@ from typing import Literal
 import numpy as np
 
 from bertknn.core.format.table import EntityRef
-from bertknn.service.interpolate import AdaptiveRule, Interpolation
+from bertknn.service.interpolate import (
+    DEFAULT_ARTICLE_SHARPNESS,
+    DEFAULT_MLM_PRIOR,
+    AdaptiveRule,
+    Interpolation,
+)
 
 RetrieverName = Literal["bm25", "tfidf", "none"]
 AnswerKind = Literal["word", "entity"]
@@ -25,6 +30,8 @@ class Query:
     k: int = 128
     temperature: float | None = None  # l in softmax(-d/l); None: auto, the datastore's own (core.calibration)
     lambda_: float = 0.3
+    mlm_prior: float = DEFAULT_MLM_PRIOR  # the vote weighted by p_MLM ** mlm_prior (0: the paper's plain vote)
+    article_sharpness: float = DEFAULT_ARTICLE_SHARPNESS  # lower-ranked articles' neighbours count less (0: the same)
     return_contexts: bool = True
     contexts_per_answer: int = 3
     interpolation: Interpolation = "fixed"  # adaptive: lambda from `rule`, kNN skipped when the MLM is confident

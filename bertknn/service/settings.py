@@ -14,7 +14,12 @@ from pydantic import BaseModel, Field, SecretStr, field_validator, model_validat
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bertknn.core.encoder import BackendName
-from bertknn.service.interpolate import AdaptiveRule, Interpolation
+from bertknn.service.interpolate import (
+    DEFAULT_ARTICLE_SHARPNESS,
+    DEFAULT_MLM_PRIOR,
+    AdaptiveRule,
+    Interpolation,
+)
 from bertknn.service.results import RetrieverName
 
 
@@ -104,6 +109,16 @@ class DefaultsSettings(BaseModel):
             raise ValueError("temperature must be > 0, or auto")
         return value
     lambda_: float = Field(0.3, ge=0, le=1, alias="lambda")
+    mlm_prior: float = Field(
+        DEFAULT_MLM_PRIOR, ge=0, le=4, description="the neighbours' vote for a word is weighted by p_MLM(word) to "
+        "this power, so that words that fit the question win the article's votes (0: the paper's plain vote; "
+        "single-token answers)",
+    )
+    article_sharpness: float = Field(
+        DEFAULT_ARTICLE_SHARPNESS, ge=0, le=100, description="neighbours from articles the ranker scored lower count "
+        "less: each one's weight times exp(-article_sharpness * (1 - its article's score / the top score)); 0: every "
+        "retrieved article counts the same (the paper's)",
+    )
     top_k: int = Field(10, ge=1)
     interpolation: Interpolation = Field("fixed", description="fixed: lambda; adaptive: adaptive_rule per query")
     # BERTKNN_DEFAULTS__ADAPTIVE_RULE may be the path of a rule JSON (`python -m evaluation lama --adaptive-out`)

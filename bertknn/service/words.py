@@ -36,7 +36,7 @@ from bertknn.core.errors import check_deadline
 from bertknn.core.format import Datastore
 from bertknn.core.text import is_punctuation
 from bertknn.core.words import WordEntry as Word
-from bertknn.service.answer import ContextReader, lambda_for
+from bertknn.service.answer import ContextReader, knn_offsets, lambda_for
 from bertknn.service.cache import cache_key
 from bertknn.service.codec import QueryEncoding
 from bertknn.service.encoding import QueryEncoder
@@ -306,7 +306,8 @@ class WordAnswerer:
         words, labels = self.candidates(query, enc, nbrs)
         p_mlm = self.mlm_probs(query, token_p, words).astype(np.float32)
         assert query.temperature is not None, "the pipeline resolves temperature auto"
-        p_knn = knn_distribution(nbrs.distances, labels, len(words), query.temperature)
+        offsets = knn_offsets(query, nbrs.article, articles)
+        p_knn = knn_distribution(nbrs.distances, labels, len(words), query.temperature, offsets)
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []

@@ -7,7 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from bertknn.service.interpolate import interpolate, knn_distribution, rank_of, top_k
+from bertknn.service.interpolate import (
+    article_offsets,
+    interpolate,
+    knn_distribution,
+    knn_sparse,
+    rank_of,
+    top_k,
+    weigh_vote,
+)
 
 
 def test_knn_distribution_matches_hand_computation():
@@ -79,7 +87,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from bertknn.service.codec import QueryEncoding  # noqa: E402
-from bertknn.service.interpolate import interpolated_top_k, knn_sparse, top_k_among  # noqa: E402
+from bertknn.service.interpolate import interpolated_top_k, top_k_among  # noqa: E402
 
 
 def reference_top(p: np.ndarray, k: int) -> list[tuple[int, float]]:
@@ -187,3 +195,54 @@ def test_top_k_breaks_ties_at_the_boundary_by_lower_id() -> None:
     p[3000] = 0.5
     assert [i for i, _ in top_k(p, 3)] == [3000, 17, 999]
     assert [i for i, _ in top_k(np.full(6, 0.1, np.float32), 2)] == [0, 1]
+
+
+def test_weighted_vote_hand_computed() -> None:
+    # vote 0.6 / 0.4 for words 1 and 2; p_MLM 0.01 and 0.09: with exponent 0.5 the weights are 0.6*0.1 and 0.4*0.3
+    probs = np.array([0.6, 0.4], dtype=np.float32)
+    w = weigh_vote(probs, np.array([0.01, 0.09]), 0.5)
+    z = 0.6 * 0.1 + 0.4 * 0.3
+    assert w[0] == pytest.approx(0.06 / z, rel=1e-6)
+    assert w[1] == pytest.approx(0.12 / z, rel=1e-6)  # the word that fits the question now wins the vote
+    assert float(w.sum()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_weighted_vote_zero_is_the_papers_vote_and_keeps_total_mass() -> None:
+    probs = np.array([0.5, 0.2, 0.0], dtype=np.float32)  # a dense vote that does not sum to one
+    assert weigh_vote(probs, np.array([0.3, 0.1, 0.6]), 0.0) is probs
+    w = weigh_vote(probs, np.array([0.3, 0.1, 0.6]), 1.0)
+    assert w[2] == 0  # a word no neighbour voted for gets nothing, however well it fits
+    assert float(w.sum()) == pytest.approx(0.7, rel=1e-6)
+    with pytest.raises(ValueError, match="mlm_prior"):
+        weigh_vote(probs, probs, -1.0)
+
+
+def test_weighted_vote_survives_tiny_p_mlm() -> None:
+    # p_MLM of 1e-300 for every word: a linear-space product would underflow to an all-zero vote
+    w = weigh_vote(np.array([0.7, 0.3]), np.array([1e-300, 1e-301]), 2.0)
+    assert np.isfinite(w).all() and float(w.sum()) == pytest.approx(1.0, abs=1e-6)
+    assert w[0] > w[1]
+    # a word with p_MLM exactly 0 keeps no vote; when every word has 0, the plain vote stands
+    assert weigh_vote(np.array([0.7, 0.3]), np.array([0.0, 0.5]), 1.0).tolist() == [0.0, pytest.approx(1.0)]
+    assert weigh_vote(np.array([0.7, 0.3]), np.array([0.0, 0.0]), 1.0).tolist() == pytest.approx([0.7, 0.3])
+
+
+def test_article_offsets_hand_computed() -> None:
+    # three articles scored 8, 8, 4: the second loses nothing, the third half its score -> -sharpness / 2
+    off = article_offsets(np.array([0, 1, 2, 2]), [8.0, 8.0, 4.0], 10.0)
+    assert off is not None
+    assert off.tolist() == pytest.approx([0.0, 0.0, -5.0, -5.0])
+    # in the softmax: a neighbour of the third article at the same distance weighs exp(-5) as much
+    ids, probs = knn_sparse(np.array([1.0, 1.0]), np.array([3, 4]), 6.0, article_offsets(np.array([0, 2]), [8.0, 8.0, 4.0], 10.0))
+    assert probs[1] / probs[0] == pytest.approx(math.exp(-5.0), rel=1e-5)
+
+
+def test_article_offsets_off_when_nothing_ranks() -> None:
+    arts = np.array([0, 1])
+    assert article_offsets(arts, [8.0, 4.0], 0.0) is None  # the paper's: every article counts the same
+    assert article_offsets(arts, [None, None], 10.0) is None  # the subject's own article: no scores
+    assert article_offsets(np.array([0, 0]), [8.0], 10.0) is None  # one article
+    assert article_offsets(arts, [0.0, 0.0], 10.0) is None  # no positive score
+    assert article_offsets(None, [8.0, 4.0], 10.0) is None  # neighbours without their article (global search)
+    with pytest.raises(ValueError, match="article_sharpness"):
+        article_offsets(arts, [8.0, 4.0], -1.0)

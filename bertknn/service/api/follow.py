@@ -46,6 +46,7 @@ def base_query(req: FollowRequest, settings: ServiceSettings) -> Query:
         k=req.k or d.k,
         temperature=temperature_value(req.temperature if req.temperature is not None else d.temperature),
         lambda_=req.lambda_ if req.lambda_ is not None else d.lambda_,
+        article_sharpness=d.article_sharpness,
         contexts_per_answer=req.contexts_per_answer,
         return_contexts=req.contexts_per_answer > 0,
         answer="entity",

@@ -56,6 +56,8 @@ def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
         k=req.k or d.k,
         temperature=temperature_value(req.temperature if req.temperature is not None else d.temperature),
         lambda_=req.lambda_ if req.lambda_ is not None else d.lambda_,
+        mlm_prior=req.mlm_prior if req.mlm_prior is not None else d.mlm_prior,
+        article_sharpness=req.article_sharpness if req.article_sharpness is not None else d.article_sharpness,
         return_contexts=req.return_contexts,
         contexts_per_answer=req.contexts_per_answer,
         any_token=req.any_token,

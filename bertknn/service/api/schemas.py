@@ -33,6 +33,16 @@ class PredictRequest(BaseModel):
         "median distance of this query's neighbours (default: the server's, auto)",
     )
     lambda_: float | None = Field(None, ge=0, le=1, alias="lambda", description="kNN weight (default 0.3)")
+    mlm_prior: float | None = Field(
+        None, ge=0, le=4, description="the neighbours' vote for a word weighted by p_MLM(word) to this power, so that "
+        "words that fit the question win the article's votes; 0: the paper's plain vote (default: the server's, "
+        "0.15; single-token answers)",
+    )
+    article_sharpness: float | None = Field(
+        None, ge=0, le=100, description="neighbours from articles the ranker scored lower count less: each one's "
+        "weight times exp(-article_sharpness * (1 - its article's score / the top score)); 0: every retrieved "
+        "article counts the same, as in the paper (default: the server's, 10)",
+    )
     interpolation: Literal["fixed", "adaptive"] | None = Field(
         None,
         description="fixed: p = lambda p_kNN + (1 - lambda) p_MLM; adaptive: lambda per query from the confidence of "

@@ -19,6 +19,7 @@ class Neighbours:
     distances: np.ndarray  # float32 [n], squared L2, ascending
     rows: np.ndarray  # int64 [n], global row ids
     labels: np.ndarray  # int32 [n], token id of each neighbour's word
+    article: np.ndarray | None = None  # int16 [n]: each neighbour's article, as an index into the articles searched
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -52,6 +53,7 @@ class ArticleSearch:
     codes: np.ndarray | None = None  # a datastore with a codec: the rows' codes, searched by `searcher`
     searcher: CodeSearcher | None = None
     answer: str = "word"  # which rows: words, or entity links (`Datastore.article_rows`)
+    row_article: np.ndarray | None = None  # int16 [n]: each row's article, as an index into ``titles``
 
     def search(self, query: np.ndarray, k: int) -> Neighbours:
         n = len(self.rows)
@@ -71,7 +73,8 @@ class ArticleSearch:
             assert self.vectors is not None
             d2, i2 = faiss.knn(q, self.vectors, kk)
         dist, idx = d2[0], i2[0]
-        return Neighbours(dist.astype(np.float32), self.rows[idx], self.labels[idx].astype(np.int32))
+        article = self.row_article[idx] if self.row_article is not None else None
+        return Neighbours(dist.astype(np.float32), self.rows[idx], self.labels[idx].astype(np.int32), article)
 
 
 class RestrictedKnn:
@@ -87,8 +90,22 @@ class RestrictedKnn:
         t = tuple(titles)
         if len(rows) == 0:
             return ArticleSearch(t, labels, rows, None, None, answer=answer)
+        arts = self.row_articles(titles, rows)
         if self.datastore.code_searcher is not None:
-            return ArticleSearch(t, labels, rows, None, None, vectors, self.datastore.code_searcher, answer)
+            return ArticleSearch(t, labels, rows, None, None, vectors, self.datastore.code_searcher, answer, arts)
         if vectors.dtype == np.float16:
-            return ArticleSearch(t, labels, rows, fp16_index(vectors), None, answer=answer)
-        return ArticleSearch(t, labels, rows, None, np.ascontiguousarray(vectors, dtype=np.float32), answer=answer)
+            return ArticleSearch(t, labels, rows, fp16_index(vectors), None, answer=answer, row_article=arts)
+        return ArticleSearch(
+            t, labels, rows, None, np.ascontiguousarray(vectors, dtype=np.float32), answer=answer, row_article=arts
+        )
+
+    def row_articles(self, titles: list[str], rows: np.ndarray) -> np.ndarray:
+        """Each row's article, as an index into ``titles`` (an article's rows are one range of global ids)."""
+        out = np.zeros(len(rows), dtype=np.int16)
+        for i, title in enumerate(titles):
+            entry = self.datastore.articles.get(title)
+            if entry is None or entry.rows == 0:
+                continue
+            base = int(self.datastore.shard_offsets[entry.shard])
+            out[(rows >= base + entry.row_start) & (rows < base + entry.row_end)] = i
+        return out

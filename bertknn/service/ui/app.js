@@ -2,7 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const FIELDS = ["text", "subject", "answer", "retriever", "lambda", "k", "temperature", "top_k", "relations", "beam"];
+const FIELDS = ["text", "subject", "answer", "retriever", "lambda", "mlm_prior", "k", "temperature", "top_k", "relations", "beam"];
 let mode = "predict";
 
 function esc(s) {
@@ -40,6 +40,7 @@ function requestBody() {
   if (t) body.temperature = t === "auto" ? "auto" : Number(t);
   if (mode === "predict") {
     body.text = $("text").value;
+    if (number("mlm_prior") !== undefined) body.mlm_prior = number("mlm_prior");
     if ($("answer").value !== "word") body.answer = $("answer").value;
   } else {
     body.relations = $("relations").value.split("\n").map((r) => r.trim()).filter(Boolean);
