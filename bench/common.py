@@ -119,7 +119,10 @@ async def httpx_clients(url: str, n: int, *, timeout: float = 60) -> AsyncIterat
         ]
 
 
-def build_datastore(corpus: list[Path], out: Path, model: Path | str, *, limit: int | None = None, ivfpq: bool = False) -> Path:
+def build_datastore(
+    corpus: list[Path], out: Path, model: Path | str, *, limit: int | None = None, ivfpq: bool = False,
+    targets: str = "single-piece",
+) -> Path:  # fmt: skip
     """Build once (resumable, reused when the manifest exists)."""
     if (out / "manifest.json").is_file():
         return out
@@ -130,6 +133,8 @@ def build_datastore(corpus: list[Path], out: Path, model: Path | str, *, limit: 
         cmd += ["--limit-articles", str(limit)]
     if ivfpq:
         cmd += ["--ivfpq"]
+    if targets != "single-piece":
+        cmd += ["--targets", targets]
     subprocess.run(cmd, check=True, cwd=REPO, env=dict(os.environ))
     return out
 

@@ -10,6 +10,9 @@ the subject named (its own article is searched) and without (BM25 picks the arti
 and test by subject (sha256 of the title), so that no subject's article is tuned on and then tested.
 ``--probe heldout`` asks the T-REx relations of ``TREx_facts_all41`` that are not among those 22 instead (an
 independent check, never tuned on: every fact is scored, as split ``heldout``), over their own subjects' leads.
+``--datastore DIR`` scores an existing datastore instead, e.g. full articles built from a real Wikipedia dump: the
+facts are those whose subject is one of its articles and whose object is written in that article's stored text
+(split ``datastore``; facts of ``--probe``'s relations).
 
 Each setting is scored in one run with the paper's method (``mlm_prior`` 0, ``article_sharpness`` 0), then with
 each change on top: the neighbours' vote weighted by p_MLM (`bertknn.service.interpolate.weigh_vote`), then the
@@ -49,8 +52,9 @@ class Fact:
     subject: str
     obj: str
     text: str  # the cloze question
-    gold: int  # the object's label (one token of the model)
+    gold: int  # the object's label (one token of the model); -1 for a whole-word answer of several pieces
     split: str
+    word: str = ""  # the answer as the model's words spell it (lower-cased for an uncased model)
 
 
 def split_of_subject(subject: str) -> str:
@@ -66,9 +70,13 @@ def probe_files(probe: str) -> list[Path]:
     return [f for f in sorted((LAMA / "TREx_facts_all41").glob("P*.jsonl")) if f.name not in names]
 
 
-def load_facts(words: Any, leads: dict[str, str], files: list[Path] | None = None, split: str | None = None) -> list[Fact]:
-    """The facts whose subject has a lead that writes the object as a whole word, one token for the model.
-    ``split``: every fact's split (default: dev or test by subject)."""
+def load_facts(
+    words: Any, leads: dict[str, str], files: list[Path] | None = None, split: str | None = None, *,
+    whole_words: bool = False,
+) -> list[Fact]:  # fmt: skip
+    """The facts whose subject has a lead that writes the object as a whole word, one token for the model (or,
+    ``whole_words``, one word of any number of tokens). ``split``: every fact's split (default: dev or test by
+    subject)."""
     from bertknn.evaluation.lama import ObjectVocabulary, fill_template
 
     templates = {r["relation"]: r["template"] for r in map(json.loads, (LAMA / "relations.jsonl").open())}
@@ -86,11 +94,14 @@ def load_facts(words: Any, leads: dict[str, str], files: list[Path] | None = Non
             if not re.search(rf"(?<!\w){re.escape(obj)}(?!\w)", lead, flags=re.IGNORECASE):
                 continue
             piece = vocab.wordpiece(obj)
-            if piece is None:
+            one_word = whole_words and re.fullmatch(r"\w+", obj) is not None
+            if piece is None and not one_word:
                 continue
             seen.add((subject, obj))
             text = fill_template(templates[rel], subject, lowercase=vocab.lowercase)
-            out.append(Fact(rel, subject, obj, text, piece[1], split or split_of_subject(subject)))
+            word = obj.lower() if vocab.lowercase else obj
+            gold = piece[1] if piece is not None else -1
+            out.append(Fact(rel, subject, obj, text, gold, split or split_of_subject(subject), word))
     return out
 
 
@@ -100,12 +111,30 @@ def subject_words(words: Any, subject: str) -> set[int]:
     return {i for i in ids if i >= 0}
 
 
+def read_answer(pipeline: Any, f: Fact, d: Any) -> tuple[dict[str, str], str, bool, bool]:
+    """The top answer's text under p, p_kNN and p_MLM; the gold's text; whether a neighbour voted for the gold;
+    whether the top answer is one of the subject's own words. Single-token and whole-word distributions alike."""
+    from bertknn.service.words import WordDistributions
+
+    dists = (("bert_knn", d.p), ("knn", d.p_knn), ("mlm", d.p_mlm))
+    if isinstance(d, WordDistributions):
+        texts = [w.text for w in d.words]
+        top = {n: texts[int(np.argmax(x))] if len(texts) and x.max() > 0 else "" for n, x in dists}
+        i = d.index(f.word)
+        voted = i is not None and d.p_knn[i] > 0
+        echo = top["bert_knn"].lower() in {w.lower() for w in re.findall(r"\w+", f.subject)}
+        return top, f.word, voted, echo
+    non_words = pipeline.encoder.words.vocab.non_words
+    ids = {n: int(np.argmax(np.where(non_words, -1.0, x))) for n, x in dists}
+    echo = ids["bert_knn"] in subject_words(pipeline.encoder.words, f.subject)
+    top = {n: pipeline.token(i) for n, i in ids.items()}
+    return top, pipeline.token(f.gold), bool(d.p_knn[f.gold] > 0), echo
+
+
 def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, knobs: dict[str, float], batch: int = 32) -> dict[str, Any]:
     """Macro P@1 of BERT-kNN, kNN and MLM, the ceiling, and the misses by cause."""
     from bertknn.service.results import Query
 
-    words = pipeline.encoder.words
-    non_words = words.vocab.non_words
     per_rel: dict[str, Counter[str]] = defaultdict(Counter)
     causes: Counter[str] = Counter()
     for start in range(0, len(facts), batch):
@@ -115,23 +144,22 @@ def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, knobs: dict[s
         for f, ans in zip(chunk, pipeline.predict_batch(queries, with_distributions=True), strict=True):
             d = ans.distributions
             assert d is not None and d.p_knn is not None and d.p is not None
-            top = {name: int(np.argmax(np.where(non_words, -1.0, dist))) for name, dist in
-                   (("bert_knn", d.p), ("knn", d.p_knn), ("mlm", d.p_mlm))}  # fmt: skip
+            top, gold, voted, echo = read_answer(pipeline, f, d)
             c = per_rel[f.relation]
             c["n"] += 1
             for name, t in top.items():
-                c[name] += int(t == f.gold)
+                c[name] += int(t == gold)
             searched = {a.title for a in ans.articles}
             c["ceiling"] += int(f.subject in searched)
-            if top["bert_knn"] == f.gold:
+            if top["bert_knn"] == gold:
                 continue
             if f.subject not in searched:
                 cause = "retrieval"
-            elif top["bert_knn"] in subject_words(words, f.subject):
+            elif echo:
                 cause = "subject_echo"
-            elif d.p_knn[f.gold] <= 0:
+            elif not voted:
                 cause = "not_in_neighbours"
-            elif top["knn"] != f.gold:
+            elif top["knn"] != gold:
                 cause = "outvoted"
             else:
                 cause = "interpolation"
@@ -166,6 +194,20 @@ SWEEP = [{"mlm_prior": b, "article_sharpness": DEFAULT_ARTICLE_SHARPNESS} for b 
 ]
 
 
+def open_datastore(args: argparse.Namespace) -> tuple[Any, list[Fact], dict[str, int]]:
+    """``--datastore``: its pipeline, and the facts its own articles' text writes (split ``datastore``)."""
+    from bertknn.service.pipeline import AnswerPipeline
+
+    pipeline = AnswerPipeline.open(args.datastore, device="cpu")
+    pipeline.encoder.set_backend("auto")
+    texts = dict(pipeline.datastore.iter_article_texts())
+    whole = pipeline.datastore.whole_words
+    facts = load_facts(pipeline.encoder.words, texts, probe_files(args.probe), "datastore", whole_words=whole)
+    sizes = {"articles": len(texts), "subjects": len({f.subject for f in facts}),
+             "contexts": pipeline.datastore.manifest.counts.contexts}  # fmt: skip
+    return pipeline, facts, sizes
+
+
 def open_benchmark(args: argparse.Namespace) -> tuple[Any, list[Fact], dict[str, int]]:
     """The facts of ``--probe``, and a pipeline over their subjects' leads plus ``--others`` other leads."""
     from transformers import AutoTokenizer
@@ -173,19 +215,26 @@ def open_benchmark(args: argparse.Namespace) -> tuple[Any, list[Fact], dict[str,
     from bertknn.core.wordmodel import WordModel
     from bertknn.service.pipeline import AnswerPipeline
 
+    if args.datastore is not None:
+        return open_datastore(args)
+
     rows = [json.loads(line) for line in VITAL.open(encoding="utf-8")]
     leads = {r["title"]: r["text"] for r in rows}
     words = WordModel(AutoTokenizer.from_pretrained(args.model))
-    facts = load_facts(words, leads, probe_files(args.probe), "heldout" if args.probe == "heldout" else None)
+    whole = args.answers == "whole-word"
+    split = "heldout" if args.probe == "heldout" else None
+    facts = load_facts(words, leads, probe_files(args.probe), split, whole_words=whole)
     subjects = {f.subject for f in facts}
     others = [r for r in rows if r["title"] not in subjects][: args.others]
     args.work.mkdir(parents=True, exist_ok=True)
     name = f"{len(subjects)}-{args.others}" + ("-heldout" if args.probe == "heldout" else "")
     corpus = args.work / f"corpus-{name}.jsonl"
+    name += "-whole-word" if whole else ""
     if not corpus.is_file():
         chosen = [r for r in rows if r["title"] in subjects] + others
         corpus.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chosen), encoding="utf-8")
-    ds = build_datastore([corpus], args.work / f"ds-{Path(args.model).name}-{name}", args.model)
+    ds = build_datastore([corpus], args.work / f"ds-{Path(args.model).name}-{name}", args.model,
+                         targets=args.answers)
     pipeline = AnswerPipeline.open(ds, device="cpu")
     pipeline.encoder.set_backend("auto")
     sizes = {"subject_leads": len(subjects), "other_leads": len(others),
@@ -201,14 +250,22 @@ def main(argv: list[str] | None = None) -> int:
                    "splits, each reported)")  # fmt: skip
     p.add_argument("--probe", choices=["trex", "heldout"], default="trex", help="trex: the 22 relations (dev and "
                    "test); heldout: the other T-REx relations, an independent check")  # fmt: skip
+    p.add_argument("--answers", choices=["single-piece", "whole-word"], default="single-piece", help="whole-word: "
+                   "a datastore of whole words (any number of tokens), and the facts whose object is one such word")  # fmt: skip
     p.add_argument("--sweep", action="store_true", help="also score each mlm_prior and article_sharpness of the "
                    "sweep (how the defaults were chosen: docs/decisions/mlm-weighted-vote.md)")  # fmt: skip
+    p.add_argument("--datastore", type=Path, help="score this datastore (e.g. a real dump's full articles) "
+                   "instead of building the leads' one")  # fmt: skip
     p.add_argument("--work", type=Path, default=RUNS / "bench-realtext")
     args = p.parse_args(argv)
+    if args.datastore is not None and not (args.datastore / "manifest.json").is_file():
+        p.error(f"--datastore {args.datastore}: no datastore there (no manifest.json)")
     if args.others < 0:
         p.error("--others must be at least 0")
     pipeline, facts, sizes = open_benchmark(args)
-    if args.probe == "heldout":
+    if args.datastore is not None:
+        splits = ["datastore"]
+    elif args.probe == "heldout":
         splits = ["heldout"]
     else:
         splits = ["dev", "test"] if args.split == "all" else [args.split]
@@ -228,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{split:7s} {setting:50s} facts {r['facts']:4d}  BERT-kNN {r['p@1']['bert_knn']:5.1f}  kNN "
                   f"{r['p@1']['knn']:5.1f}  MLM {r['p@1']['mlm']:5.1f}  ceiling {r['ceiling']:5.1f}  misses: "
                   + ", ".join(f"{k} {v:.0f}%" for k, v in r["miss_causes"].items()), flush=True)  # fmt: skip
-    path = write_result(result_name("realtext" + ("-heldout" if args.probe == "heldout" else ""), args.model), result)
+    name = "realtext" + ("-heldout" if args.probe == "heldout" else "") + ("-datastore" if args.datastore else "")
+    name += "-whole-word" if args.answers == "whole-word" and args.datastore is None else ""
+    if args.datastore is not None:
+        result["datastore"] = str(args.datastore)
+    path = write_result(result_name(name, args.model), result)
     print(f"wrote {path}")
     pipeline.close()
     return 0
