@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--lambda", dest="lambda_", type=float, default=0.3, help="kNN weight")
     la.add_argument(
         "--mlm-prior", type=float, default=DEFAULT_MLM_PRIOR,
-        help="the neighbours' vote weighted by p_MLM to this power (0: the paper's plain vote; single-token answers)",
+        help="the neighbours' vote weighted by p_MLM to this power (0: the paper's plain vote; word answers, not entities)",
     )  # fmt: skip
     la.add_argument(
         "--article-sharpness", type=float, default=DEFAULT_ARTICLE_SHARPNESS,

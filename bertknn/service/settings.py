@@ -112,7 +112,7 @@ class DefaultsSettings(BaseModel):
     mlm_prior: float = Field(
         DEFAULT_MLM_PRIOR, ge=0, le=4, description="the neighbours' vote for a word is weighted by p_MLM(word) to "
         "this power, so that words that fit the question win the article's votes (0: the paper's plain vote; "
-        "single-token answers)",
+        "word answers, not entity answers)",
     )
     article_sharpness: float = Field(
         DEFAULT_ARTICLE_SHARPNESS, ge=0, le=100, description="neighbours from articles the ranker scored lower count "

@@ -40,7 +40,7 @@ from bertknn.service.answer import ContextReader, knn_offsets, lambda_for
 from bertknn.service.cache import cache_key
 from bertknn.service.codec import QueryEncoding
 from bertknn.service.encoding import QueryEncoder
-from bertknn.service.interpolate import interpolate, knn_distribution, top_k
+from bertknn.service.interpolate import interpolate, knn_distribution, top_k, weigh_vote
 from bertknn.service.results import (
     ArticleHit,
     Assembled,
@@ -308,6 +308,7 @@ class WordAnswerer:
         assert query.temperature is not None, "the pipeline resolves temperature auto"
         offsets = knn_offsets(query, nbrs.article, articles)
         p_knn = knn_distribution(nbrs.distances, labels, len(words), query.temperature, offsets)
+        p_knn = weigh_vote(p_knn, p_mlm, query.mlm_prior)
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []

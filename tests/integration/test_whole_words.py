@@ -191,6 +191,24 @@ def test_service_answers_the_whole_word_and_marks_it_multi_piece(whole_ds: Path)
         assert again["cache"]["encoding"] == "hit" and again["predictions"] == body["predictions"]
 
 
+def test_the_whole_word_vote_is_weighted_by_each_words_p_mlm(whole_ds: Path) -> None:
+    """``mlm_prior``: the vote over whole words times p_MLM(word) ** prior, a several-piece word's p_MLM being its
+    fill; 0 leaves the paper's vote (checked against that plain vote's own parts)."""
+    pipe = AnswerPipeline.open(whole_ds, device="cpu")
+    try:
+        q = Query(QUESTION["text"], subject=QUESTION["subject"])
+        plain = pipe.predict(Query(**{**q.__dict__, "mlm_prior": 0.0}), with_distributions=True).distributions
+        got = pipe.predict(Query(**{**q.__dict__, "mlm_prior": 0.5}), with_distributions=True).distributions
+        assert plain is not None and got is not None
+        assert [w.text for w in got.words] == [w.text for w in plain.words]  # type: ignore[attr-defined]
+        want = np.where(plain.p_knn > 0, plain.p_knn.astype(np.float64) * plain.p_mlm.astype(np.float64) ** 0.5, 0)
+        np.testing.assert_allclose(got.p_knn, want / want.sum(), atol=1e-6)
+        np.testing.assert_allclose(got.p, 0.3 * got.p_knn + 0.7 * got.p_mlm, atol=1e-6)
+        assert not np.allclose(got.p_knn, plain.p_knn)  # several words voted for, with different p_MLM
+    finally:
+        pipe.close()
+
+
 def test_single_piece_service_cannot_answer_it_and_marks_nothing(single_ds: Path) -> None:
     with TestClient(create_app(_settings(single_ds))) as client:
         body = client.post("/predict", json=QUESTION).json()

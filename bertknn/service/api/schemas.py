@@ -36,7 +36,7 @@ class PredictRequest(BaseModel):
     mlm_prior: float | None = Field(
         None, ge=0, le=4, description="the neighbours' vote for a word weighted by p_MLM(word) to this power, so that "
         "words that fit the question win the article's votes; 0: the paper's plain vote (default: the server's, "
-        "0.15; single-token answers)",
+        "0.15; word answers, not entity answers)",
     )
     article_sharpness: float | None = Field(
         None, ge=0, le=100, description="neighbours from articles the ranker scored lower count less: each one's "
