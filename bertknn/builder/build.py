@@ -295,11 +295,12 @@ def embed_prepared(
     out: np.ndarray | None = None,
     done: list[int] | None = None,
     step_rows: int = EMBED_STEP_ROWS,
+    times: StageTimes | None = None,
 ) -> np.ndarray:
     """Embed every context of a shard in steps of `EMBED_STEP_ROWS` rows, each in length-sorted batches; rows
     come back in the shard's order. ``on_batch`` hears the number of contexts of each batch done (progress);
     ``out`` receives the rows, and ``done[0]`` says how many leading rows are embedded (an interrupted build
-    writes the articles they cover)."""
+    writes the articles they cover). ``times`` counts each batch's tokens and padded tokens."""
     n = len(prepared.inputs)
     out = np.empty((n, encoder.hidden_size), dtype=np.float16) if out is None else out
     step = max(1, step_rows)
@@ -307,7 +308,11 @@ def embed_prepared(
         order = sorted(range(lo, min(n, lo + step)), key=lambda i: len(prepared.inputs[i].input_ids))
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            emb = encoder.encode([prepared.inputs[i] for i in idx]).embeddings
+            batch = [prepared.inputs[i] for i in idx]
+            emb = encoder.encode(batch).embeddings
+            if times is not None:
+                lengths = [len(x.input_ids) for x in batch]
+                times.pad(sum(lengths), len(lengths) * max(lengths))
             out[idx] = emb.astype(np.float16)
             return_free_memory()  # the forward's freed buffers go back to the system, not to glibc's heap
             if on_batch is not None:
@@ -548,7 +553,9 @@ def embed_shards(
             vectors = np.empty((prepared.rows, encoder.hidden_size), dtype=np.float16)
             done = [0]
             try:
-                embed_prepared(encoder, prepared, options.batch_size, on_batch, vectors, done, options.checkpoint_contexts)
+                embed_prepared(
+                    encoder, prepared, options.batch_size, on_batch, vectors, done, options.checkpoint_contexts, times
+                )
             except KeyboardInterrupt:
                 raise _PartialPart(vectors, done[0]) from None
             forward_s = time.perf_counter() - t1

@@ -28,6 +28,17 @@ class StageTimes:
     seconds: dict[str, float] = field(default_factory=_zeros)
     items: dict[str, float] = field(default_factory=_zeros)
     dropped: dict[str, int] = field(default_factory=dict)  # sentences left out, by reason (short, fragment, markup)
+    tokens: int = 0  # tokens the forward passes embedded
+    padded_tokens: int = 0  # the same batches' tokens with padding: rows x the longest row, per batch
+
+    def pad(self, tokens: int, padded: int) -> None:
+        """One forward batch: its real tokens and its padded size."""
+        self.tokens += tokens
+        self.padded_tokens += padded
+
+    def padding_fraction(self) -> float | None:
+        """The share of the forward's tokens that were padding (None before any batch)."""
+        return round(1.0 - self.tokens / self.padded_tokens, 4) if self.padded_tokens else None
 
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -37,6 +48,7 @@ class StageTimes:
         self.items[stage] += items
 
     def merge(self, other: StageTimes) -> None:
+        self.pad(other.tokens, other.padded_tokens)
         for reason, n in other.dropped.items():
             self.dropped[reason] = self.dropped.get(reason, 0) + n
         for s in STAGES:
@@ -70,6 +82,7 @@ class StageTimes:
             "workers": workers,
             "bound": self.bound(workers),
             "sentences_dropped": dict(sorted(self.dropped.items())),
+            "padding_fraction": self.padding_fraction(),
         }
 
     def line(self, workers: int) -> str:

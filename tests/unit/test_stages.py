@@ -34,6 +34,17 @@ def test_wall_time_divides_the_workers_stages_and_names_the_bound() -> None:
     assert "bound: known after the first shard" in early.line(1)
 
 
+def test_padding_is_counted_per_batch_and_merged() -> None:
+    t = StageTimes()
+    assert t.padding_fraction() is None and t.summary(1)["padding_fraction"] is None
+    t.pad(10, 12)  # a batch of rows 4, 6 tokens wide: 10 real tokens, 12 with padding
+    other = StageTimes()
+    other.pad(8, 8)  # a batch without padding
+    t.merge(other)
+    assert (t.tokens, t.padded_tokens) == (18, 20)
+    assert t.summary(1)["padding_fraction"] == 0.1
+
+
 def _xml_dump(path: Path) -> Path:
     pages = "".join(
         f"<page><title>{a['title']}</title><ns>0</ns><id>{a['id']}</id><revision><text>'''{a['title']}''' "
@@ -59,3 +70,5 @@ def test_a_build_reports_every_stage(tmp_path: Path, tiny_model_dir: Path, caplo
     assert stages["split"]["sentences"] == summary["sentences"]
     for name in STAGES:
         assert stages[name]["seconds"] >= 0
+    # the padding share of the forward's batches: some (the sentences differ in length), never most (sorted by length)
+    assert 0 < summary["padding_fraction"] < 0.5
