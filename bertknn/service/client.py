@@ -81,10 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--top-k", type=int)
     pr.add_argument("--retriever", choices=["bm25", "tfidf", "none"])
     pr.add_argument("--interpolation", choices=["fixed", "adaptive"], help="default: the server's")
+    pr.add_argument("--mlm-prior", type=float, help="the vote weighted by p_MLM to this power (0: the paper's "
+                    "plain vote; default: the server's)")  # fmt: skip
     pr.add_argument("--json", action="store_true", help="print the raw JSON response")
     args = p.parse_args(argv)
-    given = {"subject": args.subject, "top_k": args.top_k, "retriever": args.retriever, "interpolation": args.interpolation}
-    options = {k: v for k, v in given.items() if v}
+    given = {"subject": args.subject, "top_k": args.top_k, "retriever": args.retriever,
+             "interpolation": args.interpolation, "mlm_prior": args.mlm_prior}  # fmt: skip
+    options = {k: v for k, v in given.items() if v is not None and v != ""}
     try:
         with BertKnnClient(args.url) as client:
             resp = client.predict(args.text, **options)

@@ -4,6 +4,7 @@ from the plain vote's own parts, and through the API."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -92,3 +93,23 @@ def test_the_api_takes_both_knobs_and_says_what_is_wrong(tiny_datastore: Path) -
         for field, value in (("mlm_prior", -1), ("mlm_prior", "high"), ("article_sharpness", -0.5)):
             r = client.post("/predict", json={**body, field: value})
             assert r.status_code == 422 and field in r.json()["error"]["message"], r.text
+
+
+def test_the_client_cli_sends_the_prior(tiny_datastore: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from bertknn.service import client as cli
+
+    settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu"}, batching={"max_wait_ms": 1})
+    with TestClient(create_app(settings)) as http:
+        monkeypatch.setattr(cli.BertKnnClient, "__init__", lambda self, *a, **k: setattr(self, "_http", http))
+        monkeypatch.setattr(cli.BertKnnClient, "close", lambda self: None)
+        body = {"text": QUESTION.text, "subject": "zorblat"}
+        seen = []
+        for prior in ("0", "2"):
+            assert cli.main(["predict", QUESTION.text, "--subject", "zorblat", "--mlm-prior", prior, "--json"]) == 0
+            got = json.loads(capsys.readouterr().out)
+            want = http.post("/predict", json={**body, "mlm_prior": float(prior)}).json()
+            seen.append([(p["token"], p["p_knn"]) for p in got["predictions"]])
+            assert seen[-1] == [(p["token"], p["p_knn"]) for p in want["predictions"]]
+        assert seen[0] != seen[1]  # the flag reached the server: the two votes differ
+        assert cli.main(["predict", QUESTION.text, "--mlm-prior", "-1"]) == 2  # refused before any request
+        assert "mlm_prior" in capsys.readouterr().err
