@@ -16,7 +16,9 @@ facts are those whose subject is one of its articles and whose object is written
 
 Each setting is scored in one run with the paper's method (``mlm_prior`` 0, ``article_sharpness`` 0), then with
 each change on top: the neighbours' vote weighted by p_MLM (`bertknn.service.interpolate.weigh_vote`), then the
-neighbours of lower-ranked articles counting less (`article_offsets`; the service's defaults).
+neighbours of lower-ranked articles counting less (`article_offsets`; the service's defaults). Each vote's BERT-kNN
+P@1 is compared with the paper's on the same facts: the difference and its 95 % interval (a paired bootstrap over
+facts within relations).
 
 For each setting: macro P@1 over relations of BERT-kNN, kNN alone and MLM alone; the ceiling (answer present in
 the articles searched); and each BERT-kNN miss by its first cause: retrieval missed the subject's article, the
@@ -137,6 +139,7 @@ def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, knobs: dict[s
 
     per_rel: dict[str, Counter[str]] = defaultdict(Counter)
     causes: Counter[str] = Counter()
+    hits: list[int] = []  # BERT-kNN right (1) or not, per fact in order: for the paired comparison of two votes
     for start in range(0, len(facts), batch):
         chunk = facts[start : start + batch]
         queries = [Query(text=f.text, subject=f.subject if with_subject else None, top_k=1, return_contexts=False,
@@ -151,6 +154,7 @@ def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, knobs: dict[s
                 c[name] += int(t == gold)
             searched = {a.title for a in ans.articles}
             c["ceiling"] += int(f.subject in searched)
+            hits.append(int(top["bert_knn"] == gold))
             if top["bert_knn"] == gold:
                 continue
             if f.subject not in searched:
@@ -176,7 +180,25 @@ def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, knobs: dict[s
         "ceiling": macro("ceiling"),
         "misses": misses,
         "miss_causes": {k: round(100.0 * causes[k] / misses, 1) if misses else 0.0 for k in CAUSES},
+        "hits": hits,
     }  # fmt: skip
+
+
+def paired_interval(
+    relations: list[str], a: list[int], b: list[int], *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Macro P@1 of ``b`` minus that of ``a`` on the same facts, and its 95 % interval by a paired bootstrap:
+    facts resampled with replacement within each relation, both votes read at the same draws."""
+    rng = np.random.default_rng(seed)
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    groups = [np.flatnonzero(np.asarray(relations) == r) for r in sorted(set(relations))]
+    diff = 100.0 * float(np.mean([y[g].mean() - x[g].mean() for g in groups]))
+    draws = np.empty(resamples)
+    for i in range(resamples):
+        picks = [rng.choice(g, len(g)) for g in groups]
+        draws[i] = 100.0 * np.mean([y[d].mean() - x[d].mean() for d in picks])
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return round(diff, 1), round(float(lo), 1), round(float(hi), 1)
 
 
 # the settings scored, each change on top of the one before: the paper's vote, then the vote weighted by p_MLM,
@@ -281,10 +303,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{setting}/{vote}": score(pipeline, chosen, with_subject=setting == "with_subject", knobs=knobs)
             for setting in ("with_subject", "without_subject") for vote, knobs in votes.items()
         }  # fmt: skip
+        rels = [f.relation for f in chosen]
         for setting, r in result["splits"][split].items():
+            paper = result["splits"][split][setting.split("/")[0] + "/paper"]
+            r["vs_paper"] = dict(zip(("diff", "low", "high"), paired_interval(rels, paper["hits"], r["hits"]),
+                                     strict=True))  # fmt: skip
             print(f"{split:7s} {setting:50s} facts {r['facts']:4d}  BERT-kNN {r['p@1']['bert_knn']:5.1f}  kNN "
                   f"{r['p@1']['knn']:5.1f}  MLM {r['p@1']['mlm']:5.1f}  ceiling {r['ceiling']:5.1f}  misses: "
-                  + ", ".join(f"{k} {v:.0f}%" for k, v in r["miss_causes"].items()), flush=True)  # fmt: skip
+                  + ", ".join(f"{k} {v:.0f}%" for k, v in r["miss_causes"].items())
+                  + "  BERT-kNN vs the paper's vote: {diff:+.1f} [{low:+.1f}, {high:+.1f}]".format(**r["vs_paper"]),
+                  flush=True)  # fmt: skip
     name = "realtext" + ("-heldout" if args.probe == "heldout" else "") + ("-datastore" if args.datastore else "")
     name += "-whole-word" if args.answers == "whole-word" and args.datastore is None else ""
     if args.datastore is not None:
