@@ -71,8 +71,8 @@ def weigh_vote(probs: np.ndarray, p_mlm_at: np.ndarray, mlm_prior: float) -> np.
     rescaled to the vote's own total mass (so the weighted vote is still a distribution over the same words).
 
     ``probs``: p_kNN at some words (the non-zero part, or a dense array); ``p_mlm_at``: p_MLM at the same words.
-    ``mlm_prior`` 0 is the paper's vote (``probs`` unchanged). The weighting runs in log space, so a tiny p_MLM
-    cannot underflow every word at once; a word with p_MLM 0 keeps no vote. Why and how it was measured:
+    ``mlm_prior`` 0 is the paper's vote (``probs`` unchanged). Where the products would underflow, the weighting
+    runs in log space, so a tiny p_MLM cannot take every word's vote at once; a word with p_MLM 0 keeps no vote. Why and how it was measured:
     docs/decisions/mlm-weighted-vote.md.
     """
     if mlm_prior < 0:
@@ -81,13 +81,18 @@ def weigh_vote(probs: np.ndarray, p_mlm_at: np.ndarray, mlm_prior: float) -> np.
     if mlm_prior == 0 or len(probs) == 0:
         return probs
     p = np.asarray(p_mlm_at, dtype=np.float64)
+    total = float(np.sum(probs, dtype=np.float64))
+    w = probs * np.power(p, mlm_prior)  # the common case, in linear space: nothing underflows
+    mass = float(w.sum())
+    if mass > 1e-250 and np.isfinite(mass):
+        return (w * (total / mass)).astype(np.float32)
     voted = (probs > 0) & (p > 0)
     if not voted.any():
         return probs
     logw = np.full(len(probs), -np.inf)
     logw[voted] = np.log(probs[voted].astype(np.float64)) + mlm_prior * np.log(p[voted])
     w = np.exp(logw - logw[voted].max())
-    return (w * (float(np.sum(probs, dtype=np.float64)) / w.sum())).astype(np.float32)
+    return (w * (total / w.sum())).astype(np.float32)
 
 
 def knn_distribution(

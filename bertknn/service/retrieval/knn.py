@@ -90,7 +90,7 @@ class RestrictedKnn:
         t = tuple(titles)
         if len(rows) == 0:
             return ArticleSearch(t, labels, rows, None, None, answer=answer)
-        arts = self.row_articles(titles, rows)
+        arts = self.row_articles(titles, rows) if len(titles) > 1 else None  # (one article: nothing to weigh)
         if self.datastore.code_searcher is not None:
             return ArticleSearch(t, labels, rows, None, None, vectors, self.datastore.code_searcher, answer, arts)
         if vectors.dtype == np.float16:
