@@ -264,7 +264,7 @@ def open_benchmark(args: argparse.Namespace) -> tuple[Any, list[Fact], dict[str,
     return pipeline, facts, sizes
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.realtext", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(PROXY_MODEL))
     p.add_argument("--others", type=int, default=300, help="leads of other articles added to the corpus")
@@ -279,6 +279,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datastore", type=Path, help="score this datastore (e.g. a real dump's full articles) "
                    "instead of building the leads' one")  # fmt: skip
     p.add_argument("--work", type=Path, default=RUNS / "bench-realtext")
+    return p
+
+
+def score_split(pipeline: Any, facts: list[Fact], votes: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Every vote, with and without the subject, on one split's facts; each compared with the paper's vote."""
+    rows = {
+        f"{setting}/{vote}": score(pipeline, facts, with_subject=setting == "with_subject", knobs=knobs)
+        for setting in ("with_subject", "without_subject") for vote, knobs in votes.items()
+    }  # fmt: skip
+    rels = [f.relation for f in facts]
+    for setting, r in rows.items():
+        paper = rows[setting.split("/")[0] + "/paper"]
+        r["vs_paper"] = dict(zip(("diff", "low", "high"), paired_interval(rels, paper["hits"], r["hits"]), strict=True))
+    return rows
+
+
+def print_row(split: str, setting: str, r: dict[str, Any]) -> None:
+    print(f"{split:7s} {setting:50s} facts {r['facts']:4d}  BERT-kNN {r['p@1']['bert_knn']:5.1f}  kNN "
+          f"{r['p@1']['knn']:5.1f}  MLM {r['p@1']['mlm']:5.1f}  ceiling {r['ceiling']:5.1f}  misses: "
+          + ", ".join(f"{k} {v:.0f}%" for k, v in r["miss_causes"].items())
+          + "  BERT-kNN vs the paper's vote: {diff:+.1f} [{low:+.1f}, {high:+.1f}]".format(**r["vs_paper"]),
+          flush=True)  # fmt: skip
+
+
+def result_file(args: argparse.Namespace) -> str:
+    name = "realtext" + ("-heldout" if args.probe == "heldout" else "") + ("-datastore" if args.datastore else "")
+    name += "-whole-word" if args.answers == "whole-word" and args.datastore is None else ""
+    return result_name(name, args.model)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.datastore is not None and not (args.datastore / "manifest.json").is_file():
         p.error(f"--datastore {args.datastore}: no datastore there (no manifest.json)")
@@ -291,34 +323,18 @@ def main(argv: list[str] | None = None) -> int:
         splits = ["heldout"]
     else:
         splits = ["dev", "test"] if args.split == "all" else [args.split]
-    result: dict[str, Any] = {"model": Path(args.model).name, "machine": machine(), "probe": args.probe,
-                              "corpus": sizes, "splits": {}}  # fmt: skip
     votes = dict(VOTES)
     if args.sweep:
         votes.update({f"mlm_prior={k['mlm_prior']:g},article_sharpness={k['article_sharpness']:g}": k for k in SWEEP})
-    result["votes"] = votes
-    for split in splits:
-        chosen = [f for f in facts if f.split == split]
-        result["splits"][split] = {
-            f"{setting}/{vote}": score(pipeline, chosen, with_subject=setting == "with_subject", knobs=knobs)
-            for setting in ("with_subject", "without_subject") for vote, knobs in votes.items()
-        }  # fmt: skip
-        rels = [f.relation for f in chosen]
-        for setting, r in result["splits"][split].items():
-            paper = result["splits"][split][setting.split("/")[0] + "/paper"]
-            r["vs_paper"] = dict(zip(("diff", "low", "high"), paired_interval(rels, paper["hits"], r["hits"]),
-                                     strict=True))  # fmt: skip
-            print(f"{split:7s} {setting:50s} facts {r['facts']:4d}  BERT-kNN {r['p@1']['bert_knn']:5.1f}  kNN "
-                  f"{r['p@1']['knn']:5.1f}  MLM {r['p@1']['mlm']:5.1f}  ceiling {r['ceiling']:5.1f}  misses: "
-                  + ", ".join(f"{k} {v:.0f}%" for k, v in r["miss_causes"].items())
-                  + "  BERT-kNN vs the paper's vote: {diff:+.1f} [{low:+.1f}, {high:+.1f}]".format(**r["vs_paper"]),
-                  flush=True)  # fmt: skip
-    name = "realtext" + ("-heldout" if args.probe == "heldout" else "") + ("-datastore" if args.datastore else "")
-    name += "-whole-word" if args.answers == "whole-word" and args.datastore is None else ""
+    result: dict[str, Any] = {"model": Path(args.model).name, "machine": machine(), "probe": args.probe,
+                              "corpus": sizes, "votes": votes, "splits": {}}  # fmt: skip
     if args.datastore is not None:
         result["datastore"] = str(args.datastore)
-    path = write_result(result_name(name, args.model), result)
-    print(f"wrote {path}")
+    for split in splits:
+        result["splits"][split] = score_split(pipeline, [f for f in facts if f.split == split], votes)
+        for setting, r in result["splits"][split].items():
+            print_row(split, setting, r)
+    print(f"wrote {write_result(result_file(args), result)}")
     pipeline.close()
     return 0
 
