@@ -292,6 +292,8 @@ def score_split(pipeline: Any, facts: list[Fact], votes: dict[str, dict[str, flo
     for setting, r in rows.items():
         paper = rows[setting.split("/")[0] + "/paper"]
         r["vs_paper"] = dict(zip(("diff", "low", "high"), paired_interval(rels, paper["hits"], r["hits"]), strict=True))
+    for r in rows.values():  # (the per-fact hits served the comparison; the report keeps its result)
+        r.pop("hits")
     return rows
 
 
