@@ -84,9 +84,8 @@ def lambda_for(query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray | None,
 
 
 def knn_offsets(query: Query, nbrs_article: np.ndarray | None, articles: list[ArticleHit]) -> np.ndarray | None:
-    """The query's article weighting for its neighbours (`article_offsets`): only among ranked articles."""
-    if query.retriever == "none" or not articles or articles[0].rule == "subject":
-        return None
+    """The query's article weighting for its neighbours (`article_offsets`; None for the subject's own article,
+    which has no score, and for the whole-datastore search, whose neighbours carry no article)."""
     return article_offsets(nbrs_article, [a.score for a in articles], query.article_sharpness)
 
 

@@ -86,11 +86,10 @@ class RestrictedKnn:
     def prepare(self, titles: list[str], answer: str = "word") -> ArticleSearch:
         """The articles' rows, read and indexed for `ArticleSearch.search` (titles without rows are left out);
         ``answer``: ``entity`` takes the rows with an entity link only."""
-        vectors, labels, rows = self.datastore.article_rows(titles, answer)
+        vectors, labels, rows, arts = self._rows(titles, answer)
         t = tuple(titles)
         if len(rows) == 0:
             return ArticleSearch(t, labels, rows, None, None, answer=answer)
-        arts = self.row_articles(titles, rows) if len(titles) > 1 else None  # (one article: nothing to weigh)
         if self.datastore.code_searcher is not None:
             return ArticleSearch(t, labels, rows, None, None, vectors, self.datastore.code_searcher, answer, arts)
         if vectors.dtype == np.float16:
@@ -99,13 +98,14 @@ class RestrictedKnn:
             t, labels, rows, None, np.ascontiguousarray(vectors, dtype=np.float32), answer=answer, row_article=arts
         )
 
-    def row_articles(self, titles: list[str], rows: np.ndarray) -> np.ndarray:
-        """Each row's article, as an index into ``titles`` (an article's rows are one range of global ids)."""
-        out = np.zeros(len(rows), dtype=np.int16)
-        for i, title in enumerate(titles):
-            entry = self.datastore.articles.get(title)
-            if entry is None or entry.rows == 0:
-                continue
-            base = int(self.datastore.shard_offsets[entry.shard])
-            out[(rows >= base + entry.row_start) & (rows < base + entry.row_end)] = i
-        return out
+    def _rows(
+        self, titles: list[str], answer: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """`Datastore.article_rows` of the titles, and each row's article as an index into ``titles`` (None for a
+        single article: there is nothing to weigh)."""
+        if len(titles) < 2:
+            return (*self.datastore.article_rows(titles, answer), None)
+        per = [self.datastore.article_rows([title], answer) for title in titles]
+        arts = np.repeat(np.arange(len(titles), dtype=np.int16), [len(p[2]) for p in per])
+        vectors, labels, rows = (np.concatenate([p[i] for p in per]) for i in range(3))
+        return vectors, labels, rows, arts
