@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,8 @@ from bertknn.core.errors import ModelLoadError
 from bertknn.core.format import Datastore
 from bertknn.evaluation.__main__ import main as evaluation_main
 from bertknn.service.main import create_app
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Query
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import SHARED_DATA, build_tiny, write_jsonl
 from tests.integration.test_entities import linked
@@ -247,3 +250,27 @@ def _layer_list(enc: MaskedLMEncoder) -> str:
         except AttributeError:
             continue
     raise AssertionError("no layer list")
+
+
+def test_the_weighted_vote_and_article_weights_hold_for_every_family(family: tuple[str, Path, Path]) -> None:
+    """Each family's vote: the weighted one is the plain one times p_MLM ** mlm_prior over the same words (bare
+    forms' mass merged into their word's label, as the stored labels are), and without a subject the neighbours of
+    lower-scored articles count less; answers stay plain words."""
+    pipe = AnswerPipeline.open(family[2], device="cpu")
+    try:
+        asked = Query("Zorblat was born in [MASK].", subject="Zorblat", top_k=5)
+        plain = pipe.predict(replace(asked, mlm_prior=0.0), with_distributions=True).distributions
+        weighted = pipe.predict(replace(asked, mlm_prior=1.0), with_distributions=True)
+        assert plain is not None and weighted.distributions is not None
+        want = np.where(plain.p_knn > 0, plain.p_knn.astype(np.float64) * plain.p_mlm.astype(np.float64), 0.0)
+        np.testing.assert_allclose(weighted.distributions.p_knn, want / want.sum(), atol=1e-6)
+        assert all(PLAIN_WORD.match(p.token) for p in weighted.predictions)
+        ranked = Query("Plonk is a large [MASK] with a famous bridge.", mlm_prior=0.0)
+        flat = pipe.predict(replace(ranked, article_sharpness=0.0), with_distributions=True)
+        sharp = pipe.predict(replace(ranked, article_sharpness=50.0), with_distributions=True)
+        scores = [a.score or 0.0 for a in flat.articles]
+        assert len(scores) > 1 and min(scores) < max(scores)  # BM25 ranked several articles, not equally
+        assert flat.distributions is not None and sharp.distributions is not None
+        assert not np.allclose(flat.distributions.p_knn, sharp.distributions.p_knn)
+    finally:
+        pipe.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,14 +30,14 @@ def pipe(tiny_datastore: Path):
 
 
 def _plain(pipe: AnswerPipeline, query: Query):
-    return pipe.predict(Query(**{**query.__dict__, "mlm_prior": 0.0, "article_sharpness": 0.0}), with_distributions=True)
+    return pipe.predict(replace(query, mlm_prior=0.0, article_sharpness=0.0), with_distributions=True)
 
 
 def test_the_weighted_vote_is_the_plain_vote_times_p_mlm_to_the_prior(pipe: AnswerPipeline) -> None:
     plain = _plain(pipe, QUESTION).distributions
     assert plain is not None
     for prior in (0.5, 2.0):
-        got = pipe.predict(Query(**{**QUESTION.__dict__, "mlm_prior": prior}), with_distributions=True)
+        got = pipe.predict(replace(QUESTION, mlm_prior=prior), with_distributions=True)
         d = got.distributions
         assert d is not None
         voted = plain.p_knn > 0
@@ -47,7 +48,7 @@ def test_the_weighted_vote_is_the_plain_vote_times_p_mlm_to_the_prior(pipe: Answ
         assert np.allclose(d.p, 0.3 * d.p_knn + 0.7 * d.p_mlm, atol=1e-6)  # the mixture is unchanged
         assert np.array_equal(d.p_mlm, plain.p_mlm)
         # the ranked answers are the dense distribution's (the fast path reads p_MLM at the voted ids only)
-        fast = pipe.predict(Query(**{**QUESTION.__dict__, "mlm_prior": prior, "top_k": 5}))
+        fast = pipe.predict(replace(QUESTION, mlm_prior=prior, top_k=5))
         order = np.argsort(-np.where(pipe.answerer.non_words, -1.0, d.p), kind="stable")[:5]  # type: ignore[attr-defined]
         assert [p.token_id for p in fast.predictions] == order.tolist()
 
@@ -61,7 +62,7 @@ def test_lower_ranked_articles_count_less_by_their_score(pipe: AnswerPipeline) -
     score_of = {a.title: a.score for a in plain.articles}
     article = [ref.article for ref in pipe.datastore.contexts(nbrs.rows.tolist())]
     for sharpness in (2.0, 10.0):
-        q = Query(**{**NO_SUBJECT.__dict__, "mlm_prior": 0.0, "article_sharpness": sharpness})
+        q = replace(NO_SUBJECT, mlm_prior=0.0, article_sharpness=sharpness)
         d = pipe.predict(q, with_distributions=True).distributions
         assert d is not None
         # by hand: softmax(-d / l + log w_article), w_article = exp(-sharpness * (1 - score / top score))
@@ -74,7 +75,7 @@ def test_lower_ranked_articles_count_less_by_their_score(pipe: AnswerPipeline) -
             want[label] += weight / sum(w)
         assert np.allclose(d.p_knn, want, atol=1e-6)
     # the subject's own article alone: nothing to weigh, the vote is the plain one
-    with_subject = pipe.predict(Query(**{**QUESTION.__dict__, "mlm_prior": 0.0}), with_distributions=True)
+    with_subject = pipe.predict(replace(QUESTION, mlm_prior=0.0), with_distributions=True)
     assert with_subject.distributions is not None
     assert np.array_equal(with_subject.distributions.p_knn, _plain(pipe, QUESTION).distributions.p_knn)  # type: ignore[union-attr]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -197,8 +198,8 @@ def test_the_whole_word_vote_is_weighted_by_each_words_p_mlm(whole_ds: Path) -> 
     pipe = AnswerPipeline.open(whole_ds, device="cpu")
     try:
         q = Query(QUESTION["text"], subject=QUESTION["subject"])
-        plain = pipe.predict(Query(**{**q.__dict__, "mlm_prior": 0.0}), with_distributions=True).distributions
-        got = pipe.predict(Query(**{**q.__dict__, "mlm_prior": 0.5}), with_distributions=True).distributions
+        plain = pipe.predict(replace(q, mlm_prior=0.0), with_distributions=True).distributions
+        got = pipe.predict(replace(q, mlm_prior=0.5), with_distributions=True).distributions
         assert plain is not None and got is not None
         assert [w.text for w in got.words] == [w.text for w in plain.words]  # type: ignore[attr-defined]
         want = np.where(plain.p_knn > 0, plain.p_knn.astype(np.float64) * plain.p_mlm.astype(np.float64) ** 0.5, 0)
