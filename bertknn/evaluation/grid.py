@@ -25,7 +25,7 @@ from bertknn.service.interpolate import (
     DEFAULT_ARTICLE_SHARPNESS,
     DEFAULT_MLM_PRIOR,
     interpolate,
-    knn_distribution,
+    knn_sparse,
     weigh_vote,
 )
 from bertknn.service.pipeline import AnswerPipeline
@@ -179,8 +179,9 @@ def grid_search(
                         near = None if nbrs.article is None else nbrs.article[:k]
                         offsets = knn_offsets(query, near, articles[:n] if n is not None else [])
                         for t in temps:
-                            p_knn = knn_distribution(dist, labels, vocab, t, offsets)
-                            p_knn = weigh_vote(p_knn, full_mlm, mlm_prior)
+                            ids, probs = knn_sparse(dist, labels, t, offsets)  # weighed at the voted ids only
+                            p_knn = np.zeros(vocab, dtype=np.float32)
+                            p_knn[ids] = weigh_vote(probs, full_mlm[ids], mlm_prior)
                             if allowed_ids is not None:
                                 p_knn = p_knn[allowed_ids]
                             for lam in lams:

@@ -72,8 +72,8 @@ def weigh_vote(probs: np.ndarray, p_mlm_at: np.ndarray, mlm_prior: float) -> np.
 
     ``probs``: p_kNN at some words (the non-zero part, or a dense array); ``p_mlm_at``: p_MLM at the same words.
     ``mlm_prior`` 0 is the paper's vote (``probs`` unchanged). Where the products would underflow, the weighting
-    runs in log space, so a tiny p_MLM cannot take every word's vote at once; a word with p_MLM 0 keeps no vote. Why and how it was measured:
-    docs/decisions/mlm-weighted-vote.md.
+    runs in log space, so a tiny p_MLM cannot take every word's vote at once; a word with p_MLM 0 keeps no vote.
+    Why and how it was measured: docs/decisions/mlm-weighted-vote.md.
     """
     if mlm_prior < 0:
         raise ValueError("mlm_prior must be >= 0")
