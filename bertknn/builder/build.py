@@ -9,7 +9,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -287,6 +287,22 @@ def _prepare_in_worker(index: int, articles: list[Article]) -> PreparedShard:
 EMBED_STEP_ROWS = 2048
 
 
+def token_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None) -> list[tuple[int, int]]:
+    """Cut rows of ascending ``lengths`` into batches [start, end): at most ``max_rows`` rows, and (when
+    ``max_tokens``) at most ``max_tokens`` padded tokens (rows x the longest row); a row longer than the budget
+    goes alone."""
+    out: list[tuple[int, int]] = []
+    start = 0
+    for i, length in enumerate(lengths):
+        rows = i - start + 1
+        if rows > max_rows or (max_tokens and rows > 1 and rows * length > max_tokens):
+            out.append((start, i))
+            start = i
+    if start < len(lengths):
+        out.append((start, len(lengths)))
+    return out
+
+
 def embed_prepared(
     encoder: MaskedLMEncoder,
     prepared: PreparedShard,
@@ -296,9 +312,11 @@ def embed_prepared(
     done: list[int] | None = None,
     step_rows: int = EMBED_STEP_ROWS,
     times: StageTimes | None = None,
+    batch_tokens: int | None = None,
 ) -> np.ndarray:
-    """Embed every context of a shard in steps of `EMBED_STEP_ROWS` rows, each in length-sorted batches; rows
-    come back in the shard's order. ``on_batch`` hears the number of contexts of each batch done (progress);
+    """Embed every context of a shard in steps of `EMBED_STEP_ROWS` rows, each in length-sorted batches of at
+    most ``batch_size`` rows and ``batch_tokens`` padded tokens (`token_batches`); rows come back in the shard's
+    order. ``on_batch`` hears the number of contexts of each batch done (progress);
     ``out`` receives the rows, and ``done[0]`` says how many leading rows are embedded (an interrupted build
     writes the articles they cover). ``times`` counts each batch's tokens and padded tokens."""
     n = len(prepared.inputs)
@@ -306,8 +324,9 @@ def embed_prepared(
     step = max(1, step_rows)
     for lo in range(0, n, step):
         order = sorted(range(lo, min(n, lo + step)), key=lambda i: len(prepared.inputs[i].input_ids))
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        lengths = [len(prepared.inputs[i].input_ids) for i in order]
+        for start, end in token_batches(lengths, batch_size, batch_tokens):
+            idx = order[start:end]
             batch = [prepared.inputs[i] for i in idx]
             emb = encoder.encode(batch).embeddings
             if times is not None:
@@ -395,6 +414,7 @@ class ShardOptions:
     contexts_per_shard: int | None = None  # None: one part per block
     links: bool = False  # keep entity links (rows labelled with their link targets)
     checkpoint_contexts: int = EMBED_STEP_ROWS  # rows per embedding step: what an interrupt may lose
+    batch_tokens: int | None = None  # padded tokens per forward batch (None: rows alone bound a batch)
 
 
 @dataclass
@@ -554,7 +574,8 @@ def embed_shards(
             done = [0]
             try:
                 embed_prepared(
-                    encoder, prepared, options.batch_size, on_batch, vectors, done, options.checkpoint_contexts, times
+                    encoder, prepared, options.batch_size, on_batch, vectors, done, options.checkpoint_contexts, times,
+                    options.batch_tokens,
                 )
             except KeyboardInterrupt:
                 raise _PartialPart(vectors, done[0]) from None
@@ -753,6 +774,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
         settings.workers, settings.contexts_per_shard or None, settings.links, settings.checkpoint_contexts,
+        settings.batch_tokens or None,
     )
     try:
         encode_seconds = embed_shards(
@@ -848,6 +870,7 @@ def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = 
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
         settings.workers, settings.contexts_per_shard or None, settings.links, settings.checkpoint_contexts,
+        settings.batch_tokens or None,
     )
     works = (Work(b.index, 0, b.articles) for b in blocks)
     embed_shards(out, works, encoder, options, lambda info: None, coder=coder, train_only=True)

@@ -48,7 +48,11 @@ class BuildSettings(CodecOptions, BaseSettings):
     layer: int = Field(-2, description="hidden_states index; negative counts from the end (-2 = second-to-last)")
     device: DeviceName = "auto"
     dtype: DtypeName = "auto"
-    batch_size: int = Field(128, ge=1, le=65536)
+    batch_size: int = Field(128, ge=1, le=65536, description="most contexts per forward batch")
+    batch_tokens: int = Field(
+        16384, ge=0, description="most padded tokens per forward batch (contexts x the longest of them; batches "
+        "are cut from length-sorted contexts): bounds a batch's memory whatever the lengths. 0: no bound"
+    )
     max_seq_len: int = Field(128, ge=8, le=4096)
     shard_index: int = Field(0, ge=0)
     num_shards: int = Field(1, ge=1)
@@ -128,7 +132,8 @@ class AddSettings(BaseSettings):
     model: str | None = Field(None, description="model name or directory; default: the manifest's. Must be the same weights")
     device: DeviceName = "auto"
     dtype: DtypeName = "auto"
-    batch_size: int = Field(128, ge=1, le=65536)
+    batch_size: int = Field(128, ge=1, le=65536, description="most contexts per forward batch")
+    batch_tokens: int = Field(16384, ge=0, description="most padded tokens per forward batch; 0: no bound")
     articles_per_shard: int | None = Field(None, ge=1, description="default: the manifest's")
     stopwords: Path | None = Field(None, description="the build's stopword file, when it was not the bundled list")
     min_sentence_chars: int | None = Field(None, ge=0, description="default: the build's (build.json), else 10")

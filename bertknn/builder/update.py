@@ -173,7 +173,7 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
         per_shard = settings.articles_per_shard or old.articles_per_shard
         options = ShardOptions(
             old.max_seq_len, stopwords, min_chars, old.targets, settings.batch_size, settings.workers,
-            old.contexts_per_shard, old.links is not None,
+            old.contexts_per_shard, old.links is not None, batch_tokens=settings.batch_tokens or None,
         )
         infos: list[ShardInfo] = []
         # new rows are coded with the datastore's own codec (never retrained: old and new codes must compare)

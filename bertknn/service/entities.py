@@ -74,12 +74,11 @@ class EntityAnswerer:
         found: list[EntityRef] = []
         index: dict[str, int] = {}
         labels = np.empty(len(nbrs), dtype=np.int64)
-        refs: dict[tuple[int, int], EntityRef] = {}
-        for n, where in enumerate(self.datastore.entity_indexes(nbrs.rows.tolist())):
-            assert where is not None, "entity answers search linked rows only"
-            ref = refs.get(where)
-            if ref is None:
-                ref = refs[where] = self.datastore.entity_of(*where)
+        wheres = self.datastore.entity_indexes(nbrs.rows.tolist())
+        assert None not in wheres, "entity answers search linked rows only"
+        refs = _refs(self.datastore, wheres)
+        for n, where in enumerate(wheres):
+            ref = refs[where]  # type: ignore[index]
             c = index.get(ref.title)
             if c is None:
                 c = index[ref.title] = len(found)
@@ -150,14 +149,12 @@ def entity_of_words(
     wanted = set(words)
     ranks = [r for r in range(len(nbrs)) if word_at.get(r) in wanted]
     found = datastore.entity_indexes([int(nbrs.rows[r]) for r in ranks])
-    refs: dict[tuple[int, int], EntityRef] = {}  # each link target looked up once
+    refs = _refs(datastore, found)
     d0 = float(nbrs.distances[0]) if len(nbrs) else 0.0
     for rank, where in zip(ranks, found, strict=True):
         if where is None:
             continue
-        ref = refs.get(where)
-        if ref is None:
-            ref = refs[where] = datastore.entity_of(*where)
+        ref = refs[where]
         word = word_at[rank]
         weight = math.exp(-(float(nbrs.distances[rank]) - d0) / temperature)
         held = votes.setdefault(word, {}).get(ref.title)
@@ -169,6 +166,12 @@ def entity_of_words(
         else:
             out.append(_titled(datastore, word))
     return out
+
+
+def _refs(datastore: Datastore, wheres: Sequence[tuple[int, int] | None]) -> dict[tuple[int, int], EntityRef]:
+    """The entity of each distinct link among ``wheres`` (None: no link), looked up together."""
+    distinct = list(dict.fromkeys(w for w in wheres if w is not None))
+    return dict(zip(distinct, datastore.entities_of(distinct), strict=True))
 
 
 def _titled(datastore: Datastore, word: str) -> EntityRef | None:

@@ -72,3 +72,52 @@ def test_a_build_reports_every_stage(tmp_path: Path, tiny_model_dir: Path, caplo
         assert stages[name]["seconds"] >= 0
     # the padding share of the forward's batches: some (the sentences differ in length), never most (sorted by length)
     assert 0 < summary["padding_fraction"] < 0.5
+
+
+def test_token_batches_bound_rows_and_padded_tokens() -> None:
+    from bertknn.builder.build import token_batches
+
+    lengths = [3, 3, 4, 5, 8, 8, 9, 20]  # ascending, as the builder sorts them
+    cuts = token_batches(lengths, max_rows=4, max_tokens=16)
+    assert [e for _, e in cuts][-1] == len(lengths) and all(a < b for a, b in cuts)
+    assert [a for a, _ in cuts][1:] == [e for _, e in cuts][:-1]  # contiguous, every row once
+    for a, b in cuts:
+        assert b - a <= 4
+        assert (b - a) * lengths[b - 1] <= 16 or b - a == 1  # a row longer than the budget goes alone
+    assert cuts == [(0, 3), (3, 5), (5, 6), (6, 7), (7, 8)]  # 3x4, 2x8, 1x8, 1x9, 20 alone (over the budget)
+    assert token_batches(lengths, max_rows=4, max_tokens=None) == [(0, 4), (4, 8)]  # rows alone
+    assert token_batches([], 4, 16) == []
+
+
+def test_a_token_budget_gives_the_same_vectors_in_smaller_batches(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches cut by a token budget embed every context as the row-count batches do (to float16 rounding)."""
+    import numpy as np
+
+    import bertknn.builder.build as build_module
+    from bertknn.core.format import Datastore
+
+    padded: list[tuple[int, int]] = []  # (rows, padded tokens) of each batch the budget build cut
+    cut = build_module.token_batches
+
+    def spy(lengths, max_rows, max_tokens):  # type: ignore[no-untyped-def]
+        found = cut(lengths, max_rows, max_tokens)
+        if max_tokens:
+            padded.extend((b - a, (b - a) * lengths[b - 1]) for a, b in found)
+        return found
+
+    monkeypatch.setattr(build_module, "token_batches", spy)
+    dump = _xml_dump(tmp_path / "dump.xml")
+    rows_only = build_tiny(tmp_path / "rows", [dump], tiny_model_dir, sparse_indexes=False, batch_tokens=0)
+    with caplog.at_level(logging.INFO, logger="bertknn.builder.build"):
+        budget = build_tiny(tmp_path / "budget", [dump], tiny_model_dir, sparse_indexes=False, batch_tokens=40)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("build finished: "))
+    a, b = Datastore(rows_only), Datastore(budget)
+    va = np.concatenate([np.asarray(s.vectors, dtype=np.float32) for s in a.shards])
+    vb = np.concatenate([np.asarray(s.vectors, dtype=np.float32) for s in b.shards])
+    assert va.shape == vb.shape and va.shape[0] > 0
+    np.testing.assert_allclose(vb, va, rtol=2e-3, atol=2e-3)
+    assert json.loads(line.removeprefix("build finished: "))["contexts"] == va.shape[0]
+    assert padded and all(tokens <= 40 or rows == 1 for rows, tokens in padded)
+    assert sum(rows for rows, _ in padded) == va.shape[0] and len(padded) > -(-va.shape[0] // 16)  # more batches

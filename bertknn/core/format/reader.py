@@ -374,8 +374,11 @@ class Datastore:
 
     def entity_of(self, pos: int, local: int) -> EntityRef:
         """The entity of link ``local`` of shard position ``pos`` (see `entity_indexes`)."""
-        target = self.shards[pos].entity_title(local)
-        return self.table.entity(target) or EntityRef(self.redirects.get(target, target), 0)
+        return self.entities_of([(pos, local)])[0]
+
+    def entities_of(self, where: Sequence[tuple[int, int]]) -> list[EntityRef]:
+        """`entity_of` for several links at once (two table queries in all)."""
+        return self.table.entities([self.shards[pos].entity_title(local) for pos, local in where])
 
     def entity(self, title: str) -> EntityRef | None:
         """An entity by (normalised) title, through a redirect: its popularity; None when nothing links to it."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from bertknn.core.titles import fold_title
 
 TABLE_FORMAT = "bertknn-articles"
 TABLE_VERSION = 1
+_IN_CHUNK = 500  # keys per IN (...) query: under SQLite's default limit on parameters
 _MMAP_BYTES = 1 << 40  # map the whole file (address space only; pages come from the page cache on use)
 
 SCHEMA = """
@@ -236,6 +237,31 @@ class ArticleTable(Mapping[str, ArticleEntry]):
         title = self.redirects.get(target, target)
         row = self._one("SELECT title, popularity FROM entities WHERE title = ?", (title,))
         return None if row is None else EntityRef(str(row[0]), int(row[1]))
+
+    def entities(self, targets: Sequence[str]) -> list[EntityRef]:
+        """What several link targets name, in two queries for all of them: each target's title through one
+        redirect, with its popularity (0 when the table has no such entity)."""
+        wanted = sorted(set(targets))
+        redirect = dict(self._in("SELECT source, target FROM redirects WHERE source IN", wanted))
+        titles = sorted({redirect.get(t, t) for t in wanted})
+        popular = (
+            dict(self._in("SELECT title, popularity FROM entities WHERE title IN", titles))
+            if self.meta.get("entities") is not None else {}
+        )  # fmt: skip
+        out = []
+        for target in targets:
+            title = redirect.get(target, target)
+            out.append(EntityRef(title, int(popular.get(title, 0))))
+        return out
+
+    def _in(self, sql: str, keys: Sequence[str]) -> list[tuple]:
+        """``sql`` ending in ``IN`` run for ``keys`` in chunks (SQLite's limit on parameters)."""
+        rows: list[tuple] = []
+        con = self._cons.get()
+        for lo in range(0, len(keys), _IN_CHUNK):
+            chunk = keys[lo : lo + _IN_CHUNK]
+            rows += con.execute(f"{sql} ({','.join('?' * len(chunk))})", chunk).fetchall()
+        return rows
 
     def close(self) -> None:
         self._cons.close()
