@@ -165,7 +165,7 @@ def measure_follow(ds: Path, relations: dict, questions: Sequence, device: str, 
 
     from bertknn.evaluation.lama import fill_template
     from bertknn.service.cache import InMemoryCache
-    from bertknn.service.follow import follow
+    from bertknn.service.follow import InProcess, follow
     from bertknn.service.pipeline import AnswerPipeline
     from bertknn.service.results import Query
 
@@ -173,11 +173,8 @@ def measure_follow(ds: Path, relations: dict, questions: Sequence, device: str, 
     pipe = AnswerPipeline.open(ds, device=device, cache=InMemoryCache(0))  # nothing cached: every forward runs
     lower = bool(getattr(pipe.encoder.tokenizer, "do_lower_case", False))
     base = Query(text="", answer="entity")
-    batches: list[int] = []
-
-    async def ask(queries: list[Query]) -> list:
-        batches.append(len(queries))
-        return pipe.predict_batch(queries)
+    here = InProcess(pipe)
+    batches = here.batches
 
     one: list[float] = []
     two: list[float] = []
@@ -189,7 +186,9 @@ def measure_follow(ds: Path, relations: dict, questions: Sequence, device: str, 
             pipe.predict(Query(text=text, subject=q.subject, answer="entity"))
             one.append(time.perf_counter() - t)
             t = time.perf_counter()
-            asyncio.run(follow(q.subject, [t1, t2], top_k=10, beam=5, lower=lower, base=base, ask=ask))
+            asyncio.run(follow(
+                q.subject, [t1, t2], top_k=10, beam=5, lower=lower, base=base, ask=here.ask, fill_names=here.fill_names
+            ))
             two.append(time.perf_counter() - t)
     finally:
         pipe.close()

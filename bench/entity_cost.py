@@ -35,14 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=str(PROXY_MODEL))
     p.add_argument("--articles", type=int, default=20, help="the dump's first N articles are built")
     p.add_argument("--subjects", type=int, default=10, help="articles asked about (one question per template)")
+    p.add_argument("--top-k", type=int, default=10, help="answers per question and per follow (the API's default)")
+    p.add_argument("--beam", type=int, default=5, help="the follow's beam (the API's default)")
     p.add_argument("--work", type=Path, default=RUNS / "bench-entity-cost")
     args = p.parse_args(argv)
     if not args.dump.is_file():
         p.error(f"--dump {args.dump}: no such file (see the module docstring for a small real one)")
-    if args.articles < 1 or args.subjects < 1:
-        p.error("--articles and --subjects must be at least 1")
+    if min(args.articles, args.subjects, args.top_k, args.beam) < 1:
+        p.error("--articles, --subjects, --top-k and --beam must be at least 1")
     from bertknn.service.cache import InMemoryCache
-    from bertknn.service.follow import follow
+    from bertknn.service.follow import InProcess, follow
     from bertknn.service.pipeline import AnswerPipeline
     from bertknn.service.results import Query
 
@@ -56,18 +58,20 @@ def main(argv: list[str] | None = None) -> int:
         text = template.replace("[X]", subject).replace("[Y]", "[MASK]")
         return text.lower() if lower else text.replace("[mask]", "[MASK]")
 
-    async def follow_one(subject: str) -> Any:
-        async def answer(queries: list[Query]) -> list[Any]:
-            return pipe.predict_batch(queries)
+    here = InProcess(pipe)
 
-        base = Query(text="x [MASK]", top_k=5)
-        return await follow(subject, list(TEMPLATES[:2]), top_k=5, beam=3, lower=lower, base=base, ask=answer)
+    async def follow_one(subject: str) -> Any:
+        base = Query(text="x [MASK]", top_k=args.top_k)
+        return await follow(
+            subject, list(TEMPLATES[:2]), top_k=args.top_k, beam=args.beam, lower=lower, base=base, ask=here.ask,
+            fill_names=here.fill_names,
+        )  # fmt: skip
 
     pipe.predict(Query(text=ask(TEMPLATES[0], subjects[0]), subject=subjects[0]))  # warm-up (JVM, first forward)
     times: dict[str, list[float]] = {"word": [], "entity": [], "follow": []}
     for subject in subjects:
         for template in TEMPLATES:
-            q = Query(text=ask(template, subject), subject=subject, top_k=5)
+            q = Query(text=ask(template, subject), subject=subject, top_k=args.top_k)
             for kind in ("word", "entity"):
                 t = time.perf_counter()
                 pipe.predict(replace(q, answer=kind))
@@ -84,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         "p50_ms": {k: round(v, 2) for k, v in p50.items()},
         "entity_over_word": round(p50["entity"] / p50["word"], 2),
         "follow_over_word": round(p50["follow"] / p50["word"], 2),
-        "queries": {k: len(v) for k, v in times.items()},
+        "queries": {k: len(v) for k, v in times.items()}, "top_k": args.top_k, "beam": args.beam,
     }  # fmt: skip
     path = write_result(result_name("entity-cost", args.model), result)
-    print(f"{result['datastore']} p50 word {p50['word']:.1f} ms, entity {p50['entity']:.1f} ms "
+    print(f"{result['datastore']} top_k {args.top_k}, beam {args.beam}: p50 word {p50['word']:.1f} ms, entity {p50['entity']:.1f} ms "
           f"({result['entity_over_word']}x), two-hop follow {p50['follow']:.1f} ms ({result['follow_over_word']}x)")
     print(f"wrote {path}")
     pipe.close()

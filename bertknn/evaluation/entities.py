@@ -25,7 +25,7 @@ import numpy as np
 from bertknn.core.titles import fold_title, normalize_title
 from bertknn.evaluation.base import RunSettings
 from bertknn.evaluation.lama import Relation, fill_template, read_facts
-from bertknn.service.follow import follow
+from bertknn.service.follow import InProcess, follow
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import Answer, Query
 
@@ -201,14 +201,15 @@ def two_hop(
     lower = _lowercase(pipeline)
     base = _query(settings, "", None, answer="entity")
 
-    async def ask(queries: list[Query]) -> list[Answer]:
-        return pipeline.predict_batch(queries)
+    here = InProcess(pipeline)
 
     for q in questions:
         t1, t2 = relations[q.r1].template, relations[q.r2].template
         assert t1 is not None and t2 is not None
         subject = pipeline.articles.subjects.resolve(q.subject) or normalize_title(q.subject)
-        result = asyncio.run(follow(subject, [t1, t2], top_k=TOP, beam=beam, lower=lower, base=base, ask=ask))
+        result = asyncio.run(follow(
+            subject, [t1, t2], top_k=TOP, beam=beam, lower=lower, base=base, ask=here.ask, fill_names=here.fill_names
+        ))
         pair = f"{q.r1}->{q.r2}"
         hop1 = [e.title for e in result.hops[0].entities]
         table.tally(pair, "hop 1 (follow)").add(_rank(hop1, {fold_title(q.bridge)}))

@@ -97,8 +97,8 @@ class EntityAnswerer:
         out = np.zeros(len(entities), dtype=np.float64)
         multi: list[int] = []
         multi_pieces: list[tuple[int, ...]] = []
-        fill = set(range(len(entities)))
-        if p_knn is not None and len(entities) > max(FILL_CANDIDATES, query.top_k):
+        fill = set(range(len(entities))) if query.fill_names else set()
+        if query.fill_names and p_knn is not None and len(entities) > max(FILL_CANDIDATES, query.top_k):
             fill = set(np.argsort(-p_knn, kind="stable")[: max(FILL_CANDIDATES, query.top_k)].tolist())
         for i, e in enumerate(entities):
             pieces = self.pieces(e.title)
@@ -109,6 +109,26 @@ class EntityAnswerer:
                 multi_pieces.append(pieces)
         if multi:
             out[multi] = self.words.fill_probs(query.text, multi_pieces, parallel=True, deadline=query.deadline)
+        return out
+
+    def fill_names(self, requests: Sequence[tuple[str, Sequence[str]]], deadline: float | None = None) -> list[list[float]]:
+        """p_MLM of entity names at the [MASK] of several questions, (question, titles) each, from one fill pass
+        for all of them (`WordAnswerer.fill_probs_many`); a name of one piece or of more than `MAX_NAME_PIECES`
+        scores 0 here (one piece: the question's own forward pass has it)."""
+        asked: list[tuple[str, list[tuple[int, ...]]]] = []
+        where: list[list[int]] = []
+        for text, titles in requests:
+            pieces = [self.pieces(t) for t in titles]
+            keep = [i for i, p in enumerate(pieces) if 1 < len(p) <= MAX_NAME_PIECES]
+            asked.append((text, [pieces[i] for i in keep]))
+            where.append(keep)
+        filled = self.words.fill_probs_many(asked, deadline=deadline)
+        out = []
+        for (_, titles), keep, probs in zip(requests, where, filled, strict=True):
+            row = [0.0] * len(titles)
+            for i, p in zip(keep, probs.tolist(), strict=True):
+                row[i] = p
+            out.append(row)
         return out
 
     def answer(

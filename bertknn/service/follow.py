@@ -11,6 +11,11 @@ probability and the weighted results are summed:
 where p(a | e, R) is the entity answer's p for the query "R with [X] = e". The beam keeps the probabilities as
 they are (not renormalised), so an answer's probability is the mass of the paths that reach it. Each answer
 keeps its best path: the entity of every hop that contributed most, with the sentences that support each step.
+
+Names of several wordpieces get their p_MLM from a fill pass (`bertknn.service.entities`). A hop fills them once
+for all its queries, in one forward pass, and only as many as the hop hands on (the beam; the last hop's top_k):
+those whose P_h(e) * p(a | e, R), before the fill, ranks highest over the hop; the others keep p_MLM 0. So a
+hop costs one fill pass whatever the beam, not one per parent with a margin of candidates each.
 """
 
 from __future__ import annotations
@@ -18,10 +23,14 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from bertknn.core.errors import InvalidRequest
-from bertknn.service.entities import surface_form
+from bertknn.service.entities import FILL_CANDIDATES, MAX_NAME_PIECES, surface_form
 from bertknn.service.results import Answer, Context, Query
+
+if TYPE_CHECKING:
+    from bertknn.service.pipeline import AnswerPipeline
 
 _X, _Y = "[X]", "[Y]"
 _MASK = re.compile(r"\[mask\]", re.IGNORECASE)
@@ -113,6 +122,22 @@ def found_by(answer: Answer) -> str | None:
     return answer.subject_status if rule == "subject" and answer.subject_status in ("redirect", "folded") else rule
 
 
+class InProcess:
+    """`follow`'s ``ask`` and ``fill_names`` answered synchronously by a pipeline (evaluation, CLI, benchmarks;
+    the server routes them through its model thread instead)."""
+
+    def __init__(self, pipeline: AnswerPipeline):
+        self.pipeline = pipeline
+        self.batches: list[int] = []  # the number of queries of each ``ask``
+
+    async def ask(self, queries: list[Query]) -> list[Answer]:
+        self.batches.append(len(queries))
+        return self.pipeline.predict_batch(queries)
+
+    async def fill_names(self, requests: list[tuple[str, list[str]]]) -> list[list[float]]:
+        return self.pipeline.fill_names(requests)
+
+
 def paths(subject: str, hops: Sequence[Hop], top_k: int) -> list[FollowAnswer]:
     """The last hop's entities with the path each came through (back along ``via``)."""
     index = [{e.title: e for e in hop.entities} for hop in hops]
@@ -129,6 +154,47 @@ def paths(subject: str, hops: Sequence[Hop], top_k: int) -> list[FollowAnswer]:
     return out
 
 
+FillNames = Callable[[list[tuple[str, list[str]]]], Awaitable[list[list[float]]]]
+
+
+def to_fill(parents: Sequence[tuple[str, float]], answers: Sequence[Answer], need: int) -> list[tuple[int, int]]:
+    """The (answer, prediction) pairs whose names a hop fills: several-piece names (at most `MAX_NAME_PIECES`),
+    the ``need`` with the highest parent weight x p before the fill (each answer lists its `FILL_CANDIDATES`
+    best, as a single entity answer fills them)."""
+    pairs = [
+        (weight * p.prob, a, i)
+        for a, ((_, weight), answer) in enumerate(zip(parents, answers, strict=True))
+        for i, p in enumerate(answer.predictions)
+        if 1 < p.pieces <= MAX_NAME_PIECES
+    ]
+    pairs.sort(key=lambda x: (-x[0], x[1], x[2]))
+    return [(a, i) for _, a, i in pairs[:need]]
+
+
+async def fill_hop(
+    queries: Sequence[Query], answers: list[Answer], chosen: Sequence[tuple[int, int]], fill_names: FillNames
+) -> list[Answer]:
+    """``answers`` with the ``chosen`` names' p_MLM from one fill pass and p = lambda p_kNN + (1 - lambda)
+    p_MLM recomputed for them, each answer's predictions ranked again."""
+    by_answer: dict[int, list[int]] = {}
+    for a, i in chosen:
+        by_answer.setdefault(a, []).append(i)
+    order = sorted(by_answer)
+    probs = await fill_names(
+        [(queries[a].text, [answers[a].predictions[i].token for i in by_answer[a]]) for a in order]
+    )
+    out = list(answers)
+    for a, filled in zip(order, probs, strict=True):
+        lam = answers[a].lambda_used
+        preds = list(answers[a].predictions)
+        for i, p_mlm in zip(by_answer[a], filled, strict=True):
+            p = preds[i]
+            preds[i] = replace(p, p_mlm=p_mlm, prob=lam * p.p_knn + (1.0 - lam) * p_mlm)
+        preds.sort(key=lambda p: -p.prob)  # stable: ties keep the answer's order
+        out[a] = replace(answers[a], predictions=preds)
+    return out
+
+
 async def follow(
     subject: str,
     relations: Sequence[str],
@@ -138,19 +204,28 @@ async def follow(
     lower: bool,
     base: Query,
     ask: Callable[[list[Query]], Awaitable[list[Answer]]],
+    fill_names: FillNames,
 ) -> FollowResult:
     """Follow ``relations`` from ``subject`` (a resolved title). ``ask`` answers a batch of entity queries (one
-    forward pass); ``base``: the query options of every hop (k, temperature, lambda, retriever...)."""
+    forward pass) without filling their names; ``fill_names`` scores (question, names) pairs in one fill pass
+    (`EntityAnswerer.fill_names`); ``base``: the query options of every hop (k, temperature, lambda, retriever...)."""
     parents: list[tuple[str, float]] = [(subject, 1.0)]
     hops: list[Hop] = []
     warnings: list[str] = []
     for h, relation in enumerate(relations):
         queries = [
-            replace(base, text=fill(relation, title, lower), subject=title, answer="entity", top_k=max(top_k, beam))
+            replace(
+                base, text=fill(relation, title, lower), subject=title, answer="entity",
+                top_k=max(top_k, beam, FILL_CANDIDATES), fill_names=False,
+            )
             for title, _ in parents
-        ]
+        ]  # fmt: skip
         answers = await ask(queries)
-        results = [[(p.token, p.prob, p.contexts) for p in a.predictions] for a in answers]
+        chosen = to_fill(parents, answers, beam if h < len(relations) - 1 else top_k)
+        if chosen:
+            answers = await fill_hop(queries, answers, chosen, fill_names)
+        kept = max(top_k, beam)  # each parent's answers that its hop sums (the fill's candidates were more)
+        results = [[(p.token, p.prob, p.contexts) for p in a.predictions[:kept]] for a in answers]
         rules = [found_by(a) for a in answers]
         warnings += [
             f"hop {h + 1}: {title!r} has no article in this datastore; its articles were ranked by {rule}"

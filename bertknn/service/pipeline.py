@@ -239,6 +239,12 @@ class AnswerPipeline:
         preds = [replace(p, entity=ref) for p, ref in zip(parts.predictions, refs, strict=True)]
         return replace(parts, predictions=preds)
 
+    def fill_names(self, requests: Sequence[tuple[str, Sequence[str]]], deadline: float | None = None) -> list[list[float]]:
+        """p_MLM of several questions' entity names from one fill pass (`EntityAnswerer.fill_names`)."""
+        if self.entity_answerer is None:
+            raise QueryError(f"entity names are scored on datastores with entity links, and {NO_LINKS}")
+        return self.entity_answerer.fill_names(requests, deadline)
+
     def subject_popularity(self, subject: str | None) -> int:
         """The inbound links of the subject's entity (0: no subject, no links, or none link to it)."""
         if not subject or not self.datastore.linked:

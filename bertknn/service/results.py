@@ -38,6 +38,7 @@ class Query:
     rule: AdaptiveRule | None = None  # the adaptive rule; None = AdaptiveRule() defaults
     any_token: bool = False  # rank every vocabulary entry (LAMA's protocol), not only words
     answer: AnswerKind = "word"  # entity: p_kNN over the linked entities (datastores with links)
+    fill_names: bool = True  # entity answers: names of several pieces scored by a fill pass (False: the caller's)
     popularity: int | None = None  # the subject's inbound links, for an adaptive rule that weighs them (pipeline)
     deadline: float | None = None  # time.monotonic() past which no further forward pass starts (None: none)
 

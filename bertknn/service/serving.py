@@ -259,6 +259,13 @@ class AsyncAnswerer:
             await asyncio.gather(*(self.answer(q, x, pipeline=pipe) for q, x in zip(queries, inputs, strict=True)))
         )
 
+    async def fill_names(
+        self, pipe: AnswerPipeline, requests: Sequence[tuple[str, Sequence[str]]], deadline: float | None
+    ) -> list[list[float]]:
+        """Entity names of several questions scored in one fill pass (`AnswerPipeline.fill_names`): from the
+        pool, its forward pass on the model thread."""
+        return await asyncio.wrap_future(self._cpu_pool.submit(pipe.fill_names, requests, deadline))
+
     # ---- live reload: requests hold the pipeline they started on -------------------------------------------
 
     @contextmanager

@@ -160,25 +160,58 @@ class WordAnswerer:
         """p_MLM of multi-piece words at the [MASK] of ``text`` (cached): by sequential fill, or with
         ``parallel`` from one pass (each length's masks read at once, see `_parallel_log_p`). ``deadline``: a
         `time.monotonic` time after which no further forward pass starts (`DeadlineExceeded`)."""
+        if parallel:
+            return self.fill_probs_many([(text, words)], deadline=deadline)[0]
         inp = self.encoder.query_input(text)
-        cache = self.queries.cache
-        prefix, sha = self.queries.key_prefix, self.encoder.weights_sha256
-        numerics = self.encoder.numerics
-        kind = "pfill" if parallel else "fill"
+        out, keys, todo = self._cached(inp, words, "fill")
+        if todo:
+            fresh = self._fill(inp, [words[i] for i in todo], deadline)
+            out[todo] = fresh
+            self.queries.cache.set_many({keys[i]: _pack(float(p)) for i, p in zip(todo, fresh, strict=True)})
+        return out
+
+    def fill_probs_many(
+        self, requests: Sequence[tuple[str, Sequence[tuple[int, ...]]]], *, deadline: float | None = None
+    ) -> list[np.ndarray]:
+        """`fill_probs` in its one-pass form for several questions (text, words) at once: every question's
+        lengths are rows of one forward pass (cached as `fill_probs` caches them)."""
+        outs: list[np.ndarray] = []
+        parts: list[tuple[list[_Group], list[tuple[int, ...]]]] = []
+        pending: list[tuple[int, list[str], list[int]]] = []  # request, cache keys, indexes to compute
+        for r, (text, words) in enumerate(requests):
+            inp = self.encoder.query_input(text)
+            out, keys, todo = self._cached(inp, words, "pfill")
+            outs.append(out)
+            if todo:
+                missing = [words[i] for i in todo]
+                parts.append((self._mask_groups(inp, missing), missing))
+                pending.append((r, keys, todo))
+        if parts:
+            for (r, keys, todo), log_p, (groups, _) in zip(
+                pending, self._parallel_log_p(parts, deadline), parts, strict=True
+            ):
+                fresh = np.zeros(len(todo), dtype=np.float64)
+                scored = [w for g in groups for w in g.members]  # lengths that fit the window
+                fresh[scored] = np.exp(log_p[scored])
+                outs[r][todo] = fresh
+                self.queries.cache.set_many({keys[i]: _pack(float(p)) for i, p in zip(todo, fresh, strict=True)})
+        return outs
+
+    def _cached(
+        self, inp: MaskedInput, words: Sequence[tuple[int, ...]], kind: str
+    ) -> tuple[np.ndarray, list[str], list[int]]:
+        """The cached scores of ``words`` at ``inp`` (0 where missing), their cache keys, and the missing ones."""
+        prefix, sha, numerics = self.queries.key_prefix, self.encoder.weights_sha256, self.encoder.numerics
         keys = [cache_key(prefix, kind, sha, numerics, inp.input_ids, pieces) for pieces in words]
         out = np.zeros(len(words), dtype=np.float64)
         todo: list[int] = []
-        for i, raw in enumerate(cache.get_many(keys)):
+        for i, raw in enumerate(self.queries.cache.get_many(keys)):
             value = _unpack(raw) if raw is not None else None
             if value is None:
                 todo.append(i)
             else:
                 out[i] = value
-        if todo:
-            fresh = self._fill(inp, [words[i] for i in todo], parallel, deadline)
-            out[todo] = fresh
-            cache.set_many({keys[i]: _pack(float(p)) for i, p in zip(todo, fresh, strict=True)})
-        return out
+        return out, keys, todo
 
     def _mask_groups(self, inp: MaskedInput, words: Sequence[tuple[int, ...]]) -> list[_Group]:
         """The words by length m, each length with its m-mask input (lengths whose masks do not fit: left out)."""
@@ -205,13 +238,10 @@ class WordAnswerer:
             groups.append(_Group(m, members, base.input_ids, first))
         return groups
 
-    def _fill(
-        self, inp: MaskedInput, words: Sequence[tuple[int, ...]], parallel: bool = False, deadline: float | None = None
-    ) -> np.ndarray:
+    def _fill(self, inp: MaskedInput, words: Sequence[tuple[int, ...]], deadline: float | None = None) -> np.ndarray:
+        """Sequential fill (see the module docstring); words whose masks do not fit the window score 0."""
         groups = self._mask_groups(inp, words)
-        log_p = (
-            self._parallel_log_p(groups, words, deadline) if parallel else self._sequential_log_p(groups, words, deadline)
-        )
+        log_p = self._sequential_log_p(groups, words, deadline)
         out = np.zeros(len(words), dtype=np.float64)
         scored = [w for g in groups for w in g.members]
         out[scored] = np.exp(log_p[scored])
@@ -244,20 +274,25 @@ class WordAnswerer:
         return log_p
 
     def _parallel_log_p(
-        self, groups: list[_Group], words: Sequence[tuple[int, ...]], deadline: float | None
-    ) -> np.ndarray:
-        """One pass for every length: each length's m-mask input once (one row of the batch), read at each of its
-        m masks; a word's log p is the sum of its pieces' log p at their masks."""
+        self, parts: Sequence[tuple[list[_Group], Sequence[tuple[int, ...]]]], deadline: float | None
+    ) -> list[np.ndarray]:
+        """One pass for every length of every part (a question's groups and words): each length's m-mask input
+        once (one row of the batch), read at each of its m masks; a word's log p is the sum of its pieces' log p
+        at their masks."""
+        groups = [g for part_groups, _ in parts for g in part_groups]
         reads = [(i, g.first + j) for i, g in enumerate(groups) for j in range(g.m)]
         sequences = [g.input_ids for g in groups]
         step = self.run_model(partial(_log_probs_by, self.encoder, sequences, reads, deadline)).numpy()
-        log_p = np.zeros(len(words), dtype=np.float64)
+        out = []
         row = 0
-        for g in groups:
-            for w in g.members:
-                log_p[w] = float(sum(step[row + j, piece] for j, piece in enumerate(words[w])))
-            row += g.m
-        return log_p
+        for part_groups, words in parts:
+            log_p = np.zeros(len(words), dtype=np.float64)
+            for g in part_groups:
+                for w in g.members:
+                    log_p[w] = float(sum(step[row + j, piece] for j, piece in enumerate(words[w])))
+                row += g.m
+            out.append(log_p)
+        return out
 
     def _log_probs(self, items: list[MaskedInput], deadline: float | None = None) -> np.ndarray:
         parts = []

@@ -18,6 +18,7 @@ from bertknn.builder.merge import merge_slices
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.update import add_articles
 from bertknn.core.format import Datastore, read_manifest, validate_datastore
+from bertknn.core.format.table import EntityRef
 from bertknn.service.main import create_app
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import build_tiny, corpus_words, make_tiny_bert, write_jsonl
@@ -192,6 +193,13 @@ def test_a_dump_s_wikilinks_resolve_through_its_redirects(model: Path, tmp_path:
     store = Datastore(out)
     _, _, rows = store.article_rows(["Orvin Tasker"], "entity")
     assert [store.entity_at(r).title for r in rows.tolist()] == ["New Quellport"]  # type: ignore[union-attr]
+    # every link's entity looked up together: through the redirect, with the popularity
+    wheres = [w for w in store.entity_indexes(list(range(store.manifest.counts.contexts))) if w is not None]
+    assert "Quellport" in {store.shards[pos].entity_title(local) for pos, local in wheres}
+    assert {(r.title, r.popularity) for r in store.entities_of(wheres)} == {("New Quellport", 3), ("Kingdom of Zembla", 1)}
+    assert store.table.entities(["Nowhere", "Quellport", "Nowhere"]) == [
+        EntityRef("Nowhere", 0), EntityRef("New Quellport", 3), EntityRef("Nowhere", 0)
+    ]
 
 
 def test_add_counts_the_live_articles_links_only(ds: Path, model: Path, tmp_path: Path) -> None:
@@ -417,3 +425,35 @@ def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
                                         "answer": "entity", "top_k": 5}).json()  # fmt: skip
     assert len(body["knn"]) == 5 and body["predictions"]
     assert filled and max(filled) <= FILL_CANDIDATES < 30, filled
+
+
+def test_follow_fills_each_hop_s_names_in_one_pass_bounded_by_what_it_hands_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thirty linked names of two pieces: each hop of a /follow runs one fill pass, for at most beam (hop 1) and
+    top_k (the last hop) names over all its queries; the hop's queries fill nothing themselves."""
+    from bertknn.service.words import WordAnswerer
+
+    first = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
+    second = ["north", "south", "east", "west", "hill"]
+    names = [f"{a.title()} {b.title()}" for a in first for b in second]
+    text = " ".join(f"Ravel met {n} in the hall." for n in names)
+    corpus = write_jsonl(tmp_path / "c.jsonl", [linked("1", "Ravel", text, [(n, n) for n in names])])
+    model = make_tiny_bert(tmp_path / "m", corpus_words([{"title": "Ravel", "text": text}]))
+    ds = build_tiny(tmp_path / "ds", [corpus], model)
+    passes: list[int] = []  # names scored by each fill pass
+    real = WordAnswerer.fill_probs_many
+
+    def counting(self: WordAnswerer, requests: list, **kw: Any) -> list[np.ndarray]:
+        passes.append(sum(len(words) for _, words in requests))
+        return real(self, requests, **kw)
+
+    monkeypatch.setattr(WordAnswerer, "fill_probs_many", counting)
+    with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
+        body = {"subject": "Ravel", "relations": ["[X] met [Y] in the hall .", "[X] met [Y] in the hall ."],
+                "beam": 3, "top_k": 4}  # fmt: skip
+        out = c.post("/follow", json=body).json()
+    assert len(out["hops"]) == 2 and out["answers"], out
+    assert len(passes) == 2 and 0 < passes[0] <= 3 and 0 < passes[1] <= 4, passes
+    hop1 = out["hops"][0]["entities"]
+    assert all(a["prob"] >= b["prob"] for a, b in zip(hop1, hop1[1:], strict=False))  # ranked after the fill

@@ -3,6 +3,7 @@ the weighting of relation following, on hand-made inputs whose answers are known
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -15,9 +16,10 @@ from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
 from bertknn.builder.wikitext import link_target, wikitext_links, wikitext_to_text
 from bertknn.core.errors import CorpusError, InvalidRequest
 from bertknn.core.format.table import EntityRef
-from bertknn.service.entities import EntityAnswerer, entity_of_words, surface_form
-from bertknn.service.follow import Hop, HopEntity, check_template, combine, fill, paths
+from bertknn.service.entities import MAX_NAME_PIECES, EntityAnswerer, entity_of_words, surface_form
+from bertknn.service.follow import Hop, HopEntity, check_template, combine, fill, fill_hop, paths, to_fill
 from bertknn.service.interpolate import knn_distribution
+from bertknn.service.results import Answer, Prediction, Query
 from bertknn.service.retrieval.knn import Neighbours
 
 # ---- extraction ---------------------------------------------------------------------------------------------------
@@ -149,10 +151,10 @@ class _Linked:
     def entity_indexes(self, rows: list[int]) -> list[tuple[int, int] | None]:
         return [None if self.rows[r] is None else (0, r) for r in rows]
 
-    def entity_of(self, pos: int, local: int) -> EntityRef:
-        ref = self.rows[local]
-        assert ref is not None
-        return ref
+    def entities_of(self, where: list[tuple[int, int]]) -> list[EntityRef]:
+        refs = [self.rows[local] for _, local in where]
+        assert None not in refs
+        return refs  # type: ignore[return-value]
 
     def entity(self, title: str) -> EntityRef | None:
         return {"Pisa": EntityRef("Pisa", 9)}.get(title)
@@ -209,6 +211,37 @@ def test_follow_weights_each_hop_by_its_entity_and_sums() -> None:
     (first, *_) = paths("X", [hop1, Hop("[X] r2 [Y] .", hop2)], 2)
     assert first.title == "V" and [s.title for s in first.path] == ["X", "A", "V"]
     assert [s.prob for s in first.path] == [1.0, 0.6, pytest.approx(0.57)]
+
+
+def _entity_answer(lam: float, preds: list[tuple[str, float, int]]) -> Answer:
+    """An entity answer before its names were filled: (title, p_kNN, pieces); p = lam p_kNN (+ p_MLM for one
+    piece, here 0)."""
+    return Answer(
+        [Prediction(t, -1, lam * knn, 0.0, knn, [], pieces) for t, knn, pieces in preds], [], [], [], lam, {}, {}
+    )
+
+
+def test_a_hop_fills_only_the_names_it_hands_on_in_one_pass() -> None:
+    # parent A (weight 0.8), parent B (0.2); names of one piece and of more than MAX_NAME_PIECES are never filled
+    a = _entity_answer(0.5, [("Uno", 0.4, 1), ("Big Place", 0.3, 2), ("Far Away Land", 0.2, 3), ("Small Town", 0.1, 2)])
+    b = _entity_answer(0.5, [("New Harbour", 0.9, 2), ("Long" * 3, 0.1, MAX_NAME_PIECES + 1)])
+    parents = [("A", 0.8), ("B", 0.2)]
+    # weight x p before the fill: A's Big Place 0.12, Far Away Land 0.08, Small Town 0.04; B's New Harbour 0.09
+    assert to_fill(parents, [a, b], 3) == [(0, 1), (1, 0), (0, 2)]
+    asked: list[list[tuple[str, list[str]]]] = []
+
+    async def fill_names(requests: list[tuple[str, list[str]]]) -> list[list[float]]:
+        asked.append(requests)
+        return [[0.6 if t == "Far Away Land" else 0.0 for t in titles] for _, titles in requests]
+
+    queries = [Query(text="a r [MASK] ."), Query(text="b r [MASK] .")]
+    got = asyncio.run(fill_hop(queries, [a, b], [(0, 1), (1, 0), (0, 2)], fill_names))
+    assert asked == [[("a r [MASK] .", ["Big Place", "Far Away Land"]), ("b r [MASK] .", ["New Harbour"])]]  # one call
+    first = got[0].predictions
+    assert [p.token for p in first] == ["Far Away Land", "Uno", "Big Place", "Small Town"]  # ranked again
+    assert first[0].prob == pytest.approx(0.5 * 0.2 + 0.5 * 0.6) and first[0].p_mlm == 0.6
+    assert got[1].predictions[0].prob == pytest.approx(0.45)  # filled: p_MLM 0, p = lam p_kNN as before
+    assert to_fill(parents, [a, b], 0) == []
 
 
 def test_templates_need_one_x_and_one_y() -> None:

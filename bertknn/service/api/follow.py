@@ -94,11 +94,17 @@ async def follow_route(
             inputs = [pipe.check_query(q) for q in queries]
             return await answerer.answer_many(queries, inputs, pipeline=pipe)
 
+        async def fill_names(requests: list[tuple[str, list[str]]]) -> list[list[float]]:
+            return await answerer.fill_names(pipe, requests, base.deadline)
+
         lower = pipe.entity_answerer is not None and pipe.entity_answerer.lower
         cost = follow_cost(base, len(body.relations), body.beam, pipe.datastore)
         what = f"this follow of {len(body.relations)} hops with beam {body.beam}"
         result = await admitted(
             request, resources, cost=cost, what=what, seconds=seconds,
-            work=lambda: follow(subject, body.relations, top_k=body.top_k, beam=body.beam, lower=lower, base=base, ask=ask),
+            work=lambda: follow(
+                subject, body.relations, top_k=body.top_k, beam=body.beam, lower=lower, base=base, ask=ask,
+                fill_names=fill_names,
+            ),
         )  # fmt: skip
         return to_response(result, time.perf_counter() - t0, pipe.identity())
