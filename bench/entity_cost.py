@@ -36,13 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--articles", type=int, default=20, help="the dump's first N articles are built")
     p.add_argument("--subjects", type=int, default=10, help="articles asked about (one question per template)")
     p.add_argument("--top-k", type=int, default=10, help="answers per question and per follow (the API's default)")
-    p.add_argument("--beam", type=int, default=5, help="the follow's beam (the API's default)")
+    p.add_argument("--beams", type=int, nargs="+", default=[5, 3], help="the follows' beams (5: the API's default)")
     p.add_argument("--work", type=Path, default=RUNS / "bench-entity-cost")
     args = p.parse_args(argv)
     if not args.dump.is_file():
         p.error(f"--dump {args.dump}: no such file (see the module docstring for a small real one)")
-    if min(args.articles, args.subjects, args.top_k, args.beam) < 1:
-        p.error("--articles, --subjects, --top-k and --beam must be at least 1")
+    if min(args.articles, args.subjects, args.top_k, *args.beams) < 1:
+        p.error("--articles, --subjects, --top-k and --beams must be at least 1")
     from bertknn.service.cache import InMemoryCache
     from bertknn.service.follow import InProcess, follow
     from bertknn.service.pipeline import AnswerPipeline
@@ -60,15 +60,16 @@ def main(argv: list[str] | None = None) -> int:
 
     here = InProcess(pipe)
 
-    async def follow_one(subject: str) -> Any:
+    async def follow_one(subject: str, beam: int) -> Any:
         base = Query(text="x [MASK]", top_k=args.top_k)
         return await follow(
-            subject, list(TEMPLATES[:2]), top_k=args.top_k, beam=args.beam, lower=lower, base=base, ask=here.ask,
+            subject, list(TEMPLATES[:2]), top_k=args.top_k, beam=beam, lower=lower, base=base, ask=here.ask,
             fill_names=here.fill_names,
         )  # fmt: skip
 
     pipe.predict(Query(text=ask(TEMPLATES[0], subjects[0]), subject=subjects[0]))  # warm-up (JVM, first forward)
-    times: dict[str, list[float]] = {"word": [], "entity": [], "follow": []}
+    follows = [f"follow (beam {b})" for b in args.beams]
+    times: dict[str, list[float]] = {"word": [], "entity": [], **{f: [] for f in follows}}
     for subject in subjects:
         for template in TEMPLATES:
             q = Query(text=ask(template, subject), subject=subject, top_k=args.top_k)
@@ -76,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.perf_counter()
                 pipe.predict(replace(q, answer=kind))
                 times[kind].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        asyncio.run(follow_one(subject))
-        times["follow"].append(time.perf_counter() - t)
+        for beam, name in zip(args.beams, follows, strict=True):
+            t = time.perf_counter()
+            asyncio.run(follow_one(subject, beam))
+            times[name].append(time.perf_counter() - t)
     p50 = {k: percentiles(v)["p50"] * 1000 for k, v in times.items()}
     man = pipe.datastore.manifest
     result = {
@@ -86,13 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         "datastore": {"articles": man.counts.articles, "contexts": man.counts.contexts,
                       "entities": man.links.entities if man.links else 0},
         "p50_ms": {k: round(v, 2) for k, v in p50.items()},
-        "entity_over_word": round(p50["entity"] / p50["word"], 2),
-        "follow_over_word": round(p50["follow"] / p50["word"], 2),
-        "queries": {k: len(v) for k, v in times.items()}, "top_k": args.top_k, "beam": args.beam,
+        "over_word": {k: round(v / p50["word"], 2) for k, v in p50.items() if k != "word"},
+        "queries": {k: len(v) for k, v in times.items()}, "top_k": args.top_k,
     }  # fmt: skip
     path = write_result(result_name("entity-cost", args.model), result)
-    print(f"{result['datastore']} top_k {args.top_k}, beam {args.beam}: p50 word {p50['word']:.1f} ms, entity {p50['entity']:.1f} ms "
-          f"({result['entity_over_word']}x), two-hop follow {p50['follow']:.1f} ms ({result['follow_over_word']}x)")
+    ratios = ", ".join(f"{k} {p50[k]:.1f} ms ({v}x)" for k, v in result["over_word"].items())
+    print(f"{result['datastore']} top_k {args.top_k}: p50 word {p50['word']:.1f} ms, {ratios}")
     print(f"wrote {path}")
     pipe.close()
     return 0 if np.isfinite(p50["word"]) else 1
