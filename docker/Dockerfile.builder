@@ -7,7 +7,8 @@
 # `merge /data/slices/slice-* --out /data/datastore` (the Kubernetes Indexed Job in k8s/jobs does exactly this).
 # The CUDA libraries come with the torch wheel (cuda-toolkit / nvidia-* wheels), so the base is the same slim Python
 # image as the service; the host needs only the NVIDIA driver (>= 580 for the CUDA 13.0 build of torch 2.13 on PyPI;
-# for an older driver build with --build-arg TORCH_INDEX_URL=<a PyTorch CUDA 12.x wheel index>).
+# for an older driver build with --build-arg TORCH_INDEX_URL=<a PyTorch CUDA 12.x wheel index>; docs/deployment.md, "GPU
+# drivers"; the process checks the driver at start-up and says which one it needs).
 # Runs `python -m datastore_builder` as uid 10001.  Model weights are not in the image: mount a Hugging Face cache at
 # /models/hf (HF_HOME; docker/prefetch_model.py fills it) or a model directory (--model DIR).  The JRE is here for
 # the Lucene (BM25) index the build ends with.  See README.md, "Deployment".

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -18,15 +19,58 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 DtypeName = Literal["auto", "float32", "float16", "bfloat16"]
 
 
+# The oldest NVIDIA Linux driver that runs each CUDA major version's runtime (CUDA 12 and 13 through minor-version
+# compatibility): NVIDIA's CUDA Toolkit release notes, table 3.
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+_PROC_VERSION = Path("/proc/driver/nvidia/version")
+_DRIVER = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
+
+
+def driver_version() -> str | None:
+    """The NVIDIA kernel driver's version (from /proc, which a container with GPUs sees), or None: no driver."""
+    try:
+        found = _DRIVER.search(_PROC_VERSION.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def _as_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split(".") if x.isdigit())
+
+
+def driver_problem(cuda: str | None = None, driver: str | None = None) -> str | None:
+    """Why torch's CUDA build cannot run on this machine's driver, in one line; None when it can (or no CUDA)."""
+    cuda = cuda if cuda is not None else torch.version.cuda
+    if not cuda:
+        return "this torch is a CPU-only build: install the CUDA build (the CUDA image) to use a GPU"
+    driver = driver if driver is not None else driver_version()
+    if driver is None:
+        return "no NVIDIA driver is visible here: run with the GPU made visible (--gpus, or the NVIDIA device plugin)"
+    need = MIN_DRIVER.get(int(cuda.split(".")[0]))
+    if need is not None and _as_tuple(driver) < _as_tuple(need):
+        return (
+            f"the NVIDIA driver is {driver}, and this torch {torch.__version__} is built for CUDA {cuda}, which needs "
+            f"driver {need} or newer: upgrade the driver, or use an image built for an older CUDA (docs/deployment.md, "
+            f'"GPU drivers")'
+        )
+    return None
+
+
 def resolve_device(device: DeviceName | str) -> torch.device:
-    """Decide the device once; log when `auto` falls back to the CPU."""
+    """Decide the device once; log when `auto` falls back to the CPU, saying why when a GPU is there but unusable."""
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        logger.info("device=auto: no CUDA device visible, using the CPU")
+        why = driver_problem() if driver_version() is not None else None
+        if why:
+            logger.warning("device=auto: a GPU is present but unusable (%s); using the CPU", why)
+        else:
+            logger.info("device=auto: no CUDA device visible, using the CPU")
         return torch.device("cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("device=cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
+        why = driver_problem() or "torch sees no CUDA device"
+        raise ModelLoadError(f"device=cuda was asked for, but {why}; or use --device cpu or auto")
     return torch.device(device)
 
 

@@ -1,0 +1,55 @@
+"""The GPU driver check: which driver torch's CUDA build needs, read from what a container sees, in one line."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import bertknn.core.runtime as runtime
+from bertknn.core.errors import ModelLoadError
+
+PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\nGCC version: gcc 12\n"
+OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)\n"
+
+
+@pytest.mark.parametrize(("text", "want"), [(PROPRIETARY, "535.104.05"), (OPEN, "580.65.06"), ("garbage", None)])
+def test_the_driver_version_is_read_from_proc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, want: str | None) -> None:
+    (tmp_path / "version").write_text(text)
+    monkeypatch.setattr(runtime, "_PROC_VERSION", tmp_path / "version")
+    assert runtime.driver_version() == want
+    monkeypatch.setattr(runtime, "_PROC_VERSION", tmp_path / "absent")
+    assert runtime.driver_version() is None
+
+
+def test_a_driver_older_than_the_cuda_build_needs_is_named_with_both_versions() -> None:
+    problem = runtime.driver_problem("13.0", "535.104.05")
+    assert problem is not None and "535.104.05" in problem and "580.65.06" in problem and "CUDA 13.0" in problem
+    assert runtime.driver_problem("13.0", "580.65.06") is None
+    assert runtime.driver_problem("13.0", "590.1") is None
+    assert runtime.driver_problem("12.6", "535.104.05") is None  # CUDA 12 runs on R525+ (minor-version compatibility)
+    assert "525.60.13" in (runtime.driver_problem("12.6", "470.82.01") or "")  # older than R525: named
+    assert "CPU-only" in (runtime.driver_problem("", "580.65.06") or "")
+
+
+def test_no_driver_at_all_says_how_to_make_the_gpu_visible(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(runtime, "_PROC_VERSION", tmp_path / "absent")
+    assert "no NVIDIA driver is visible" in (runtime.driver_problem("13.0") or "")
+
+
+def test_device_cuda_on_an_old_driver_is_one_line_that_names_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "version").write_text(PROPRIETARY)
+    monkeypatch.setattr(runtime, "_PROC_VERSION", tmp_path / "version")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # what torch says when the driver is too old
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(ModelLoadError) as err:
+        runtime.resolve_device("cuda")
+    message = str(err.value)
+    assert "\n" not in message and "535.104.05" in message and "580.65.06" in message and "--device cpu" in message
+    with caplog.at_level(logging.INFO, logger="bertknn.core.runtime"):
+        assert runtime.resolve_device("auto") == torch.device("cpu")
+    assert any(r.levelno == logging.WARNING and "535.104.05" in r.getMessage() for r in caplog.records)
