@@ -322,6 +322,9 @@ def embed_prepared(
     n = len(prepared.inputs)
     out = np.empty((n, encoder.hidden_size), dtype=np.float16) if out is None else out
     step = max(1, step_rows)
+    # A CPU forward allocates its activations on the host heap, batch after batch: trimmed after each batch
+    # (docs/decisions/malloc-trim.md). A GPU forward does not: the host heap is trimmed once per step.
+    trim_each_batch = encoder.device.type == "cpu"
     for lo in range(0, n, step):
         order = sorted(range(lo, min(n, lo + step)), key=lambda i: len(prepared.inputs[i].input_ids))
         lengths = [len(prepared.inputs[i].input_ids) for i in order]
@@ -333,9 +336,12 @@ def embed_prepared(
                 lengths = [len(x.input_ids) for x in batch]
                 times.pad(sum(lengths), len(lengths) * max(lengths))
             out[idx] = emb.astype(np.float16)
-            return_free_memory()  # the forward's freed buffers go back to the system, not to glibc's heap
+            if trim_each_batch:  # the CPU forward's freed buffers go back to the system, not to glibc's heap
+                return_free_memory()
             if on_batch is not None:
                 on_batch(len(idx))
+        if not trim_each_batch:
+            return_free_memory()
         if done is not None:
             done[0] = min(n, lo + step)
     return out

@@ -121,3 +121,34 @@ def test_a_token_budget_gives_the_same_vectors_in_smaller_batches(
     assert json.loads(line.removeprefix("build finished: "))["contexts"] == va.shape[0]
     assert padded and all(tokens <= 40 or rows == 1 for rows, tokens in padded)
     assert sum(rows for rows, _ in padded) == va.shape[0] and len(padded) > -(-va.shape[0] // 16)  # more batches
+
+
+@pytest.mark.parametrize(("device", "trims"), [("cpu", 10), ("cuda", 3)])
+def test_the_host_heap_is_trimmed_per_batch_on_a_cpu_and_per_step_on_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, device: str, trims: int
+) -> None:
+    """25 rows, batches of 3 in steps of 10 (4 + 4 + 2 batches): a CPU forward trims after each batch, a GPU
+    forward (activations on the device) once per step; the rows come back in order either way."""
+    import numpy as np
+    import torch
+
+    import bertknn.builder.build as build_module
+    from bertknn.core.encoder import MaskedInput
+
+    calls: list[int] = []
+    monkeypatch.setattr(build_module, "return_free_memory", lambda: calls.append(1))
+
+    class Fake:
+        hidden_size = 2
+
+        def __init__(self) -> None:
+            self.device = torch.device(device)
+
+        def encode(self, batch: list[MaskedInput]) -> object:
+            emb = np.array([[x.input_ids[1], len(x.input_ids)] for x in batch], dtype=np.float32)
+            return type("Out", (), {"embeddings": emb})()
+
+    inputs = [MaskedInput((101, i, *([5] * (i % 4)), 102), 1) for i in range(25)]
+    prepared = build_module.PreparedShard(0, [], [], inputs, np.zeros(25), np.zeros(25), np.zeros((25, 2)))
+    out = build_module.embed_prepared(Fake(), prepared, 3, step_rows=10)  # type: ignore[arg-type]
+    assert out[:, 0].tolist() == list(range(25)) and len(calls) == trims
