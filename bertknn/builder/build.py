@@ -46,6 +46,7 @@ from bertknn.core.format import (
     sha256_file,
     write_manifest,
 )
+from bertknn.core.inputs import PackedInputs
 from bertknn.core.model_ref import local_model_path
 from bertknn.core.runtime import cpu_quota_threads, return_free_memory
 from bertknn.core.words import WordEntry, WordTable, WordTableBuilder
@@ -62,7 +63,7 @@ class PreparedShard:
     index: int
     articles: list[dict]
     sentences: list[str]
-    inputs: list[MaskedInput]
+    inputs: PackedInputs  # (arrays: a worker's result pickles as a few buffers, not an object per context)
     labels: np.ndarray
     sentence_ids: np.ndarray
     spans: np.ndarray
@@ -104,6 +105,7 @@ class PreparedShard:
             return pieces[0]
         out = _empty_prepared(index, whole_words)
         labels, sent_ids, spans = [out.labels], [out.sentence_ids], [out.spans]
+        inputs = [out.inputs]
         words = _WordTableMerger() if whole_words else None
         entity_ids: dict[str, int] = {}
         entity_labels: list[np.ndarray] = []
@@ -122,17 +124,18 @@ class PreparedShard:
             out.entity_labels = np.concatenate([np.zeros(0, np.int32), *entity_labels]).astype(np.int32)
             out.entities = list(entity_ids)
         for piece in pieces:
-            rows, sents = len(out.inputs), len(out.sentences)
+            rows, sents = sum(len(x) for x in inputs), len(out.sentences)
             out.articles.extend(
                 {**m, "row_start": m["row_start"] + rows, "row_end": m["row_end"] + rows,
                  "sent_start": m["sent_start"] + sents, "sent_end": m["sent_end"] + sents}
                 for m in piece.articles
             )  # fmt: skip
             out.sentences.extend(piece.sentences)
-            out.inputs.extend(piece.inputs)
+            inputs.append(piece.inputs)
             labels.append(piece.labels if words is None or piece.words is None else words.remap(piece.words, piece.labels))
             sent_ids.append(piece.sentence_ids + sents)
             spans.append(piece.spans)
+        out.inputs = PackedInputs.concat(inputs)
         out.labels = np.concatenate(labels).astype(np.int32, copy=False)
         out.sentence_ids = np.concatenate(sent_ids).astype(np.int32, copy=False)
         out.spans = np.concatenate(spans).astype(np.int32, copy=False).reshape(-1, 2)
@@ -143,7 +146,7 @@ class PreparedShard:
 
 def _empty_prepared(index: int, whole_words: bool) -> PreparedShard:
     return PreparedShard(
-        index, [], [], [], np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros((0, 2), np.int32),
+        index, [], [], PackedInputs.of([]), np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros((0, 2), np.int32),
         WordTable([]) if whole_words else None,
     )  # fmt: skip
 
@@ -256,7 +259,7 @@ class ShardPreparer:
             index,
             metas,
             sentences,
-            inputs,
+            PackedInputs.of(inputs),
             np.asarray(labels, dtype=np.int32),
             np.asarray(sent_ids, dtype=np.int32),
             np.asarray(spans, dtype=np.int32).reshape(-1, 2),
@@ -320,21 +323,20 @@ def embed_prepared(
     ``out`` receives the rows, and ``done[0]`` says how many leading rows are embedded (an interrupted build
     writes the articles they cover). ``times`` counts each batch's tokens and padded tokens."""
     n = len(prepared.inputs)
+    all_lengths = prepared.inputs.lengths
     out = np.empty((n, encoder.hidden_size), dtype=np.float16) if out is None else out
     step = max(1, step_rows)
     # A CPU forward allocates its activations on the host heap, batch after batch: trimmed after each batch
     # (docs/decisions/malloc-trim.md). A GPU forward does not: the host heap is trimmed once per step.
     trim_each_batch = encoder.device.type == "cpu"
     for lo in range(0, n, step):
-        order = sorted(range(lo, min(n, lo + step)), key=lambda i: len(prepared.inputs[i].input_ids))
-        lengths = [len(prepared.inputs[i].input_ids) for i in order]
+        order = lo + np.argsort(all_lengths[lo : min(n, lo + step)], kind="stable")
+        lengths = all_lengths[order].tolist()
         for start, end in token_batches(lengths, batch_size, batch_tokens):
             idx = order[start:end]
-            batch = [prepared.inputs[i] for i in idx]
-            emb = encoder.encode(batch).embeddings
+            emb = encoder.encode(prepared.inputs.take(idx)).embeddings
             if times is not None:
-                lengths = [len(x.input_ids) for x in batch]
-                times.pad(sum(lengths), len(lengths) * max(lengths))
+                times.pad(sum(lengths[start:end]), (end - start) * lengths[end - 1])
             out[idx] = emb.astype(np.float16)
             if trim_each_batch:  # the CPU forward's freed buffers go back to the system, not to glibc's heap
                 return_free_memory()

@@ -20,6 +20,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenize
 
 from bertknn.core.errors import ModelLoadError
 from bertknn.core.hashing import weights_sha256
+from bertknn.core.inputs import MaskedInput, PackedInputs
 from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
 from bertknn.core.topk import top_entries
 from bertknn.core.truncate import TruncatedCore, truncated_base
@@ -29,14 +30,6 @@ logger = logging.getLogger(__name__)
 
 
 
-
-
-@dataclass(frozen=True)
-class MaskedInput:
-    """Token ids with special tokens added, and the position of the single [MASK]."""
-
-    input_ids: tuple[int, ...]
-    mask_pos: int
 
 
 @dataclass(frozen=True)
@@ -441,6 +434,8 @@ class MaskedLMEncoder:
 
         numpy, not torch: on the service's path (batches of one or a few) building them as tensors cost 7x more.
         """
+        if isinstance(items, PackedInputs):  # the builder's batches: padded from the packed arrays at once
+            return items.padded(self.tokenizer.pad_token_id or 0)
         n = len(items)
         width = max(len(x.input_ids) for x in items)
         ids = np.full((n, width), self.tokenizer.pad_token_id or 0, dtype=np.int64)

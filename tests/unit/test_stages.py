@@ -133,7 +133,7 @@ def test_the_host_heap_is_trimmed_per_batch_on_a_cpu_and_per_step_on_a_gpu(
     import torch
 
     import bertknn.builder.build as build_module
-    from bertknn.core.encoder import MaskedInput
+    from bertknn.core.inputs import MaskedInput, PackedInputs
 
     calls: list[int] = []
     monkeypatch.setattr(build_module, "return_free_memory", lambda: calls.append(1))
@@ -149,6 +149,6 @@ def test_the_host_heap_is_trimmed_per_batch_on_a_cpu_and_per_step_on_a_gpu(
             return type("Out", (), {"embeddings": emb})()
 
     inputs = [MaskedInput((101, i, *([5] * (i % 4)), 102), 1) for i in range(25)]
-    prepared = build_module.PreparedShard(0, [], [], inputs, np.zeros(25), np.zeros(25), np.zeros((25, 2)))
+    prepared = build_module.PreparedShard(0, [], [], PackedInputs.of(inputs), np.zeros(25), np.zeros(25), np.zeros((25, 2)))
     out = build_module.embed_prepared(Fake(), prepared, 3, step_rows=10)  # type: ignore[arg-type]
     assert out[:, 0].tolist() == list(range(25)) and len(calls) == trims
