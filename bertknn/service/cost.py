@@ -5,8 +5,7 @@ shares. A word answer over a single-piece datastore is 1 row, plus its neighbour
 (k=128 over 3 articles), which runs on the CPU threads every request shares: ceil(k x N / 384) - 1 rows. A whole-word datastore's answer adds the sequential
 fill of its multi-piece candidates: (k + the MLM's candidates) x the datastore's mean fill rows per word (from its
 word table). An entity answer adds its one fill pass: at most 1 + 2 + ... + `MAX_NAME_PIECES` rows. A batch is
-the sum of its queries; a ``/follow`` is one query at hop 1 and ``beam`` at each later hop, plus one fill pass per
-hop for the names it hands on.
+the sum of its queries; a ``/follow`` is one entity answer at hop 1 and ``beam`` at each later hop.
 
 `CostGate` admits a request when its cost is within ``max_request_cost`` (else `TooCostly`, a 422 that names the
 cap), the client's requests in flight stay within ``max_client_cost`` (else `ClientOverloaded`, 429) and all
@@ -71,14 +70,10 @@ def batch_cost(queries: Sequence[Query], datastore: Datastore) -> int:
 
 
 def follow_cost(hop_query: Query, hops: int, beam: int, datastore: Datastore) -> int:
-    """Hop 1 asks one query, each later hop ``beam`` queries (entity answers whose names the hop fills); each
-    hop fills the names it hands on (``beam``, the last hop ``hop_query.top_k``) in one pass."""
-    asked = 1 + beam * (hops - 1)
-    fills = sum(
-        min((beam if h < hops - 1 else hop_query.top_k) * MAX_NAME_PIECES, (1 if h == 0 else beam) * ENTITY_FILL_ROWS)
-        for h in range(hops)
-    )
-    return asked * query_cost(replace(hop_query, fill_names=False), datastore) + fills
+    """Hop 1 asks one query, each later hop ``beam`` queries, each counted as a whole entity answer. (A hop fills
+    its names in one pass for all its queries, so the fill rows are fewer; the count stays an entity answer's,
+    which also stands for the CPU work of each question's retrieval, kNN and entity lookups.)"""
+    return (1 + beam * (hops - 1)) * query_cost(replace(hop_query, fill_names=True), datastore)
 
 
 @dataclass(frozen=True)
