@@ -74,7 +74,8 @@ class _BuildSummary(logging.Handler):
 
 
 def one_run(
-    encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, backend: str, codec: str = "fp16"
+    encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, backend: str, codec: str = "fp16",
+    batch_tokens: int = 16384,
 ) -> dict[str, object]:
     out = Path(tempfile.mkdtemp(prefix="bench-builder-"))
     try:
@@ -85,6 +86,7 @@ def one_run(
             out=out,
             device=args.device,
             batch_size=args.batch_size,
+            batch_tokens=batch_tokens,
             max_seq_len=args.max_seq_len,
             articles_per_shard=args.articles_per_shard,
             workers=args.workers,
@@ -131,6 +133,7 @@ def one_run(
         return {
             "backend": encoder.backend,
             "forward": f"cut at layer {encoder.layer}" if encoder.truncated else "full",
+            "batch_tokens": batch_tokens,
             "padding_fraction": round(1 - tokens / padded, 4),
             "codec": manifest.codec.factory if manifest.codec else "fp16",
             "articles": manifest.counts.articles,
@@ -168,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-tokens", default="16384", help="the builder's token budget(s) per batch, comma-separated "
+                   "(0: rows alone): one set of runs each")  # fmt: skip
     p.add_argument("--max-seq-len", type=int, default=128)
     p.add_argument("--articles-per-shard", type=int, default=25, help="small, so the worker prepares ahead")
     p.add_argument("--workers", type=int, default=1, help="tokenising worker processes (the build's default)")
@@ -196,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                 for b in backends}  # fmt: skip
     encoder = encoders[backends[0]]
     codecs = [c for c in args.codec.split(",") if c]
-    runs = [one_run(encoders[b], corpus, args, b.removesuffix("+full"), c) for c in codecs for _ in range(args.runs)
-            for b in backends]  # fmt: skip
+    budgets = [int(t) for t in args.batch_tokens.split(",") if t]
+    runs = [one_run(encoders[b], corpus, args, b.removesuffix("+full"), c, t) for c in codecs for t in budgets
+            for _ in range(args.runs) for b in backends]  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = {
@@ -236,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = [
         ("backend", "backend"),
         ("forward", "forward"),
+        ("batch tokens", "batch_tokens"),
         ("padding fraction", "padding_fraction"),
         ("codec", "codec"),
         ("contexts", "contexts"),

@@ -3,7 +3,8 @@
     python -m bench.gpu [--model runs/bert-base-shaped] [--articles 200]
 
 Runs, one after the other (nothing beside them): the builder's contexts/s on bert-base-uncased's shape in bfloat16
-and float16 with the cut forward and its padding fraction (`bench.builder --device cuda`), uncached ``/predict``
+and float16 with the cut forward, its token budget per batch swept, its padding fraction and the stage that
+bounds the build (the GPU's forward, or the CPU workers preparing contexts) (`bench.builder --device cuda`), uncached ``/predict``
 p50 and throughput at 1 and 64 clients with the service on the GPU (`bench.serving --device cuda`), and the IVF-PQ
 index's training time (`bert-knn ivfpq`, faiss-gpu where installed). Writes ``bench/results/gpu.json``.
 
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in ("bfloat16", "float16"):
         report = RESULTS / f"gpu-builder-{dtype}.json"
         _run([py, "-m", "bench.builder", "--model", str(args.model), "--device", "cuda", "--dtype", dtype,
-              "--articles", str(args.articles), "--batch-size", "512", "--runs", "2", "--out", str(report)])  # fmt: skip
+              "--articles", str(args.articles), "--batch-size", "2048", "--batch-tokens", "16384,65536,262144",
+              "--runs", "2", "--out", str(report)])  # fmt: skip
         out[f"builder_{dtype}"] = json.loads(report.read_text())["runs"]
     serving = RESULTS / f"serving-cuda-{args.model.name}.json"
     _run([py, "-m", "bench.serving", "--model", str(args.model), "--device", "cuda", "--articles", "40",
