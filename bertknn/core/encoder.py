@@ -22,7 +22,7 @@ from bertknn.core.errors import ModelLoadError
 from bertknn.core.hashing import weights_sha256
 from bertknn.core.inputs import MaskedInput, PackedInputs
 from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
-from bertknn.core.topk import top_entries
+from bertknn.core.topk import top_entries, top_set
 from bertknn.core.truncate import TruncatedCore, truncated_base
 from bertknn.core.wordmodel import WordModel
 
@@ -483,6 +483,35 @@ class MaskedLMEncoder:
             values[i], ids[i] = top_entries(row, k)
         return EncoderOutput(out.embeddings, out.mlm_log_probs, (values, ids))
 
+    @property
+    def heads_on_device(self) -> bool:
+        """Whether `encode_heads` picks the top of p_MLM where the forward ran (the eager forward on a GPU), so
+        that only the picked entries cross to the host."""
+        return self.device.type == "cuda" and self._fast is None and self.has_mlm
+
+    @torch.inference_mode()
+    def encode_heads(
+        self, items: Sequence[MaskedInput], n_top: int, *, on_device: bool | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """[MASK] embeddings and each row's ``n_top`` largest log p_MLM: (embeddings [n, hidden], values
+        [n, n_top], ids [n, n_top]), in no particular order within a row. On the device (``on_device``, default
+        `heads_on_device`) the whole distribution never leaves it (``torch.topk``: ties at the boundary in its
+        order); elsewhere the host picks them from the whole row (`top_set`: ties by smaller id)."""
+        k = min(n_top, self.vocab_size)
+        if not (self.heads_on_device if on_device is None else on_device) or not items:
+            out = self.encode(items, with_mlm=True)
+            assert out.mlm_log_probs is not None
+            tops = [top_set(row, k) for row in out.mlm_log_probs.numpy()]
+            values = np.stack([v for v, _ in tops]) if tops else np.zeros((0, k), np.float32)
+            ids = np.stack([i for _, i in tops]) if tops else np.zeros((0, k), np.int64)
+            return out.embeddings, values, ids
+        emb, log_p = self._eager_forward(items, with_mlm=True)
+        assert log_p is not None
+        if self.words.vocab.merge_layers:
+            log_p = self.words.vocab.merge_log_probs(log_p)
+        top = torch.topk(log_p, k, dim=-1)
+        return emb.float().cpu().numpy(), top.values.float().cpu().numpy(), top.indices.cpu().numpy()
+
     def _forward(self, items: Sequence[MaskedInput], with_mlm: bool) -> EncoderOutput:
         if not items:
             return EncoderOutput(
@@ -490,10 +519,15 @@ class MaskedLMEncoder:
             )
         if self._fast is not None and with_mlm == self._fast_with_mlm:
             return EncoderOutput(*self._fast(*self._arrays(items)))
+        emb, log_p = self._eager_forward(items, with_mlm)
+        return EncoderOutput(emb.float().cpu().numpy(), log_p.cpu() if log_p is not None else None)
+
+    def _eager_forward(self, items: Sequence[MaskedInput], with_mlm: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The eager forward's [MASK] embeddings and log p_MLM, left on the model's device."""
         ids, attn, rows, mask_pos = self._tensors(items)
         if with_mlm and self.head is None:  # no single head module: the full model's logits, at the mask rows
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
             emb, logits = out.hidden_states[self.layer][rows, mask_pos], out.logits[rows, mask_pos]
-            return EncoderOutput(emb.float().cpu().numpy(), torch.log_softmax(logits.float(), dim=-1).cpu())
+            return emb, torch.log_softmax(logits.float(), dim=-1)
         out = self._cores[with_mlm](ids, attn, rows, mask_pos)
-        return EncoderOutput(out[0].float().cpu().numpy(), out[1].cpu() if with_mlm else None)
+        return out[0], out[1] if with_mlm else None

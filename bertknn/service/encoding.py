@@ -86,7 +86,16 @@ class QueryEncoder:
         out: list[QueryEncoding | PendingEncoding | None] = [self._decode(raw) for raw in self.cache.get_many(keys)]
         hits = [enc is not None for enc in out]
         todo = [i for i, enc in enumerate(out) if enc is None]
-        if todo:
+        if todo and self.encoder.heads_on_device:  # the heads picked on the GPU: only they reach the host
+            emb, values, ids = self.encoder.encode_heads([inputs[i] for i in todo], self.mlm_top_entries)
+            made = {
+                keys[i]: QueryEncoding.from_top(emb[j], values[j], ids[j], self.encoder.vocab_size)
+                for j, i in enumerate(todo)
+            }
+            self._store(made, defer_store)
+            for i in todo:
+                out[i] = made[keys[i]]
+        elif todo:
             result = self.encoder.encode([inputs[i] for i in todo], with_mlm=True)
             assert result.mlm_log_probs is not None
             rows = result.mlm_log_probs.numpy()

@@ -300,3 +300,24 @@ def test_cache_keys_carry_the_forwards_dtype_and_backend(encoder: MaskedLMEncode
         encoder.dtype, encoder.backend = was
     assert len({eager_key, onnx_key, bf16_key}) == 3
     assert encoder.numerics == f"{str(was[0]).removeprefix('torch.')}/{was[1]}"
+
+
+def test_heads_picked_where_the_forward_ran_equal_the_hosts(encoder: MaskedLMEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The top of p_MLM picked by torch.topk next to the forward (as on a GPU, where only the picked entries then
+    cross to the host) is the same set as the host's `top_set` of the whole row, and makes the same encodings."""
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.encoding import QueryEncoder
+
+    items = [encoder.query_input(t) for t in ("zorblat was born in [MASK] .", "[MASK] is a city .", "the [MASK] sings")]
+    emb_d, val_d, ids_d = encoder.encode_heads(items, 40, on_device=True)
+    emb_h, val_h, ids_h = encoder.encode_heads(items, 40, on_device=False)
+    np.testing.assert_allclose(emb_d, emb_h, rtol=1e-5, atol=1e-6)
+    assert val_d.shape == val_h.shape == (3, 40)
+    for row in range(3):
+        assert set(ids_d[row].tolist()) == set(ids_h[row].tolist())
+        np.testing.assert_allclose(np.sort(val_d[row]), np.sort(val_h[row]), rtol=1e-5, atol=1e-6)
+    host = QueryEncoder(encoder, InMemoryCache(), key_prefix="h", mlm_top_entries=40).encode(items)[0]
+    monkeypatch.setattr(MaskedLMEncoder, "heads_on_device", property(lambda self: True))
+    device = QueryEncoder(encoder, InMemoryCache(), key_prefix="d", mlm_top_entries=40).encode(items)[0]
+    for a, b in zip(host, device, strict=True):
+        assert a.top_ids.tolist() == b.top_ids.tolist() and a.top_probs.tolist() == b.top_probs.tolist()
