@@ -329,19 +329,30 @@ def embed_prepared(
     # A CPU forward allocates its activations on the host heap, batch after batch: trimmed after each batch
     # (docs/decisions/malloc-trim.md). A GPU forward does not: the host heap is trimmed once per step.
     trim_each_batch = encoder.device.type == "cpu"
+
+    def land(idx: np.ndarray, result: Callable[[], np.ndarray]) -> None:
+        out[idx] = result()
+        if trim_each_batch:  # the CPU forward's freed buffers go back to the system, not to glibc's heap
+            return_free_memory()
+        if on_batch is not None:
+            on_batch(len(idx))
+
     for lo in range(0, n, step):
         order = lo + np.argsort(all_lengths[lo : min(n, lo + step)], kind="stable")
         lengths = all_lengths[order].tolist()
+        # each batch is started before the previous one's rows are taken: on a GPU the next batch's padding and
+        # host-to-device copy, and the previous batch's copy back, overlap the forward (`encode_async`)
+        pending: tuple[np.ndarray, Callable[[], np.ndarray]] | None = None
         for start, end in token_batches(lengths, batch_size, batch_tokens):
             idx = order[start:end]
-            emb = encoder.encode(prepared.inputs.take(idx)).embeddings
+            started = (idx, encoder.encode_async(prepared.inputs.take(idx)))
             if times is not None:
                 times.pad(sum(lengths[start:end]), (end - start) * lengths[end - 1])
-            out[idx] = emb.astype(np.float16)
-            if trim_each_batch:  # the CPU forward's freed buffers go back to the system, not to glibc's heap
-                return_free_memory()
-            if on_batch is not None:
-                on_batch(len(idx))
+            if pending is not None:
+                land(*pending)
+            pending = started
+        if pending is not None:
+            land(*pending)
         if not trim_each_batch:
             return_free_memory()
         if done is not None:

@@ -483,6 +483,27 @@ class MaskedLMEncoder:
             values[i], ids[i] = top_entries(row, k)
         return EncoderOutput(out.embeddings, out.mlm_log_probs, (values, ids))
 
+    @torch.inference_mode()
+    def encode_async(self, items: Sequence[MaskedInput]) -> Callable[[], np.ndarray]:
+        """Start embedding a batch ([MASK] embeddings only, as the builder stores them); the returned call gives
+        them, float16 [n, hidden]. With the eager forward on a GPU it returns once the forward and a copy into
+        pinned host memory are queued, so the caller can prepare and start the next batch while this one runs
+        (the call then waits for the copy alone); elsewhere the batch is embedded before it returns."""
+        if self.device.type != "cuda" or self._fast is not None or not items:
+            emb = self.encode(items).embeddings.astype(np.float16)
+            return lambda: emb
+        on_device, _ = self._eager_forward(items, with_mlm=False)
+        host = torch.empty(tuple(on_device.shape), dtype=torch.float16, pin_memory=True)
+        host.copy_(on_device.to(torch.float16), non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+
+        def result() -> np.ndarray:
+            copied.synchronize()
+            return host.numpy()
+
+        return result
+
     @property
     def heads_on_device(self) -> bool:
         """Whether `encode_heads` picks the top of p_MLM where the forward ran (the eager forward on a GPU), so

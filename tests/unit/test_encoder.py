@@ -321,3 +321,14 @@ def test_heads_picked_where_the_forward_ran_equal_the_hosts(encoder: MaskedLMEnc
     device = QueryEncoder(encoder, InMemoryCache(), key_prefix="d", mlm_top_entries=40).encode(items)[0]
     for a, b in zip(host, device, strict=True):
         assert a.top_ids.tolist() == b.top_ids.tolist() and a.top_probs.tolist() == b.top_probs.tolist()
+
+
+def test_encode_async_gives_the_embeddings_in_float16(encoder: MaskedLMEncoder) -> None:
+    """The builder's call (on a CPU it embeds at once; on a GPU it queues the forward and the copy back)."""
+    from bertknn.core.inputs import PackedInputs
+
+    items = [encoder.query_input(t) for t in ("zorblat was born in [MASK] .", "the [MASK] sings")]
+    result = encoder.encode_async(PackedInputs.of(items))
+    rows = result()
+    assert rows.dtype == np.float16 and rows.shape == (2, encoder.hidden_size)
+    np.testing.assert_array_equal(rows, encoder.encode(items).embeddings.astype(np.float16))

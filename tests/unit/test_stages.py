@@ -128,7 +128,8 @@ def test_the_host_heap_is_trimmed_per_batch_on_a_cpu_and_per_step_on_a_gpu(
     monkeypatch: pytest.MonkeyPatch, device: str, trims: int
 ) -> None:
     """25 rows, batches of 3 in steps of 10 (4 + 4 + 2 batches): a CPU forward trims after each batch, a GPU
-    forward (activations on the device) once per step; the rows come back in order either way."""
+    forward (activations on the device) once per step; each batch is started before the previous one's rows are
+    taken; the rows come back in order either way."""
     import numpy as np
     import torch
 
@@ -138,17 +139,30 @@ def test_the_host_heap_is_trimmed_per_batch_on_a_cpu_and_per_step_on_a_gpu(
     calls: list[int] = []
     monkeypatch.setattr(build_module, "return_free_memory", lambda: calls.append(1))
 
+    events: list[str] = []
+
     class Fake:
         hidden_size = 2
 
         def __init__(self) -> None:
             self.device = torch.device(device)
+            self.started = 0
 
-        def encode(self, batch: list[MaskedInput]) -> object:
-            emb = np.array([[x.input_ids[1], len(x.input_ids)] for x in batch], dtype=np.float32)
-            return type("Out", (), {"embeddings": emb})()
+        def encode_async(self, batch: PackedInputs) -> object:
+            emb = np.array([[x.input_ids[1], len(x.input_ids)] for x in batch], dtype=np.float16)
+            n, self.started = self.started, self.started + 1
+            events.append(f"start {n}")
+
+            def result() -> np.ndarray:
+                events.append(f"take {n}")
+                return emb
+
+            return result
 
     inputs = [MaskedInput((101, i, *([5] * (i % 4)), 102), 1) for i in range(25)]
     prepared = build_module.PreparedShard(0, [], [], PackedInputs.of(inputs), np.zeros(25), np.zeros(25), np.zeros((25, 2)))
     out = build_module.embed_prepared(Fake(), prepared, 3, step_rows=10)  # type: ignore[arg-type]
     assert out[:, 0].tolist() == list(range(25)) and len(calls) == trims
+    # each batch starts before the previous one's rows are taken (a step's last batch is taken at its end)
+    assert events[:6] == ["start 0", "start 1", "take 0", "start 2", "take 1", "start 3"]
+    assert events[6:9] == ["take 2", "take 3", "start 4"] and len(events) == 20
