@@ -112,9 +112,27 @@ def gather_rows(datastore: Datastore, global_rows: np.ndarray) -> np.ndarray:
     return out
 
 
+def on_gpus(index: faiss.Index, plan: IvfPqPlan) -> faiss.Index | None:
+    """An IVF-PQ ``index`` cloned onto every GPU faiss sees, or None: faiss-cpu (no GPU support), no GPU, an
+    exact index, or one the GPU build of faiss does not take (then the CPU builds it, as without a GPU)."""
+    if plan.kind != "ivfpq" or not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() < 1:
+        return None
+    try:
+        options = faiss.GpuMultipleClonerOptions()
+        options.useFloat16 = True  # PQ lookup tables in float16: what the GPU code needs for 64-byte codes
+        return faiss.index_cpu_to_all_gpus(index, co=options)
+    except Exception as exc:  # noqa: BLE001 - a faiss RuntimeError naming what the GPU index does not support
+        logger.warning("IVF-PQ: faiss-gpu cannot take this index (%s); it is built on the CPU", exc)
+        return None
+
+
 def train_and_fill(datastore: Datastore, plan: IvfPqPlan, *, seed: int = 0) -> faiss.Index:
-    """Train the planned index on a row sample, then add every row in global order."""
-    index = new_index(plan)
+    """Train the planned index on a row sample, then add every row in global order: on the GPUs when faiss has
+    them (`on_gpus`; the index comes back to the CPU to be written), else on the CPU."""
+    cpu = new_index(plan)
+    gpu = on_gpus(cpu, plan)
+    index = gpu if gpu is not None else cpu
+    logger.info("IVF-PQ built on %s", f"{faiss.get_num_gpus()} GPU(s)" if gpu is not None else "the CPU")
     if plan.kind == "ivfpq":
         rng = np.random.default_rng(seed)
         sample = np.sort(rng.choice(plan.rows, size=plan.train_rows, replace=False))
@@ -127,6 +145,8 @@ def train_and_fill(datastore: Datastore, plan: IvfPqPlan, *, seed: int = 0) -> f
                 chunk = datastore.float_rows(pos, slice(start, start + _ADD_BATCH))
                 index.add(chunk)  # sequential ids: shard by shard in manifest order = global row ids
                 bar.update(len(chunk))
+    if gpu is not None:
+        index = faiss.index_gpu_to_cpu(gpu)
     if index.ntotal != datastore.total_rows:
         raise DatastoreError(f"IVF-PQ index holds {index.ntotal} rows, the datastore {datastore.total_rows}")
     return index

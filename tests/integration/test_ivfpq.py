@@ -132,3 +132,44 @@ def test_query_dimension_is_checked(synthetic_datastore: Path) -> None:
     knn = IvfPqKnn(Datastore(synthetic_datastore))
     with pytest.raises(ValueError, match="dimension"):
         knn.search(np.zeros(DIM + 1, np.float32), 3)
+
+
+def test_the_index_is_trained_on_the_gpus_faiss_has_and_written_from_the_cpu(
+    synthetic_datastore: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With faiss-gpu and a GPU (stood in for here: this machine has neither) training and adding go to the GPU
+    clone and the index comes back to the CPU; a clone faiss-gpu refuses falls back to the CPU with a warning.
+    Either way the same index as the CPU's (same seed, same sample)."""
+    import logging
+
+    import faiss
+
+    import bertknn.builder.ivfpq as ivf
+
+    ds = Datastore(synthetic_datastore)
+    plan = plan_ivfpq(ds.total_rows, DIM)
+    want = faiss.serialize_index(ivf.train_and_fill(ds, plan))  # faiss-cpu: no GPU path
+    assert ivf.on_gpus(ivf.new_index(plan), plan) is None
+    moves: list[str] = []
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
+    monkeypatch.setattr(faiss, "GpuMultipleClonerOptions", lambda: type("Options", (), {})(), raising=False)
+
+    def to_gpu(index: faiss.Index, co: object = None) -> faiss.Index:
+        moves.append("to gpu")
+        assert co is not None and co.useFloat16  # type: ignore[attr-defined]
+        return index  # the stand-in "GPU index" is the CPU one
+
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", to_gpu, raising=False)
+    monkeypatch.setattr(faiss, "index_gpu_to_cpu", lambda index: moves.append("to cpu") or index, raising=False)
+    assert faiss.serialize_index(ivf.train_and_fill(ds, plan)).tobytes() == want.tobytes()
+    assert moves == ["to gpu", "to cpu"]
+
+    def refuse(index: faiss.Index, co: object = None) -> faiss.Index:
+        raise RuntimeError("GPU index does not support this code size")
+
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", refuse, raising=False)
+    with caplog.at_level(logging.WARNING, logger="bertknn.builder.ivfpq"):
+        assert faiss.serialize_index(ivf.train_and_fill(ds, plan)).tobytes() == want.tobytes()
+    assert any("built on the CPU" in r.getMessage() for r in caplog.records)
+    flat = plan_ivfpq(100, DIM)  # too few rows for IVF-PQ: an exact index, never cloned
+    assert flat.kind == "flat" and ivf.on_gpus(ivf.new_index(flat), flat) is None
