@@ -50,3 +50,12 @@ def test_bench_gpu_without_a_device_says_so_in_one_line_with_its_own_exit_code()
     assert run.returncode == 3, run.stderr
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "no CUDA device" in lines[0], run.stderr
+
+
+def test_bench_gpu_times_the_planned_ivfpq_training() -> None:
+    """The IVF-PQ part of bench.gpu, on a size this machine trains in seconds (on the CPU: faiss-cpu here)."""
+    from bench.gpu import time_ivfpq_training
+
+    got = time_ivfpq_training(20_000, 16)
+    assert got["on"] == "cpu" and got["nlist"] == 512 and got["train_rows"] == 20_000  # the plan for 20,000 rows
+    assert isinstance(got["train_s"], float) and got["train_s"] >= 0
