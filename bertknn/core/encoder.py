@@ -22,7 +22,7 @@ from bertknn.core.errors import ModelLoadError
 from bertknn.core.hashing import weights_sha256
 from bertknn.core.inputs import MaskedInput, PackedInputs
 from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
-from bertknn.core.topk import top_entries, top_set
+from bertknn.core.topk import top_entries
 from bertknn.core.truncate import TruncatedCore, truncated_base
 from bertknn.core.wordmodel import WordModel
 
@@ -511,26 +511,16 @@ class MaskedLMEncoder:
         return self.device.type == "cuda" and self._fast is None and self.has_mlm
 
     @torch.inference_mode()
-    def encode_heads(
-        self, items: Sequence[MaskedInput], n_top: int, *, on_device: bool | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """[MASK] embeddings and each row's ``n_top`` largest log p_MLM: (embeddings [n, hidden], values
-        [n, n_top], ids [n, n_top]), in no particular order within a row. On the device (``on_device``, default
-        `heads_on_device`) the whole distribution never leaves it (``torch.topk``: ties at the boundary in its
-        order); elsewhere the host picks them from the whole row (`top_set`: ties by smaller id)."""
-        k = min(n_top, self.vocab_size)
-        if not (self.heads_on_device if on_device is None else on_device) or not items:
-            out = self.encode(items, with_mlm=True)
-            assert out.mlm_log_probs is not None
-            tops = [top_set(row, k) for row in out.mlm_log_probs.numpy()]
-            values = np.stack([v for v, _ in tops]) if tops else np.zeros((0, k), np.float32)
-            ids = np.stack([i for _, i in tops]) if tops else np.zeros((0, k), np.int64)
-            return out.embeddings, values, ids
+    def encode_heads(self, items: Sequence[MaskedInput], n_top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """[MASK] embeddings and each row's ``n_top`` largest log p_MLM, picked with ``torch.topk`` where the eager
+        forward ran (ties at the boundary in its order), so that on a GPU the whole distribution never leaves it:
+        (embeddings [n, hidden], values [n, n_top], ids [n, n_top]), in no particular order within a row. The
+        service takes this path where `heads_on_device` says so."""
         emb, log_p = self._eager_forward(items, with_mlm=True)
         assert log_p is not None
         if self.words.vocab.merge_layers:
             log_p = self.words.vocab.merge_log_probs(log_p)
-        top = torch.topk(log_p, k, dim=-1)
+        top = torch.topk(log_p, min(n_top, self.vocab_size), dim=-1)
         return emb.float().cpu().numpy(), top.values.float().cpu().numpy(), top.indices.cpu().numpy()
 
     def _forward(self, items: Sequence[MaskedInput], with_mlm: bool) -> EncoderOutput:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
 from bertknn.core.errors import ClientOverloaded, Overloaded, TooCostly
@@ -73,7 +73,7 @@ def follow_cost(hop_query: Query, hops: int, beam: int, datastore: Datastore) ->
     """Hop 1 asks one query, each later hop ``beam`` queries, each counted as a whole entity answer. (A hop fills
     its names in one pass for all its queries, so the fill rows are fewer; the count stays an entity answer's,
     which also stands for the CPU work of each question's retrieval, kNN and entity lookups.)"""
-    return (1 + beam * (hops - 1)) * query_cost(replace(hop_query, fill_names=True), datastore)
+    return (1 + beam * (hops - 1)) * query_cost(hop_query, datastore)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,6 @@ class EntityAnswerer:
         token_p = enc.p_mlm()
         out = np.zeros(len(entities), dtype=np.float64)
         multi: list[int] = []
-        multi_pieces: list[tuple[int, ...]] = []
         fill = set(range(len(entities))) if query.fill_names else set()
         if query.fill_names and p_knn is not None and len(entities) > max(FILL_CANDIDATES, query.top_k):
             fill = set(np.argsort(-p_knn, kind="stable")[: max(FILL_CANDIDATES, query.top_k)].tolist())
@@ -104,11 +103,10 @@ class EntityAnswerer:
             pieces = self.pieces(e.title)
             if len(pieces) == 1:
                 out[i] = float(token_p[pieces[0]])
-            elif pieces and len(pieces) <= MAX_NAME_PIECES and i in fill:
+            elif i in fill:
                 multi.append(i)
-                multi_pieces.append(pieces)
         if multi:
-            out[multi] = self.words.fill_probs(query.text, multi_pieces, parallel=True, deadline=query.deadline)
+            (out[multi],) = self.fill_names([(query.text, [entities[i].title for i in multi])], query.deadline)
         return out
 
     def fill_names(self, requests: Sequence[tuple[str, Sequence[str]]], deadline: float | None = None) -> list[list[float]]:

@@ -97,6 +97,14 @@ class _Group:
     first: int
 
 
+def _scores(groups: list[_Group], log_p: np.ndarray) -> np.ndarray:
+    """p of each word from its fill's log p; words of lengths whose masks did not fit the window score 0."""
+    out = np.zeros(len(log_p), dtype=np.float64)
+    scored = [w for g in groups for w in g.members]
+    out[scored] = np.exp(log_p[scored])
+    return out
+
+
 def _encode_by(encoder: MaskedLMEncoder, items: Sequence[MaskedInput], deadline: float | None) -> Any:
     """One fill forward pass, unless the request's deadline passed while it waited for the model thread."""
     check_deadline(deadline)
@@ -165,9 +173,9 @@ class WordAnswerer:
         inp = self.encoder.query_input(text)
         out, keys, todo = self._cached(inp, words, "fill")
         if todo:
-            fresh = self._fill(inp, [words[i] for i in todo], deadline)
-            out[todo] = fresh
-            self.queries.cache.set_many({keys[i]: _pack(float(p)) for i, p in zip(todo, fresh, strict=True)})
+            missing = [words[i] for i in todo]
+            groups = self._mask_groups(inp, missing)
+            self._keep(out, keys, todo, _scores(groups, self._sequential_log_p(groups, missing, deadline)))
         return out
 
     def fill_probs_many(
@@ -190,12 +198,13 @@ class WordAnswerer:
             for (r, keys, todo), log_p, (groups, _) in zip(
                 pending, self._parallel_log_p(parts, deadline), parts, strict=True
             ):
-                fresh = np.zeros(len(todo), dtype=np.float64)
-                scored = [w for g in groups for w in g.members]  # lengths that fit the window
-                fresh[scored] = np.exp(log_p[scored])
-                outs[r][todo] = fresh
-                self.queries.cache.set_many({keys[i]: _pack(float(p)) for i, p in zip(todo, fresh, strict=True)})
+                self._keep(outs[r], keys, todo, _scores(groups, log_p))
         return outs
+
+    def _keep(self, out: np.ndarray, keys: list[str], todo: list[int], fresh: np.ndarray) -> None:
+        """Fresh scores into ``out`` at ``todo``, and into the cache under their keys."""
+        out[todo] = fresh
+        self.queries.cache.set_many({keys[i]: _pack(float(p)) for i, p in zip(todo, fresh, strict=True)})
 
     def _cached(
         self, inp: MaskedInput, words: Sequence[tuple[int, ...]], kind: str
@@ -237,15 +246,6 @@ class WordAnswerer:
                 continue
             groups.append(_Group(m, members, base.input_ids, first))
         return groups
-
-    def _fill(self, inp: MaskedInput, words: Sequence[tuple[int, ...]], deadline: float | None = None) -> np.ndarray:
-        """Sequential fill (see the module docstring); words whose masks do not fit the window score 0."""
-        groups = self._mask_groups(inp, words)
-        log_p = self._sequential_log_p(groups, words, deadline)
-        out = np.zeros(len(words), dtype=np.float64)
-        scored = [w for g in groups for w in g.members]
-        out[scored] = np.exp(log_p[scored])
-        return out
 
     def _sequential_log_p(
         self, groups: list[_Group], words: Sequence[tuple[int, ...]], deadline: float | None

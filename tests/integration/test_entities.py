@@ -412,14 +412,13 @@ def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
     model = make_tiny_bert(tmp_path / "m", corpus_words([{"title": "Ravel", "text": text}]))
     ds = build_tiny(tmp_path / "ds", [corpus], model)
     filled: list[int] = []
-    real = WordAnswerer.fill_probs
+    real = WordAnswerer.fill_probs_many  # entity names are read from one pass
 
-    def counting(self: WordAnswerer, text: str, words: list[tuple[int, ...]], **kw: Any) -> np.ndarray:
-        assert kw["parallel"], "entity names are read from one pass"
-        filled.append(len(words))
-        return real(self, text, words, **kw)
+    def counting(self: WordAnswerer, requests: list, **kw: Any) -> list[np.ndarray]:
+        filled.extend(len(words) for _, words in requests)
+        return real(self, requests, **kw)
 
-    monkeypatch.setattr(WordAnswerer, "fill_probs", counting)
+    monkeypatch.setattr(WordAnswerer, "fill_probs_many", counting)
     with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
         body = c.post("/predict", json={"text": "ravel met [MASK] in the hall .", "subject": "Ravel",
                                         "answer": "entity", "top_k": 5}).json()  # fmt: skip

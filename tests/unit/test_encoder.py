@@ -305,12 +305,16 @@ def test_cache_keys_carry_the_forwards_dtype_and_backend(encoder: MaskedLMEncode
 def test_heads_picked_where_the_forward_ran_equal_the_hosts(encoder: MaskedLMEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
     """The top of p_MLM picked by torch.topk next to the forward (as on a GPU, where only the picked entries then
     cross to the host) is the same set as the host's `top_set` of the whole row, and makes the same encodings."""
+    from bertknn.core.topk import top_set
     from bertknn.service.cache import InMemoryCache
     from bertknn.service.encoding import QueryEncoder
 
     items = [encoder.query_input(t) for t in ("zorblat was born in [MASK] .", "[MASK] is a city .", "the [MASK] sings")]
-    emb_d, val_d, ids_d = encoder.encode_heads(items, 40, on_device=True)
-    emb_h, val_h, ids_h = encoder.encode_heads(items, 40, on_device=False)
+    emb_d, val_d, ids_d = encoder.encode_heads(items, 40)
+    whole = encoder.encode(items, with_mlm=True)  # the host's selection, from the whole rows
+    assert whole.mlm_log_probs is not None
+    tops = [top_set(row, 40) for row in whole.mlm_log_probs.numpy()]
+    emb_h, val_h, ids_h = whole.embeddings, np.stack([v for v, _ in tops]), np.stack([i for _, i in tops])
     np.testing.assert_allclose(emb_d, emb_h, rtol=1e-5, atol=1e-6)
     assert val_d.shape == val_h.shape == (3, 40)
     for row in range(3):
