@@ -92,7 +92,7 @@ class _BuildSummary(logging.Handler):
 
 def one_run(
     encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, backend: str, codec: str = "fp16",
-    batch_tokens: int = 16384,
+    batch_tokens: int = 4096,
 ) -> dict[str, object]:
     out = Path(tempfile.mkdtemp(prefix="bench-builder-"))
     try:
@@ -149,7 +149,7 @@ def one_run(
         padded = sum(len(b) * max(len(x.input_ids) for x in b) for b in recorder.batches)
         return {
             "backend": encoder.backend,
-            "forward": f"cut at layer {encoder.layer}" if encoder.truncated else "full",
+            "forward": f"cut at layer {encoder.layer} ({encoder.cut})" if encoder.truncated else "full",
             "batch_tokens": batch_tokens,
             "padding_fraction": round(1 - tokens / padded, 4),
             "codec": manifest.codec.factory if manifest.codec else "fp16",
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--batch-tokens", default="16384", help="the builder's token budget(s) per batch, comma-separated "
+    p.add_argument("--batch-tokens", default="4096", help="the builder's token budget(s) per batch, comma-separated "
                    "(0: rows alone): one set of runs each")  # fmt: skip
     p.add_argument("--max-seq-len", type=int, default=128)
     p.add_argument("--articles-per-shard", type=int, default=25, help="small, so the worker prepares ahead")
@@ -201,8 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--code-bytes", type=int, default=0, help="pq: bytes per code (0: auto)")
     p.add_argument("--full-forward", action="store_true", help="also run each backend with the full forward (every "
                    "layer; the encoder before it was cut at the stored layer), alternating: before/after in one run")
+    p.add_argument("--before-batch-tokens", type=int, help="with --full-forward: the full forward's runs use this "
+                   "token budget (the builder as it was: e.g. 16384) against --batch-tokens for the cut one")
     p.add_argument("--out", type=Path, default=RESULTS / "builder.json")
     args = p.parse_args(argv)
+    if args.before_batch_tokens is not None and not args.full_forward:
+        p.error("--before-batch-tokens sets the full forward's runs: add --full-forward")
     logging.basicConfig(level=logging.WARNING)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-corpus-"))
@@ -219,8 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     encoder = encoders[backends[0]]
     codecs = [c for c in args.codec.split(",") if c]
     budgets = [int(t) for t in args.batch_tokens.split(",") if t]
-    runs = [one_run(encoders[b], corpus, args, b.removesuffix("+full"), c, t) for c in codecs for t in budgets
-            for _ in range(args.runs) for b in backends]  # fmt: skip
+    before = args.before_batch_tokens
+
+    def budget(b: str, t: int) -> int:
+        return before if before is not None and b.endswith("+full") else t
+
+    runs = [one_run(encoders[b], corpus, args, b.removesuffix("+full"), c, budget(b, t)) for c in codecs
+            for t in budgets for _ in range(args.runs) for b in backends]  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = {

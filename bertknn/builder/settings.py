@@ -50,7 +50,7 @@ class BuildSettings(CodecOptions, BaseSettings):
     dtype: DtypeName = "auto"
     batch_size: int = Field(128, ge=1, le=65536, description="most contexts per forward batch")
     batch_tokens: int = Field(
-        16384, ge=0, description="most padded tokens per forward batch (contexts x the longest of them; batches "
+        4096, ge=0, description="most padded tokens per forward batch (contexts x the longest of them; batches "
         "are cut from length-sorted contexts): bounds a batch's memory whatever the lengths. 0: no bound"
     )
     max_seq_len: int = Field(128, ge=8, le=4096)
@@ -133,7 +133,7 @@ class AddSettings(BaseSettings):
     device: DeviceName = "auto"
     dtype: DtypeName = "auto"
     batch_size: int = Field(128, ge=1, le=65536, description="most contexts per forward batch")
-    batch_tokens: int = Field(16384, ge=0, description="most padded tokens per forward batch; 0: no bound")
+    batch_tokens: int = Field(4096, ge=0, description="most padded tokens per forward batch; 0: no bound")
     articles_per_shard: int | None = Field(None, ge=1, description="default: the manifest's")
     stopwords: Path | None = Field(None, description="the build's stopword file, when it was not the bundled list")
     min_sentence_chars: int | None = Field(None, ge=0, description="default: the build's (build.json), else 10")

@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
 import numpy as np
 
 from bertknn.core.format.codec import rows_index
 from bertknn.core.format.contract import DistanceScale, Manifest
 from bertknn.core.format.reader import Datastore
+from bertknn.core.runtime import faiss_threads
 
 STATISTIC = "own-article-loo-relative-temperature-v2"  # value: the factor a of l = a * median(d)
 FIXED_STATISTIC = "own-article-loo-temperature-v1"  # value: l itself (datastores measured before v2)
@@ -157,22 +157,22 @@ def sample_neighbours(ds: Datastore, *, sample: int = SAMPLE, k: int = NEIGHBOUR
             continue  # an entity link's anchor-only row: no word, never a word query's neighbour
         by_article.setdefault(title, []).append(g)
         taken += 1
-    faiss.omp_set_num_threads(1)
-    for title, picked in by_article.items():
-        payload, labels, ids = ds.article_rows([title])
-        if len(ids) < 2:
-            continue
-        index = rows_index(payload, ds.codec)
-        local = np.searchsorted(ids, picked)
-        assert np.array_equal(ids[local], picked), "a sampled row is not among its article's word rows"
-        pos, _ = ds.locate(picked[0])
-        queries = ds.float_rows(pos, (np.asarray(picked) - ds.shard_offsets[pos]))
-        d, nn = index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k + 1, len(ids)))
-        for qi, li in enumerate(local):
-            keep = (nn[qi] >= 0) & (nn[qi] != li)
-            out.rows.append(int(picked[qi]))
-            out.distances.append(d[qi][keep][:k])
-            out.matches.append(labels[nn[qi][keep][:k]] == labels[li])
+    with faiss_threads(1):  # one query at a time: a single thread is fastest
+        for title, picked in by_article.items():
+            payload, labels, ids = ds.article_rows([title])
+            if len(ids) < 2:
+                continue
+            index = rows_index(payload, ds.codec)
+            local = np.searchsorted(ids, picked)
+            assert np.array_equal(ids[local], picked), "a sampled row is not among its article's word rows"
+            pos, _ = ds.locate(picked[0])
+            queries = ds.float_rows(pos, (np.asarray(picked) - ds.shard_offsets[pos]))
+            d, nn = index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k + 1, len(ids)))
+            for qi, li in enumerate(local):
+                keep = (nn[qi] >= 0) & (nn[qi] != li)
+                out.rows.append(int(picked[qi]))
+                out.distances.append(d[qi][keep][:k])
+                out.matches.append(labels[nn[qi][keep][:k]] == labels[li])
     return out
 
 

@@ -23,7 +23,7 @@ from bertknn.core.hashing import weights_sha256
 from bertknn.core.inputs import MaskedInput, PackedInputs
 from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
 from bertknn.core.topk import top_entries
-from bertknn.core.truncate import TruncatedCore, truncated_base
+from bertknn.core.truncate import TruncatedCore, mask_row_core, truncated_base
 from bertknn.core.wordmodel import WordModel
 
 logger = logging.getLogger(__name__)
@@ -206,7 +206,10 @@ class MaskedLMEncoder:
             for with_mlm in (True, False)
         }
         # embeddings only (the builder): no layer above ``layer`` runs, where the cut model gives the same rows
+        self.cut = "none"  # how the embeddings-only forward is cut: none, layers, or mask rows
         self.truncated = self._truncate() if truncate else False
+        # the service's forward: the last layer at the mask rows only, where the layers are BERT's
+        self.last_layer_at_mask = self._last_layer_at_mask() if truncate else False
         self.has_mlm = True  # False: no trained MLM head (`load`'s knn-only); p_MLM is then uniform
         self.backend: str = "eager"
         self._fast: _FastForward | None = None
@@ -215,29 +218,51 @@ class MaskedLMEncoder:
 
     @torch.inference_mode()
     def _truncate(self) -> bool:
-        """Swap the embeddings-only forward for the model cut at ``layer`` (`bertknn.core.truncate`), after its
-        rows matched the full forward's on padded inputs; False (the full forward stays): no known layer list,
-        nothing to cut, or rows that differ."""
+        """Swap the embeddings-only forward for a cheaper one with the same rows (`bertknn.core.truncate`): the
+        stored layer at the [MASK] rows only (BERT-shaped layers), else the model cut at ``layer``; each only
+        after its rows matched the full forward's on padded inputs. False (the full forward stays): no known
+        layer list, nothing to cut, or rows that differ. `cut` says which one runs."""
         base = truncated_base(self.base, self.num_layers, self.layer)
-        if base is None:
+        mask_rows = mask_row_core(self.base, self.num_layers, self.layer)
+        candidates: list[torch.nn.Module] = [mask_rows] if mask_rows is not None else []
+        if base is not None:
+            candidates += [TruncatedCore(base, self.layer, True), TruncatedCore(base, self.layer, False)]
+        for core in candidates:
+            if self._same_rows(core, self._cores[False]):
+                self._cores[False] = core
+                self.cut = "mask rows" if core is mask_rows else "layers"
+                return True
+        if candidates:
+            logger.info("%s: the model cut at layer %d differs from the full forward; it runs in full", self.name, self.layer)
+        return False
+
+    @torch.inference_mode()
+    def _last_layer_at_mask(self) -> bool:
+        """Swap the service's forward (embeddings and log p_MLM) for one whose last layer runs at the [MASK] rows
+        only (BERT-shaped layers; `MaskRowCore`), once both its outputs matched the full forward's."""
+        core = mask_row_core(self.base, self.num_layers, self.layer, self.head) if self.head is not None else None
+        if core is None or not self._same_rows(core, self._cores[True]):
             return False
+        self._cores[True] = core
+        return True
+
+    def _same_rows(self, core: torch.nn.Module, reference: torch.nn.Module) -> bool:
+        """Whether ``core`` runs and gives ``reference``'s outputs on padded inputs (float32: within 1e-4 of their
+        scale)."""
         mask = self.tokenizer.mask_token
         check = [self.query_input(t) for t in (f"{mask} x y .", f"a b c d e f {mask} g h i j k l .")]
         tensors = self._tensors(check)
-        want = self._cores[False](*tensors)[0].float()
         tol = 1e-4 if self.dtype == torch.float32 else 1e-2
-        for from_last in (True, False):
-            core = TruncatedCore(base, self.layer, from_last).eval()
-            try:
-                got = core(*tensors)[0].float()
-            except Exception as exc:  # noqa: BLE001 - a family whose forward needs every layer: keep the full one
-                logger.debug("%s: the model cut at layer %d does not run (%s)", self.name, self.layer, exc)
+        try:
+            got = core.eval()(*tensors)
+        except Exception as exc:  # noqa: BLE001 - a family whose forward this cut does not fit: keep the other
+            logger.debug("%s: %s does not run (%s)", self.name, type(core).__name__, exc)
+            return False
+        for g, w in zip(got, reference(*tensors), strict=True):
+            g, w = g.float(), w.float()
+            if g.shape != w.shape or not float((g - w).abs().max()) <= tol * max(1.0, float(w.abs().max())):
                 return False
-            if got.shape == want.shape and float((got - want).abs().max()) <= tol * max(1.0, float(want.abs().max())):
-                self._cores[False] = core
-                return True
-        logger.info("%s: the model cut at layer %d differs from the full forward; it runs in full", self.name, self.layer)
-        return False
+        return True
 
     @classmethod
     def load(

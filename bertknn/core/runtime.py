@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -92,6 +94,21 @@ def cpu_quota_threads() -> int:
     except (OSError, ValueError):
         pass
     return len(os.sched_getaffinity(0))
+
+
+@contextlib.contextmanager
+def faiss_threads(n: int) -> Iterator[None]:
+    """FAISS's OpenMP threads set to ``n`` for a block, and set back after it. FAISS and torch share one OpenMP
+    runtime: ``faiss.omp_set_num_threads`` also sets the calling thread's torch intra-op threads, so a setting
+    that outlived its search would leave the next forward pass on that thread with ``n`` threads."""
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 _LIBC: ctypes.CDLL | None | bool = False  # False: not looked up yet; None: no glibc

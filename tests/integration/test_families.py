@@ -45,6 +45,8 @@ ARTICLES = [
     linked("5", "Vostok", "Vostok is a cold country in the north. Vostok has long winters and deep snow.", []),
 ]  # fmt: skip
 ANSWERS = {"Quimby", "Plonk", "Vostok"}  # one token in every family's vocabulary (the subjects may be several)
+# the families whose layers are BERT's: the builder runs the stored layer at the mask rows only (MaskRowCore)
+MASK_ROW_FAMILIES = ("bert", "roberta", "xlm-roberta")
 PLAIN_WORD = re.compile(r"^[^\W_](?:[\w'.-]*\w)?$")  # letters or digits, no marker, no space
 
 
@@ -227,7 +229,12 @@ def test_the_builder_s_forward_stops_at_the_stored_layer_with_the_same_vectors(f
     enc = MaskedLMEncoder.load(str(family[1]), device="cpu", max_seq_len=64, layer=1)
     assert enc.num_layers > 1 and enc.layer == 1
     assert enc.truncated, f"{family[0]}: the cut model should be in use"
-    assert len(enc._cores[False].base.get_submodule(_layer_list(enc))) == 1  # one layer runs, not all of them
+    core = enc._cores[False]
+    if family[0] in MASK_ROW_FAMILIES:  # BERT's layers: layer 1 runs at the mask rows, over the embeddings alone
+        assert enc.cut == "mask rows" and len(core.below.get_submodule(_layer_list(core.below))) == 0
+    else:
+        assert enc.cut == "layers" and len(core.base.get_submodule(_layer_list(core.base))) == 1  # not all of them
+        assert not enc.last_layer_at_mask
     queries = [enc.query_input("Zorblat was born in [MASK]."), enc.query_input("[MASK] is a small town near the sea.")]
     got = enc.encode(queries).embeddings
     full = AutoModelForMaskedLM.from_pretrained(str(family[1])).eval()
@@ -239,10 +246,49 @@ def test_the_builder_s_forward_stops_at_the_stored_layer_with_the_same_vectors(f
     np.testing.assert_allclose(enc.encode(queries).embeddings, want.numpy(), atol=1e-3)
 
 
-def _layer_list(enc: MaskedLMEncoder) -> str:
+@pytest.mark.parametrize("name", MASK_ROW_FAMILIES)
+def test_the_stored_layer_at_the_mask_rows_gives_every_layer_s_rows(name: str, tmp_path: Path) -> None:
+    """`MaskRowCore` at every layer of a 3-layer model (the last one included), on a padded batch with masks at
+    the first, a middle and the last word: Hugging Face's own ``hidden_states[layer]`` rows, eager and in ONNX
+    Runtime, and the layer above the stored one never runs; the service's forward (its last layer at the mask
+    rows) gives Hugging Face's rows and log p_MLM."""
+    from transformers import AutoModelForMaskedLM
+
+    model = make_family_model(tmp_path / "model", name, _training_text()[:300], vocab_size=600, layers=3)
+    full = AutoModelForMaskedLM.from_pretrained(str(model)).eval()
+    texts = ["[MASK] is a small town near the sea.", "Zorblat was born in [MASK].", "Frelle is a [MASK] of mountains."]
+    for layer in (1, 2, 3):
+        enc = MaskedLMEncoder.load(str(model), device="cpu", max_seq_len=64, layer=layer)
+        assert enc.cut == "mask rows"
+        core = enc._cores[False]
+        assert len(core.below.get_submodule(_layer_list(core.below))) == layer - 1
+        queries = [enc.query_input(t) for t in texts]
+        ids, attn, rows, pos = enc._tensors(queries)
+        assert int(attn.sum(dim=1).min()) < attn.shape[1]  # padded
+        with torch.no_grad():
+            want = full.base_model(input_ids=ids, attention_mask=attn, output_hidden_states=True).hidden_states[layer]
+        np.testing.assert_allclose(enc.encode(queries).embeddings, want[rows, pos].numpy(), atol=1e-5)
+        assert enc.set_backend("onnx", with_mlm=False) == "onnx"
+        np.testing.assert_allclose(enc.encode(queries).embeddings, want[rows, pos].numpy(), atol=1e-4)
+        # the service's forward: the rows at ``layer`` and log p_MLM, the last layer at the mask rows only
+        assert enc.last_layer_at_mask == (layer < 3)  # the stored layer must lie below the last one
+        if layer == 3:
+            continue
+        # the reference: the full forward (every layer at every position), p_MLM as the encoder reads it
+        reference = MaskedLMEncoder.load(str(model), device="cpu", max_seq_len=64, layer=layer, truncate=False)
+        want_p = reference.encode(queries, with_mlm=True).mlm_log_probs
+        assert not reference.last_layer_at_mask and want_p is not None
+        for backend in ("eager", "onnx"):
+            assert enc.set_backend(backend) == backend
+            out = enc.encode(queries, with_mlm=True)
+            assert out.mlm_log_probs is not None
+            np.testing.assert_allclose(out.embeddings, want[rows, pos].numpy(), atol=1e-4)
+            np.testing.assert_allclose(out.mlm_log_probs.numpy(), want_p.numpy(), atol=1e-4)
+
+
+def _layer_list(base: torch.nn.Module) -> str:
     from bertknn.core.truncate import LAYER_LISTS
 
-    base = enc._cores[False].base
     for path in LAYER_LISTS:
         try:
             base.get_submodule(path)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from bertknn.core.errors import DatastoreError, ModelLoadError
@@ -376,6 +377,13 @@ def test_a_prepared_article_search_finds_what_the_exact_search_finds(tiny_datast
         assert pipe.prepare_search(Query(q.text, retriever="none"), articles) is None
         nobody = pipe.knn.prepare(["no such article"])
         assert len(nobody.search(enc.embedding, 5)) == 0
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:  # FAISS's one search thread is not left as torch's (they share OpenMP's setting)
+            pipe.knn.prepare([a.title for a in articles]).search(enc.embedding, 5)
+            assert torch.get_num_threads() == 2
+        finally:
+            torch.set_num_threads(threads)
     finally:
         pipe.close()
 

@@ -53,3 +53,16 @@ def test_device_cuda_on_an_old_driver_is_one_line_that_names_the_fix(
     with caplog.at_level(logging.INFO, logger="bertknn.core.runtime"):
         assert runtime.resolve_device("auto") == torch.device("cpu")
     assert any(r.levelno == logging.WARNING and "535.104.05" in r.getMessage() for r in caplog.records)
+
+
+def test_a_faiss_block_sets_torch_s_threads_back() -> None:
+    """FAISS and torch share one OpenMP runtime: a search's single thread must not outlive it, or the next forward
+    on the same thread would run on one core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with runtime.faiss_threads(1):
+            assert torch.get_num_threads() == 1  # the shared setting, as FAISS sees it inside the block
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

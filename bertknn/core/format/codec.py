@@ -23,7 +23,7 @@ import faiss
 import numpy as np
 
 from bertknn.core.errors import DatastoreError
-from bertknn.core.runtime import cpu_quota_threads
+from bertknn.core.runtime import cpu_quota_threads, faiss_threads
 
 CodecName = Literal["fp16", "int8", "pq"]
 Rotation = Literal["opq", "pca", "none"]
@@ -128,12 +128,8 @@ def train_codec(spec: CodecSpec, vectors: np.ndarray) -> faiss.Index:
         inner.pq.cp.seed = spec.seed + 1234
     # Training uses every core: the service's searches set FAISS to one thread per process, which would
     # otherwise leave a rotation's training (OPQ: 50 rounds of k-means and SVD) on one core.
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(cpu_quota_threads())
-    try:
+    with faiss_threads(cpu_quota_threads()):
         index.train(sample)
-    finally:
-        faiss.omp_set_num_threads(before)
     return index
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from bertknn.core.format import Datastore
 from bertknn.core.format.codec import CodeSearcher, fp16_index
+from bertknn.core.runtime import faiss_threads
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,16 @@ class ArticleSearch:
         kk = min(k, n)
         # One query against a few thousand rows: a single thread is fastest, and FAISS's own OpenMP team would
         # otherwise spin next to torch's on the same cores and slow the forward pass.
-        faiss.omp_set_num_threads(1)
         q = np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32)
-        if self.codes is not None:
-            assert self.searcher is not None
-            d2, i2 = self.searcher.search(self.codes, q, kk)
-        elif self.index is not None:
-            d2, i2 = self.index.search(q, kk)
-        else:
-            assert self.vectors is not None
-            d2, i2 = faiss.knn(q, self.vectors, kk)
+        with faiss_threads(1):
+            if self.codes is not None:
+                assert self.searcher is not None
+                d2, i2 = self.searcher.search(self.codes, q, kk)
+            elif self.index is not None:
+                d2, i2 = self.index.search(q, kk)
+            else:
+                assert self.vectors is not None
+                d2, i2 = faiss.knn(q, self.vectors, kk)
         dist, idx = d2[0], i2[0]
         article = self.row_article[idx] if self.row_article is not None else None
         return Neighbours(dist.astype(np.float32), self.rows[idx], self.labels[idx].astype(np.int32), article)
