@@ -110,7 +110,7 @@ def mask_row_core(
         return None
     below = _cut(base, num_layers, top_index - 1)
     assert below is not None
-    return MaskRowCore(below, top, head, layer)
+    return MaskRowCore(below, top_index - 1, top, head, layer)
 
 
 class MaskRowCore(torch.nn.Module):
@@ -123,9 +123,10 @@ class MaskRowCore(torch.nn.Module):
     Without a head (the builder) it returns the top layer's rows; with one (the service) the rows at ``layer``
     (below the top) and log p_MLM from the top layer's rows, as `_MaskCore` does."""
 
-    def __init__(self, below: torch.nn.Module, top: Any, head: torch.nn.Module | None, layer: int):
+    def __init__(self, below: torch.nn.Module, below_layers: int, top: Any, head: torch.nn.Module | None, layer: int):
         super().__init__()
         self.below, self.top, self.head, self.layer = below, top, head, layer
+        self.below_layers = below_layers  # how many layers ``below`` runs
         attention = top.attention.self
         self.heads, self.head_size = int(attention.num_attention_heads), int(attention.attention_head_size)
 
@@ -136,9 +137,12 @@ class MaskRowCore(torch.nn.Module):
             # hidden_states[layer - 1] (the embeddings' output when layer is 1: no layer below runs)
             hidden = self.below(input_ids=ids, attention_mask=attn).last_hidden_state
             return (self._top_at(hidden, attn, rows, pos),)
-        out = self.below(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+        # the stored layer is the last one below the top (the default: no hidden states kept) or a lower one
+        below_top = self.layer == self.below_layers
+        out = self.below(input_ids=ids, attention_mask=attn, output_hidden_states=not below_top)
+        stored = out.last_hidden_state if below_top else out.hidden_states[self.layer]
         last = self._top_at(out.last_hidden_state, attn, rows, pos)
-        return out.hidden_states[self.layer][rows, pos], torch.log_softmax(self.head(last).float(), dim=-1)
+        return stored[rows, pos], torch.log_softmax(self.head(last).float(), dim=-1)
 
     def _top_at(self, hidden: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         top: Any = self.top  # a BERT-shaped layer (`mask_row_core` checked its parts)
