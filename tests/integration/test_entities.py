@@ -20,6 +20,7 @@ from bertknn.builder.update import add_articles
 from bertknn.core.format import Datastore, read_manifest, validate_datastore
 from bertknn.core.format.table import EntityRef
 from bertknn.service.main import create_app
+from bertknn.service.retrieval.knn import RestrictedKnn
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import build_tiny, corpus_words, make_tiny_bert, write_jsonl
 from tests.integration.test_builder import wiki_page
@@ -101,6 +102,29 @@ def test_the_builder_keeps_links_as_rows_and_an_entity_table(ds: Path, model: Pa
     # word answers never see an anchor-only row
     _, word_labels, word_rows = store.article_rows(["New Quellport"])
     assert row not in word_rows.tolist() and (word_labels >= 0).all()
+
+
+@pytest.mark.parametrize("answer", ["word", "entity"])
+def test_the_restricted_knn_copies_the_articles_rows_once_and_finds_the_exact_neighbours(ds: Path, answer: str) -> None:
+    store = Datastore(ds)
+    titles = ["Orvin Tasker", "No such article", "New Quellport", "Port Ambrel"]
+    search = RestrictedKnn(store).prepare(titles, answer)
+    per = [store.article_rows([t], answer) for t in titles]
+    vectors = np.concatenate([p[0] for p in per]).astype(np.float32)
+    assert search.rows.tolist() == np.concatenate([p[2] for p in per]).tolist()
+    assert search.labels.tolist() == np.concatenate([p[1] for p in per]).tolist()
+    assert search.row_article is not None
+    assert search.row_article.tolist() == [i for i, p in enumerate(per) for _ in p[2]]
+    stored = sum(store.articles[t].rows for t in titles if t in store.articles)
+    assert 0 < len(search.rows) < stored  # rows left out: anchors only (word), rows without a link (entity)
+    q = vectors[1] + np.random.default_rng(0).normal(0, 0.5, vectors.shape[1]).astype(np.float32)
+    found = search.search(q, 100)  # more than there are: all of them, nearest first
+    exact = ((vectors - q) ** 2).sum(axis=1)
+    order = np.argsort(exact, kind="stable")
+    assert found.rows.tolist() == search.rows[order].tolist()
+    np.testing.assert_allclose(found.distances, exact[order], rtol=1e-5)
+    assert RestrictedKnn(store).prepare(["Orvin Tasker"], answer).row_article is None  # one article: no weighing
+    assert len(RestrictedKnn(store).prepare(["No such article"], answer).rows) == 0
 
 
 def test_word_answers_are_those_of_a_build_without_links(ds: Path, model: Path, corpus: Path, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from bertknn.core.format.files import (
     save_npy,
     write_manifest,
 )
-from bertknn.core.format.reader import ArticleEntry, ContextRef, Datastore, Shard
+from bertknn.core.format.reader import ArticleEntry, ContextRef, Datastore, RowSlice, Shard
 from bertknn.core.format.validate import check_shard_files, validate_datastore, validate_parts
 from bertknn.core.hashing import sha256_file
 
@@ -22,6 +22,7 @@ __all__ = [
     "ArticleEntry",
     "ContextRef",
     "Datastore",
+    "RowSlice",
     "Shard",
     "atomic_write_bytes",
     "atomic_write_json",

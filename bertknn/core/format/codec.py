@@ -15,6 +15,7 @@ FAISS's asymmetric distance kernels (ADC) compare it with the codes, reading onl
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -193,8 +194,22 @@ def fp16_index(xb16: np.ndarray) -> faiss.Index:
     ``QT_fp16`` scalar quantizer (a lossless float16 code) whose kernel reads float16 directly, with neighbours
     identical to an exact float32 search (docs/decisions/fp16-scalar-quantizer-search.md)."""
     n, dim = xb16.shape
+
+    def fill(out: np.ndarray) -> None:
+        out[...] = xb16
+
+    return fp16_index_filled(n, dim, fill)
+
+
+def fp16_index_filled(n: int, dim: int, fill: Callable[[np.ndarray], None]) -> faiss.Index:
+    """`fp16_index` over ``n`` rows that ``fill`` writes straight into the index's codes (a float16 [n, dim] view
+    of them): rows gathered from several places (articles, memory-mapped shards) are copied once, not first into
+    an array of their own and then again into the index."""
     index = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_L2)
-    faiss.copy_array_to_vector(np.ascontiguousarray(xb16, dtype=np.float16).view(np.uint8).reshape(-1), index.codes)
+    size = n * dim * 2
+    index.codes.resize(size)
+    if size:
+        fill(faiss.rev_swig_ptr(index.codes.data(), size).view(np.float16).reshape(n, dim))
     index.ntotal = n
     return index
 

@@ -48,6 +48,31 @@ class ContextRef:
     span: tuple[int, int]
 
 
+@dataclass(frozen=True)
+class RowSlice:
+    """One article's rows as `Datastore.row_slices` finds them: its shard's payload rows (a view, not read yet),
+    the ones taken (``keep``; None: all), and their labels and global row ids."""
+
+    payload: np.ndarray  # [article rows, dim] float16 or [article rows, code bytes] uint8: a memory-mapped view
+    keep: np.ndarray | None  # int64 indexes into ``payload``, ascending; None: every row
+    labels: np.ndarray
+    ids: np.ndarray  # int64 global row ids of the rows taken
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def taken(self) -> np.ndarray:
+        """The payload of the rows taken: the view itself when every row is, else a copy of those rows."""
+        return self.payload if self.keep is None else self.payload[self.keep]
+
+    def read_into(self, out: np.ndarray) -> None:
+        """Copy the payload of the rows taken into ``out`` ([len(self), ...]): the shard's rows read once."""
+        if self.keep is None:
+            out[...] = self.payload
+        else:
+            np.take(self.payload, self.keep, axis=0, out=out)
+
+
 class Shard:
     """One shard's arrays, memory-mapped on first use.
 
@@ -282,39 +307,45 @@ class Datastore:
         and global row ids, reading only those rows. ``answer``: ``word`` leaves out the rows that are an entity
         link's anchor only (label -1); ``entity`` keeps only the rows with a link, their labels being the links'
         targets (shard-local: use `entity_at` on the row ids)."""
-        vecs, labels, ids = [], [], []
-        for title in titles:
-            entry = self.articles.get(title)
-            if entry is None or entry.rows == 0:
-                continue
-            pos = entry.shard
-            shard = self.shards[pos]
-            a, b = entry.row_start, entry.row_end
-            base = self.shard_offsets[pos]
-            if self.linked:
-                lab = (shard.entity_labels if answer == "entity" else shard.labels)[a:b]
-                keep = np.flatnonzero(lab >= 0)
-                if len(keep) == b - a:  # (no row left out: the plain slice, as without links)
-                    vecs.append(shard.payload[a:b])
-                    labels.append(lab)
-                    ids.append(np.arange(base + a, base + b, dtype=np.int64))
-                    continue
-                vecs.append(shard.payload[a:b][keep])
-                labels.append(lab[keep])
-                ids.append(base + a + keep.astype(np.int64))
-                continue
-            if answer == "entity":
-                continue  # (no links: no entity rows)
-            vecs.append(shard.payload[a:b])
-            labels.append(shard.labels[a:b])
-            ids.append(np.arange(base + a, base + b, dtype=np.int64))
-        if not vecs:
+        found = [s for s in self.row_slices(titles, answer) if s is not None]
+        if not found:
             if self.manifest.codec is not None:
                 empty = np.zeros((0, self.manifest.codec.code_bytes), np.uint8)
             else:
                 empty = np.zeros((0, self.manifest.model.hidden_size), np.float16)
             return empty, np.zeros(0, np.int32), np.zeros(0, np.int64)
-        return np.concatenate(vecs), np.concatenate(labels), np.concatenate(ids)
+        return (
+            np.concatenate([s.taken() for s in found]),
+            np.concatenate([s.labels for s in found]),
+            np.concatenate([s.ids for s in found]),
+        )
+
+    def row_slices(self, titles: Iterable[str], answer: str = "word") -> list[RowSlice | None]:
+        """`article_rows` per title (None: no such article, or no rows), with the stored rows not yet read: each
+        a view of its shard's memory-mapped payload and the rows it takes, so that a caller copies them once, to
+        where it needs them (the restricted kNN: into its index)."""
+        out: list[RowSlice | None] = []
+        for title in titles:
+            entry = self.articles.get(title)
+            if entry is None or entry.rows == 0:
+                out.append(None)
+                continue
+            shard = self.shards[entry.shard]
+            a, b = entry.row_start, entry.row_end
+            base = self.shard_offsets[entry.shard]
+            if not self.linked:
+                out.append(None if answer == "entity" else RowSlice(
+                    shard.payload[a:b], None, shard.labels[a:b], np.arange(base + a, base + b, dtype=np.int64)
+                ))  # fmt: skip
+                continue
+            lab = (shard.entity_labels if answer == "entity" else shard.labels)[a:b]
+            keep = np.flatnonzero(lab >= 0)
+            if len(keep) == b - a:  # (no row left out: the plain slice, as without links)
+                out.append(RowSlice(shard.payload[a:b], None, lab, np.arange(base + a, base + b, dtype=np.int64)))
+            else:
+                taken = RowSlice(shard.payload[a:b], keep, lab[keep], base + a + keep.astype(np.int64))
+                out.append(taken if len(keep) else None)
+        return out
 
     def iter_article_texts(self) -> Iterator[tuple[str, str]]:
         """(title, text) per live article, in shard order, the text being its stored sentences: what the sparse

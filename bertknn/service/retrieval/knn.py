@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
-from bertknn.core.format import Datastore
-from bertknn.core.format.codec import CodeSearcher, fp16_index
+from bertknn.core.format import Datastore, RowSlice
+from bertknn.core.format.codec import CodeSearcher, fp16_index, fp16_index_filled
 from bertknn.core.runtime import faiss_threads
 
 
@@ -86,27 +86,30 @@ class RestrictedKnn:
 
     def prepare(self, titles: list[str], answer: str = "word") -> ArticleSearch:
         """The articles' rows, read and indexed for `ArticleSearch.search` (titles without rows are left out);
-        ``answer``: ``entity`` takes the rows with an entity link only."""
-        vectors, labels, rows, arts = self._rows(titles, answer)
+        ``answer``: ``entity`` takes the rows with an entity link only. Float16 rows are copied once, from the
+        memory-mapped shards straight into the index (`fp16_index_filled`)."""
+        found = [(i, s) for i, s in enumerate(self.datastore.row_slices(titles, answer)) if s is not None]
         t = tuple(titles)
-        if len(rows) == 0:
-            return ArticleSearch(t, labels, rows, None, None, answer=answer)
+        if not found:
+            return ArticleSearch(t, np.zeros(0, np.int32), np.zeros(0, np.int64), None, None, answer=answer)
+        slices = [s for _, s in found]
+        labels = np.concatenate([s.labels for s in slices])
+        rows = np.concatenate([s.ids for s in slices])
+        # each row's article, as an index into ``titles`` (None for a single article: there is nothing to weigh)
+        arts = None if len(titles) < 2 else np.repeat(np.array([i for i, _ in found], np.int16), [len(s) for s in slices])
         if self.datastore.code_searcher is not None:
-            return ArticleSearch(t, labels, rows, None, None, vectors, self.datastore.code_searcher, answer, arts)
-        if vectors.dtype == np.float16:
-            return ArticleSearch(t, labels, rows, fp16_index(vectors), None, answer=answer, row_article=arts)
-        return ArticleSearch(
-            t, labels, rows, None, np.ascontiguousarray(vectors, dtype=np.float32), answer=answer, row_article=arts
-        )
+            codes = np.concatenate([s.taken() for s in slices])
+            return ArticleSearch(t, labels, rows, None, None, codes, self.datastore.code_searcher, answer, arts)
+        if slices[0].payload.dtype == np.float16:
+            index = fp16_index_filled(len(rows), slices[0].payload.shape[1], lambda out: _gather(slices, out))
+            return ArticleSearch(t, labels, rows, index, None, answer=answer, row_article=arts)
+        vectors = np.concatenate([s.taken() for s in slices]).astype(np.float32)
+        return ArticleSearch(t, labels, rows, None, vectors, answer=answer, row_article=arts)
 
-    def _rows(
-        self, titles: list[str], answer: str
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """`Datastore.article_rows` of the titles, and each row's article as an index into ``titles`` (None for a
-        single article: there is nothing to weigh)."""
-        if len(titles) < 2:
-            return (*self.datastore.article_rows(titles, answer), None)
-        per = [self.datastore.article_rows([title], answer) for title in titles]
-        arts = np.repeat(np.arange(len(titles), dtype=np.int16), [len(p[2]) for p in per])
-        vectors, labels, rows = (np.concatenate([p[i] for p in per]) for i in range(3))
-        return vectors, labels, rows, arts
+
+def _gather(slices: list[RowSlice], out: np.ndarray) -> None:
+    """The slices' rows, one after the other, into ``out``."""
+    at = 0
+    for s in slices:
+        s.read_into(out[at : at + len(s)])
+        at += len(s)
