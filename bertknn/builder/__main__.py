@@ -10,6 +10,7 @@ import logging
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -87,6 +88,110 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+# ---- the commands: each prints its result (JSON, or one line) and returns the exit status ------------------------
+
+
+def _build(args: argparse.Namespace) -> int:
+    settings = _settings_or_errors(BuildSettings, args)
+    if settings is None:
+        return 2
+    from bertknn.builder.build import build
+
+    manifest = build(settings)
+    print(json.dumps({"datastore": str(settings.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
+    return 0
+
+
+def _train_codec(args: argparse.Namespace) -> int:
+    settings = _settings_or_errors(BuildSettings, args)
+    if settings is None:
+        return 2
+    from bertknn.builder.build import train_codec_only
+
+    info = train_codec_only(settings)
+    print(json.dumps({"codec_dir": str(settings.out), **info.model_dump()}))
+    return 0
+
+
+def _recode(args: argparse.Namespace) -> int:
+    settings = _settings_or_errors(RecodeSettings, args)
+    if settings is None:
+        return 2
+    from bertknn.builder.recode import recode_datastore
+
+    print(json.dumps(recode_datastore(settings.datastore, settings.out, settings.codec_spec())))
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from bertknn.core.calibration import recalibrate
+    from bertknn.core.format import read_manifest, validate_datastore
+
+    manifest = read_manifest(args.datastore)
+    problems = validate_datastore(args.datastore, hashes=False, manifest=manifest, deep=False)
+    if problems:
+        print(f"error: {problems[0]}", file=sys.stderr)
+        return 1
+    before = recalibrate(args.datastore, manifest)
+    print(json.dumps({"datastore": str(args.datastore), "before": before and before.model_dump(),
+                      "distance_scale": manifest.distance_scale and manifest.distance_scale.model_dump()}))  # fmt: skip
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    from bertknn.builder.update import add_articles
+
+    settings = _settings_or_errors(AddSettings, args)
+    if settings is None:
+        return 2
+    result = add_articles(settings)
+    print(json.dumps({"datastore": str(args.datastore), **result.summary()}))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from bertknn.core.format import validate_datastore
+
+    problems = validate_datastore(args.datastore, hashes=not args.quick)
+    if problems:
+        print(f"INVALID: {problems[0]}", file=sys.stderr)
+        for p in problems[1:]:
+            print(f"  also: {p}", file=sys.stderr)
+        return 1
+    print(f"OK: {args.datastore}")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from bertknn.builder.merge import merge_slices
+
+    manifest = merge_slices(args.slices, args.out, ivfpq=args.ivfpq, sparse_indexes=args.sparse_indexes)
+    print(json.dumps({"datastore": str(args.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
+    return 0
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    from bertknn.builder.upgrade import upgrade_datastore
+
+    print(json.dumps(upgrade_datastore(args.datastore)))
+    return 0
+
+
+def _ivfpq(args: argparse.Namespace) -> int:
+    from bertknn.builder.ivfpq import add_ivfpq
+
+    add_ivfpq(args.datastore)
+    print(f"OK: IVF-PQ index added to {args.datastore}")
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "build": _build, "train-codec": _train_codec, "recode": _recode, "calibrate": _calibrate, "add": _add,
+    "validate": _validate, "merge": _merge, "upgrade": _upgrade, "ivfpq": _ivfpq,
+}  # fmt: skip
+
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for old, new in (("BERTKNN_BUILD_", "BERTKNN_BUILD__"), ("BERTKNN_ADD_", "BERTKNN_ADD__")):
@@ -99,82 +204,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
         signal.signal(signal.SIGTERM, _interrupt)
 
     try:
-        if args.command == "build":
-            settings = _settings_or_errors(BuildSettings, args)
-            if settings is None:
-                return 2
-            from bertknn.builder.build import build
-
-            manifest = build(settings)
-            print(json.dumps({"datastore": str(settings.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
-            return 0
-        if args.command == "train-codec":
-            settings = _settings_or_errors(BuildSettings, args)
-            if settings is None:
-                return 2
-            from bertknn.builder.build import train_codec_only
-
-            info = train_codec_only(settings)
-            print(json.dumps({"codec_dir": str(settings.out), **info.model_dump()}))
-            return 0
-        if args.command == "recode":
-            recode_settings = _settings_or_errors(RecodeSettings, args)
-            if recode_settings is None:
-                return 2
-            from bertknn.builder.recode import recode_datastore
-
-            print(json.dumps(recode_datastore(recode_settings.datastore, recode_settings.out, recode_settings.codec_spec())))
-            return 0
-        if args.command == "calibrate":
-            from bertknn.core.calibration import recalibrate
-            from bertknn.core.format import read_manifest, validate_datastore
-
-            manifest = read_manifest(args.datastore)
-            problems = validate_datastore(args.datastore, hashes=False, manifest=manifest, deep=False)
-            if problems:
-                print(f"error: {problems[0]}", file=sys.stderr)
-                return 1
-            before = recalibrate(args.datastore, manifest)
-            print(json.dumps({"datastore": str(args.datastore), "before": before and before.model_dump(),
-                              "distance_scale": manifest.distance_scale and manifest.distance_scale.model_dump()}))
-            return 0
-        if args.command == "add":
-            from bertknn.builder.update import add_articles
-
-            add_settings = _settings_or_errors(AddSettings, args)
-            if add_settings is None:
-                return 2
-            result = add_articles(add_settings)
-            print(json.dumps({"datastore": str(args.datastore), **result.summary()}))
-            return 0
-        if args.command == "validate":
-            from bertknn.core.format import validate_datastore
-
-            problems = validate_datastore(args.datastore, hashes=not args.quick)
-            if problems:
-                print(f"INVALID: {problems[0]}", file=sys.stderr)
-                for p in problems[1:]:
-                    print(f"  also: {p}", file=sys.stderr)
-                return 1
-            print(f"OK: {args.datastore}")
-            return 0
-        if args.command == "merge":
-            from bertknn.builder.merge import merge_slices
-
-            manifest = merge_slices(args.slices, args.out, ivfpq=args.ivfpq, sparse_indexes=args.sparse_indexes)
-            print(json.dumps({"datastore": str(args.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
-            return 0
-        if args.command == "upgrade":
-            from bertknn.builder.upgrade import upgrade_datastore
-
-            print(json.dumps(upgrade_datastore(args.datastore)))
-            return 0
-        if args.command == "ivfpq":
-            from bertknn.builder.ivfpq import add_ivfpq
-
-            add_ivfpq(args.datastore)
-            print(f"OK: IVF-PQ index added to {args.datastore}")
-            return 0
+        return _COMMANDS[args.command](args)
     except BuildInterrupted as exc:
         if args.command != "build":
             print(f"stopped ({exc})", file=sys.stderr)
@@ -192,7 +222,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder
         where = exc.filename or getattr(args, "out", None) or getattr(args, "datastore", None) or ""
         print(f"error: {where}: {_os_error_message(exc)}", file=sys.stderr)
         return 1
-    return 2
 
 
 _OUT_OF_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
