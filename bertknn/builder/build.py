@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from bertknn.builder.blocks import check_slicing, iter_blocks, plan_blocks
+from bertknn.builder.blocks import BlockPlan, check_slicing, iter_blocks, plan_blocks
 from bertknn.builder.coding import Coder, open_coder
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format
 from bertknn.builder.progress import BuildProgress
@@ -699,17 +699,14 @@ def check_corpus_files(paths: list[Path]) -> None:
 
 
 def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Manifest:
-    """Build (or resume) a datastore as the settings say, and return its manifest."""
+    """Build (or resume) a datastore as the settings say, and return its manifest: check the corpus and the output
+    directory, load the model, check (or record) the build's settings, embed the shards, then write the article
+    table, the indexes and the manifest."""
     check_corpus_files(settings.corpus)
     plan = plan_blocks(settings.corpus, settings.index, settings.multistream)
     check_slicing(plan, settings.limit_articles, settings.num_shards)
     out = Path(settings.out)
-    updated = existing_manifest(out)
-    if updated is not None and updated.updates:
-        raise BuildError(
-            f"{out} holds version {updated.version} of a datastore that `add` updated; building into it again would "
-            "drop what was added. Use `bert-knn add` to update it, or another --out"
-        )
+    _refuse_updated(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads or cpu_quota_threads())
     encoder = encoder or MaskedLMEncoder.load(
@@ -718,12 +715,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     )  # fmt: skip
     state_path = out / BUILD_STATE
     previous = json.loads(state_path.read_text()) if state_path.is_file() else None
-    asked = settings.backend
-    if asked == "auto" and previous is not None:
-        asked = previous.get("backend", "eager")  # a resumed build keeps the forward it started with
-    if asked != "eager":
-        used = encoder.set_backend(asked, with_mlm=False)
-        logger.info("forward backend: %s (asked: %s)", used, settings.backend)
+    _choose_backend(encoder, settings, previous)
     if settings.num_shards > 1 and settings.codec != "fp16" and settings.codec_from is None:
         raise BuildError(
             f"the slices of a sliced build must share one codec: train it first (`bert-knn "
@@ -731,50 +723,87 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
             "--codec-from CODEC_DIR"
         )
     stopwords = load_stopwords(settings.stopwords)
-    stop_hash = stopwords_sha256(stopwords)
     sources = [
         SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
     ]
-    state = _build_state(settings, encoder, stop_hash, sources, plan.unit)
-    if previous is not None:
-        if previous != state:
-            diff = sorted(k for k in {*state, *previous} if previous.get(k) != state.get(k))
-            raise BuildError(
-                f"{out} holds a build made with other settings ({', '.join(diff)} differ); "
-                "use another --out, or delete the directory to start over"
-            )
-    else:
-        atomic_write_json(state_path, state)
+    state = _build_state(settings, encoder, stopwords_sha256(stopwords), sources, plan.unit)
+    _check_state(out, state, previous)
     remove_stale_temp(out)
     coder = open_coder(out, settings.codec_spec(), encoder.hidden_size, settings.codec_from)
+    run = _BuildRun(settings, out, plan)
+    encode_seconds = run.embed(encoder, stopwords, coder)
+    manifest = run.write_manifest(encoder, stopwords_sha256(stopwords), sources, coder)
+    run.log_summary(encode_seconds)
+    return manifest
 
-    stats = CorpusStats()
-    counts = Counts()
-    infos: list[ShardInfo] = []
-    whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
-    t0 = time.perf_counter()
-    new_contexts = 0
-    stored = sum(Path(p).stat().st_size for p in settings.corpus)
-    if plan.unit == "streams" and not whole:
-        stored //= settings.num_shards  # a slice of a multistream dump reads about its share of the streams
 
-    def read_fraction() -> float | None:
-        return min(1.0, sum(stats.read.values()) / stored) if stored else None
+def _refuse_updated(out: Path) -> None:
+    """A datastore that `add` updated is not built into again: that would drop what was added."""
+    updated = existing_manifest(out)
+    if updated is not None and updated.updates:
+        raise BuildError(
+            f"{out} holds version {updated.version} of a datastore that `add` updated; building into it again would "
+            "drop what was added. Use `bert-knn add` to update it, or another --out"
+        )
 
-    progress = BuildProgress(
-        total_articles=settings.limit_articles, stages=stats.times, workers=settings.workers,
-        read_fraction=read_fraction,
-    )  # fmt: skip
 
-    def works() -> Iterator[Work]:
+def _choose_backend(encoder: MaskedLMEncoder, settings: BuildSettings, previous: dict | None) -> None:
+    """The forward's backend: the one asked, and for ``auto`` the one a resumed build started with."""
+    asked = settings.backend
+    if asked == "auto" and previous is not None:
+        asked = previous.get("backend", "eager")  # a resumed build keeps the forward it started with
+    if asked != "eager":
+        used = encoder.set_backend(asked, with_mlm=False)
+        logger.info("forward backend: %s (asked: %s)", used, settings.backend)
+
+
+def _check_state(out: Path, state: dict, previous: dict | None) -> None:
+    """A resumed build must have been started with the same settings; a new one records them."""
+    if previous is None:
+        atomic_write_json(out / BUILD_STATE, state)
+    elif previous != state:
+        diff = sorted(k for k in {*state, *previous} if previous.get(k) != state.get(k))
+        raise BuildError(
+            f"{out} holds a build made with other settings ({', '.join(diff)} differ); "
+            "use another --out, or delete the directory to start over"
+        )
+
+
+class _BuildRun:
+    """One run of `build` after its checks: the parts it finds finished (resume) or embeds, what it counted on the
+    way, its progress line, and the manifest it writes at the end."""
+
+    def __init__(self, settings: BuildSettings, out: Path, plan: BlockPlan):
+        self.settings, self.out, self.plan = settings, out, plan
+        self.stats = CorpusStats()
+        self.counts = Counts()
+        self.infos: list[ShardInfo] = []
+        self.new_contexts = 0
+        self.whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
+        self.t0 = time.perf_counter()
+        stored = sum(Path(p).stat().st_size for p in settings.corpus)
+        if plan.unit == "streams" and not self.whole:
+            stored //= settings.num_shards  # a slice of a multistream dump reads about its share of the streams
+        self.stored = stored
+        self.progress = BuildProgress(
+            total_articles=settings.limit_articles, stages=self.stats.times, workers=settings.workers,
+            read_fraction=self.read_fraction,
+        )  # fmt: skip
+
+    def read_fraction(self) -> float | None:
+        return min(1.0, sum(self.stats.read.values()) / self.stored) if self.stored else None
+
+    def works(self) -> Iterator[Work]:
+        """The blocks' articles still to embed: a finished part is kept (and counted), a finished block skipped."""
+        s = self.settings
         blocks = iter_blocks(
-            plan, settings.articles_per_shard, stats, counts,
-            num_slices=settings.num_shards, slice_index=settings.shard_index, limit_articles=settings.limit_articles,
+            self.plan, s.articles_per_shard, self.stats, self.counts,
+            num_slices=s.num_shards, slice_index=s.shard_index, limit_articles=s.limit_articles,
         )  # fmt: skip
         for block in blocks:
-            done = finished_parts(out, block.index)
-            infos.extend(done)
-            progress.resumed(sum(i.articles for i in done), sum(i.rows for i in done))
+            done = finished_parts(self.out, block.index)
+            self.infos.extend(done)
+            self.progress.resumed(sum(i.articles for i in done), sum(i.rows for i in done))
             for info in done:
                 logger.info("shard %s already complete, skipped (resume)", info.name.removeprefix("shard-"))
             if done and done[-1].last:
@@ -784,83 +813,81 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
                 logger.info("block %05d resumed after its %d finished parts", block.index, len(done))
             yield Work(block.index, len(done), block.articles[skip:])
 
-    def written(info: ShardInfo) -> None:
-        nonlocal new_contexts
-        infos.append(info)
-        new_contexts += info.rows
-        progress.shard_written(info.articles)
+    def written(self, info: ShardInfo) -> None:
+        self.infos.append(info)
+        self.new_contexts += info.rows
+        self.progress.shard_written(info.articles)
 
-    options = ShardOptions(
-        settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
-        settings.workers, settings.contexts_per_shard or None, settings.links, settings.checkpoint_contexts,
-        settings.batch_tokens or None,
-    )
-    try:
-        encode_seconds = embed_shards(
-            out, works(), encoder, options, written, progress.embedded, stats.times, coder,
-            on_prepared=progress.prepared,
+    def embed(self, encoder: MaskedLMEncoder, stopwords: frozenset[str], coder: Coder | None) -> float:
+        """Embed what is left (`embed_shards`); the forward passes' seconds. Interrupted, it says what is kept."""
+        s = self.settings
+        options = ShardOptions(
+            s.max_seq_len, stopwords, s.min_sentence_chars, s.targets, s.batch_size, s.workers,
+            s.contexts_per_shard or None, s.links, s.checkpoint_contexts, s.batch_tokens or None,
         )  # fmt: skip
-    except BuildInterrupted:
-        kept = sorted({i.key: i for i in infos}.values(), key=lambda i: i.key)
-        raise BuildInterrupted(
-            f"stopped: {out} keeps {len(kept)} finished parts ({sum(i.rows for i in kept):,} contexts of "
-            f"{sum(i.articles for i in kept):,} articles; {new_contexts:,} contexts of them from this run); at most "
-            f"{settings.checkpoint_contexts:,} contexts of work in flight were lost"
-        ) from None
-    finally:
-        progress.close()
+        try:
+            return embed_shards(
+                self.out, self.works(), encoder, options, self.written, self.progress.embedded, self.stats.times,
+                coder, on_prepared=self.progress.prepared,
+            )  # fmt: skip
+        except BuildInterrupted:
+            kept = sorted({i.key: i for i in self.infos}.values(), key=lambda i: i.key)
+            raise BuildInterrupted(
+                f"stopped: {self.out} keeps {len(kept)} finished parts ({sum(i.rows for i in kept):,} contexts of "
+                f"{sum(i.articles for i in kept):,} articles; {self.new_contexts:,} contexts of them from this run); "
+                f"at most {s.checkpoint_contexts:,} contexts of work in flight were lost"
+            ) from None
+        finally:
+            self.progress.close()
 
-    infos.sort(key=lambda i: i.key)
-    counts.articles = sum(i.articles for i in infos)
-    counts.sentences = sum(i.sentences for i in infos)
-    counts.contexts = sum(i.rows for i in infos)
-    counts.skipped_pages = stats.skipped_pages
-    atomic_write_json(out / REDIRECTS, dict(sorted(stats.redirects.items())))
-    manifest = Manifest(
-        model=ModelInfo(
-            name=encoder.name,
-            path=local_model_path(encoder.name),
-            weights_sha256=encoder.weights_sha256,
-            architecture=type(encoder.model).__name__,
-            num_layers=encoder.num_layers,
-            hidden_size=encoder.hidden_size,
-            vocab_size=encoder.vocab_size,
-            numerics=encoder.numerics,
-        ),
-        layer=encoder.layer,
-        max_seq_len=settings.max_seq_len,
-        articles_per_shard=settings.articles_per_shard,
-        contexts_per_shard=settings.contexts_per_shard or None,
-        stopwords_sha256=stop_hash,
-        counts=counts,
-        sources=sources,
-        shards=infos,
-        slice=None if whole else SliceInfo(index=settings.shard_index, count=settings.num_shards, unit=plan.unit),
-        targets=settings.targets,
-        codec=coder.info if coder is not None else None,
-        links=LinkInfo() if settings.links else None,  # (its counts come with the article table)
-    )
-    write_table(out, manifest, sorted(stats.redirects.items()))
-    manifest.distance_scale = measure_distance_scale(out, manifest)
-    if whole:
-        manifest.indexes.update(_build_indexes(out, settings, manifest))
-    manifest.datastore_id = manifest.compute_id()
-    write_manifest(out, manifest)
-    elapsed = time.perf_counter() - t0
-    disk = sum(f.bytes for i in infos for f in i.files.values())
-    summary = {
-        "articles": counts.articles,
-        "sentences": counts.sentences,
-        "contexts": counts.contexts,
-        "new_contexts": new_contexts,
-        "bytes_per_context": round(disk / max(1, counts.contexts), 1),
-        "contexts_per_s": round(new_contexts / elapsed, 1) if new_contexts else None,
-        "encode_contexts_per_s": round(new_contexts / encode_seconds, 1) if encode_seconds else None,
-        "seconds": round(elapsed, 2),
-        **stats.times.summary(settings.workers),
-    }
-    logger.info("build finished: %s", json.dumps(summary))
-    return manifest
+    def write_manifest(
+        self, encoder: MaskedLMEncoder, stop_hash: str, sources: list[SourceInfo], coder: Coder | None
+    ) -> Manifest:
+        """The article table, the distance scale, the indexes (a whole build) and the manifest, written."""
+        s, infos, counts = self.settings, sorted(self.infos, key=lambda i: i.key), self.counts
+        counts.articles = sum(i.articles for i in infos)
+        counts.sentences = sum(i.sentences for i in infos)
+        counts.contexts = sum(i.rows for i in infos)
+        counts.skipped_pages = self.stats.skipped_pages
+        atomic_write_json(self.out / REDIRECTS, dict(sorted(self.stats.redirects.items())))
+        manifest = Manifest(
+            model=ModelInfo(
+                name=encoder.name, path=local_model_path(encoder.name), weights_sha256=encoder.weights_sha256,
+                architecture=type(encoder.model).__name__, num_layers=encoder.num_layers,
+                hidden_size=encoder.hidden_size, vocab_size=encoder.vocab_size, numerics=encoder.numerics,
+            ),
+            layer=encoder.layer, max_seq_len=s.max_seq_len, articles_per_shard=s.articles_per_shard,
+            contexts_per_shard=s.contexts_per_shard or None, stopwords_sha256=stop_hash, counts=counts,
+            sources=sources, shards=infos,
+            slice=None if self.whole else SliceInfo(index=s.shard_index, count=s.num_shards, unit=self.plan.unit),
+            targets=s.targets, codec=coder.info if coder is not None else None,
+            links=LinkInfo() if s.links else None,  # (its counts come with the article table)
+        )  # fmt: skip
+        write_table(self.out, manifest, sorted(self.stats.redirects.items()))
+        manifest.distance_scale = measure_distance_scale(self.out, manifest)
+        if self.whole:
+            manifest.indexes.update(_build_indexes(self.out, s, manifest))
+        manifest.datastore_id = manifest.compute_id()
+        write_manifest(self.out, manifest)
+        self.infos = infos
+        return manifest
+
+    def log_summary(self, encode_seconds: float) -> None:
+        elapsed = time.perf_counter() - self.t0
+        disk = sum(f.bytes for i in self.infos for f in i.files.values())
+        contexts, new = self.counts.contexts, self.new_contexts
+        summary = {
+            "articles": self.counts.articles,
+            "sentences": self.counts.sentences,
+            "contexts": contexts,
+            "new_contexts": new,
+            "bytes_per_context": round(disk / max(1, contexts), 1),
+            "contexts_per_s": round(new / elapsed, 1) if new else None,
+            "encode_contexts_per_s": round(new / encode_seconds, 1) if encode_seconds else None,
+            "seconds": round(elapsed, 2),
+            **self.stats.times.summary(self.settings.workers),
+        }
+        logger.info("build finished: %s", json.dumps(summary))
 
 
 def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> CodecInfo:
