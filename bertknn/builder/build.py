@@ -529,136 +529,155 @@ def embed_shards(
     Each finished part is renamed into ``out/shards/`` atomically and reported to ``written``; returns the
     seconds spent in the model. Memory in flight: the pieces being prepared plus one part.
     """
-    encode_seconds = 0.0
     tok_dir = tempfile.mkdtemp(prefix="bertknn-tok-")
     try:
         encoder.tokenizer.save_pretrained(tok_dir)
+        run = _ShardEmbedder(out, encoder, options, written, on_batch, times, coder, on_prepared, tok_dir)
+        return run.run(works, train_only=train_only)
+    finally:
+        shutil.rmtree(tok_dir, ignore_errors=True)
+
+
+_Cut = tuple[int, int, bool, PreparedShard]  # (block, part, last part of its block, the part's prepared rows)
+
+
+class _ShardEmbedder:
+    """`embed_shards`' one run: the preparing workers ahead of the model, the model, and one writer thread behind
+    it (a part's write runs while the next part is embedded)."""
+
+    def __init__(
+        self, out: Path, encoder: MaskedLMEncoder, options: ShardOptions, written: Callable[[ShardInfo], None],
+        on_batch: Callable[[int], None] | None, times: StageTimes | None, coder: Coder | None,
+        on_prepared: Callable[[int, int], None] | None, tok_dir: str,
+    ):  # fmt: skip
+        self.out, self.encoder, self.options, self.written = out, encoder, options, written
+        self.on_batch, self.times, self.coder, self.on_prepared = on_batch, times, coder, on_prepared
+        self.encode_seconds = 0.0
         prep_args = (
             tok_dir, options.max_seq_len, options.stopwords, options.min_sentence_chars, options.targets, options.links
         )  # fmt: skip
-        pool = (
+        self.pool = (
             ProcessPoolExecutor(options.workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=prep_args)
             if options.workers > 0
             else None
         )
-        local = ShardPreparer(*prep_args) if pool is None else None
+        self.local = ShardPreparer(*prep_args) if self.pool is None else None
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
+        self.writing: list[Future[ShardInfo]] = []
+
+    def run(self, works: Iterator[Work], *, train_only: bool) -> float:
+        cutter = _PartCutter(self.options.contexts_per_shard, self.options.targets == "whole-word")
+        parts = (cut for work, piece, last in self.prepared_pieces(works) for cut in cutter.feed(work, piece, last))
+        try:
+            if self.coder is not None and not self.coder.ready:
+                head = self.train_codec(parts)
+                if train_only:
+                    return self.encode_seconds
+                for cut, vectors in head:
+                    self.write(cut, vectors)
+            for cut in parts:
+                self.write(cut, self.embed_or_keep(cut))
+            self.finish_write()
+        except KeyboardInterrupt:
+            self.finish_write()  # the parts already handed to the writer are finished, not dropped
+            raise BuildInterrupted("interrupted") from None
+        finally:
+            self.writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
+            if self.pool is not None:
+                self.pool.shutdown(cancel_futures=True)
+        return self.encode_seconds
+
+    def prepared_pieces(self, works: Iterator[Work]) -> Iterator[tuple[Work, PreparedShard, bool]]:
+        """The works' pieces prepared, in order: by the workers, a few pieces ahead, or here without workers."""
         pieces = _pieces(works)
         pending: list[tuple[Work, bool, Future[PreparedShard]]] = []
-        lookahead = 2 * max(1, options.workers)
+        lookahead = 2 * max(1, self.options.workers)
 
         def refill() -> None:
             while len(pending) < lookahead:
                 nxt = next(pieces, None)
                 if nxt is None:
                     return
-                assert pool is not None
+                assert self.pool is not None
                 work, arts, last = nxt
-                pending.append((work, last, pool.submit(_prepare_in_worker, work.block, arts)))
+                pending.append((work, last, self.pool.submit(_prepare_in_worker, work.block, arts)))
 
-        def prepared_pieces() -> Iterator[tuple[Work, PreparedShard, bool]]:
-            while True:
-                if pool is not None:
-                    refill()
-                    if not pending:
-                        return
-                    work, last, fut = pending.pop(0)
-                    prepared = fut.result()
-                    refill()
-                else:
-                    nxt = next(pieces, None)
-                    if nxt is None:
-                        return
-                    assert local is not None
-                    work, arts, last = nxt
-                    prepared = local.prepare(work.block, arts)
-                if times is not None:
-                    times.merge(prepared.times)
-                if on_prepared is not None:
-                    on_prepared(len(prepared.articles), prepared.rows)
-                yield work, prepared, last
+        while True:
+            if self.pool is not None:
+                refill()
+                if not pending:
+                    return
+                work, last, fut = pending.pop(0)
+                prepared = fut.result()
+                refill()
+            else:
+                nxt = next(pieces, None)
+                if nxt is None:
+                    return
+                assert self.local is not None
+                work, arts, last = nxt
+                prepared = self.local.prepare(work.block, arts)
+            if self.times is not None:
+                self.times.merge(prepared.times)
+            if self.on_prepared is not None:
+                self.on_prepared(len(prepared.articles), prepared.rows)
+            yield work, prepared, last
 
-        cutter = _PartCutter(options.contexts_per_shard, options.targets == "whole-word")
-        parts = (cut for work, piece, last in prepared_pieces() for cut in cutter.feed(work, piece, last))
-        writer = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
-        writing: list[Future[ShardInfo]] = []
-
-        def finish_write() -> None:
-            while writing:
-                written(writing.pop(0).result())
-
-        def embed(prepared: PreparedShard) -> np.ndarray:
-            nonlocal encode_seconds
-            t1 = time.perf_counter()
-            vectors = np.empty((prepared.rows, encoder.hidden_size), dtype=np.float16)
-            done = [0]
-            try:
-                embed_prepared(
-                    encoder, prepared, options.batch_size, on_batch, vectors, done, options.checkpoint_contexts, times,
-                    options.batch_tokens,
-                )
-            except KeyboardInterrupt:
-                raise _PartialPart(vectors, done[0]) from None
-            forward_s = time.perf_counter() - t1
-            encode_seconds += forward_s
-            if times is not None:
-                times.add("forward", forward_s, len(prepared.inputs))
-            return vectors
-
-        def write(cut: tuple[int, int, bool, PreparedShard], vectors: np.ndarray) -> None:
-            block, part, is_last, prepared = cut
-            # the previous part's write (fsyncs, checksums) ran while this one was embedded
-            finish_write()
-            payload = coder.encode(vectors) if coder is not None else vectors
-            data = ShardData(
-                payload,
-                prepared.labels,
-                prepared.sentence_ids,
-                prepared.spans,
-                prepared.sentences,
-                prepared.articles,
-                prepared.words,
-                prepared.entity_labels,
-                prepared.entities,
+    def train_codec(self, parts: Iterator[_Cut]) -> list[tuple[_Cut, np.ndarray]]:
+        """The codec trained on the first parts' vectors, which are held (and returned) until it exists."""
+        coder = self.coder
+        assert coder is not None
+        head = _head_parts(parts, coder.spec.train_contexts)
+        found = sum(cut[3].rows for cut in head)
+        if found < coder.min_train():
+            raise BuildError(
+                f"codec {coder.spec.name} needs at least {coder.min_train()} contexts to train "
+                f"({coder.spec.factory(coder.dim)}), this build has {found}; add articles, or use --codec fp16"
             )
-            writing.append(writer.submit(_timed_write, out, block, part, is_last, data, times))
+        embedded = [self.embed(cut[3]) for cut in head]
+        coder.train(np.concatenate(embedded), self.out)
+        return list(zip(head, embedded, strict=True))
 
+    def embed_or_keep(self, cut: _Cut) -> np.ndarray:
+        """The part's vectors; interrupted inside it, the articles embedded so far are written as a finished
+        part (a resume continues after them), then the interruption goes on."""
         try:
-            if coder is not None and not coder.ready:
-                # The codec is trained on the first parts' vectors, held until then (written once it exists).
-                head = _head_parts(parts, coder.spec.train_contexts)
-                found = sum(cut[3].rows for cut in head)
-                if found < coder.min_train():
-                    raise BuildError(
-                        f"codec {coder.spec.name} needs at least {coder.min_train()} contexts to train "
-                        f"({coder.spec.factory(coder.dim)}), this build has {found}; add articles, or use "
-                        "--codec fp16"
-                    )
-                embedded = [embed(cut[3]) for cut in head]
-                coder.train(np.concatenate(embedded), out)
-                if train_only:
-                    return encode_seconds
-                for cut, vectors in zip(head, embedded, strict=True):
-                    write(cut, vectors)
-            for cut in parts:
-                try:
-                    vectors = embed(cut[3])
-                except _PartialPart as partial:
-                    articles, rows = _whole_articles(cut[3], partial.rows)
-                    if articles:  # the articles embedded so far: a finished part that a resume continues after
-                        write((cut[0], cut[1], False, cut[3].select(0, articles)), partial.vectors[:rows])
-                    raise KeyboardInterrupt from None
-                write(cut, vectors)
-            finish_write()
+            return self.embed(cut[3])
+        except _PartialPart as partial:
+            articles, rows = _whole_articles(cut[3], partial.rows)
+            if articles:
+                self.write((cut[0], cut[1], False, cut[3].select(0, articles)), partial.vectors[:rows])
+            raise KeyboardInterrupt from None
+
+    def embed(self, prepared: PreparedShard) -> np.ndarray:
+        t1 = time.perf_counter()
+        vectors = np.empty((prepared.rows, self.encoder.hidden_size), dtype=np.float16)
+        done = [0]
+        o = self.options
+        try:
+            embed_prepared(self.encoder, prepared, o.batch_size, self.on_batch, vectors, done, o.checkpoint_contexts,
+                           self.times, o.batch_tokens)  # fmt: skip
         except KeyboardInterrupt:
-            finish_write()  # the parts already handed to the writer are finished, not dropped
-            raise BuildInterrupted("interrupted") from None
-        finally:
-            writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
-    finally:
-        shutil.rmtree(tok_dir, ignore_errors=True)
-    return encode_seconds
+            raise _PartialPart(vectors, done[0]) from None
+        forward_s = time.perf_counter() - t1
+        self.encode_seconds += forward_s
+        if self.times is not None:
+            self.times.add("forward", forward_s, len(prepared.inputs))
+        return vectors
+
+    def write(self, cut: _Cut, vectors: np.ndarray) -> None:
+        block, part, is_last, prepared = cut
+        self.finish_write()  # the previous part's write (fsyncs, checksums) ran while this one was embedded
+        payload = self.coder.encode(vectors) if self.coder is not None else vectors
+        data = ShardData(
+            payload, prepared.labels, prepared.sentence_ids, prepared.spans, prepared.sentences, prepared.articles,
+            prepared.words, prepared.entity_labels, prepared.entities,
+        )  # fmt: skip
+        self.writing.append(self.writer.submit(_timed_write, self.out, block, part, is_last, data, self.times))
+
+    def finish_write(self) -> None:
+        while self.writing:
+            self.written(self.writing.pop(0).result())
 
 
 def _head_parts(
