@@ -129,21 +129,7 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
         raise UpdateError(f"{root}: no such datastore directory; build one first (bert-knn build)")
     read_manifest(root)  # a directory without a finished datastore gets no lock file either
     with _exclusive(root):
-        old = read_manifest(root)
-        if old.slice is not None:
-            raise UpdateError(
-                f"{root} is slice {old.slice.index} of {old.slice.count}; merge the slices first, then add to the merge"
-            )
-        problems = validate_datastore(root, hashes=False)
-        if problems:
-            raise UpdateError(f"{root} failed validation, so nothing was added: {problems[0]}")
-        datastore = Datastore(root, old)
-        stopwords = load_stopwords(settings.stopwords)
-        if stopwords_sha256(stopwords) != old.stopwords_sha256:
-            raise UpdateError(
-                f"the stopword list {settings.stopwords or '(bundled)'} is not the one {root} was built with; "
-                "pass the build's --stopwords FILE"
-            )
+        old, datastore, stopwords = _open_checked(root, settings)
         min_chars = settings.min_sentence_chars
         if min_chars is None:
             min_chars = _recorded_min_sentence_chars(root)
@@ -154,94 +140,111 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
         if not plan.embed:
             logger.info("add: all %d articles are unchanged; %s stays at version %d", plan.unchanged, root, old.version)
             return UpdateResult(old, 0, 0, plan.unchanged, plan.duplicates, [], time.perf_counter() - t0)
-
         torch.set_num_threads(settings.threads or cpu_quota_threads())
         encoder = encoder or MaskedLMEncoder.load(
-            locate_model(old.model.name, old.model.path, settings.model),
-            layer=old.layer,
-            device=settings.device,
-            dtype=settings.dtype,
-            max_seq_len=old.max_seq_len,
-            mlm_head="ignored",
-        )
+            locate_model(old.model.name, old.model.path, settings.model), layer=old.layer, device=settings.device,
+            dtype=settings.dtype, max_seq_len=old.max_seq_len, mlm_head="ignored",
+        )  # fmt: skip
         check_same_model(encoder, old)
-
-        version = old.version + 1
-        index_dir = f"{INDEX_DIR}/v{version}"
+        index_dir = f"{INDEX_DIR}/v{old.version + 1}"
         _remove_debris(root, old, index_dir)
-        first = max((s.index for s in old.shards), default=-1) + 1
-        per_shard = settings.articles_per_shard or old.articles_per_shard
         options = ShardOptions(
             old.max_seq_len, stopwords, min_chars, old.targets, settings.batch_size, settings.workers,
             old.contexts_per_shard, old.links is not None, batch_tokens=settings.batch_tokens or None,
-        )
-        infos: list[ShardInfo] = []
-        # new rows are coded with the datastore's own codec (never retrained: old and new codes must compare)
-        coder = None
-        if old.codec is not None:
-            assert datastore.codec is not None
-            coder = Coder(CodecSpec(), encoder.hidden_size, datastore.codec, old.codec)
-        encode_s = embed_shards(
-            root, _chunks(settings.corpus, plan, first, per_shard), encoder, options, infos.append, coder=coder
-        )
-        infos.sort(key=lambda i: i.key)
-
-        new = old.model_copy(deep=True)
-        new.version = version
-        new.shards = [*old.shards, *infos]
-        sources = [
-            SourceInfo(path=p.name, format=detect_format(p), sha256=sha256_file(p)) for p in map(Path, settings.corpus)
-        ]
-        new.updates = [
-            *old.updates,
-            UpdateInfo(
-                version=version,
-                shards=[i.name for i in infos],
-                added=plan.count("added"),
-                replaced=plan.count("replaced"),
-                unchanged=plan.unchanged,
-                sources=sources,
-            ),
-        ]
-        write_table(root, new, sorted(plan.stats.redirects.items()), f"{index_dir}/{ARTICLE_TABLE}",
-                    base=old.article_table, first_shard=len(old.shards))  # fmt: skip
-        updated = Datastore(root, new)
-        new.counts = _counts(updated, old.counts)
-        new.indexes = {}
-        if "bm25" in old.indexes or "tfidf" in old.indexes:
-            from bertknn.builder.sparse_index import write_sparse_indexes
-
-            new.indexes.update(
-                write_sparse_indexes(
-                    root, updated.iter_article_texts(), content_id=new.compute_id(), index_dir=index_dir
-                )
-            )
-        if "ivfpq" in old.indexes:
-            from bertknn.builder.ivfpq import extend_ivfpq
-
-            new.indexes.update(extend_ivfpq(root, old, new, f"{index_dir}/ivfpq.faiss"))
-        new.datastore_id = new.compute_id()
-        _merge_redirects(root, plan.stats.redirects)  # the builder's record; readers use the article table
-        problems = validate_datastore(root, hashes=False, manifest=new)
-        if problems:
-            raise UpdateError(f"the new version failed validation, so {root} stays at version {old.version}: {problems[0]}")
-        write_manifest(root, new)  # the commit: readers see version N from here on
-        _prune_indexes(root, keep={*old.indexes.values(), *new.indexes.values(), old.article_table or "",
-                                   new.article_table or ""})  # fmt: skip
+        )  # fmt: skip
+        infos, encode_s = _embed_changes(root, settings, old, datastore, plan, encoder, options)
+        new = _commit_version(root, settings, old, plan, infos, index_dir)
         result = UpdateResult(
-            new,
-            plan.count("added"),
-            plan.count("replaced"),
-            plan.unchanged,
-            plan.duplicates,
-            [i.name for i in infos],
-            time.perf_counter() - t0,
-        )
+            new, plan.count("added"), plan.count("replaced"), plan.unchanged, plan.duplicates,
+            [i.name for i in infos], time.perf_counter() - t0,
+        )  # fmt: skip
         logger.info(
             "add finished: %s",
             json.dumps({**result.summary(), "new_contexts": sum(i.rows for i in infos), "encode_s": round(encode_s, 2)}),
         )
         return result
+
+
+def _open_checked(root: Path, settings: AddSettings) -> tuple[Manifest, Datastore, frozenset[str]]:
+    """The datastore to add to, if it can take new articles: whole (not a slice), valid, and built with this
+    stopword list; with that list."""
+    old = read_manifest(root)
+    if old.slice is not None:
+        raise UpdateError(
+            f"{root} is slice {old.slice.index} of {old.slice.count}; merge the slices first, then add to the merge"
+        )
+    problems = validate_datastore(root, hashes=False)
+    if problems:
+        raise UpdateError(f"{root} failed validation, so nothing was added: {problems[0]}")
+    stopwords = load_stopwords(settings.stopwords)
+    if stopwords_sha256(stopwords) != old.stopwords_sha256:
+        raise UpdateError(
+            f"the stopword list {settings.stopwords or '(bundled)'} is not the one {root} was built with; "
+            "pass the build's --stopwords FILE"
+        )
+    return old, Datastore(root, old), stopwords
+
+
+def _embed_changes(
+    root: Path, settings: AddSettings, old: Manifest, datastore: Datastore, plan: _Plan, encoder: MaskedLMEncoder,
+    options: ShardOptions,
+) -> tuple[list[ShardInfo], float]:  # fmt: skip
+    """The new and changed articles embedded into new shards after the existing ones (their infos, in order, and
+    the forward passes' seconds)."""
+    first = max((s.index for s in old.shards), default=-1) + 1
+    per_shard = settings.articles_per_shard or old.articles_per_shard
+    infos: list[ShardInfo] = []
+    # new rows are coded with the datastore's own codec (never retrained: old and new codes must compare)
+    coder = None
+    if old.codec is not None:
+        assert datastore.codec is not None
+        coder = Coder(CodecSpec(), encoder.hidden_size, datastore.codec, old.codec)
+    encode_s = embed_shards(
+        root, _chunks(settings.corpus, plan, first, per_shard), encoder, options, infos.append, coder=coder
+    )
+    return sorted(infos, key=lambda i: i.key), encode_s
+
+
+def _commit_version(
+    root: Path, settings: AddSettings, old: Manifest, plan: _Plan, infos: list[ShardInfo], index_dir: str
+) -> Manifest:
+    """Version N+1: its article table and indexes beside version N's, validated, then its manifest written (the
+    commit: readers see it from there on); the indexes no version names are pruned."""
+    new = old.model_copy(deep=True)
+    new.version = old.version + 1
+    new.shards = [*old.shards, *infos]
+    sources = [
+        SourceInfo(path=p.name, format=detect_format(p), sha256=sha256_file(p)) for p in map(Path, settings.corpus)
+    ]
+    new.updates = [
+        *old.updates,
+        UpdateInfo(version=new.version, shards=[i.name for i in infos], added=plan.count("added"),
+                   replaced=plan.count("replaced"), unchanged=plan.unchanged, sources=sources),
+    ]  # fmt: skip
+    write_table(root, new, sorted(plan.stats.redirects.items()), f"{index_dir}/{ARTICLE_TABLE}",
+                base=old.article_table, first_shard=len(old.shards))  # fmt: skip
+    updated = Datastore(root, new)
+    new.counts = _counts(updated, old.counts)
+    new.indexes = {}
+    if "bm25" in old.indexes or "tfidf" in old.indexes:
+        from bertknn.builder.sparse_index import write_sparse_indexes
+
+        new.indexes.update(
+            write_sparse_indexes(root, updated.iter_article_texts(), content_id=new.compute_id(), index_dir=index_dir)
+        )
+    if "ivfpq" in old.indexes:
+        from bertknn.builder.ivfpq import extend_ivfpq
+
+        new.indexes.update(extend_ivfpq(root, old, new, f"{index_dir}/ivfpq.faiss"))
+    new.datastore_id = new.compute_id()
+    _merge_redirects(root, plan.stats.redirects)  # the builder's record; readers use the article table
+    problems = validate_datastore(root, hashes=False, manifest=new)
+    if problems:
+        raise UpdateError(f"the new version failed validation, so {root} stays at version {old.version}: {problems[0]}")
+    write_manifest(root, new)  # the commit: readers see version N from here on
+    _prune_indexes(root, keep={*old.indexes.values(), *new.indexes.values(), old.article_table or "",
+                               new.article_table or ""})  # fmt: skip
+    return new
 
 
 def check_same_model(encoder: MaskedLMEncoder, manifest: Manifest) -> None:
