@@ -86,14 +86,33 @@ def merge_slices(
         raise MergeError("no slices given: pass the output directory of every `build --shard-index i` worker")
     manifests = [read_manifest(s) for s in slices]
     by_index = _check_slices(slices, manifests)
-    first = by_index[0][1]
     resolved_out = out.resolve()
     for s in slices:
         if s.resolve() == resolved_out:
             raise MergeError(f"--out {out} is one of the slices; merge into a new directory")
     if (out / MANIFEST).exists():
         raise MergeError(f"{out / MANIFEST}: {out} already holds a finished datastore; use another --out or delete it")
+    shards = _all_shards(by_index)
+    linked, copied = _take_shards(shards, out, verify=verify)
+    logger.info("merge: %d shards from %d slices (%d files linked, %d copied)", len(shards), len(slices), linked, copied)
+    first = by_index[0][1]
+    if first.codec is not None:
+        _take_codec(by_index[0][0] / first.codec.file, out / first.codec.file, first.codec.sha256)
+    redirects = _merge_redirects(slices)
+    atomic_write_json(out / REDIRECTS, redirects)
+    manifest = _merged_manifest(by_index, manifests, [info for _, info in shards])
+    _finish(out, manifest, redirects, sparse_indexes=sparse_indexes, ivfpq=ivfpq)
+    logger.info(
+        "merge finished: %s",
+        json.dumps({"datastore": str(out), "id": manifest.datastore_id, "shards": len(shards),
+                    **manifest.counts.model_dump()}),
+    )  # fmt: skip
+    return manifest
 
+
+def _all_shards(by_index: list[tuple[Path, Manifest]]) -> list[tuple[Path, ShardInfo]]:
+    """Every slice's shards (their directory, their info), in the merged order; MergeError unless they form
+    shard-00000.. without a gap or a duplicate, each with its files."""
     shards: list[tuple[Path, ShardInfo]] = []
     for slice_dir, m in by_index:
         shards.extend((slice_dir / SHARDS_DIR / info.name, info) for info in m.shards)
@@ -110,7 +129,13 @@ def merge_slices(
     problems = validate_parts(Path("<merged>"), [info for _, info in shards])
     if problems:
         raise MergeError(f"{problems[0]}; rebuild that slice with the same arguments (it resumes)")
+    return shards
 
+
+def _take_shards(shards: list[tuple[Path, ShardInfo]], out: Path, *, verify: bool) -> tuple[int, int]:
+    """The shards into ``out/shards`` (hard links, else copies; those already there intact are kept), and the
+    directory synced so that the renames survive a crash before the manifest is written; the files linked and
+    copied."""
     out.mkdir(parents=True, exist_ok=True)
     (out / SHARDS_DIR).mkdir(exist_ok=True)
     for p in (out / SHARDS_DIR).glob(".tmp-*"):
@@ -122,15 +147,18 @@ def merge_slices(
         copied += n_copied
     dir_fd = os.open(out / SHARDS_DIR, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # the renames above survive a crash before the manifest is written
+        os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    logger.info("merge: %d shards from %d slices (%d files linked, %d copied)", len(shards), len(slices), linked, copied)
+    return linked, copied
 
-    if first.codec is not None:
-        _take_codec(by_index[0][0] / first.codec.file, out / first.codec.file, first.codec.sha256)
-    redirects = _merge_redirects(slices)
-    atomic_write_json(out / REDIRECTS, redirects)
+
+def _merged_manifest(
+    by_index: list[tuple[Path, Manifest]], manifests: list[Manifest], shards: list[ShardInfo]
+) -> Manifest:
+    """The merged datastore's manifest before its table and indexes: the first slice's settings, every slice's
+    counts."""
+    first = by_index[0][1]
     # By articles, every slice reads the whole corpus, so its corpus-wide counts are the same in each slice; by
     # streams, each slice counts what it read.
     own = [m for _, m in by_index] if first.slice is not None and first.slice.unit == "streams" else [first]
@@ -141,39 +169,29 @@ def merge_slices(
         skipped_duplicate_titles=sum(m.counts.skipped_duplicate_titles for m in own),
         skipped_pages=sum(m.counts.skipped_pages for m in own),
     )
-    manifest = Manifest(
-        model=first.model,
-        layer=first.layer,
-        dtype=first.dtype,
-        max_seq_len=first.max_seq_len,
-        articles_per_shard=first.articles_per_shard,
-        contexts_per_shard=first.contexts_per_shard,
-        stopwords_sha256=first.stopwords_sha256,
-        counts=counts,
-        sources=first.sources,
-        shards=[info for _, info in shards],
-        slice=None,
-        targets=first.targets,
-        codec=first.codec,
+    return Manifest(
+        model=first.model, layer=first.layer, dtype=first.dtype, max_seq_len=first.max_seq_len,
+        articles_per_shard=first.articles_per_shard, contexts_per_shard=first.contexts_per_shard,
+        stopwords_sha256=first.stopwords_sha256, counts=counts, sources=first.sources, shards=shards, slice=None,
+        targets=first.targets, codec=first.codec,
         links=None if first.links is None else LinkInfo(),  # (counted again over all slices with the table)
-    )
+    )  # fmt: skip
+
+
+def _finish(out: Path, manifest: Manifest, redirects: dict[str, str], *, sparse_indexes: bool, ivfpq: bool) -> None:
+    """The article table, the distance scale and the indexes of the merged datastore, then its manifest."""
     from bertknn.builder.build import _build_indexes
     from bertknn.builder.settings import BuildSettings
     from bertknn.builder.writer import write_table
 
-    # model_construct: only the two index switches matter here, and a merge pod's environment may carry
-    # a worker's BERTKNN_BUILD_* variables that must not be validated or applied.
     write_table(out, manifest, redirects.items())
     manifest.distance_scale = measure_distance_scale(out, manifest)
+    # model_construct: only the two index switches matter here, and a merge pod's environment may carry
+    # a worker's BERTKNN_BUILD_* variables that must not be validated or applied.
     index_settings = BuildSettings.model_construct(sparse_indexes=sparse_indexes, ivfpq=ivfpq)
     manifest.indexes.update(_build_indexes(out, index_settings, manifest))
     manifest.datastore_id = manifest.compute_id()
     write_manifest(out, manifest)
-    logger.info(
-        "merge finished: %s",
-        json.dumps({"datastore": str(out), "id": manifest.datastore_id, "shards": len(shards), **counts.model_dump()}),
-    )
-    return manifest
 
 
 def _take_codec(src: Path, dst: Path, sha256: str) -> None:
