@@ -24,8 +24,9 @@ from multiprocessing import get_context
 import numpy as np
 
 from bench.common import SHARED, machine, write_result
-from bertknn.builder.build import ShardPreparer, token_batches
 from bertknn.builder.corpus import Article
+from bertknn.builder.embed import token_batches
+from bertknn.builder.prepare import ShardPreparer
 from bertknn.builder.targets import load_stopwords
 from bertknn.core.inputs import MaskedInput, PackedInputs
 

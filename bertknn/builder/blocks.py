@@ -9,7 +9,7 @@ Two ways to cut, chosen per build:
   slice decompresses and parses only its own blocks' streams. A single build cuts the same blocks, so n slices
   merged equal one build.
 
-Each block is then written as one or more parts cut by contexts (``build.embed_shards``).
+Each block is then written as one or more parts cut by contexts (``embed.embed_shards``).
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def _merged_manifest(
 
 def _finish(out: Path, manifest: Manifest, redirects: dict[str, str], *, sparse_indexes: bool, ivfpq: bool) -> None:
     """The article table, the distance scale and the indexes of the merged datastore, then its manifest."""
-    from bertknn.builder.build import _build_indexes
+    from bertknn.builder.build import build_indexes
     from bertknn.builder.settings import BuildSettings
     from bertknn.builder.writer import write_table
 
@@ -189,7 +189,7 @@ def _finish(out: Path, manifest: Manifest, redirects: dict[str, str], *, sparse_
     # model_construct: only the two index switches matter here, and a merge pod's environment may carry
     # a worker's BERTKNN_BUILD_* variables that must not be validated or applied.
     index_settings = BuildSettings.model_construct(sparse_indexes=sparse_indexes, ivfpq=ivfpq)
-    manifest.indexes.update(_build_indexes(out, index_settings, manifest))
+    manifest.indexes.update(build_indexes(out, index_settings, manifest))
     manifest.datastore_id = manifest.compute_id()
     write_manifest(out, manifest)
 

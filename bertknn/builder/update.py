@@ -6,7 +6,7 @@ old manifest keeps working, and a crash at any point leaves the old version vali
 1. the corpus is read once to sort its articles into added (new title), replaced (known title, other stored
    sentences) and unchanged (same stored sentences: skipped) -- before the model loads, so bad input fails fast;
 2. the added and replaced articles are embedded into new shards ``shard-{max+1:05d}...`` by the build's own
-   loop (``build.embed_shards``: same model, layer, max_seq_len, stopwords and targets as the manifest);
+   loop (``embed.embed_shards``: same model, layer, max_seq_len, stopwords and targets as the manifest);
 3. the sparse indexes (BM25 + TF-IDF) are rebuilt from all current article texts into ``index/v{N}/``, and the
    IVF-PQ index, when the datastore has one, is copied there with the new rows appended (not retrained);
 4. the new manifest (version N, an ``updates`` record, counts of reachable and superseded rows) is validated,
@@ -33,9 +33,10 @@ from pathlib import Path
 
 import torch
 
-from bertknn.builder.build import BUILD_STATE, ShardOptions, Work, check_corpus_files, embed_shards
+from bertknn.builder.build import BUILD_STATE, check_corpus_files
 from bertknn.builder.coding import Coder
 from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
+from bertknn.builder.embed import ShardOptions, Work, embed_shards
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
 from bertknn.builder.writer import write_table

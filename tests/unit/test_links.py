@@ -253,8 +253,8 @@ def test_templates_need_one_x_and_one_y() -> None:
 
 
 def test_prepared_rows_keep_each_anchor_s_span_through_splitting_and_masking(bert_tokenizer) -> None:
-    from bertknn.builder.build import ShardPreparer
     from bertknn.builder.corpus import Article
+    from bertknn.builder.prepare import ShardPreparer
     from bertknn.builder.wikitext import Link
     from tests.conftest import BERT_TOKENIZER
 

@@ -75,7 +75,7 @@ def test_a_build_reports_every_stage(tmp_path: Path, tiny_model_dir: Path, caplo
 
 
 def test_token_batches_bound_rows_and_padded_tokens() -> None:
-    from bertknn.builder.build import token_batches
+    from bertknn.builder.embed import token_batches
 
     lengths = [3, 3, 4, 5, 8, 8, 9, 20]  # ascending, as the builder sorts them
     cuts = token_batches(lengths, max_rows=4, max_tokens=16)
@@ -95,11 +95,11 @@ def test_a_token_budget_gives_the_same_vectors_in_smaller_batches(
     """Batches cut by a token budget embed every context as the row-count batches do (to float16 rounding)."""
     import numpy as np
 
-    import bertknn.builder.build as build_module
+    import bertknn.builder.embed as embed_module
     from bertknn.core.format import Datastore
 
     padded: list[tuple[int, int]] = []  # (rows, padded tokens) of each batch the budget build cut
-    cut = build_module.token_batches
+    cut = embed_module.token_batches
 
     def spy(lengths, max_rows, max_tokens):  # type: ignore[no-untyped-def]
         found = cut(lengths, max_rows, max_tokens)
@@ -107,7 +107,7 @@ def test_a_token_budget_gives_the_same_vectors_in_smaller_batches(
             padded.extend((b - a, (b - a) * lengths[b - 1]) for a, b in found)
         return found
 
-    monkeypatch.setattr(build_module, "token_batches", spy)
+    monkeypatch.setattr(embed_module, "token_batches", spy)
     dump = _xml_dump(tmp_path / "dump.xml")
     rows_only = build_tiny(tmp_path / "rows", [dump], tiny_model_dir, sparse_indexes=False, batch_tokens=0)
     with caplog.at_level(logging.INFO, logger="bertknn.builder.build"):
@@ -133,11 +133,11 @@ def test_the_host_heap_is_trimmed_per_batch_on_a_cpu_and_per_step_on_a_gpu(
     import numpy as np
     import torch
 
-    import bertknn.builder.build as build_module
+    import bertknn.builder.embed as embed_module
     from bertknn.core.inputs import MaskedInput, PackedInputs
 
     calls: list[int] = []
-    monkeypatch.setattr(build_module, "return_free_memory", lambda: calls.append(1))
+    monkeypatch.setattr(embed_module, "return_free_memory", lambda: calls.append(1))
 
     events: list[str] = []
 
@@ -160,8 +160,8 @@ def test_the_host_heap_is_trimmed_per_batch_on_a_cpu_and_per_step_on_a_gpu(
             return result
 
     inputs = [MaskedInput((101, i, *([5] * (i % 4)), 102), 1) for i in range(25)]
-    prepared = build_module.PreparedShard(0, [], [], PackedInputs.of(inputs), np.zeros(25), np.zeros(25), np.zeros((25, 2)))
-    out = build_module.embed_prepared(Fake(), prepared, 3, step_rows=10)  # type: ignore[arg-type]
+    prepared = embed_module.PreparedShard(0, [], [], PackedInputs.of(inputs), np.zeros(25), np.zeros(25), np.zeros((25, 2)))
+    out = embed_module.embed_prepared(Fake(), prepared, 3, step_rows=10)  # type: ignore[arg-type]
     assert out[:, 0].tolist() == list(range(25)) and len(calls) == trims
     # each batch starts before the previous one's rows are taken (a step's last batch is taken at its end)
     assert events[:6] == ["start 0", "start 1", "take 0", "start 2", "take 1", "start 3"]
