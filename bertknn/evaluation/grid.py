@@ -21,6 +21,7 @@ from bertknn.evaluation.base import RunSettings, gold_rank
 from bertknn.evaluation.lama import LamaQuery
 from bertknn.evaluation.metrics import KS, Precisions
 from bertknn.service.answer import knn_offsets
+from bertknn.service.codec import QueryEncoding
 from bertknn.service.interpolate import (
     DEFAULT_ARTICLE_SHARPNESS,
     DEFAULT_MLM_PRIOR,
@@ -122,85 +123,91 @@ def grid_search(
     """
     if not queries:
         raise ValueError("the dev split has no queries; raise --limit or choose more relations")
-    space = space or GridSpace()
     t0 = time.perf_counter()
-    ns: tuple[int | None, ...] = tuple(sorted(space.num_articles)) if retriever != "none" else (None,)
-    ks, temps, lams = tuple(sorted(space.ks)), tuple(space.temperatures), tuple(space.lambdas)
-    points = [GridPoint(n, lam, k, t) for n in ns for lam in lams for k in ks for t in temps]
-    index = {(p.num_articles, p.lambda_, p.k, p.temperature): i for i, p in enumerate(points)}
-    relations = sorted({q.relation for q in queries})
-    rel_index = {r: i for i, r in enumerate(relations)}
-    hits = np.zeros((len(points), len(relations), len(KS)), dtype=np.int64)
-    counts = np.zeros(len(relations), dtype=np.int64)
-    vocab = pipeline.encoder.vocab_size
-    max_n = max(n for n in ns if n is not None) if retriever != "none" else 1
-    max_k = max(ks)
-    kvals = np.asarray(KS)
-
+    grid = _Grid(pipeline, space or GridSpace(), retriever, sorted({q.relation for q in queries}), allowed_ids,
+                 mlm_prior)  # fmt: skip
     bar = tqdm(total=len(queries), desc="grid", unit="q", disable=not progress)
     try:
         for start in range(0, len(queries), batch_size):
             batch = queries[start : start + batch_size]
             base = [
-                Query(
-                    text=q.text,
-                    subject=q.subject,
-                    retriever=retriever,
-                    num_articles=max_n,
-                    k=max_k,
-                    return_contexts=False,
-                    any_token=True,
-                    mlm_prior=mlm_prior,
-                    article_sharpness=article_sharpness,
-                )
+                Query(text=q.text, subject=q.subject, retriever=retriever, num_articles=grid.max_n, k=max(grid.ks),
+                      return_contexts=False, any_token=True, mlm_prior=mlm_prior, article_sharpness=article_sharpness)
                 for q in batch
-            ]
+            ]  # fmt: skip
             encs, _ = pipeline.encode([pipeline.check_query(b) for b in base])
             for q, query, enc in zip(batch, base, encs, strict=True):
-                r = rel_index[q.relation]
-                counts[r] += 1
-                p_mlm = full_mlm = enc.p_mlm()
-                gold = q.obj_id
-                if allowed_ids is not None:
-                    p_mlm = p_mlm[allowed_ids]
-                    gold = int(np.searchsorted(allowed_ids, q.obj_id))
-                by_n: dict[int | None, Neighbours] = {}
-                articles: list[ArticleHit] = []
-                if retriever == "none":
-                    by_n[None] = pipeline.neighbours(query, enc, [])
-                else:
-                    articles, _ = pipeline.retrieve(query)
-                    for n in ns:
-                        assert n is not None
-                        by_n[n] = pipeline.neighbours(query, enc, articles[:n])
-                for n, nbrs in by_n.items():
-                    for k in ks:
-                        dist, labels = nbrs.distances[:k], nbrs.labels[:k]
-                        near = None if nbrs.article is None else nbrs.article[:k]
-                        offsets = knn_offsets(query, near, articles[:n] if n is not None else [])
-                        for t in temps:
-                            ids, probs = knn_sparse(dist, labels, t, offsets)  # weighed at the voted ids only
-                            p_knn = np.zeros(vocab, dtype=np.float32)
-                            p_knn[ids] = weigh_vote(probs, full_mlm[ids], mlm_prior)
-                            if allowed_ids is not None:
-                                p_knn = p_knn[allowed_ids]
-                            for lam in lams:
-                                p = interpolate(p_knn, p_mlm, lam if len(dist) else 0.0)
-                                rank = gold_rank(p, gold)
-                                if rank is not None:
-                                    hits[index[(n, lam, k, t)], r] += rank <= kvals
+                grid.score(q, query, enc)
             bar.update(len(batch))
     finally:
         bar.close()
-
-    present = counts > 0
-    per_rel = 100.0 * hits[:, present, :] / counts[present][None, :, None]
-    macro = per_rel.mean(axis=1)  # [points, len(KS)]
-    p1, p5, p10 = (KS.index(1), KS.index(5), KS.index(10))
-    order = sorted(range(len(points)), key=lambda i: (-macro[i, p1], -macro[i, p10], -macro[i, p5], i))
-    ranking = [(points[i], {f"p@{k}": float(macro[i, j]) for j, k in enumerate(KS)}) for i in order]
-    result = GridResult(
-        ranking[0][0], ranking, len(queries), int(present.sum()), round(time.perf_counter() - t0, 2)
-    )
+    result = grid.result(len(queries), round(time.perf_counter() - t0, 2))
+    ranking = result.ranking
     logger.info("grid: best %s (macro P@1 %.2f)", result.best.as_dict(), ranking[0][1]["p@1"])
     return result
+
+
+class _Grid:
+    """The grid's points and, per point, relation and k of P@k, the queries whose gold ranks within k."""
+
+    def __init__(
+        self, pipeline: AnswerPipeline, space: GridSpace, retriever: RetrieverName, relations: list[str],
+        allowed_ids: np.ndarray | None, mlm_prior: float,
+    ):  # fmt: skip
+        self.pipeline, self.retriever, self.allowed_ids, self.mlm_prior = pipeline, retriever, allowed_ids, mlm_prior
+        self.ns: tuple[int | None, ...] = tuple(sorted(space.num_articles)) if retriever != "none" else (None,)
+        self.ks, self.temps, self.lams = tuple(sorted(space.ks)), tuple(space.temperatures), tuple(space.lambdas)
+        self.points = [GridPoint(n, lam, k, t) for n in self.ns for lam in self.lams for k in self.ks for t in self.temps]
+        self.index = {(p.num_articles, p.lambda_, p.k, p.temperature): i for i, p in enumerate(self.points)}
+        self.rel_index = {r: i for i, r in enumerate(relations)}
+        self.hits = np.zeros((len(self.points), len(relations), len(KS)), dtype=np.int64)
+        self.counts = np.zeros(len(relations), dtype=np.int64)
+        self.max_n = max(n for n in self.ns if n is not None) if retriever != "none" else 1
+
+    def neighbours(self, query: Query, enc: QueryEncoding) -> tuple[dict[int | None, Neighbours], list[ArticleHit]]:
+        """The neighbours at each N (the first N of the retrieved articles; one search without retrieval)."""
+        if self.retriever == "none":
+            return {None: self.pipeline.neighbours(query, enc, [])}, []
+        articles, _ = self.pipeline.retrieve(query)
+        by_n: dict[int | None, Neighbours] = {}
+        for n in self.ns:
+            assert n is not None
+            by_n[n] = self.pipeline.neighbours(query, enc, articles[:n])
+        return by_n, articles
+
+    def score(self, q: LamaQuery, query: Query, enc: QueryEncoding) -> None:
+        """One query at every point: p_kNN recomputed from its neighbours (the k nearest are a prefix)."""
+        r = self.rel_index[q.relation]
+        self.counts[r] += 1
+        p_mlm = full_mlm = enc.p_mlm()
+        gold = q.obj_id
+        if self.allowed_ids is not None:
+            p_mlm = p_mlm[self.allowed_ids]
+            gold = int(np.searchsorted(self.allowed_ids, q.obj_id))
+        by_n, articles = self.neighbours(query, enc)
+        kvals = np.asarray(KS)
+        for n, nbrs in by_n.items():
+            for k in self.ks:
+                dist, labels = nbrs.distances[:k], nbrs.labels[:k]
+                near = None if nbrs.article is None else nbrs.article[:k]
+                offsets = knn_offsets(query, near, articles[:n] if n is not None else [])
+                for t in self.temps:
+                    ids, probs = knn_sparse(dist, labels, t, offsets)  # weighed at the voted ids only
+                    p_knn = np.zeros(self.pipeline.encoder.vocab_size, dtype=np.float32)
+                    p_knn[ids] = weigh_vote(probs, full_mlm[ids], self.mlm_prior)
+                    if self.allowed_ids is not None:
+                        p_knn = p_knn[self.allowed_ids]
+                    for lam in self.lams:
+                        rank = gold_rank(interpolate(p_knn, p_mlm, lam if len(dist) else 0.0), gold)
+                        if rank is not None:
+                            self.hits[self.index[(n, lam, k, t)], r] += rank <= kvals
+
+    def result(self, queries: int, seconds: float) -> GridResult:
+        """Macro P@k per point, best first: the highest macro P@1, ties broken by P@10, P@5, then grid order."""
+        present = self.counts > 0
+        per_rel = 100.0 * self.hits[:, present, :] / self.counts[present][None, :, None]
+        macro = per_rel.mean(axis=1)  # [points, len(KS)]
+        p1, p5, p10 = (KS.index(1), KS.index(5), KS.index(10))
+        order = sorted(range(len(self.points)), key=lambda i: (-macro[i, p1], -macro[i, p10], -macro[i, p5], i))
+        ranking = [(self.points[i], {f"p@{k}": float(macro[i, j]) for j, k in enumerate(KS)}) for i in order]
+        return GridResult(ranking[0][0], ranking, queries, int(present.sum()), seconds)
