@@ -220,80 +220,92 @@ def fit_rule(
     if any(len(q.conf_mlm) != len(space.measures) for q in queries):
         raise ValueError("queries were compacted with other measures than the space's; pass space.measures")
     t0 = time.perf_counter()
-    grid = [
-        (mi, base, kw, mw, pw)
-        for mi in range(len(space.measures))
-        for base in space.base_lambdas
-        for kw in space.knn_weights
-        for mw in space.mlm_weights
-        for pw in space.popularity_weights
-    ]
-    m_idx = np.array([g[0] for g in grid])
-    bias = np.array([_bias(g[1]) for g in grid])
-    kw = np.array([g[2] for g in grid], dtype=np.float64)
-    mw = np.array([g[3] for g in grid], dtype=np.float64)
-    pw = np.array([g[4] for g in grid], dtype=np.float64)
-    taus = np.array([np.inf if t is None else t for t in space.skip_thresholds])
-    relations = sorted({q.relation for q in queries})
-    rel = {r: i for i, r in enumerate(relations)}
-    nk = len(KS)
-    hits = np.zeros((len(grid), len(taus), len(relations), nk), dtype=np.int64)
-    fixed_hits = np.zeros((len(relations), nk), dtype=np.int64)
-    skips = np.zeros((len(space.measures), len(taus)), dtype=np.int64)
-    counts = np.zeros(len(relations), dtype=np.int64)
+    rules = _RuleGrid(space, sorted({q.relation for q in queries}), fixed_lambda)
     for q in queries:
-        r = rel[q.relation]
-        counts[r] += 1
-        skip_m = q.conf_mlm[:, None] >= taus[None, :]  # [measures, taus]
-        skips += skip_m
-        if q.has_knn:
-            lam = rule_lambda(bias, kw, mw, q.conf_mlm[m_idx], q.conf_knn[m_idx],
-                              popularity_weight=pw, log_popularity=q.log_pop)  # fmt: skip
-            uniq, inverse = np.unique(lam, return_inverse=True)
-            h = hits_for_lambdas(q, uniq)[inverse]  # [grid, KS]
-            fixed_hits[r] += hits_for_lambdas(q, np.array([fixed_lambda]))[0]
-        else:
-            h = np.broadcast_to(q.mlm_hits, (len(grid), nk))
-            fixed_hits[r] += q.mlm_hits
-        final = np.where(skip_m[m_idx][:, :, None], q.mlm_hits[None, None, :], h[:, None, :])
-        hits[:, :, r, :] += final
-    present = counts > 0
-    macro = (100.0 * hits[:, :, present, :] / counts[present][None, None, :, None]).mean(axis=2)  # [grid, taus, KS]
-    fixed = (100.0 * fixed_hits[present] / counts[present][:, None]).mean(axis=0)
-    skipped = skips / len(queries)  # [measures, taus]
-    p1, p5, p10 = KS.index(1), KS.index(5), KS.index(10)
-    n_taus = len(taus)
-    order = np.lexsort((
-        np.arange(macro.shape[0] * macro.shape[1]),
-        np.repeat(np.abs(np.array([g[1] for g in grid]) - fixed_lambda), n_taus),  # nearest the fixed lambda
-        np.repeat(kw + mw + pw, n_taus),  # weaker dependence on the features (0: a fixed lambda)
-        -skipped[m_idx].reshape(-1),
-        -macro[:, :, p5].reshape(-1),
-        -macro[:, :, p10].reshape(-1),
-        -macro[:, :, p1].reshape(-1),
-    ))  # fmt: skip
-
-    def score(flat: int) -> RuleScore:
-        gi, ti = divmod(int(flat), len(taus))
-        mi, base, w_knn, w_mlm, w_pop = grid[gi]
-        rule = AdaptiveRule(
-            measure=space.measures[mi], bias=float(bias[gi]), knn_weight=w_knn, mlm_weight=w_mlm,
-            skip_threshold=space.skip_thresholds[ti], popularity_weight=w_pop,
-        )  # fmt: skip
-        return RuleScore(rule, {f"p@{k}": float(macro[gi, ti, j]) for j, k in enumerate(KS)},
-                         float(skipped[mi, ti]))  # fmt: skip
-
-    ranking = [score(i) for i in order[:10]]
+        rules.add(q)
+    ranking, fixed = rules.ranking(len(queries))
     result = AdaptiveFit(
-        ranking[0],
-        {f"p@{k}": float(fixed[j]) for j, k in enumerate(KS)},
-        fixed_lambda,
-        ranking,
-        len(grid) * len(taus),
-        len(queries),
-        int(present.sum()),
-        round(time.perf_counter() - t0, 2),
-    )
+        ranking[0], fixed, fixed_lambda, ranking, len(rules.grid) * len(rules.taus), len(queries),
+        int((rules.counts > 0).sum()), round(time.perf_counter() - t0, 2),
+    )  # fmt: skip
     logger.info("adaptive: best %s (dev macro P@1 %.2f, fixed %.2f)", ranking[0].rule.model_dump(exclude={"fitted"}),
                 ranking[0].macro["p@1"], result.fixed["p@1"])  # fmt: skip
     return result
+
+
+class _RuleGrid:
+    """Every rule of a space (measure, base lambda, weights, skip threshold) and, per rule, relation and k of P@k,
+    the dev queries whose gold ranks within k under it; with the fixed interpolation's beside them."""
+
+    def __init__(self, space: AdaptiveSpace, relations: list[str], fixed_lambda: float):
+        self.space, self.fixed_lambda = space, fixed_lambda
+        self.grid = [
+            (mi, base, kw, mw, pw)
+            for mi in range(len(space.measures))
+            for base in space.base_lambdas
+            for kw in space.knn_weights
+            for mw in space.mlm_weights
+            for pw in space.popularity_weights
+        ]
+        self.m_idx = np.array([g[0] for g in self.grid])
+        self.bias = np.array([_bias(g[1]) for g in self.grid])
+        self.kw = np.array([g[2] for g in self.grid], dtype=np.float64)
+        self.mw = np.array([g[3] for g in self.grid], dtype=np.float64)
+        self.pw = np.array([g[4] for g in self.grid], dtype=np.float64)
+        self.taus = np.array([np.inf if t is None else t for t in space.skip_thresholds])
+        self.rel = {r: i for i, r in enumerate(relations)}
+        nk = len(KS)
+        self.hits = np.zeros((len(self.grid), len(self.taus), len(relations), nk), dtype=np.int64)
+        self.fixed_hits = np.zeros((len(relations), nk), dtype=np.int64)
+        self.skips = np.zeros((len(space.measures), len(self.taus)), dtype=np.int64)
+        self.counts = np.zeros(len(relations), dtype=np.int64)
+
+    def add(self, q: ScoredQuery) -> None:
+        """One dev query under every rule (each distinct lambda scored once) and under the fixed lambda."""
+        r = self.rel[q.relation]
+        self.counts[r] += 1
+        skip_m = q.conf_mlm[:, None] >= self.taus[None, :]  # [measures, taus]
+        self.skips += skip_m
+        if q.has_knn:
+            m = self.m_idx
+            lam = rule_lambda(self.bias, self.kw, self.mw, q.conf_mlm[m], q.conf_knn[m],
+                              popularity_weight=self.pw, log_popularity=q.log_pop)  # fmt: skip
+            uniq, inverse = np.unique(lam, return_inverse=True)
+            h = hits_for_lambdas(q, uniq)[inverse]  # [grid, KS]
+            self.fixed_hits[r] += hits_for_lambdas(q, np.array([self.fixed_lambda]))[0]
+        else:
+            h = np.broadcast_to(q.mlm_hits, (len(self.grid), len(KS)))
+            self.fixed_hits[r] += q.mlm_hits
+        final = np.where(skip_m[self.m_idx][:, :, None], q.mlm_hits[None, None, :], h[:, None, :])
+        self.hits[:, :, r, :] += final
+
+    def ranking(self, queries: int) -> tuple[list[RuleScore], dict[str, float]]:
+        """The ten best rules (see `fit_rule` for the order) and the fixed interpolation's macro P@k."""
+        present = self.counts > 0
+        counts = self.counts[present]
+        macro = (100.0 * self.hits[:, :, present, :] / counts[None, None, :, None]).mean(axis=2)  # [grid, taus, KS]
+        fixed = (100.0 * self.fixed_hits[present] / counts[:, None]).mean(axis=0)
+        skipped = self.skips / queries  # [measures, taus]
+        p1, p5, p10 = KS.index(1), KS.index(5), KS.index(10)
+        n_taus = len(self.taus)
+        order = np.lexsort((
+            np.arange(macro.shape[0] * macro.shape[1]),
+            np.repeat(np.abs(np.array([g[1] for g in self.grid]) - self.fixed_lambda), n_taus),  # nearest the fixed
+            np.repeat(self.kw + self.mw + self.pw, n_taus),  # weaker dependence on the features (0: a fixed lambda)
+            -skipped[self.m_idx].reshape(-1),
+            -macro[:, :, p5].reshape(-1),
+            -macro[:, :, p10].reshape(-1),
+            -macro[:, :, p1].reshape(-1),
+        ))  # fmt: skip
+
+        def score(flat: int) -> RuleScore:
+            gi, ti = divmod(int(flat), n_taus)
+            mi, _, w_knn, w_mlm, w_pop = self.grid[gi]
+            rule = AdaptiveRule(
+                measure=self.space.measures[mi], bias=float(self.bias[gi]), knn_weight=w_knn, mlm_weight=w_mlm,
+                skip_threshold=self.space.skip_thresholds[ti], popularity_weight=w_pop,
+            )  # fmt: skip
+            return RuleScore(rule, {f"p@{k}": float(macro[gi, ti, j]) for j, k in enumerate(KS)},
+                             float(skipped[mi, ti]))  # fmt: skip
+
+        return [score(i) for i in order[:10]], {f"p@{k}": float(fixed[j]) for j, k in enumerate(KS)}
