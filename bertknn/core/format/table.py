@@ -291,70 +291,11 @@ def write_article_table(
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
-        if base is not None:
-            src = sqlite3.connect(f"{Path(base).resolve().as_uri()}?mode=ro", uri=True)
-            dst = sqlite3.connect(tmp)
-            with dst:
-                src.backup(dst)
-            src.close()
-            con = dst
-            con.executescript("DROP INDEX entries_live_title; DROP INDEX entries_live_folded;")
-        else:
-            con = sqlite3.connect(tmp)
-            con.executescript(SCHEMA)
-        con.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-262144;")
-        first = int(con.execute("SELECT coalesce(max(pos), -1) + 1 FROM entries").fetchone()[0])
-        with con:
-            for position, articles in shards:
-                con.executemany(
-                    "INSERT INTO entries(title, folded, shard, row_start, row_end, sent_start, sent_end, id, source) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        (a["title"], fold_title(a["title"]), position, a["row_start"], a["row_end"], a["sent_start"],
-                         a["sent_end"], str(a["id"]), a["source"])
-                        for a in articles
-                    ),
-                )  # fmt: skip
-            # the last occurrence of a title is live; earlier ones (and older versions' live ones) are superseded
-            if first == 0:
-                con.execute("UPDATE entries SET live = 1 WHERE pos IN (SELECT max(pos) FROM entries GROUP BY title)")
-            else:
-                con.execute(
-                    "UPDATE entries SET live = (pos IN (SELECT max(pos) FROM entries WHERE title IN "
-                    "(SELECT title FROM entries WHERE pos >= ?) GROUP BY title)) WHERE title IN "
-                    "(SELECT title FROM entries WHERE pos >= ?)",
-                    (first, first),
-                )
-            con.executemany(
-                "INSERT OR REPLACE INTO redirects(source, target, folded) VALUES (?, ?, ?)",
-                ((s, t, fold_title(s)) for s, t in redirects),
-            )
-        if base is None:
-            con.executescript(INDEXES)
-        else:
-            con.executescript(
-                "CREATE UNIQUE INDEX entries_live_title ON entries(title) WHERE live = 1;"
-                "CREATE INDEX entries_live_folded ON entries(folded) WHERE live = 1;"
-            )
-        if mentions is not None:
-            counts_links = _write_entities(con, mentions)
-        counts = {
-            **(counts_links if mentions is not None else {}),
-            "articles": int(con.execute("SELECT count(*) FROM entries WHERE live = 1").fetchone()[0]),
-            "entries": int(con.execute("SELECT count(*) FROM entries").fetchone()[0]),
-            "redirects": int(con.execute("SELECT count(*) FROM redirects").fetchone()[0]),
-        }
-        totals = {}
-        for live, which in ((1, "live"), (0, "superseded")):
-            a, sents, rows = con.execute(
-                "SELECT count(*), coalesce(sum(sent_end - sent_start), 0), coalesce(sum(row_end - row_start), 0) "
-                "FROM entries WHERE live = ?", (live,),
-            ).fetchone()  # fmt: skip
-            totals.update({f"{which}_articles": a, f"{which}_sentences": sents, f"{which}_rows": rows})
-        meta = {"format": TABLE_FORMAT, "version": str(TABLE_VERSION), "content_id": content_id,
-                **{k: str(v) for k, v in {**counts, **totals}.items()}}  # fmt: skip
-        with con:
-            con.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", meta.items())
+        con = _open_for_writing(tmp, base)
+        _insert_entries(con, shards, redirects)
+        con.executescript(INDEXES if base is None else _LIVE_INDEXES)
+        links = _write_entities(con, mentions) if mentions is not None else {}
+        counts = _write_meta(con, content_id, links)
         con.execute("ANALYZE")
         con.close()
         with open(tmp, "rb+") as f:
@@ -366,6 +307,83 @@ def write_article_table(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return counts
+
+
+_LIVE_INDEXES = (
+    "CREATE UNIQUE INDEX entries_live_title ON entries(title) WHERE live = 1;"
+    "CREATE INDEX entries_live_folded ON entries(folded) WHERE live = 1;"
+)
+
+
+def _open_for_writing(tmp: Path, base: Path | None) -> sqlite3.Connection:
+    """A new table at ``tmp``, or a copy of ``base`` without its live-title indexes (remade after the insert)."""
+    if base is not None:
+        src = sqlite3.connect(f"{Path(base).resolve().as_uri()}?mode=ro", uri=True)
+        con = sqlite3.connect(tmp)
+        with con:
+            src.backup(con)
+        src.close()
+        con.executescript("DROP INDEX entries_live_title; DROP INDEX entries_live_folded;")
+    else:
+        con = sqlite3.connect(tmp)
+        con.executescript(SCHEMA)
+    con.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-262144;")
+    return con
+
+
+def _insert_entries(
+    con: sqlite3.Connection, shards: Iterable[tuple[int, list[dict]]], redirects: Iterable[tuple[str, str]]
+) -> None:
+    """The shards' articles as entries after those already there; the last occurrence of a title is live, earlier
+    ones (and an older version's live one) superseded; the redirects merged over the table's."""
+    first = int(con.execute("SELECT coalesce(max(pos), -1) + 1 FROM entries").fetchone()[0])
+    with con:
+        for position, articles in shards:
+            con.executemany(
+                "INSERT INTO entries(title, folded, shard, row_start, row_end, sent_start, sent_end, id, source) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    (a["title"], fold_title(a["title"]), position, a["row_start"], a["row_end"], a["sent_start"],
+                     a["sent_end"], str(a["id"]), a["source"])
+                    for a in articles
+                ),
+            )  # fmt: skip
+        if first == 0:
+            con.execute("UPDATE entries SET live = 1 WHERE pos IN (SELECT max(pos) FROM entries GROUP BY title)")
+        else:
+            con.execute(
+                "UPDATE entries SET live = (pos IN (SELECT max(pos) FROM entries WHERE title IN "
+                "(SELECT title FROM entries WHERE pos >= ?) GROUP BY title)) WHERE title IN "
+                "(SELECT title FROM entries WHERE pos >= ?)",
+                (first, first),
+            )
+        con.executemany(
+            "INSERT OR REPLACE INTO redirects(source, target, folded) VALUES (?, ?, ?)",
+            ((s, t, fold_title(s)) for s, t in redirects),
+        )
+
+
+def _write_meta(con: sqlite3.Connection, content_id: str, links: dict[str, int]) -> dict[str, int]:
+    """The table's counts (``links``' counts, live articles, entries, redirects; live and superseded articles,
+    sentences and rows) into ``meta`` with its format and content id; the counts but the last six returned."""
+    counts = {
+        **links,
+        "articles": int(con.execute("SELECT count(*) FROM entries WHERE live = 1").fetchone()[0]),
+        "entries": int(con.execute("SELECT count(*) FROM entries").fetchone()[0]),
+        "redirects": int(con.execute("SELECT count(*) FROM redirects").fetchone()[0]),
+    }
+    totals = {}
+    for live, which in ((1, "live"), (0, "superseded")):
+        a, sents, rows = con.execute(
+            "SELECT count(*), coalesce(sum(sent_end - sent_start), 0), coalesce(sum(row_end - row_start), 0) "
+            "FROM entries WHERE live = ?", (live,),
+        ).fetchone()  # fmt: skip
+        totals.update({f"{which}_articles": a, f"{which}_sentences": sents, f"{which}_rows": rows})
+    meta = {"format": TABLE_FORMAT, "version": str(TABLE_VERSION), "content_id": content_id,
+            **{k: str(v) for k, v in {**counts, **totals}.items()}}  # fmt: skip
+    with con:
+        con.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", meta.items())
     return counts
 
 
