@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from bertknn.core.errors import EvaluationError, LamaError
 from bertknn.evaluation.entity_runs import follow
@@ -39,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     la = sub.add_parser("lama", help="P@1/5/10 of MLM, kNN and BERT-kNN on the LAMA probe")
+    for flags in (_asked_flags, _method_flags, _grid_flags, _adaptive_flags, _report_flags):
+        flags(la)
+    _follow_parser(sub)
+    return p
+
+
+def _asked_flags(la: argparse.ArgumentParser) -> None:
+    """What is asked, and of what: the probe's facts, the datastore or service, the model."""
     la.add_argument("--data", type=Path, default=Path("../shared/data/lama"), help="LAMA probe directory")
     la.add_argument("--datastore", type=Path, help="datastore directory (in-process runs)")
     la.add_argument(
@@ -63,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="T-REx files: evidence (TREx/), facts (TREx_facts_all41/), all (TREx/ first, fact-only for the rest)",
     )
+
+
+def _method_flags(la: argparse.ArgumentParser) -> None:
+    """The method's setting: retrieval, k, temperature, lambda, the vote, the layer."""
     la.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="article ranker")
     la.add_argument("--no-retrieval", action="store_true", help="kNN over the whole datastore (IVF-PQ index)")
     la.add_argument("--num-articles", type=int, default=3, help="N articles searched")
@@ -87,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="with --layer: build the --datastore from this corpus at that layer when it does not exist yet",
     )
+
+
+def _grid_flags(la: argparse.ArgumentParser) -> None:
+    """--grid and its axes."""
     la.add_argument(
         "--grid", action="store_true", help="search N, lambda, k, l on the dev split; evaluate the rest"
     )
@@ -97,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--grid-l", type=_csv, help="with --grid: l values (default 5,6,...,12; a model with other distance scales "
         "may want a wider range, e.g. 5,6,8,12,16,24,32)"
     )
+
+
+def _adaptive_flags(la: argparse.ArgumentParser) -> None:
+    """The adaptive rule: fitted on dev, read from a file, with popularity."""
     la.add_argument(
         "--adaptive",
         action="store_true",
@@ -107,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument(
         "--adaptive-rule", type=Path, help="add the adaptive column with this rule file (no fit; e.g. --adaptive-out's)"
     )
+    la.add_argument(
+        "--adaptive-popularity",
+        action="store_true",
+        help="with --adaptive: the rule may also weigh the subject's log popularity (a datastore with links); the "
+        "fit without it is reported beside it, on dev and on test (report['adaptive_popularity'])",
+    )
+
+
+def _report_flags(la: argparse.ArgumentParser) -> None:
+    """What is reported, and where."""
     la.add_argument("--batch-size", type=int, default=32)
     la.add_argument("--out", type=Path, help="write the JSON report here")
     la.add_argument(
@@ -131,17 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
         "object's length), on a datastore with links",
     )
     la.add_argument(
-        "--adaptive-popularity",
-        action="store_true",
-        help="with --adaptive: the rule may also weigh the subject's log popularity (a datastore with links); the "
-        "fit without it is reported beside it, on dev and on test (report['adaptive_popularity'])",
-    )
-    la.add_argument(
         "--by-popularity",
         action="store_true",
         help="also P@1 per quartile of the subjects' popularity (inbound links; a datastore with links)",
     )
 
+
+def _follow_parser(sub: Any) -> None:
+    """``follow``: two-hop questions."""
     fo = sub.add_parser("follow", help="two-hop questions: relation following (/follow) against one composed template")
     fo.add_argument("--data", type=Path, default=Path("../shared/data/lama"), help="LAMA probe directory")
     fo.add_argument("--datastore", type=Path, required=True, help="a datastore with links")
@@ -160,7 +188,6 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--lambda", dest="lambda_", type=float, default=0.3, help="kNN weight")
     fo.add_argument("--out", type=Path, help="write the JSON report here")
     fo.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
