@@ -35,7 +35,9 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -432,22 +434,24 @@ def _markdown(runs: dict[str, dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
-    import torch
+@dataclass
+class _Queries:
+    """The probe's queries (the model's tokenizer decides which objects are single wordpieces), the same facts
+    within LAMA's common vocabulary, and which facts' subjects the corpus needs."""
+
+    probe: Any
+    common: Any  # ObjectVocabulary restricted to the common vocabulary
+    common_queries: list
+    vocab_path: Path
+    trex_subjects: set[str]
+    trex_uids: set[str]
+    gre_uids: set[str]
+
+
+def _queries(args: argparse.Namespace, limit: int | None) -> _Queries:
     from transformers import AutoTokenizer
 
-    from bench.quality.corpus import write_corpus
-    from bertknn.builder.build import build
-    from bertknn.builder.settings import BuildSettings
-    from bertknn.core.encoder import MaskedLMEncoder
-    from bertknn.core.format import Datastore, read_manifest, sha256_file
-    from bertknn.core.runtime import cpu_quota_threads
-    from bertknn.evaluation.grid import GridSpace, grid_search
     from bertknn.evaluation.lama import (
-        DEV_PERCENT,
         GOOGLE_RE,
         TREX,
         ObjectVocabulary,
@@ -455,136 +459,114 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_probe,
         load_vocab_file,
     )
-    from bertknn.evaluation.metrics import format_table, report_dict, summarize
-    from bertknn.evaluation.runner import PipelineRunner, RunSettings
-    from bertknn.service.cache import InMemoryCache
-    from bertknn.service.pipeline import AnswerPipeline
 
-    t_start = time.perf_counter()
-    timings: dict[str, float] = {}
-    threads = args.threads or cpu_quota_threads()
-    torch.set_num_threads(threads)
-    lama_dir, wiki_dir = args.data / "lama", args.data / "wiki"
-    limit = None if args.full else args.limit
-    distractors = None if args.full else args.distractors
-
-    # 1. queries (the model's tokenizer decides which objects are single wordpieces)
+    lama_dir = args.data / "lama"
     tokenizer = AutoTokenizer.from_pretrained(args.model, use_fast=True)
-    relations = discover_relations(lama_dir, trex="evidence")
-    probe = load_probe(relations, ObjectVocabulary(tokenizer), limit=limit)
-    trex_subjects = {q.subject for q in probe.queries if q.dataset == TREX and q.subject}
-    trex_uids = {q.uid for q in probe.queries if q.dataset == TREX}
-    gre_uids = {q.uid for q in probe.queries if q.dataset == GOOGLE_RE}
+    probe = load_probe(discover_relations(lama_dir, trex="evidence"), ObjectVocabulary(tokenizer), limit=limit)
     vocab_path = args.vocab or lama_dir / "common_vocab_lowercased.txt"
     common = ObjectVocabulary(tokenizer, load_vocab_file(vocab_path))
     # the same facts (their subject articles are in the corpus), minus those whose object is outside the common
     # vocabulary: here the limit applies before that filter
     allowed_tokens = common.restrict or frozenset()
-    common_queries = [q for q in probe.queries if q.obj in allowed_tokens]
+    return _Queries(
+        probe, common, [q for q in probe.queries if q.obj in allowed_tokens], vocab_path,
+        {q.subject for q in probe.queries if q.dataset == TREX and q.subject},
+        {q.uid for q in probe.queries if q.dataset == TREX}, {q.uid for q in probe.queries if q.dataset == GOOGLE_RE},
+    )  # fmt: skip
 
-    # 2. corpus
-    t = time.perf_counter()
+
+def _corpus(args: argparse.Namespace, qs: _Queries, distractors: int | None) -> tuple[Path, Any]:
+    """The benchmark corpus (`bench.quality.corpus`) for these queries: its path and its statistics."""
+    from bench.quality.corpus import write_corpus
+
     args.work.mkdir(parents=True, exist_ok=True)
-    corpus_path = args.work / "corpus.jsonl"
-    corpus_stats = write_corpus(
-        corpus_path,
-        wiki_dir=wiki_dir,
-        lama_dir=lama_dir,
-        trex_subjects=None if args.full else trex_subjects,
-        trex_uids=None if args.full else trex_uids,
-        google_re_uids=None if args.full else gre_uids,
-        distractors=distractors,
-        max_fact_sentences=None if args.full else args.fact_sentences,
-        max_other_sentences=None if args.full else args.other_sentences,
-    )
-    timings["corpus"] = time.perf_counter() - t
+    path = args.work / "corpus.jsonl"
+    full = bool(args.full)
+    stats = write_corpus(
+        path, wiki_dir=args.data / "wiki", lama_dir=args.data / "lama",
+        trex_subjects=None if full else qs.trex_subjects, trex_uids=None if full else qs.trex_uids,
+        google_re_uids=None if full else qs.gre_uids, distractors=distractors,
+        max_fact_sentences=None if full else args.fact_sentences,
+        max_other_sentences=None if full else args.other_sentences,
+    )  # fmt: skip
+    return path, stats
 
-    # 3. datastore
-    t = time.perf_counter()
-    encoder = MaskedLMEncoder.load(args.model, layer=-2, device=args.device)
+
+def _datastore(args: argparse.Namespace, encoder: Any, corpus: Path, threads: int) -> tuple[Path, bool]:
+    """The datastore of the corpus (with IVF-PQ; reused when the corpus and the model are unchanged), calibrated;
+    whether it was reused."""
+    from bertknn.builder.build import build
+    from bertknn.builder.settings import BuildSettings
+    from bertknn.core.format import sha256_file
+
     ds = args.work / "datastore"
-    corpus_sha = sha256_file(corpus_path)
-    reused = not args.rebuild and _datastore_is_current(ds, corpus_sha, encoder.weights_sha256)
+    reused = not args.rebuild and _datastore_is_current(ds, sha256_file(corpus), encoder.weights_sha256)
     if not reused:
         if ds.exists():
             shutil.rmtree(ds)
         build(
-            BuildSettings(
-                corpus=[corpus_path], model=args.model, out=ds, device=args.device, ivfpq=True, threads=threads,
-                workers=1, batch_size=128,
-            ),
+            BuildSettings(corpus=[corpus], model=args.model, out=ds, device=args.device, ivfpq=True, threads=threads,
+                          workers=1, batch_size=128),
             encoder=encoder,
         )  # fmt: skip
     _calibrated(ds)
-    timings["build"] = time.perf_counter() - t
-    man = read_manifest(ds)
-    logger.info("datastore %s: %s%s", ds, man.counts.model_dump(), " (reused)" if reused else "")
+    return ds, reused
 
-    # 4. evaluation: one pipeline, so each query's forward pass (and retrieval) is computed once for all runs
-    pipeline = AnswerPipeline(encoder, Datastore(ds), cache=InMemoryCache(1 << 18))
-    runs: dict[str, dict] = {}
-    base = RunSettings(batch_size=args.batch_size)
-    plan = [
-        ("retrieval", base),
-        ("retrieval_paper", base.with_(mlm_prior=0.0, article_sharpness=0.0)),
-        ("retrieval_l6", base.with_(temperature=6.0, mlm_prior=0.0, article_sharpness=0.0)),
-        ("no_retrieval", base.with_(retriever="none")),
-    ]
+
+@dataclass
+class _Runs:
+    """The evaluation runs of one benchmark: each a report under its key, its time in ``timings``."""
+
+    args: argparse.Namespace
+    ds: Path
+    pipeline: Any  # AnswerPipeline: one, so each query's forward pass (and retrieval) is computed once for all runs
+    qs: _Queries
+    limit: int | None
+    timings: dict[str, float]
+    runs: dict[str, dict] = field(default_factory=dict)
 
     def run(
-        name: str, vocab_name: str, queries: list, settings: RunSettings, extra: dict | None = None,
-        pipe: AnswerPipeline | None = None, key: str | None = None,
+        self, name: str, vocab_name: str, queries: list, settings: Any, extra: dict | None = None,
+        pipe: Any = None, key: str | None = None,
     ) -> None:  # fmt: skip
-        allowed = common.allowed_ids() if vocab_name == "common" else None
-        runner = PipelineRunner(pipe or pipeline, allowed_ids=allowed, progress=not args.quiet)
+        from bertknn.evaluation.metrics import format_table, report_dict, summarize
+        from bertknn.evaluation.runner import PipelineRunner
+
+        allowed = self.qs.common.allowed_ids() if vocab_name == "common" else None
+        runner = PipelineRunner(pipe or self.pipeline, allowed_ids=allowed, progress=not self.args.quiet)
         t0 = time.perf_counter()
         summary = summarize(runner.run(queries, settings))
         elapsed = time.perf_counter() - t0
-        timings[f"eval {key or name} {vocab_name}"] = elapsed
-        runs[key or f"{name}_{vocab_name}"] = report_dict(
-            summary,
-            {
-                "model": args.model,
-                "datastore": str(ds),
-                "run": RUN_LABELS[name],
-                "retriever": settings.retriever,
-                "num_articles": None if settings.retriever == "none" else settings.num_articles,
-                "k": settings.k,
-                "temperature": settings.temperature if settings.temperature is not None else "auto",
-                "temperature_used": settings.temperature if settings.temperature is not None
-                else "auto: per query",
-                "temperature_auto": _auto(pipe or pipeline),
-                "lambda": settings.lambda_,
-                "mlm_prior": settings.mlm_prior,
-                "article_sharpness": settings.article_sharpness,
-                "vocab_name": vocab_name,
-                "vocab": str(vocab_path) if vocab_name == "common" else None,
-                "limit": limit,
-                "queries": len(queries),
-                "wall_s": round(elapsed, 1),
-                "averages": "macro: per relation first, then mean over relations; 'macro' = mean over all "
-                "relations of all datasets",
-                **(extra or {}),
-            },
-        )
-        print(
-            format_table(summary, title=f"\n{RUN_LABELS[name]}, {vocab_name} vocabulary: P@1/P@5/P@10 in %")
-        )
+        self.timings[f"eval {key or name} {vocab_name}"] = elapsed
+        self.runs[key or f"{name}_{vocab_name}"] = report_dict(summary, {
+            "model": self.args.model, "datastore": str(self.ds), "run": RUN_LABELS[name],
+            "retriever": settings.retriever,
+            "num_articles": None if settings.retriever == "none" else settings.num_articles,
+            "k": settings.k, "temperature": settings.temperature if settings.temperature is not None else "auto",
+            "temperature_used": settings.temperature if settings.temperature is not None else "auto: per query",
+            "temperature_auto": _auto(pipe or self.pipeline), "lambda": settings.lambda_,
+            "mlm_prior": settings.mlm_prior, "article_sharpness": settings.article_sharpness,
+            "vocab_name": vocab_name, "vocab": str(self.qs.vocab_path) if vocab_name == "common" else None,
+            "limit": self.limit, "queries": len(queries), "wall_s": round(elapsed, 1),
+            "averages": "macro: per relation first, then mean over relations; 'macro' = mean over all relations of "
+            "all datasets",
+            **(extra or {}),
+        })  # fmt: skip
+        print(format_table(summary, title=f"\n{RUN_LABELS[name]}, {vocab_name} vocabulary: P@1/P@5/P@10 in %"))
 
-    try:
-        for vocab_name, queries in (("full", probe.queries), ("common", common_queries)):
-            for name, settings in plan:
-                run(name, vocab_name, queries, settings)
-        if args.grid:  # the default settings on the queries the grid-tuned rows are measured on
-            run("retrieval_test", "full", probe.for_split("test"), base, {"split": "test"})
+    def grid_rows(self, base: Any) -> None:
+        """--grid: the paper's grid and one with l up to 32, each searched on dev, its best run on test (beside
+        the defaults on the same test queries)."""
+        from bertknn.evaluation.grid import GridSpace, grid_search
+        from bertknn.evaluation.lama import DEV_PERCENT
+
+        probe = self.qs.probe
+        self.run("retrieval_test", "full", probe.for_split("test"), base, {"split": "test"})
         for name, space in (("tuned", GridSpace()), ("tuned_wide_l", GridSpace(temperatures=WIDE_L))):
-            if not args.grid:
-                break
             t = time.perf_counter()
-            result = grid_search(
-                pipeline, probe.for_split("dev"), space=space, batch_size=args.batch_size, progress=not args.quiet
-            )
-            timings[f"grid {name}"] = time.perf_counter() - t
+            result = grid_search(self.pipeline, probe.for_split("dev"), space=space, batch_size=self.args.batch_size,
+                                 progress=not self.args.quiet)  # fmt: skip
+            self.timings[f"grid {name}"] = time.perf_counter() - t
             print(result.format())
             grid_info = {
                 "space": {"N": space.num_articles, "lambda": space.lambdas, "k": space.ks, "l": space.temperatures},
@@ -592,26 +574,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "dev_queries": result.queries,
                 "best": result.best.as_dict(),
                 "best_dev_macro_bert_knn": {k: round(v, 2) for k, v in result.ranking[0][1].items()},
-                "top10": [
-                    {**pt.as_dict(), **{k: round(v, 2) for k, v in p.items()}}
-                    for pt, p in result.ranking[:10]
-                ],
+                "top10": [{**pt.as_dict(), **{k: round(v, 2) for k, v in p.items()}} for pt, p in result.ranking[:10]],
             }
-            run(
-                name,
-                "full",
-                probe.for_split("test"),
-                result.best.apply(base),
-                {"split": "test", "grid": grid_info},
-            )
-        codecs = _codec_rows(args, encoder, ds, man, probe.queries, pipeline, run)
-        sweep = _factor_rows(args, pipeline, ds, man, probe, run)
-    finally:
-        pipeline.close()
-    timings["total"] = time.perf_counter() - t_start
+            self.run(name, "full", probe.for_split("test"), result.best.apply(base), {"split": "test", "grid": grid_info})
 
+
+def _meta(args: argparse.Namespace, qs: _Queries, limit: int | None, distractors: int | None, corpus_stats: Any,
+          man: Any, reused: bool, codecs: dict, sweep: list, timings: dict[str, float], threads: int) -> dict:  # fmt: skip
+    """The report's description of what was run, on what, and how long it took."""
+    probe, common_queries = qs.probe, qs.common_queries
     n_rel = len({q.relation for q in probe.queries})
-    meta = {
+    return {
         "model": args.model,
         "subset": {
             "full": bool(args.full),
@@ -634,31 +607,74 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
         },
         "corpus": corpus_stats.as_dict(),
-        "datastore": {
-            **man.counts.model_dump(),
-            "layer": man.layer,
-            "id": man.datastore_id,
-            "reused": reused,
-        },
+        "datastore": {**man.counts.model_dump(), "layer": man.layer, "id": man.datastore_id, "reused": reused},
         "codecs": codecs,
         "temperature_auto": codecs["fp16"]["temperature_auto"],
         "factor_sweep": sweep,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "machine": {"cores": os.cpu_count(), "torch_threads": threads, "python": platform.python_version()},
     }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    import torch
+
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.format import Datastore, read_manifest
+    from bertknn.core.runtime import cpu_quota_threads
+    from bertknn.evaluation.runner import RunSettings
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.pipeline import AnswerPipeline
+
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+    threads = args.threads or cpu_quota_threads()
+    torch.set_num_threads(threads)
+    limit = None if args.full else args.limit
+    distractors = None if args.full else args.distractors
+    qs = _queries(args, limit)  # 1. queries
+    t = time.perf_counter()
+    corpus, corpus_stats = _corpus(args, qs, distractors)  # 2. corpus
+    timings["corpus"] = time.perf_counter() - t
+    t = time.perf_counter()
+    encoder = MaskedLMEncoder.load(args.model, layer=-2, device=args.device)
+    ds, reused = _datastore(args, encoder, corpus, threads)  # 3. datastore
+    timings["build"] = time.perf_counter() - t
+    man = read_manifest(ds)
+    logger.info("datastore %s: %s%s", ds, man.counts.model_dump(), " (reused)" if reused else "")
+    # 4. evaluation
+    runs = _Runs(args, ds, AnswerPipeline(encoder, Datastore(ds), cache=InMemoryCache(1 << 18)), qs, limit, timings)
+    base = RunSettings(batch_size=args.batch_size)
+    plan = [
+        ("retrieval", base),
+        ("retrieval_paper", base.with_(mlm_prior=0.0, article_sharpness=0.0)),
+        ("retrieval_l6", base.with_(temperature=6.0, mlm_prior=0.0, article_sharpness=0.0)),
+        ("no_retrieval", base.with_(retriever="none")),
+    ]
+    try:
+        for vocab_name, queries in (("full", qs.probe.queries), ("common", qs.common_queries)):
+            for name, settings in plan:
+                runs.run(name, vocab_name, queries, settings)
+        if args.grid:
+            runs.grid_rows(base)
+        codecs = _codec_rows(args, encoder, ds, man, qs.probe.queries, runs.pipeline, runs.run)
+        sweep = _factor_rows(args, runs.pipeline, ds, man, qs.probe, runs.run)
+    finally:
+        runs.pipeline.close()
+    timings["total"] = time.perf_counter() - t_start
+    meta = _meta(args, qs, limit, distractors, corpus_stats, man, reused, codecs, sweep, timings, threads)
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "quality.json").write_text(
-        json.dumps({**meta, "runs": runs}, indent=1, ensure_ascii=False) + "\n"
-    )
-    md = _markdown(runs, meta)
+    (args.results / "quality.json").write_text(json.dumps({**meta, "runs": runs.runs}, indent=1, ensure_ascii=False) + "\n")
+    md = _markdown(runs.runs, meta)
     (args.results / "quality.md").write_text(md)
     from bench.plots import main as plots
 
     plots(["--results", str(args.results)])  # docs/img/quality: the figures docs/evaluation.md shows
     print("\n" + md)
-    print(
-        f"wall time {timings['total']:.0f} s; reports: {args.results / 'quality.json'}, {args.results / 'quality.md'}"
-    )
+    print(f"wall time {timings['total']:.0f} s; reports: {args.results / 'quality.json'}, {args.results / 'quality.md'}")
     return 0
 
 
