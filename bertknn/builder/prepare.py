@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from bertknn.builder.corpus import Article, SentenceSplitter
+from bertknn.builder.corpus import Article, Link, SentenceSplitter
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, masked_ids
 from bertknn.builder.wikitext import sentence_problem
@@ -161,78 +161,85 @@ class ShardPreparer:
         self.min_sentence_chars = min_sentence_chars
 
     def prepare(self, index: int, articles: list[Article]) -> PreparedShard:
-        metas: list[dict] = []
-        sentences: list[str] = []
-        inputs: list[MaskedInput] = []
-        labels: list[int] = []
-        sent_ids: list[int] = []
-        spans: list[tuple[int, int]] = []
+        rows = _Rows()
         words = WordTableBuilder(self.inputs.words) if self.selector.mode == "whole-word" else None
         entity_ids: dict[str, int] = {}
-        entity_labels: list[int] = []
+        metas: list[dict] = []
         times = StageTimes()
         for art in articles:
             t0 = time.perf_counter()
             text, links = art.text_links() if self.links else (art.text, [])  # wikitext -> text: in the worker
             t1 = time.perf_counter()
-            sents: list[str] = []
-            sent_links: list[list[tuple[int, int, int]]] = []
-            cursor = 0
-            for sent in self.splitter.split(text):
-                at = text.find(sent, cursor)
-                cursor = at + len(sent) if at >= 0 else cursor
-                problem = "short" if len(sent) < self.min_sentence_chars else sentence_problem(sent)
-                if problem is not None:
-                    times.drop(problem)
-                    continue
-                sents.append(sent)
-                inside = [] if at < 0 else [
-                    (ln.start - at, ln.end - at, entity_ids.setdefault(ln.target, len(entity_ids)))
-                    for ln in links if at <= ln.start and ln.end <= at + len(sent)
-                ]  # fmt: skip
-                sent_links.append(inside)
+            sents, sent_links = self._sentences(text, links, entity_ids, times)
             t2 = time.perf_counter()
             times.add("markup", t1 - t0, 1 if art.markup == "wikitext" else 0)
             times.add("split", t2 - t1, len(sents))
-            row_start, sent_start = len(labels), len(sentences)
-            for tok_sent in self.selector.select(sents, sent_links if self.links else None):
-                sid = len(sentences)
-                sentences.append(tok_sent.text)
-                for target in tok_sent.targets:
-                    ids, pos = masked_ids(tok_sent, target, self.inputs.mask_id)
-                    inputs.append(self.inputs.masked_input(ids, pos))
-                    if target.token_id < 0:
-                        labels.append(-1)  # an anchor that is no word target: an entity's row only
-                    else:
-                        labels.append(target.token_id if words is None else words.add(target.pieces))
-                    entity_labels.append(target.entity)
-                    sent_ids.append(sid)
-                    spans.append((target.char_start, target.char_end))
-            times.add("targets", time.perf_counter() - t2, len(labels) - row_start)
-            metas.append(
-                {
-                    "title": art.title,
-                    "id": art.id,
-                    "source": Path(art.source).name,
-                    "row_start": row_start,
-                    "row_end": len(labels),
-                    "sent_start": sent_start,
-                    "sent_end": len(sentences),
-                }
-            )
+            row_start, sent_start = len(rows.labels), len(rows.sentences)
+            self._targets(sents, sent_links if self.links else None, rows, words)
+            times.add("targets", time.perf_counter() - t2, len(rows.labels) - row_start)
+            metas.append({"title": art.title, "id": art.id, "source": Path(art.source).name, "row_start": row_start,
+                          "row_end": len(rows.labels), "sent_start": sent_start, "sent_end": len(rows.sentences)})  # fmt: skip
         return PreparedShard(
-            index,
-            metas,
-            sentences,
-            PackedInputs.of(inputs),
-            np.asarray(labels, dtype=np.int32),
-            np.asarray(sent_ids, dtype=np.int32),
-            np.asarray(spans, dtype=np.int32).reshape(-1, 2),
-            None if words is None else words.table(),
-            times,
-            np.asarray(entity_labels, dtype=np.int32) if self.links else None,
+            index, metas, rows.sentences, PackedInputs.of(rows.inputs), np.asarray(rows.labels, dtype=np.int32),
+            np.asarray(rows.sent_ids, dtype=np.int32), np.asarray(rows.spans, dtype=np.int32).reshape(-1, 2),
+            None if words is None else words.table(), times,
+            np.asarray(rows.entity_labels, dtype=np.int32) if self.links else None,
             list(entity_ids) if self.links else None,
-        )
+        )  # fmt: skip
+
+    def _sentences(
+        self, text: str, links: list[Link], entity_ids: dict[str, int], times: StageTimes
+    ) -> tuple[list[str], list[list[tuple[int, int, int]]]]:
+        """The article's kept sentences (long enough, no markup left: `sentence_problem`), each with the links
+        inside it as (start, end, entity id) relative to the sentence; the others counted as dropped."""
+        sents: list[str] = []
+        sent_links: list[list[tuple[int, int, int]]] = []
+        cursor = 0
+        for sent in self.splitter.split(text):
+            at = text.find(sent, cursor)
+            cursor = at + len(sent) if at >= 0 else cursor
+            problem = "short" if len(sent) < self.min_sentence_chars else sentence_problem(sent)
+            if problem is not None:
+                times.drop(problem)
+                continue
+            sents.append(sent)
+            inside = [] if at < 0 else [
+                (ln.start - at, ln.end - at, entity_ids.setdefault(ln.target, len(entity_ids)))
+                for ln in links if at <= ln.start and ln.end <= at + len(sent)
+            ]  # fmt: skip
+            sent_links.append(inside)
+        return sents, sent_links
+
+    def _targets(
+        self, sents: list[str], sent_links: list[list[tuple[int, int, int]]] | None, rows: _Rows,
+        words: WordTableBuilder | None,
+    ) -> None:  # fmt: skip
+        """Every target of the sentences as one row: its masked input, label, sentence, span and entity."""
+        for tok_sent in self.selector.select(sents, sent_links):
+            sid = len(rows.sentences)
+            rows.sentences.append(tok_sent.text)
+            for target in tok_sent.targets:
+                ids, pos = masked_ids(tok_sent, target, self.inputs.mask_id)
+                rows.inputs.append(self.inputs.masked_input(ids, pos))
+                if target.token_id < 0:
+                    rows.labels.append(-1)  # an anchor that is no word target: an entity's row only
+                else:
+                    rows.labels.append(target.token_id if words is None else words.add(target.pieces))
+                rows.entity_labels.append(target.entity)
+                rows.sent_ids.append(sid)
+                rows.spans.append((target.char_start, target.char_end))
+
+
+@dataclass
+class _Rows:
+    """What one shard's preparation accumulates, row by row (sentences by sentence)."""
+
+    sentences: list[str] = field(default_factory=list)
+    inputs: list[MaskedInput] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    sent_ids: list[int] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    entity_labels: list[int] = field(default_factory=list)
 
 
 _WORKER: ShardPreparer | None = None
