@@ -88,6 +88,24 @@ def validate_datastore(
     problems.extend(_check_codec(root, manifest, hashes=hashes and deep))
     if not deep:
         return problems or _check_files_and_table(root, manifest)
+    totals = _check_shards(root, manifest, problems, hashes=hashes)
+    if not problems:
+        problems.extend(_check_updates(root, manifest))
+    if not problems:
+        _check_counts(root, manifest, totals, problems)
+        if manifest.datastore_id != manifest.compute_id():
+            problems.append(f"{root / MANIFEST}: datastore_id does not match the shard checksums")
+        if not problems:
+            problems.extend(_check_table(root, manifest))
+    for name, rel in manifest.indexes.items():
+        if not (root / rel).exists():
+            problems.append(f"{root / rel}: {name} index listed in the manifest is missing")
+    return problems
+
+
+def _check_shards(root: Path, manifest: Manifest, problems: list[str], *, hashes: bool) -> Counts:
+    """Every shard: its marker as the manifest lists it, its files (sizes, checksums with ``hashes``) and arrays;
+    the problems found appended; the articles, sentences and rows of the shards that passed."""
     totals = Counts()
     for info in manifest.shards:
         shard_dir = root / SHARDS_DIR / info.name
@@ -105,35 +123,29 @@ def validate_datastore(
         totals.articles += info.articles
         totals.sentences += info.sentences
         totals.contexts += info.rows
-    if not problems:
-        problems.extend(_check_updates(root, manifest))
-    if not problems:
-        superseded = _superseded_totals(root, manifest, problems)
-        live = (
-            totals.articles - superseded.articles,
-            totals.sentences - superseded.sentences,
-            totals.contexts - superseded.contexts,
+    return totals
+
+
+def _check_counts(root: Path, manifest: Manifest, totals: Counts, problems: list[str]) -> None:
+    """The manifest's live and superseded counts against the shards' (less the superseded articles')."""
+    superseded = _superseded_totals(root, manifest, problems)
+    live = (
+        totals.articles - superseded.articles,
+        totals.sentences - superseded.sentences,
+        totals.contexts - superseded.contexts,
+    )
+    c = manifest.counts
+    if not problems and (c.articles, c.sentences, c.contexts) != live:
+        problems.append(
+            f"{root / MANIFEST}: counts {c.articles}/{c.sentences}/{c.contexts} (articles/sentences/contexts) "
+            f"do not match the shards' {live[0]}/{live[1]}/{live[2]}"
         )
-        c = manifest.counts
-        if not problems and (c.articles, c.sentences, c.contexts) != live:
-            problems.append(
-                f"{root / MANIFEST}: counts {c.articles}/{c.sentences}/{c.contexts} (articles/sentences/contexts) "
-                f"do not match the shards' {live[0]}/{live[1]}/{live[2]}"
-            )
-        got = (c.superseded_articles, c.superseded_sentences, c.superseded_contexts)
-        if not problems and got != (superseded.articles, superseded.sentences, superseded.contexts):
-            problems.append(
-                f"{root / MANIFEST}: superseded counts {got[0]}/{got[1]}/{got[2]} do not match the shards' "
-                f"{superseded.articles}/{superseded.sentences}/{superseded.contexts}"
-            )
-        if manifest.datastore_id != manifest.compute_id():
-            problems.append(f"{root / MANIFEST}: datastore_id does not match the shard checksums")
-        if not problems:
-            problems.extend(_check_table(root, manifest))
-    for name, rel in manifest.indexes.items():
-        if not (root / rel).exists():
-            problems.append(f"{root / rel}: {name} index listed in the manifest is missing")
-    return problems
+    got = (c.superseded_articles, c.superseded_sentences, c.superseded_contexts)
+    if not problems and got != (superseded.articles, superseded.sentences, superseded.contexts):
+        problems.append(
+            f"{root / MANIFEST}: superseded counts {got[0]}/{got[1]}/{got[2]} do not match the shards' "
+            f"{superseded.articles}/{superseded.sentences}/{superseded.contexts}"
+        )
 
 
 def _check_codec(root: Path, manifest: Manifest, *, hashes: bool) -> list[str]:
