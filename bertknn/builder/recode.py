@@ -28,6 +28,7 @@ from bertknn.core.format import (
     SHARDS_DIR,
     VECTORS,
     Datastore,
+    Manifest,
     read_manifest,
     validate_datastore,
     write_manifest,
@@ -45,30 +46,9 @@ def recode_datastore(src: Path, out: Path, spec: CodecSpec) -> dict:
     """Write ``out``: ``src`` (an fp16 datastore) with its vectors replaced by ``spec``'s codes. Returns a summary."""
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
-    if not spec.trained:
-        raise BuildError("recode makes a compact copy: give --codec int8 or --codec pq")
-    manifest = read_manifest(src)
-    if manifest.codec is not None:
-        raise BuildError(f"{src} already stores codes ({manifest.codec.name}); recode an fp16 datastore")
-    if manifest.updates:
-        raise BuildError(f"{src} was updated by `add` (version {manifest.version}); recode a build or a merge")
-    if out.exists() and any(out.iterdir()):
-        raise BuildError(f"{out}: not empty; recode into a new directory")
-    problems = validate_datastore(src, hashes=False)
-    if problems:
-        raise BuildError(f"{src} failed validation, so nothing was recoded: {problems[0]}")
+    manifest = _recodable(src, out, spec)
     ds = Datastore(src, manifest)
-    dim = manifest.model.hidden_size
-    try:
-        spec.check(dim)
-    except ValueError as exc:
-        raise BuildError(str(exc)) from exc
-    total = ds.total_rows
-    if total < spec.min_train(dim):
-        raise BuildError(
-            f"codec {spec.name} needs at least {spec.min_train(dim)} contexts to train ({spec.factory(dim)}), "
-            f"{src} has {total}"
-        )
+    dim, total = manifest.model.hidden_size, ds.total_rows
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(spec.seed)
     sample = np.sort(rng.choice(total, size=min(total, spec.train_contexts), replace=False))
@@ -76,23 +56,13 @@ def recode_datastore(src: Path, out: Path, spec: CodecSpec) -> dict:
     info = coder.train(gather_rows(ds, sample), out)
     new = manifest.model_copy(deep=True)
     new.codec = info
-    shards = []
+    new.shards = []
     for pos, shard in enumerate(ds.shards):
-        dst = out / SHARDS_DIR / shard.info.name
         codes = coder.encode(np.asarray(shard.vectors, dtype=np.float32))
-        shards.append(write_shard_files(dst, shard.dir, shard.info, codes))
+        new.shards.append(write_shard_files(out / SHARDS_DIR / shard.info.name, shard.dir, shard.info, codes))
         ds.shards[pos].release()
-    new.shards = shards
-    for name in (REDIRECTS, manifest.article_table or ARTICLE_TABLE):
-        if (src / name).is_file():
-            (out / name).parent.mkdir(parents=True, exist_ok=True)
-            link_or_copy(src / name, out / name)
-    new.indexes = {}
-    for name, rel in manifest.indexes.items():
-        if name in ("bm25", "tfidf"):
-            _link_tree(src / rel, out / rel)
-            new.indexes[name] = rel
     ds.close()
+    _link_the_rest(src, out, manifest, new)
     new.distance_scale = measure_distance_scale(out, new)
     new.datastore_id = new.compute_id()
     problems = validate_datastore(out, hashes=False, manifest=new)
@@ -110,3 +80,45 @@ def recode_datastore(src: Path, out: Path, spec: CodecSpec) -> dict:
     logger.info("recode finished: %s", summary)
     assert (out / MANIFEST).is_file()
     return summary
+
+
+def _recodable(src: Path, out: Path, spec: CodecSpec) -> Manifest:
+    """``src``'s manifest, if ``src`` can be recoded with ``spec`` into ``out``; else BuildError saying why."""
+    if not spec.trained:
+        raise BuildError("recode makes a compact copy: give --codec int8 or --codec pq")
+    manifest = read_manifest(src)
+    if manifest.codec is not None:
+        raise BuildError(f"{src} already stores codes ({manifest.codec.name}); recode an fp16 datastore")
+    if manifest.updates:
+        raise BuildError(f"{src} was updated by `add` (version {manifest.version}); recode a build or a merge")
+    if out.exists() and any(out.iterdir()):
+        raise BuildError(f"{out}: not empty; recode into a new directory")
+    problems = validate_datastore(src, hashes=False)
+    if problems:
+        raise BuildError(f"{src} failed validation, so nothing was recoded: {problems[0]}")
+    dim = manifest.model.hidden_size
+    try:
+        spec.check(dim)
+    except ValueError as exc:
+        raise BuildError(str(exc)) from exc
+    total = sum(s.rows for s in manifest.shards)
+    if total < spec.min_train(dim):
+        raise BuildError(
+            f"codec {spec.name} needs at least {spec.min_train(dim)} contexts to train ({spec.factory(dim)}), "
+            f"{src} has {total}"
+        )
+    return manifest
+
+
+def _link_the_rest(src: Path, out: Path, manifest: Manifest, new: Manifest) -> None:
+    """What the codes do not change, linked (else copied) from ``src``: redirects, article table, BM25 and TF-IDF
+    indexes (the IVF-PQ index is not: it was trained on the vectors)."""
+    for name in (REDIRECTS, manifest.article_table or ARTICLE_TABLE):
+        if (src / name).is_file():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            link_or_copy(src / name, out / name)
+    new.indexes = {}
+    for name, rel in manifest.indexes.items():
+        if name in ("bm25", "tfidf"):
+            _link_tree(src / rel, out / rel)
+            new.indexes[name] = rel
