@@ -200,42 +200,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
-        try:
-            # loaded on the thread that will run every forward pass (one OpenMP team; see AsyncAnswerer)
-            pipeline = await asyncio.get_running_loop().run_in_executor(model_thread, factory, settings)
-        except Exception as exc:
-            model_thread.shutdown(wait=False)
-            logger.error("start-up failed: %s", exc)
-            if isinstance(exc, BertKnnError):  # explained in that line: `bert-knn serve` shows no traceback
-                app.state.startup_error = str(exc)
-            raise
-        resources.pipeline = pipeline
-        resources.metrics.watch_cache(pipeline.cache)
-        resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics, model_thread=model_thread)
-        resources.answerer.start()
-        resources.reloader = DatastoreReloader(resources)
-        watch = (
-            asyncio.create_task(resources.reloader.watch(settings.reload_poll_s)) if settings.reload_poll_s > 0 else None
-        )
-        resources.ready = True
-        logger.info("ready: %s", pipeline.identity())
+        pipeline, watch = await _start(app, resources, factory)
         try:
             yield
         finally:
-            resources.ready = False
-            resources.draining = True
-            if watch is not None:
-                watch.cancel()
-            steps: dict[str, float] = {}
-            t = time.perf_counter()
-            await resources.reloader.close()
-            steps["reloader"], t = time.perf_counter() - t, time.perf_counter()
-            await resources.answerer.stop()
-            steps["answerer"], t = time.perf_counter() - t, time.perf_counter()
-            (resources.pipeline or pipeline).close()  # the version serving last (a reload may have swapped it)
-            steps["pipeline"] = time.perf_counter() - t
-            logger.info("stopped (%s)", ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()))
+            await _stop(resources, pipeline, watch)
 
     app = FastAPI(
         title="BERT-kNN",
@@ -261,3 +230,49 @@ def create_app(
     # outermost: every response (a 413 from the body limit too) carries the request id and is counted
     app.add_middleware(RequestContextMiddleware, resources=resources)  # type: ignore[arg-type]
     return app
+
+
+async def _start(
+    app: FastAPI, resources: Resources, factory: Callable[[ServiceSettings], AnswerPipeline]
+) -> tuple[AnswerPipeline, asyncio.Task[None] | None]:
+    """Load the pipeline on the model's thread, start the answerer and the reload watch; then ready."""
+    settings = resources.settings
+    model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+    try:
+        # loaded on the thread that will run every forward pass (one OpenMP team; see AsyncAnswerer)
+        pipeline = await asyncio.get_running_loop().run_in_executor(model_thread, factory, settings)
+    except Exception as exc:
+        model_thread.shutdown(wait=False)
+        logger.error("start-up failed: %s", exc)
+        if isinstance(exc, BertKnnError):  # explained in that line: `bert-knn serve` shows no traceback
+            app.state.startup_error = str(exc)
+        raise
+    resources.pipeline = pipeline
+    resources.metrics.watch_cache(pipeline.cache)
+    resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics, model_thread=model_thread)
+    resources.answerer.start()
+    resources.reloader = DatastoreReloader(resources)
+    watch = (
+        asyncio.create_task(resources.reloader.watch(settings.reload_poll_s)) if settings.reload_poll_s > 0 else None
+    )
+    resources.ready = True
+    logger.info("ready: %s", pipeline.identity())
+    return pipeline, watch
+
+
+async def _stop(resources: Resources, pipeline: AnswerPipeline, watch: asyncio.Task[None] | None) -> None:
+    """Not ready, draining; the reload watch, the reloader and the answerer stopped, then the pipeline closed."""
+    resources.ready = False
+    resources.draining = True
+    if watch is not None:
+        watch.cancel()
+    assert resources.reloader is not None and resources.answerer is not None
+    steps: dict[str, float] = {}
+    t = time.perf_counter()
+    await resources.reloader.close()
+    steps["reloader"], t = time.perf_counter() - t, time.perf_counter()
+    await resources.answerer.stop()
+    steps["answerer"], t = time.perf_counter() - t, time.perf_counter()
+    (resources.pipeline or pipeline).close()  # the version serving last (a reload may have swapped it)
+    steps["pipeline"] = time.perf_counter() - t
+    logger.info("stopped (%s)", ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()))
