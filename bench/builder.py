@@ -180,7 +180,7 @@ def one_run(
         shutil.rmtree(out, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.builder", description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=PROXY_MODEL)
     p.add_argument("--corpus", type=Path, default=VITAL)
@@ -204,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before-batch-tokens", type=int, help="with --full-forward: the full forward's runs use this "
                    "token budget (the builder as it was: e.g. 16384) against --batch-tokens for the cut one")
     p.add_argument("--out", type=Path, default=RESULTS / "builder.json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.before_batch_tokens is not None and not args.full_forward:
         p.error("--before-batch-tokens sets the full forward's runs: add --full-forward")
@@ -231,8 +236,22 @@ def main(argv: list[str] | None = None) -> int:
     runs = [one_run(encoders[b], corpus, args, b.removesuffix("+full"), c, budget(b, t)) for c in codecs
             for t in budgets for _ in range(args.runs) for b in backends]  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)
+    result = _result(args, encoder, runs)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    sys.stdout.write(
+        f"builder: {args.model.name}, layer {encoder.layer}, {result['device']} {result['dtype']}, "
+        f"{torch.get_num_threads()} threads, {result['corpus']}\n" + "\n".join(_table(result, runs))
+        + f"\nwrote {args.out}\n"
+    )
+    return 0
+
+
+def _result(args: argparse.Namespace, encoder: MaskedLMEncoder, runs: list[dict[str, object]]) -> dict[str, object]:
+    """The report: settings, machine, every run, the peak memory, and with --full-forward the cut forward's build
+    rate over the full one's per backend (from the same alternating runs)."""
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result = {
+    result: dict[str, object] = {
         "benchmark": "builder",
         "model": args.model.name,
         "layer": encoder.layer,
@@ -252,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         # (RUSAGE_CHILDREN would report the parent's size, counted at fork before the worker's exec).
         "peak_rss_mib": round(rss_self / 1024, 1),
     }
-    if args.full_forward:  # the cut forward against the full one, per backend, from the same alternating runs
+    if args.full_forward:
         ratio: dict[str, float] = {}
         for b in {r["backend"] for r in runs}:
             def mean(forward_full: bool, b: object = b) -> float:
@@ -262,29 +281,33 @@ def main(argv: list[str] | None = None) -> int:
 
             ratio[str(b)] = round(mean(False) / mean(True), 3)
         result["cut_over_full_build_ctx_per_s"] = ratio
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result
 
-    keys = [
-        ("backend", "backend"),
-        ("forward", "forward"),
-        ("batch tokens", "batch_tokens"),
-        ("padding fraction", "padding_fraction"),
-        ("codec", "codec"),
-        ("contexts", "contexts"),
-        ("build ctx/s", "build_ctx_per_s"),
-        ("bare forward ctx/s", "bare_forward_ctx_per_s"),
-        ("forward ctx/s inside build", "forward_in_build_ctx_per_s"),
-        ("build / bare forward", "build_over_forward"),
-        ("backend setup s (untimed)", "backend_setup_s"),
-        ("bytes/context (shard files)", "bytes_per_context_shards"),
-        ("bytes/context (whole dir)", "bytes_per_context_dir"),
-        ("bytes/context (no text)", "bytes_per_context_without_text"),
-        ("text bytes/context", "text_bytes_per_context"),
-        ("codec file bytes", "codec_file_bytes"),
-    ]
+
+_ROWS = [
+    ("backend", "backend"),
+    ("forward", "forward"),
+    ("batch tokens", "batch_tokens"),
+    ("padding fraction", "padding_fraction"),
+    ("codec", "codec"),
+    ("contexts", "contexts"),
+    ("build ctx/s", "build_ctx_per_s"),
+    ("bare forward ctx/s", "bare_forward_ctx_per_s"),
+    ("forward ctx/s inside build", "forward_in_build_ctx_per_s"),
+    ("build / bare forward", "build_over_forward"),
+    ("backend setup s (untimed)", "backend_setup_s"),
+    ("bytes/context (shard files)", "bytes_per_context_shards"),
+    ("bytes/context (whole dir)", "bytes_per_context_dir"),
+    ("bytes/context (no text)", "bytes_per_context_without_text"),
+    ("text bytes/context", "text_bytes_per_context"),
+    ("codec file bytes", "codec_file_bytes"),
+]
+
+
+def _table(result: dict[str, object], runs: list[dict[str, object]]) -> list[str]:
+    """The printed table: one column per run, then run 1's stages and what bound it."""
     lines = [f"{'':30}" + "".join(f"{'run ' + str(i + 1):>12}" for i in range(len(runs)))]
-    lines += [f"{label:30}" + "".join(f"{r[key]!s:>12}" for r in runs) for label, key in keys]
+    lines += [f"{label:30}" + "".join(f"{r[key]!s:>12}" for r in runs) for label, key in _ROWS]
     lines.append(f"{'peak RSS MiB (main process)':30}{result['peak_rss_mib']:>12}")
     lines.append("per stage, seconds (items/s per process), run 1:")
     stages: dict[str, dict[str, Any]] = runs[0]["stages"]  # type: ignore[assignment]
@@ -294,11 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"  bound: {runs[0]['bound']}")
     if "cut_over_full_build_ctx_per_s" in result:
         lines.append(f"build contexts/s, cut at the layer / full forward: {result['cut_over_full_build_ctx_per_s']}")
-    sys.stdout.write(
-        f"builder: {args.model.name}, layer {encoder.layer}, {result['device']} {result['dtype']}, "
-        f"{torch.get_num_threads()} threads, {result['corpus']}\n" + "\n".join(lines) + f"\nwrote {args.out}\n"
-    )
-    return 0
+    return lines
 
 
 if __name__ == "__main__":
