@@ -16,8 +16,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 if __package__ in (None, ""):  # `python bench/retrieval.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -68,7 +69,7 @@ def java_version() -> str | None:
     return (proc.stderr or proc.stdout).splitlines()[0] if (proc.stderr or proc.stdout) else None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.retrieval", description=__doc__)
     p.add_argument("--queries", type=int, default=500, help="LAMA template queries (default 500)")
     p.add_argument(
@@ -84,25 +85,26 @@ def main(argv: list[str] | None = None) -> int:
         "--rebuild", action="store_true", help="rebuild the indexes even if the cached ones are current"
     )
     p.add_argument("--model", type=Path, default=PROXY_MODEL)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return p
 
-    import torch
 
+@dataclass
+class _Indexes:
+    """The BM25 and TF-IDF indexes over the corpus, open, and what building (or reusing) and opening them took."""
+
+    bm25: Any
+    tfidf: Any
+    titles: set[str]
+    setup_s: dict[str, object]
+    index_bytes: dict[str, int]
+
+
+def _open_indexes(files: list[Path], rebuild: bool) -> _Indexes:
     from bertknn.builder.sparse_index import write_sparse_indexes
-    from bertknn.core.encoder import MaskedLMEncoder
     from bertknn.core.format import BM25_DIR, TFIDF_DIR
-    from bertknn.core.runtime import cpu_quota_threads
-    from bertknn.core.titles import normalize_title
     from bertknn.service.retrieval.sparse import Bm25Retriever, TfidfRetriever
 
-    load_start = os.getloadavg()[0]
-    files = sorted(WIKI.glob("*.jsonl"))
-    if not files:
-        print(f"error: no corpus in {WIKI}", file=sys.stderr)
-        return 1
-    if args.rebuild:
+    if rebuild:
         import shutil
 
         shutil.rmtree(INDEX_ROOT / "index", ignore_errors=True)
@@ -111,62 +113,41 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     write_sparse_indexes(INDEX_ROOT, corpus_articles(files), content_id=corpus_id(files))
     index_s = time.perf_counter() - t0
-    built = before != params.stat().st_mtime_ns
-
     t0 = time.perf_counter()
     bm25 = Bm25Retriever(INDEX_ROOT / BM25_DIR)
     bm25_open_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     tfidf = TfidfRetriever(INDEX_ROOT / TFIDF_DIR)
     tfidf_open_s = time.perf_counter() - t0
-    titles = set(tfidf.titles())
-
-    queries = lama_queries(args.queries)
-    texts = [q for q, _ in queries]
-    n = args.num_articles
-    warm = min(20, len(texts))
-    latency = {
-        "bm25": time_calls(lambda q: bm25.top_articles(q, n), texts, warm),
-        "tfidf": time_calls(lambda q: tfidf.top_articles(q, n), texts, warm),
+    setup: dict[str, object] = {
+        "indexes_built_now": before != params.stat().st_mtime_ns,
+        "index_build_or_reuse": round(index_s, 2),
+        "bm25_open_incl_jvm": round(bm25_open_s, 2),
+        "tfidf_open": round(tfidf_open_s, 2),
     }
-    # Quality on the side: how often the subject's own article is among the N retrieved, when it exists.
-    with_article = [(q, normalize_title(s)) for q, s in queries if normalize_title(s) in titles]
-    subject_recall = {
-        name: sum(t in {h for h, _ in r.top_articles(q, n)} for q, t in with_article)
-        / max(1, len(with_article))
-        for name, r in (("bm25", bm25), ("tfidf", tfidf))
-    }
+    sizes = {name: sum(f.stat().st_size for f in (INDEX_ROOT / rel).iterdir())
+             for name, rel in (("bm25", BM25_DIR), ("tfidf", TFIDF_DIR))}  # fmt: skip
+    return _Indexes(bm25, tfidf, set(tfidf.titles()), setup, sizes)
 
-    torch.set_num_threads(args.threads or cpu_quota_threads())
-    encoder = MaskedLMEncoder.load(str(args.model), device="cpu")
-    inputs = [encoder.query_input(q) for q in texts]
-    latency["forward"] = time_calls(
-        lambda x: encoder.encode([x], with_mlm=True), inputs, min(10, len(inputs))
-    )
 
-    stats = {name: percentiles(v) for name, v in latency.items()}
+def _rows(stats: dict[str, dict[str, float]]) -> list[dict[str, object]]:
+    """Each stage's latency, and against the forward pass's p50."""
     fwd = stats["forward"]
-    rows = []
-    for name in ("bm25", "tfidf", "forward"):
-        s = stats[name]
-        rows.append(
-            {
-                "stage": name,
-                "p50_ms": round(s["p50"], 3),
-                "p99_ms": round(s["p99"], 3),
-                "mean_ms": round(s["mean"], 3),
-                "p50_vs_forward_p50": round(s["p50"] / fwd["p50"], 4),
-                "p99_vs_forward_p50": round(s["p99"] / fwd["p50"], 4),
-            }
-        )
-    header = (
-        f"{'stage':<8} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'p50/fwd p50':>12} {'p99/fwd p50':>12}"
-    )
-    print(
-        f"\nRetrieval latency per query: {len(texts)} LAMA T-REx template queries, top {n} of {len(titles)} "
-        f"articles ({', '.join(f.name for f in files)}); forward = {Path(str(args.model)).name} on CPU, "
-        f"{torch.get_num_threads()} torch threads, batch 1, embedding + p_MLM"
-    )
+    return [
+        {
+            "stage": name,
+            "p50_ms": round(s["p50"], 3),
+            "p99_ms": round(s["p99"], 3),
+            "mean_ms": round(s["mean"], 3),
+            "p50_vs_forward_p50": round(s["p50"] / fwd["p50"], 4),
+            "p99_vs_forward_p50": round(s["p99"] / fwd["p50"], 4),
+        }
+        for name, s in ((n, stats[n]) for n in ("bm25", "tfidf", "forward"))
+    ]
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    header = f"{'stage':<8} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'p50/fwd p50':>12} {'p99/fwd p50':>12}"
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -174,6 +155,51 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['stage']:<8} {r['p50_ms']:>9.3f} {r['p99_ms']:>9.3f} {r['mean_ms']:>9.3f} "
             f"{r['p50_vs_forward_p50']:>12.4f} {r['p99_vs_forward_p50']:>12.4f}"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import torch
+
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.runtime import cpu_quota_threads
+    from bertknn.core.titles import normalize_title
+
+    load_start = os.getloadavg()[0]
+    files = sorted(WIKI.glob("*.jsonl"))
+    if not files:
+        print(f"error: no corpus in {WIKI}", file=sys.stderr)
+        return 1
+    ix = _open_indexes(files, args.rebuild)
+    queries = lama_queries(args.queries)
+    texts = [q for q, _ in queries]
+    n = args.num_articles
+    warm = min(20, len(texts))
+    latency = {
+        "bm25": time_calls(lambda q: ix.bm25.top_articles(q, n), texts, warm),
+        "tfidf": time_calls(lambda q: ix.tfidf.top_articles(q, n), texts, warm),
+    }
+    # Quality on the side: how often the subject's own article is among the N retrieved, when it exists.
+    with_article = [(q, normalize_title(s)) for q, s in queries if normalize_title(s) in ix.titles]
+    subject_recall = {
+        name: sum(t in {h for h, _ in r.top_articles(q, n)} for q, t in with_article) / max(1, len(with_article))
+        for name, r in (("bm25", ix.bm25), ("tfidf", ix.tfidf))
+    }
+    torch.set_num_threads(args.threads or cpu_quota_threads())
+    encoder = MaskedLMEncoder.load(str(args.model), device="cpu")
+    inputs = [encoder.query_input(q) for q in texts]
+    latency["forward"] = time_calls(lambda x: encoder.encode([x], with_mlm=True), inputs, min(10, len(inputs)))
+    stats = {name: percentiles(v) for name, v in latency.items()}
+    rows = _rows(stats)
+    print(
+        f"\nRetrieval latency per query: {len(texts)} LAMA T-REx template queries, top {n} of {len(ix.titles)} "
+        f"articles ({', '.join(f.name for f in files)}); forward = {Path(str(args.model)).name} on CPU, "
+        f"{torch.get_num_threads()} torch threads, batch 1, embedding + p_MLM"
+    )
+    _print_table(rows)
     print(
         f"subject article in the top {n} (queries whose subject has an article: {len(with_article)}): "
         + ", ".join(f"{k} {v:.3f}" for k, v in subject_recall.items())
@@ -184,40 +210,22 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "retrieval",
         "command": " ".join(["python -m bench.retrieval", *(argv if argv is not None else sys.argv[1:])]),
         "conditions": {
-            **machine(),
-            "queries": len(texts),
-            "num_articles": n,
-            "articles_indexed": len(titles),
-            "corpus": [f.name for f in files],
-            "model": Path(str(args.model)).name,
-            "pyserini": version("pyserini"),
-            "java": java_version(),
-            "retrieval_threads": 1,
-            "loadavg_1m_start": round(load_start, 2),
+            **machine(), "queries": len(texts), "num_articles": n, "articles_indexed": len(ix.titles),
+            "corpus": [f.name for f in files], "model": Path(str(args.model)).name, "pyserini": version("pyserini"),
+            "java": java_version(), "retrieval_threads": 1, "loadavg_1m_start": round(load_start, 2),
             "loadavg_1m_end": round(os.getloadavg()[0], 2),
         },
         "table": rows,
         "latency_ms": {
             k: {m: round(v, 4) if isinstance(v, float) else v for m, v in s.items()} for k, s in stats.items()
         },
-        "subject_article_in_top_n": {
-            "queries": len(with_article),
-            **{k: round(v, 4) for k, v in subject_recall.items()},
-        },
-        "setup_s": {
-            "indexes_built_now": built,
-            "index_build_or_reuse": round(index_s, 2),
-            "bm25_open_incl_jvm": round(bm25_open_s, 2),
-            "tfidf_open": round(tfidf_open_s, 2),
-        },
-        "index_bytes": {
-            name: sum(f.stat().st_size for f in (INDEX_ROOT / rel).iterdir())
-            for name, rel in (("bm25", BM25_DIR), ("tfidf", TFIDF_DIR))
-        },
-    }
+        "subject_article_in_top_n": {"queries": len(with_article), **{k: round(v, 4) for k, v in subject_recall.items()}},
+        "setup_s": ix.setup_s,
+        "index_bytes": ix.index_bytes,
+    }  # fmt: skip
     path = write_result("retrieval", payload)
     print(f"written: {path}")
-    bm25.close()
+    ix.bm25.close()
     return 0
 
 
