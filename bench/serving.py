@@ -46,7 +46,7 @@ from bench.common import (
     write_result,
 )
 from bench.rawhttp import AsyncRawClient, RawClient
-from bertknn.builder.writer import ShardData, write_shard
+from bertknn.builder.writer import ShardData, write_shard, write_table
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.format import Datastore, write_manifest
 
@@ -172,13 +172,18 @@ def scaled_copy(base: Path, factor: int, out: Path, seed: int = 0) -> Path:
             article_no += 1
         vec = (rng.standard_normal((rows, len(mu))) * sd + mu).astype(np.float16)
         sids = np.repeat(np.arange(len(arts), dtype=np.int32), [a["row_end"] - a["row_start"] for a in arts])
+        linked = man.links is not None  # (a datastore with links: the synthetic rows link to nothing)
         data = ShardData(vec, rng.integers(1000, man.model.vocab_size, rows).astype(np.int32), sids,
-                         np.zeros((rows, 2), np.int32), sent, arts)
+                         np.zeros((rows, 2), np.int32), sent, arts,
+                         entity_labels=np.full(rows, -1, np.int32) if linked else None, entities=[] if linked else None)
         man.shards.append(write_shard(out, next_index, data))
         next_index += 1
     man.counts.articles = sum(s.articles for s in man.shards)
     man.counts.sentences = sum(s.sentences for s in man.shards)
     man.counts.contexts = sum(s.rows for s in man.shards)
+    redirects = out / "redirects.json"
+    # the article table of every shard, the synthetic ones too (replacing the hard link to the base's, not it)
+    write_table(out, man, sorted(json.loads(redirects.read_text()).items()) if redirects.is_file() else [])
     man.datastore_id = man.compute_id()
     write_manifest(out, man)
     return out
@@ -201,7 +206,7 @@ def int_list(minimum: int) -> Any:
     return parse
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__)
     p.add_argument("--model", default=str(PROXY_MODEL))
     p.add_argument("--corpus", type=Path, default=REPO / "data" / "sample_wiki.jsonl")
@@ -217,6 +222,105 @@ def main(argv: list[str] | None = None) -> int:
                    "sees one); the dtype is the service's default for it (float32 on the CPU, bf16/fp16 on a GPU)")
     p.add_argument("--backend", choices=["auto", "eager", "onnx"], default="auto",
                    help="forward backend of the bare forward and the service (default: the service's, auto)")
+    return p
+
+
+def _ms(p: dict[str, float]) -> dict[str, float]:
+    return {k: v * 1000 if k != "n" else v for k, v in p.items()}
+
+
+def _latency(url: str, enc: MaskedLMEncoder, lat_q: dict[str, list], result: dict) -> list[float]:
+    """Per client, uncached and cached ``/predict`` against the bare forward, in alternating blocks of 10 (the
+    machine's drift falls on both sides); the bare forward's times."""
+    all_bare: list[float] = []
+    for client in CLIENTS:
+        bare_s, unc, bodies = [], [], []
+        for i in range(0, len(lat_q[client]), 10):
+            block = lat_q[client][i : i + 10]
+            bare_s += bare_forward(enc, [t for t, _ in block])
+            times, got = http_latencies(url, block, client)
+            unc += times
+            bodies += got
+        cached, bodies2 = http_latencies(url, lat_q[client], client)
+        assert all(b["cache"]["encoding"] == "hit" for b in bodies2)
+        assert [b["predictions"] for b in bodies] == [b["predictions"] for b in bodies2]
+        all_bare += bare_s
+        bare, unc_p, cached_p = percentiles(bare_s), percentiles(unc), percentiles(cached)
+        result["clients"][client] = {
+            "bare_forward_ms": _ms(bare), "uncached_ms": _ms(unc_p), "cached_ms": _ms(cached_p),
+            "uncached_p50_over_bare_p50": unc_p["p50"] / bare["p50"],
+            "uncached_p99_over_bare_p50": unc_p["p99"] / bare["p50"], "throughput": {},
+        }  # fmt: skip
+    return all_bare
+
+
+def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: dict[int, int], rest: list,
+                result: dict) -> None:  # fmt: skip
+    """Each concurrency level, every load client back to back, each against the bare batched forward measured
+    right before and after its run (averaged: the host's drift during the run falls on both sides)."""
+    offset = 0
+    for c in levels:
+        for client in LOAD_CLIENTS:
+            qs = rest[offset : offset + per_level[c]]
+            offset += per_level[c]
+            bare_before = sum(bare_forward(enc, [t for t, _ in qs], batch=c))
+            server0, client0 = process_cpu_s(svc.proc.pid), time.process_time()
+            secs, ok, err = run_async(_load(svc.url, qs, c, client))
+            client_cpu = time.process_time() - client0
+            server_ms = (process_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
+            client_ms = client_cpu * 1000 / max(1, ok)
+            bare_tput = 2 * len(qs) / (bare_before + sum(bare_forward(enc, [t for t, _ in qs], batch=c)))
+            # both share this machine's cores: the load generator's CPU per request is part of the picture
+            result["clients"].setdefault(client, {"throughput": {}})["throughput"][c] = {
+                "requests": ok + err, "requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput,
+                "ratio": (ok / secs) / bare_tput, "server_cpu_ms_per_request": server_ms,
+                "load_generator_cpu_ms_per_request": client_ms,
+            }  # fmt: skip
+
+
+def _scale(ds: Path, factors: list[int], work: Path, env: dict[str, str], scale_q: list) -> dict:
+    """All sizes served at once (one process each) and queried in alternating blocks of 10: the machine's drift
+    falls on every size alike. Each process answers the same queries, uncached, once."""
+    stores = {"base": ds, **{f"x{f}": scaled_copy(ds, f, work / f"ds-x{f}") for f in factors}}
+    with contextlib.ExitStack() as stack:
+        urls = {name: stack.enter_context(running_service(path, env=env)) for name, path in stores.items()}
+        for i, url in enumerate(urls.values()):
+            http_latencies(url, lama_queries(30, seed=97 + i), "raw")  # warm-up
+        by_size: dict[str, list[float]] = {name: [] for name in stores}
+        for i in range(0, len(scale_q), 10):
+            for name, url in urls.items():
+                by_size[name] += http_latencies(url, scale_q[i : i + 10], "raw")[0]
+    base_p50 = percentiles(by_size["base"])["p50"]
+    scale: dict = {"base_p50_ms": base_p50 * 1000}
+    for f in factors:
+        p50 = percentiles(by_size[f"x{f}"])["p50"]
+        scale[f"x{f}"] = {"contexts": Datastore(stores[f"x{f}"]).manifest.counts.contexts, "p50_ms": p50 * 1000,
+                          "ratio": p50 / base_p50}  # fmt: skip
+    return scale
+
+
+def _report(result: dict, backend: str, threads: int) -> None:
+    print(f"model {result['model']}, {result['datastore']['contexts']} contexts, machine {result['machine']}")
+    print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms ({backend} on {result['device']} "
+          f"{result['dtype']}, {threads} torch threads; eager, before the service started: "
+          f"{result['bare_forward_eager_ms']['p50']:.1f} ms)")  # fmt: skip
+    for client, r in result["clients"].items():
+        if "uncached_ms" in r:
+            print(f"[{client} client] /predict uncached p50 {r['uncached_ms']['p50']:.1f} ms p99 {r['uncached_ms']['p99']:.1f} ms"
+                  f" vs bare forward p50 {r['bare_forward_ms']['p50']:.1f} ms -> p50 ratio {r['uncached_p50_over_bare_p50']:.2f}x, p99 ratio {r['uncached_p99_over_bare_p50']:.2f}x; "
+                  f"cached p50 {r['cached_ms']['p50']:.2f} ms p99 {r['cached_ms']['p99']:.2f} ms")  # fmt: skip
+        for c, t in r["throughput"].items():
+            print(f"[{client} client] clients {c:>3}: {t['requests_per_s']:.1f} req/s vs bare batched "
+                  f"{t['bare_batched_per_s']:.1f}/s -> {t['ratio']:.2f}x ({t['requests']} requests, {t['errors']} errors;"
+                  f" CPU per request: server {t['server_cpu_ms_per_request']:.1f} ms, load generator "
+                  f"{t['load_generator_cpu_ms_per_request']:.1f} ms)")  # fmt: skip
+    for k, v in result.get("scale", {}).items():
+        if k.startswith("x"):
+            print(f"datastore {k} ({v['contexts']} contexts): p50 {v['p50_ms']:.1f} ms -> {v['ratio']:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.queries < 10 or args.articles < 1 or args.threads < 0:
         p.error("--queries must be at least 10, --articles at least 1, --threads at least 0")
@@ -226,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)
     env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend,
-           "BERTKNN_MODEL__DEVICE": args.device}
+           "BERTKNN_MODEL__DEVICE": args.device}  # fmt: skip
     ds = build_datastore([args.corpus], args.work / "ds", args.model, limit=args.articles)
     man = Datastore(ds).manifest
     levels: list[int] = args.concurrency
@@ -242,107 +346,27 @@ def main(argv: list[str] | None = None) -> int:
     eager = percentiles(bare_forward(enc, lat_texts))  # for reference: what the backend changes
     backend = enc.set_backend(args.backend)  # the same backend as the service's (same process setting)
     bare_forward(enc, lat_texts[:5])
-
-    def ms(p: dict[str, float]) -> dict[str, float]:
-        return {k: v * 1000 if k != "n" else v for k, v in p.items()}
-
     result: dict = {"model": Path(args.model).name, "machine": machine(), "device": str(enc.device),
         "dtype": str(enc.dtype).removeprefix("torch."), "datastore": {
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
-        "bare_forward_eager_ms": ms(eager), "clients": {}}  # fmt: skip
+        "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
     # The machine's speed drifts (shared host): the bare forward is measured in the same time windows as the
-    # requests it is compared with, alternating blocks of 10 queries (the service idles during the bare blocks,
-    # the bench process during the HTTP ones).
-    all_bare: list[float] = []
+    # requests it is compared with (the service idles during the bare blocks, the bench process during the HTTP ones).
     with service_process(ds, env=env) as svc:
-        url = svc.url
         for client in CLIENTS:
-            http_latencies(url, lama_queries(30, seed=99 if client == "raw" else 96), client)  # warm-up
-        offset = 0
-        for client in CLIENTS:
-            bare_s, unc, bodies = [], [], []
-            for i in range(0, len(lat_q[client]), 10):
-                block = lat_q[client][i : i + 10]
-                bare_s += bare_forward(enc, [t for t, _ in block])
-                times, got = http_latencies(url, block, client)
-                unc += times
-                bodies += got
-            cached, bodies2 = http_latencies(url, lat_q[client], client)
-            assert all(b["cache"]["encoding"] == "hit" for b in bodies2)
-            assert [b["predictions"] for b in bodies] == [b["predictions"] for b in bodies2]
-            all_bare += bare_s
-            bare, unc_p, cached_p = percentiles(bare_s), percentiles(unc), percentiles(cached)
-            result["clients"][client] = {
-                "bare_forward_ms": ms(bare), "uncached_ms": ms(unc_p), "cached_ms": ms(cached_p),
-                "uncached_p50_over_bare_p50": unc_p["p50"] / bare["p50"],
-                "uncached_p99_over_bare_p50": unc_p["p99"] / bare["p50"], "throughput": {},
-            }  # fmt: skip
-        for c in levels:
-            for client in LOAD_CLIENTS:  # every client at one level back to back, each right after its bare run
-                qs = rest[offset : offset + per_level[c]]
-                offset += per_level[c]
-                bare_before = sum(bare_forward(enc, [t for t, _ in qs], batch=c))
-                server0, client0 = process_cpu_s(svc.proc.pid), time.process_time()
-                secs, ok, err = run_async(_load(url, qs, c, client))
-                client_cpu = time.process_time() - client0
-                server_ms = (process_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
-                client_ms = client_cpu * 1000 / max(1, ok)
-                # the bare batched forward before and after the load run, averaged: the host's drift during the
-                # run falls on both sides of the ratio
-                bare_tput = 2 * len(qs) / (bare_before + sum(bare_forward(enc, [t for t, _ in qs], batch=c)))
-                # both share this machine's cores: the load generator's CPU per request is part of the picture
-                result["clients"].setdefault(client, {"throughput": {}})["throughput"][c] = {
-                    "requests": ok + err, "requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput,
-                    "ratio": (ok / secs) / bare_tput, "server_cpu_ms_per_request": server_ms,
-                    "load_generator_cpu_ms_per_request": client_ms,
-                }  # fmt: skip
-    result["bare_forward_ms"] = ms(percentiles(all_bare))
-
-    factors: list[int] = args.scale
-    if factors:
-        # All sizes served at once (one process each) and queried in alternating blocks of 10: the machine's
-        # drift falls on every size alike. Each process answers the same queries, uncached, once.
-        stores = {"base": ds, **{f"x{f}": scaled_copy(ds, f, args.work / f"ds-x{f}") for f in factors}}
-        with contextlib.ExitStack() as stack:
-            urls = {name: stack.enter_context(running_service(path, env=env)) for name, path in stores.items()}
-            for i, url in enumerate(urls.values()):
-                http_latencies(url, lama_queries(30, seed=97 + i), "raw")  # warm-up
-            by_size: dict[str, list[float]] = {name: [] for name in stores}
-            for i in range(0, len(scale_q), 10):
-                for name, url in urls.items():
-                    by_size[name] += http_latencies(url, scale_q[i : i + 10], "raw")[0]
-        base_p50 = percentiles(by_size["base"])["p50"]
-        scale: dict = {"base_p50_ms": base_p50 * 1000}
-        for f in factors:
-            p50 = percentiles(by_size[f"x{f}"])["p50"]
-            scale[f"x{f}"] = {"contexts": Datastore(stores[f"x{f}"]).manifest.counts.contexts, "p50_ms": p50 * 1000,
-                              "ratio": p50 / base_p50}  # fmt: skip
-        result["scale"] = scale
-
+            http_latencies(svc.url, lama_queries(30, seed=99 if client == "raw" else 96), client)  # warm-up
+        all_bare = _latency(svc.url, enc, lat_q, result)
+        _throughput(svc, enc, levels, per_level, rest, result)
+    result["bare_forward_ms"] = _ms(percentiles(all_bare))
+    if args.scale:
+        result["scale"] = _scale(ds, args.scale, args.work, env, scale_q)
     # the default settings write serving.json; other backends, thread counts or a GPU their own file beside it
     default = args.backend == "auto" and not args.threads
     name = "serving" if default else f"serving-{backend}-{threads}t"
     if result["device"] != "cpu":
         name = f"serving-{result['device']}"
     path = write_result(result_name(name, args.model), result)
-    print(f"model {result['model']}, {result['datastore']['contexts']} contexts, machine {result['machine']}")
-    print(f"bare forward p50 {result['bare_forward_ms']['p50']:.1f} ms ({backend} on {result['device']} "
-          f"{result['dtype']}, {threads} torch threads; eager, "
-          "before the service started: "
-          f"{result['bare_forward_eager_ms']['p50']:.1f} ms)")
-    for client, r in result["clients"].items():
-        if "uncached_ms" in r:
-            print(f"[{client} client] /predict uncached p50 {r['uncached_ms']['p50']:.1f} ms p99 {r['uncached_ms']['p99']:.1f} ms"
-                  f" vs bare forward p50 {r['bare_forward_ms']['p50']:.1f} ms -> p50 ratio {r['uncached_p50_over_bare_p50']:.2f}x, p99 ratio {r['uncached_p99_over_bare_p50']:.2f}x; "
-                  f"cached p50 {r['cached_ms']['p50']:.2f} ms p99 {r['cached_ms']['p99']:.2f} ms")
-        for c, t in r["throughput"].items():
-            print(f"[{client} client] clients {c:>3}: {t['requests_per_s']:.1f} req/s vs bare batched "
-                  f"{t['bare_batched_per_s']:.1f}/s -> {t['ratio']:.2f}x ({t['requests']} requests, {t['errors']} errors;"
-                  f" CPU per request: server {t['server_cpu_ms_per_request']:.1f} ms, load generator "
-                  f"{t['load_generator_cpu_ms_per_request']:.1f} ms)")
-    for k, v in result.get("scale", {}).items():
-        if k.startswith("x"):
-            print(f"datastore {k} ({v['contexts']} contexts): p50 {v['p50_ms']:.1f} ms -> {v['ratio']:.2f}x")
+    _report(result, backend, threads)
     print(f"wrote {path}")
     print(json.dumps({c: r["uncached_p50_over_bare_p50"] for c, r in result["clients"].items() if c in CLIENTS}))
     return 0
