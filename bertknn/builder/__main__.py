@@ -91,10 +91,7 @@ def _interrupt(signum: int, frame: object) -> None:
 # ---- the commands: each prints its result (JSON, or one line) and returns the exit status ------------------------
 
 
-def _build(args: argparse.Namespace) -> int:
-    settings = _settings_or_errors(BuildSettings, args)
-    if settings is None:
-        return 2
+def _build(settings: BuildSettings) -> int:
     from bertknn.builder.build import build
 
     manifest = build(settings)
@@ -102,10 +99,7 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_codec(args: argparse.Namespace) -> int:
-    settings = _settings_or_errors(BuildSettings, args)
-    if settings is None:
-        return 2
+def _train_codec(settings: BuildSettings) -> int:
     from bertknn.builder.build import train_codec_only
 
     info = train_codec_only(settings)
@@ -113,10 +107,7 @@ def _train_codec(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recode(args: argparse.Namespace) -> int:
-    settings = _settings_or_errors(RecodeSettings, args)
-    if settings is None:
-        return 2
+def _recode(settings: RecodeSettings) -> int:
     from bertknn.builder.recode import recode_datastore
 
     print(json.dumps(recode_datastore(settings.datastore, settings.out, settings.codec_spec())))
@@ -138,14 +129,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add(args: argparse.Namespace) -> int:
+def _add(settings: AddSettings) -> int:
     from bertknn.builder.update import add_articles
 
-    settings = _settings_or_errors(AddSettings, args)
-    if settings is None:
-        return 2
     result = add_articles(settings)
-    print(json.dumps({"datastore": str(args.datastore), **result.summary()}))
+    print(json.dumps({"datastore": str(settings.datastore), **result.summary()}))
     return 0
 
 
@@ -185,9 +173,21 @@ def _ivfpq(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_settings(cls: type[S], run: Callable[[S], int]) -> Callable[[argparse.Namespace], int]:
+    """A command that runs on its settings model, read from the flags (exit 2 after the flags' errors)."""
+
+    def command(args: argparse.Namespace) -> int:
+        settings = _settings_or_errors(cls, args)
+        return 2 if settings is None else run(settings)
+
+    return command
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "build": _build, "train-codec": _train_codec, "recode": _recode, "calibrate": _calibrate, "add": _add,
-    "validate": _validate, "merge": _merge, "upgrade": _upgrade, "ivfpq": _ivfpq,
+    "build": _with_settings(BuildSettings, _build), "train-codec": _with_settings(BuildSettings, _train_codec),
+    "recode": _with_settings(RecodeSettings, _recode), "calibrate": _calibrate,
+    "add": _with_settings(AddSettings, _add), "validate": _validate, "merge": _merge, "upgrade": _upgrade,
+    "ivfpq": _ivfpq,
 }  # fmt: skip
 
 
