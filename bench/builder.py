@@ -106,6 +106,7 @@ def one_run(
             batch_tokens=batch_tokens,
             max_seq_len=args.max_seq_len,
             articles_per_shard=args.articles_per_shard,
+            checkpoint_contexts=args.checkpoint_contexts,
             workers=args.workers,
             sparse_indexes=False,
             backend=backend,
@@ -193,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=128)
     p.add_argument("--articles-per-shard", type=int, default=25, help="small, so the worker prepares ahead")
     p.add_argument("--workers", type=int, default=1, help="tokenising worker processes (the build's default)")
+    p.add_argument("--checkpoint-contexts", type=int, default=BuildSettings.model_fields["checkpoint_contexts"].default,
+                   help="rows per embedding step (the build's default): each step's batches are cut from its "
+                   "length-sorted rows, so a step of few batches pads like unsorted ones")  # fmt: skip
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--backend", default="eager", help="forward backend(s) of the build, comma-separated: runs "
                    "alternate between them (e.g. eager,onnx); each run's bare forward uses its own backend")
@@ -262,6 +266,7 @@ def _result(args: argparse.Namespace, encoder: MaskedLMEncoder, runs: list[dict[
             "batch_size": args.batch_size,
             "max_seq_len": args.max_seq_len,
             "articles_per_shard": args.articles_per_shard,
+            "checkpoint_contexts": args.checkpoint_contexts,
             "workers": args.workers,
             "sparse_indexes": False,
         },

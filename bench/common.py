@@ -121,9 +121,9 @@ async def httpx_clients(url: str, n: int, *, timeout: float = 60) -> AsyncIterat
 
 def build_datastore(
     corpus: list[Path], out: Path, model: Path | str, *, limit: int | None = None, ivfpq: bool = False,
-    targets: str = "single-piece",
+    targets: str = "single-piece", bm25: bool = True,
 ) -> Path:  # fmt: skip
-    """Build once (resumable, reused when the manifest exists)."""
+    """Build once (resumable, reused when the manifest exists); ``bm25`` off: TF-IDF alone (no Java needed)."""
     if (out / "manifest.json").is_file():
         return out
     cmd = [sys.executable, "-m", "datastore_builder", "build", "--model", str(model), "--out", str(out), "--device", "cpu"]
@@ -135,6 +135,8 @@ def build_datastore(
         cmd += ["--ivfpq"]
     if targets != "single-piece":
         cmd += ["--targets", targets]
+    if not bm25:
+        cmd += ["--no-bm25"]
     subprocess.run(cmd, check=True, cwd=REPO, env=dict(os.environ))
     return out
 

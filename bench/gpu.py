@@ -1,13 +1,23 @@
 """The GPU figures in one command, on a machine with a CUDA device::
 
-    python -m bench.gpu [--model runs/bert-base-shaped] [--articles 200]
+    python -m bench.gpu [--model runs/bert-base-shaped] [--articles 2000] [--workers 8]
 
-Runs, one after the other (nothing beside them): the builder's contexts/s on bert-base-uncased's shape in bfloat16
-and float16 with the cut forward, its token budget per batch swept, its padding fraction and the stage that
-bounds the build (the GPU's forward, or the CPU workers preparing contexts) (`bench.builder --device cuda`), uncached ``/predict``
-p50 and throughput at 1 and 64 clients with the service on the GPU (`bench.serving --device cuda`), and the IVF-PQ
-index's training time for a 10M-row datastore (its plan's sample, synthetic vectors; on the GPU when the
-installed faiss has GPU support, docs/retrieval.md). Writes ``bench/results/gpu.json``.
+Runs, one after the other (nothing beside them), each stage in a process of its own so that one failing stage
+leaves the others' figures:
+
+- ``vectors``: the cut forward's rows on the GPU in bfloat16 and float16 against the full forward in float32 on
+  the CPU, on the same contexts (relative error per row), and whether p_MLM's top entry agrees;
+- ``builder_bfloat16`` / ``builder_float16``: the builder's contexts/s on bert-base-uncased's shape with the cut
+  forward, the token budget per batch swept (in bfloat16; float16 at one budget), its padding fraction and the
+  stage that bounds the build: the GPU's forward, or the CPU workers preparing contexts (`bench.builder
+  --device cuda`);
+- ``serving``: uncached ``/predict`` p50 and throughput at 1 and 64 clients, the service on the GPU
+  (`bench.serving --device cuda`);
+- ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
+  synthetic vectors; on the GPU when the installed faiss has GPU support, docs/retrieval.md); 0 skips it.
+
+Writes ``bench/results/gpu.json`` after every stage and, at the end, ``bench/results/gpu.md``: the table that
+docs/performance.md's GPU section takes.
 
 Without a CUDA device it says so in one line and exits with status 3 (`NO_DEVICE`), so that a script can tell
 "no GPU here" from a failure.
@@ -16,21 +26,19 @@ Without a CUDA device it says so in one line and exits with status 3 (`NO_DEVICE
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from bench.common import REPO, RESULTS, RUNS, machine
+from bench.common import REPO, RESULTS, RUNS, SHARED, machine
 
 NO_DEVICE = 3
-
-
-def _run(cmd: list[str]) -> float:
-    t = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=REPO)
-    return round(time.perf_counter() - t, 1)
+VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
 def time_ivfpq_training(rows: int, dim: int, *, seed: int = 0) -> dict[str, object]:
@@ -54,38 +62,182 @@ def time_ivfpq_training(rows: int, dim: int, *, seed: int = 0) -> dict[str, obje
             "train_s": round(time.perf_counter() - t, 1)}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def masked_contexts(corpus: Path, n: int) -> list[str]:
+    """``n`` sentences of the corpus with one word (the fourth) masked: contexts as the builder embeds them."""
+    out: list[str] = []
+    with open(corpus, encoding="utf-8") as f:
+        for line in f:
+            for sentence in json.loads(line)["text"].split(". "):
+                words = sentence.split()
+                if len(words) >= 6:
+                    out.append(" ".join([*words[:3], "[MASK]", *words[4:]]) + " .")
+                if len(out) == n:
+                    return out
+    return out
+
+
+def compare_vectors(model: Path, corpus: Path, n: int = 256) -> dict[str, object]:
+    """The cut forward on the GPU (bfloat16, float16) against the full forward in float32 on the CPU: the
+    relative error of each context's row and the share of contexts whose p_MLM top entry is the same."""
+    import numpy as np
+
+    from bertknn.core.encoder import MaskedLMEncoder
+
+    texts = masked_contexts(corpus, n)
+    ref = MaskedLMEncoder.load(str(model), device="cpu", dtype="float32", truncate=False)
+    inputs = [ref.query_input(t) for t in texts]
+    want = ref.encode(inputs, with_mlm=True)
+    assert want.mlm_log_probs is not None
+    want_top = want.mlm_log_probs.argmax(-1).numpy()
+    out: dict[str, object] = {"contexts": len(texts), "reference": "full forward, float32, CPU"}
+    for dtype in ("bfloat16", "float16"):
+        enc = MaskedLMEncoder.load(str(model), device="cuda", dtype=dtype)
+        got = np.concatenate([enc.encode(inputs[i : i + 64], with_mlm=True).embeddings for i in range(0, n, 64)])
+        tops = [enc.encode(inputs[i : i + 64], with_mlm=True).mlm_log_probs for i in range(0, n, 64)]
+        top = np.concatenate([t.argmax(-1).cpu().numpy() for t in tops if t is not None])
+        rel = np.linalg.norm(got - want.embeddings, axis=1) / np.linalg.norm(want.embeddings, axis=1)
+        out[dtype] = {"forward": enc.cut if enc.truncated else "full", "rel_error_median": float(np.median(rel)),
+                      "rel_error_max": float(rel.max()), "top1_agrees": float((top == want_top).mean())}  # fmt: skip
+        del enc
+    return out
+
+
+def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
+    py, model = sys.executable, str(args.model)
+    builder = [py, "-m", "bench.builder", "--model", model, "--device", "cuda", "--articles", str(args.articles),
+               "--workers", str(args.workers), "--batch-size", "2048", "--runs", str(args.runs),
+               "--articles-per-shard", "400", "--checkpoint-contexts", "65536"]  # fmt: skip
+    retriever = "bm25" if importlib.util.find_spec("pyserini") and args.retriever == "auto" else "tfidf"
+    if args.retriever not in ("auto", retriever):
+        retriever = args.retriever
+    return {
+        "vectors": [py, "-m", "bench.gpu", "--stage", "vectors", "--model", model],
+        "builder_bfloat16": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens,
+                             "--out", str(RESULTS / "gpu-builder-bfloat16.json")],
+        "builder_float16": [*builder, "--dtype", "float16", "--batch-tokens", args.batch_tokens.split(",")[-1],
+                            "--out", str(RESULTS / "gpu-builder-float16.json")],
+        "serving": [py, "-m", "bench.serving", "--model", model, "--device", "cuda", "--articles", "40",
+                    "--work", str(RUNS / "bench-serving-gpu"), "--scale", "", "--concurrency", "1,64",
+                    "--retriever", retriever],
+        "ivfpq_training": [py, "-m", "bench.gpu", "--stage", "ivfpq", "--ivfpq-rows", str(args.ivfpq_rows)],
+    }  # fmt: skip
+
+
+def _stage_result(name: str, model: Path) -> object:
+    """What a finished stage wrote: its JSON, read back."""
+    files = {"vectors": RESULTS / "gpu-vectors.json", "builder_bfloat16": RESULTS / "gpu-builder-bfloat16.json",
+             "builder_float16": RESULTS / "gpu-builder-float16.json",
+             "ivfpq_training": RESULTS / "gpu-ivfpq.json"}  # fmt: skip
+    if name == "serving":  # serving-cuda-MODEL.json, or serving-cuda:0-MODEL.json: the device as torch names it
+        files[name] = max(RESULTS.glob(f"serving-cuda*-{model.name}.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(files[name].read_text())
+
+
+def run_stages(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """Each stage in its own process, with a time limit; a failing stage is recorded and the next one runs."""
+    path = RESULTS / "gpu.json"
+    for name, cmd in _stage_commands(args).items():
+        if name == "ivfpq_training" and args.ivfpq_rows == 0 or args.only and name not in args.only.split(","):
+            continue
+        print(f"bench.gpu: {name}: {' '.join(cmd[1:])}", flush=True)
+        t = time.perf_counter()
+        try:
+            subprocess.run(cmd, check=True, cwd=REPO, timeout=args.stage_timeout_s)
+            out[name] = _stage_result(name, args.model)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, ValueError) as exc:
+            out[name] = {"error": str(exc).splitlines()[0]}
+        out.setdefault("stage_seconds", {})[name] = round(time.perf_counter() - t, 1)
+        path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=RUNS / "bert-base-shaped")
-    p.add_argument("--articles", type=int, default=200)
+    p.add_argument("--articles", type=int, default=2000, help="the builder's corpus: the first N vital articles")
+    p.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 2)),
+                   help="the builder's tokenising worker processes")  # fmt: skip
+    p.add_argument("--batch-tokens", default="16384,65536,262144", help="the token budgets swept (bfloat16); "
+                   "float16 runs at the last")  # fmt: skip
+    p.add_argument("--runs", type=int, default=2, help="builds per setting")
+    p.add_argument("--retriever", choices=["auto", "bm25", "tfidf"], default="auto", help="the service's ranker "
+                   "for unknown subjects (auto: bm25 where pyserini is installed, else tfidf)")  # fmt: skip
     p.add_argument("--ivfpq-rows", type=int, default=10_000_000, help="the datastore size whose IVF-PQ training is "
-                   "timed (its plan's sample of synthetic vectors, bert-base's hidden size)")  # fmt: skip
-    args = p.parse_args(argv)
+                   "timed (its plan's sample of synthetic vectors, bert-base's hidden size); 0 skips it")  # fmt: skip
+    p.add_argument("--stage-timeout-s", type=float, default=600, help="a stage running longer is stopped and "
+                   "recorded as failed")  # fmt: skip
+    p.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
+    p.add_argument("--stage", choices=["vectors", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print("bench.gpu: no CUDA device on this machine (torch.cuda.is_available() is False); run it where one is",
               file=sys.stderr)  # fmt: skip
         return NO_DEVICE
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.stage == "vectors":
+        (RESULTS / "gpu-vectors.json").write_text(json.dumps(compare_vectors(args.model, VITAL), indent=1) + "\n")
+        return 0
+    if args.stage == "ivfpq":
+        (RESULTS / "gpu-ivfpq.json").write_text(json.dumps(time_ivfpq_training(args.ivfpq_rows, 768)) + "\n")
+        return 0
     if not (args.model / "config.json").is_file():
-        _run([sys.executable, "-m", "bench.bert_base", "--out", str(args.model)])
-    py = sys.executable
-    out: dict[str, object] = {"device": torch.cuda.get_device_name(0), "machine": machine(), "model": args.model.name}
-    for dtype in ("bfloat16", "float16"):
-        report = RESULTS / f"gpu-builder-{dtype}.json"
-        _run([py, "-m", "bench.builder", "--model", str(args.model), "--device", "cuda", "--dtype", dtype,
-              "--articles", str(args.articles), "--batch-size", "2048", "--batch-tokens", "16384,65536,262144",
-              "--runs", "2", "--out", str(report)])  # fmt: skip
-        out[f"builder_{dtype}"] = json.loads(report.read_text())["runs"]
-    serving = RESULTS / f"serving-cuda-{args.model.name}.json"
-    _run([py, "-m", "bench.serving", "--model", str(args.model), "--device", "cuda", "--articles", "40",
-          "--work", str(RUNS / "bench-serving-gpu"), "--scale", "", "--concurrency", "1,64"])  # fmt: skip
-    if serving.is_file():
-        out["serving"] = json.loads(serving.read_text())
-    out["ivfpq_training"] = time_ivfpq_training(args.ivfpq_rows, 768)
-    (RESULTS / "gpu.json").write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {RESULTS / 'gpu.json'}")
+        subprocess.run([sys.executable, "-m", "bench.bert_base", "--out", str(args.model)], check=True, cwd=REPO)
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "machine": machine(), "model": args.model.name,
+                              "torch_cuda": torch.version.cuda, "driver": _driver_version()}  # fmt: skip
+    run_stages(args, out)
+    table = gpu_table(out)
+    (RESULTS / "gpu.md").write_text(table)
+    print(table + f"wrote {RESULTS / 'gpu.json'} and {RESULTS / 'gpu.md'}")
     return 0
+
+
+def _driver_version() -> str | None:
+    try:
+        run = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return run.stdout.strip() or None
+
+
+def gpu_table(out: dict[str, Any]) -> str:
+    """The markdown table of the figures that docs/performance.md's GPU section holds."""
+    rows = [f"{out['device']}, driver {out['driver']}, torch {out['machine']['torch']} (CUDA {out['torch_cuda']}), "
+            f"{out['machine']['cores']} cores; {out['model']}\n", "| figure | value |", "|---|---:|"]
+    for dtype in ("bfloat16", "float16"):
+        vec = out.get("vectors", {}).get(dtype)
+        if vec:
+            rows.append(f"| rows vs float32 full forward, {dtype}: median / max relative error, top-1 agrees | "
+                        f"{vec['rel_error_median']:.2e} / {vec['rel_error_max']:.2e}, {vec['top1_agrees']:.1%} |")  # fmt: skip
+        build = out.get(f"builder_{dtype}", {})
+        for run in build.get("runs", []) if isinstance(build, dict) else []:
+            rows.append(f"| builder {dtype}, budget {run['batch_tokens']} tokens: build / bare forward contexts/s, "
+                        f"padding, bound | {run['build_ctx_per_s']:,.0f} / {run['bare_forward_ctx_per_s']:,.0f}, "
+                        f"{run['padding_fraction']:.1%}, {run['bound']} |")  # fmt: skip
+    serving = out.get("serving", {})
+    for client, r in (serving.get("clients", {}) if isinstance(serving, dict) else {}).items():
+        if "uncached_ms" in r:
+            rows.append(f"| /predict uncached p50 / p99, {client} client, {serving['dtype']} (bare forward p50) | "
+                        f"{r['uncached_ms']['p50']:.1f} / {r['uncached_ms']['p99']:.1f} ms "
+                        f"({r['bare_forward_ms']['p50']:.1f} ms) |")  # fmt: skip
+        for level, t in r.get("throughput", {}).items():
+            rows.append(f"| /predict throughput, {level} {client} clients (bare batched forward) | "
+                        f"{t['requests_per_s']:,.0f}/s ({t['bare_batched_per_s']:,.0f}/s), {t['errors']} errors |")  # fmt: skip
+            if t.get("stage_ms_mean"):
+                stages = ", ".join(f"{k} {v}" for k, v in t["stage_ms_mean"].items())
+                rows.append(f"| - mean ms per request by stage, rows per batch ({level} {client} clients) | {stages} |")
+            rows.append(f"| - server CPU per request ({level} {client} clients) | {t['server_cpu_ms_per_request']:.1f} ms |")
+    ivf = out.get("ivfpq_training")
+    if isinstance(ivf, dict) and "train_s" in ivf:
+        rows.append(f"| IVF-PQ training, {ivf['rows']:,} rows' plan (nlist {ivf['nlist']}, {ivf['train_rows']:,} "
+                    f"sample) on the {ivf['on'].upper()} | {ivf['train_s']} s |")  # fmt: skip
+    errors = [f"- {k}: {v['error']}" for k, v in out.items() if isinstance(v, dict) and "error" in v]
+    return "\n".join(rows + ([""] + errors if errors else [])) + "\n"
 
 
 if __name__ == "__main__":

@@ -222,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "sees one); the dtype is the service's default for it (float32 on the CPU, bf16/fp16 on a GPU)")
     p.add_argument("--backend", choices=["auto", "eager", "onnx"], default="auto",
                    help="forward backend of the bare forward and the service (default: the service's, auto)")
+    p.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="the service's default article "
+                   "ranker, for subjects without an article (tfidf: the datastore is built without BM25, no Java)")
     return p
 
 
@@ -254,6 +256,34 @@ def _latency(url: str, enc: MaskedLMEncoder, lat_q: dict[str, list], result: dic
     return all_bare
 
 
+def scrape_stages(url: str) -> dict[str, float]:
+    """The service's running sums from /metrics: per pipeline stage its seconds and requests
+    (``stage:NAME:sum``, ``stage:NAME:count``), and the forward batches' rows and count (``batch:sum``,
+    ``batch:count``)."""
+    out: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.rpartition(" ")
+        for metric, key in (("bertknn_stage_seconds", "stage"), ("bertknn_batch_size", "batch")):
+            for part in ("sum", "count"):
+                if name.startswith(f"{metric}_{part}"):
+                    label = name.partition('stage="')[2].partition('"')[0]
+                    out[f"{key}:{label}:{part}" if label else f"{key}:{part}"] = float(value)
+    return out
+
+
+def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Between two `scrape_stages`: mean milliseconds per request of each stage (they overlap: the stages do not
+    add up to the latency), and the mean rows per forward batch."""
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    out = {k.split(":")[1]: round(1000 * delta(k) / delta(k[:-3] + "count"), 3) for k in after
+           if k.startswith("stage:") and k.endswith(":sum") and delta(k[:-3] + "count") > 0}  # fmt: skip
+    if delta("batch:count") > 0:
+        out["rows_per_batch"] = round(delta("batch:sum") / delta("batch:count"), 2)
+    return out
+
+
 def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: dict[int, int], rest: list,
                 result: dict) -> None:  # fmt: skip
     """Each concurrency level, every load client back to back, each against the bare batched forward measured
@@ -264,9 +294,11 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
             qs = rest[offset : offset + per_level[c]]
             offset += per_level[c]
             bare_before = sum(bare_forward(enc, [t for t, _ in qs], batch=c))
+            stages0 = scrape_stages(svc.url)
             server0, client0 = process_cpu_s(svc.proc.pid), time.process_time()
             secs, ok, err = run_async(_load(svc.url, qs, c, client))
             client_cpu = time.process_time() - client0
+            stages = stage_means(stages0, scrape_stages(svc.url))
             server_ms = (process_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
             client_ms = client_cpu * 1000 / max(1, ok)
             bare_tput = 2 * len(qs) / (bare_before + sum(bare_forward(enc, [t for t, _ in qs], batch=c)))
@@ -274,7 +306,7 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
             result["clients"].setdefault(client, {"throughput": {}})["throughput"][c] = {
                 "requests": ok + err, "requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput,
                 "ratio": (ok / secs) / bare_tput, "server_cpu_ms_per_request": server_ms,
-                "load_generator_cpu_ms_per_request": client_ms,
+                "load_generator_cpu_ms_per_request": client_ms, "stage_ms_mean": stages,
             }  # fmt: skip
 
 
@@ -314,6 +346,7 @@ def _report(result: dict, backend: str, threads: int) -> None:
                   f"{t['bare_batched_per_s']:.1f}/s -> {t['ratio']:.2f}x ({t['requests']} requests, {t['errors']} errors;"
                   f" CPU per request: server {t['server_cpu_ms_per_request']:.1f} ms, load generator "
                   f"{t['load_generator_cpu_ms_per_request']:.1f} ms)")  # fmt: skip
+            print(f"    mean ms per request by stage (they overlap), rows per batch: {t.get('stage_ms_mean')}")
     for k, v in result.get("scale", {}).items():
         if k.startswith("x"):
             print(f"datastore {k} ({v['contexts']} contexts): p50 {v['p50_ms']:.1f} ms -> {v['ratio']:.2f}x")
@@ -330,8 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)
     env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend,
-           "BERTKNN_MODEL__DEVICE": args.device}  # fmt: skip
-    ds = build_datastore([args.corpus], args.work / "ds", args.model, limit=args.articles)
+           "BERTKNN_MODEL__DEVICE": args.device, "BERTKNN_DEFAULTS__RETRIEVER": args.retriever}  # fmt: skip
+    ds = build_datastore([args.corpus], args.work / ("ds" if args.retriever == "bm25" else "ds-tfidf"), args.model, limit=args.articles,
+                         bm25=args.retriever == "bm25")  # fmt: skip
     man = Datastore(ds).manifest
     levels: list[int] = args.concurrency
     per_level = {c: max(96, 24 * c) for c in levels}  # a few seconds of load per level and client
@@ -349,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"model": Path(args.model).name, "machine": machine(), "device": str(enc.device),
         "dtype": str(enc.dtype).removeprefix("torch."), "datastore": {
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
+        "retriever": args.retriever,
         "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
     # The machine's speed drifts (shared host): the bare forward is measured in the same time windows as the
     # requests it is compared with (the service idles during the bare blocks, the bench process during the HTTP ones).
@@ -361,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale:
         result["scale"] = _scale(ds, args.scale, args.work, env, scale_q)
     # the default settings write serving.json; other backends, thread counts or a GPU their own file beside it
-    default = args.backend == "auto" and not args.threads
-    name = "serving" if default else f"serving-{backend}-{threads}t"
+    default = args.backend == "auto" and not args.threads and args.retriever == "bm25"
+    name = "serving" if default else f"serving-{backend}-{threads}t" + ("" if args.retriever == "bm25" else "-tfidf")
     if result["device"] != "cpu":
         name = f"serving-{result['device']}"
     path = write_result(result_name(name, args.model), result)

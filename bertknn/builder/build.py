@@ -336,7 +336,7 @@ def build_indexes(out: Path, settings: BuildSettings, manifest: Manifest) -> dic
     if settings.sparse_indexes:
         from bertknn.builder.sparse_index import build_sparse_indexes
 
-        indexes.update(build_sparse_indexes(out, manifest))
+        indexes.update(build_sparse_indexes(out, manifest, bm25=settings.bm25))
     if settings.ivfpq:
         from bertknn.builder.ivfpq import build_ivfpq
 

@@ -79,6 +79,11 @@ class BuildSettings(CodecOptions, BaseSettings):
     stopwords: Path | None = None
     min_sentence_chars: int = Field(10, ge=0)
     sparse_indexes: bool = Field(True, description="build BM25 (Lucene) and TF-IDF article indexes")
+    bm25: bool = Field(
+        True,
+        description="with the sparse indexes, the BM25 one too (Lucene: pyserini 0.25 and a Java 17 runtime); off: "
+        "TF-IDF alone, for a machine without Java (the service then answers requests for bm25 with an error)",
+    )
     ivfpq: bool = Field(False, description="also build the whole-datastore IVF-PQ index (no-retrieval ablation)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = the container's CPU quota")
     workers: int = Field(1, ge=0, description="processes that split and tokenise ahead of the model; 0 = inline")

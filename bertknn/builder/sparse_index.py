@@ -156,22 +156,20 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def sparse_indexes_current(root: Path, fingerprint: str, index_dir: str = INDEX_DIR) -> bool:
-    """True when both indexes exist and were built from exactly this content with these parameters."""
-    bm25 = _read_json(Path(root) / index_dir / "bm25" / BM25_META)
-    tfidf = _read_json(Path(root) / index_dir / "tfidf" / TFIDF_PARAMS)
+def sparse_indexes_current(root: Path, fingerprint: str, index_dir: str = INDEX_DIR, *, bm25: bool = True) -> bool:
+    """True when the indexes (TF-IDF, and BM25 unless ``bm25`` is off) exist and were built from exactly this
+    content with these parameters."""
+    folder = Path(root) / index_dir
+    tfidf = _read_json(folder / "tfidf" / TFIDF_PARAMS)
     return (
-        bm25.get("fingerprint") == fingerprint
+        (not bm25 or _read_json(folder / "bm25" / BM25_META).get("fingerprint") == fingerprint)
         and tfidf.get("fingerprint") == fingerprint
-        and all(
-            (Path(root) / index_dir / "tfidf" / name).is_file()
-            for name in TFIDF_FILES
-        )
+        and all((folder / "tfidf" / name).is_file() for name in TFIDF_FILES)
     )
 
 
-def build_sparse_indexes(out: Path, manifest: Manifest) -> dict[str, str]:
-    """Build ``index/bm25`` and ``index/tfidf`` over a datastore's finished shards.
+def build_sparse_indexes(out: Path, manifest: Manifest, *, bm25: bool = True) -> dict[str, str]:
+    """Build ``index/bm25`` (unless ``bm25`` is off) and ``index/tfidf`` over a datastore's finished shards.
 
     Called by the build (and merge) after the shards are written and before the manifest; safe to re-run.
 
@@ -180,7 +178,7 @@ def build_sparse_indexes(out: Path, manifest: Manifest) -> dict[str, str]:
     """
     datastore = Datastore(out, manifest)
     # The shard checksums identify the articles and their sentences; the model in compute_id is harmless extra.
-    return write_sparse_indexes(out, datastore.iter_article_texts(), content_id=manifest.compute_id())
+    return write_sparse_indexes(out, datastore.iter_article_texts(), content_id=manifest.compute_id(), bm25=bm25)
 
 
 def write_sparse_indexes(
@@ -191,6 +189,7 @@ def write_sparse_indexes(
     hasher: NgramHasher | None = None,
     threads: int | None = None,
     index_dir: str = INDEX_DIR,
+    bm25: bool = True,
 ) -> dict[str, str]:
     """Index ``(title, text)`` pairs into ``root/index/bm25`` and ``root/index/tfidf``.
 
@@ -204,22 +203,35 @@ def write_sparse_indexes(
         threads: Lucene indexing threads (default: up to 4, within the CPU quota).
         index_dir: the folder under ``root`` that receives ``bm25/`` and ``tfidf/`` (``add`` writes each datastore
             version's indexes to their own ``index/vN``, so the previous version's stay intact).
+        bm25: off: TF-IDF alone (no Lucene, so no Java needed); a ``bm25/`` left by an earlier build is removed.
 
     Returns:
-        ``{"bm25": "index/bm25", "tfidf": "index/tfidf"}`` (with ``index_dir`` in place of ``index``).
+        ``{"bm25": "index/bm25", "tfidf": "index/tfidf"}`` (with ``index_dir`` in place of ``index``; without
+        ``bm25`` when it is off).
     """
     root = Path(root)
     hasher = hasher or default_hasher()
-    result = {"bm25": f"{index_dir}/bm25", "tfidf": f"{index_dir}/tfidf"}
+    result = {"bm25": f"{index_dir}/bm25", "tfidf": f"{index_dir}/tfidf"} if bm25 else {"tfidf": f"{index_dir}/tfidf"}
     folder = root / index_dir
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale(folder)
+    if not bm25:
+        shutil.rmtree(folder / "bm25", ignore_errors=True)  # never served beside a TF-IDF index of other content
     if content_id is not None:
         fingerprint = _fingerprint(content_id, hasher)
-        if sparse_indexes_current(root, fingerprint, index_dir):
+        if sparse_indexes_current(root, fingerprint, index_dir, bm25=bm25):
             logger.info("sparse indexes in %s are current (fingerprint %s), kept", folder, fingerprint)
             return result
+    timings = _write_indexes(folder, articles, hasher, content_id, threads, bm25=bm25)
+    logger.info("sparse indexes: %s", json.dumps(timings))
+    return result
 
+
+def _write_indexes(
+    folder: Path, articles: Iterable[tuple[str, str]], hasher: NgramHasher, content_id: str | None,
+    threads: int | None, *, bm25: bool,
+) -> dict[str, object]:  # fmt: skip
+    """Write the indexes into temporary folders beside their places, then move them in: the counts and timings."""
     t0 = time.perf_counter()
     pid = os.getpid()
     docs_dir = folder / f".docs.tmp-{pid}"
@@ -230,42 +242,27 @@ def write_sparse_indexes(
             docs_dir.mkdir()
             tfidf_tmp.mkdir()
             collected = _collect(articles, hasher, docs_dir)
-            if content_id is None:
-                fingerprint = _fingerprint(collected.content.hexdigest(), hasher)
+            fingerprint = _fingerprint(content_id or collected.content.hexdigest(), hasher)
             n_docs = len(collected.titles)
             t1 = time.perf_counter()
-            _run_lucene_indexer(docs_dir, bm25_tmp, n_docs, threads or _indexing_threads())
-            atomic_write_json(
-                bm25_tmp / BM25_META,
-                {
-                    "format": "bertknn-bm25",
-                    "version": SPARSE_FORMAT_VERSION,
-                    "fingerprint": fingerprint,
-                    "documents": n_docs,
-                    "pyserini": _pyserini_version(),
-                },
-            )
+            if bm25:
+                _run_lucene_indexer(docs_dir, bm25_tmp, n_docs, threads or _indexing_threads())
+                atomic_write_json(
+                    bm25_tmp / BM25_META,
+                    {"format": "bertknn-bm25", "version": SPARSE_FORMAT_VERSION, "fingerprint": fingerprint,
+                     "documents": n_docs, "pyserini": _pyserini_version()},
+                )  # fmt: skip
             t2 = time.perf_counter()
             _write_tfidf(tfidf_tmp, collected, hasher, fingerprint)
             t3 = time.perf_counter()
-            _install(bm25_tmp, folder / "bm25")
+            if bm25:
+                _install(bm25_tmp, folder / "bm25")
             _install(tfidf_tmp, folder / "tfidf")
     finally:
         for tmp in (docs_dir, bm25_tmp, tfidf_tmp):
             shutil.rmtree(tmp, ignore_errors=True)
-    logger.info(
-        "sparse indexes: %s",
-        json.dumps(
-            {
-                "articles": n_docs,
-                "read_and_hash_s": round(t1 - t0, 2),
-                "lucene_s": round(t2 - t1, 2),
-                "tfidf_s": round(t3 - t2, 2),
-                "fingerprint": fingerprint,
-            }
-        ),
-    )
-    return result
+    return {"articles": n_docs, "read_and_hash_s": round(t1 - t0, 2), "lucene_s": round(t2 - t1, 2) if bm25 else None,
+            "tfidf_s": round(t3 - t2, 2), "fingerprint": fingerprint}  # fmt: skip
 
 
 class _RollingJsonl:
@@ -351,7 +348,8 @@ def _run_lucene_indexer(docs_dir: Path, index_dir: Path, n_docs: int, threads: i
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise SparseIndexError(
             "Lucene indexing needs a Java 17 runtime for pyserini 0.25 (Debian/Ubuntu: apt-get install "
-            "openjdk-17-jdk-headless, or set JAVA_HOME); or build without sparse indexes (--no-sparse-indexes)"
+            "openjdk-17-jdk-headless, or set JAVA_HOME); or build TF-IDF alone (--no-bm25), or no sparse indexes "
+            "(--no-sparse-indexes)"
         )
     cmd = [
         sys.executable, "-m", "pyserini.index.lucene",

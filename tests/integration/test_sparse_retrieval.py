@@ -233,6 +233,43 @@ def test_new_content_replaces_the_indexes_atomically(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "index").iterdir()) == ["bm25", "tfidf"]  # no temp dirs left
 
 
+def test_a_build_without_bm25_needs_no_java_and_the_service_names_the_index_it_has(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bertknn.builder.sparse_index as sparse_index
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.errors import RetrieverUnavailable
+    from bertknn.service.pipeline import AnswerPipeline
+    from bertknn.service.results import Query
+    from bertknn.service.retrieval.articles import open_retrievers
+
+    def no_lucene(*args: object) -> None:
+        raise AssertionError("Lucene ran although BM25 was turned off")
+
+    monkeypatch.setattr(sparse_index, "_run_lucene_indexer", no_lucene)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java on the PATH
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    root = build_tiny(tmp_path / "ds", [write_jsonl(tmp_path / "a.jsonl", TINY_ARTICLES)], tiny_model_dir, bm25=False)
+    datastore = Datastore(root)
+    assert datastore.manifest.indexes == {"tfidf": TFIDF_DIR}
+    assert not (root / BM25_DIR).exists() and validate_datastore(root) == []
+    encoder = MaskedLMEncoder.load(str(tiny_model_dir), layer=datastore.manifest.layer, device="cpu", max_seq_len=64)
+    pipeline = AnswerPipeline(encoder, datastore, retrievers=open_retrievers(datastore))
+    hits, _ = pipeline.retrieve(Query(text="The bridge of [MASK] is red .", retriever="tfidf", num_articles=1))
+    assert [(h.title, h.rule) for h in hits] == [("Plonk", "tfidf")]
+    with pytest.raises(RetrieverUnavailable, match=r"'bm25' has no index in this datastore \(it has: tfidf\)"):
+        pipeline.retrieve(Query(text="The bridge of [MASK] is red .", retriever="bm25", num_articles=1))
+
+
+def test_turning_bm25_off_removes_an_earlier_bm25_index(tmp_path: Path) -> None:
+    articles = [("Alpha", "apples grow here"), ("Beta", "bananas grow there"), ("Gamma", "grapes grow"),
+                ("Delta", "plums grow")]  # fmt: skip
+    assert write_sparse_indexes(tmp_path, articles, content_id="v1") == {"bm25": BM25_DIR, "tfidf": TFIDF_DIR}
+    assert write_sparse_indexes(tmp_path, articles, content_id="v1", bm25=False) == {"tfidf": TFIDF_DIR}
+    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == ["tfidf"]
+    assert [t for t, _ in TfidfRetriever(tmp_path / TFIDF_DIR).top_articles("apples", 5)] == ["Alpha"]
+
+
 # ---- whole-datastore kNN ------------------------------------------------------------------------------------
 
 

@@ -57,8 +57,10 @@ class ArticleFinder:
             return [], "none"
         ranker = self.retrievers.get(query.retriever)
         if ranker is None:
+            have = ", ".join(sorted(self.retrievers)) or "none"
             raise RetrieverUnavailable(
-                f"retriever {query.retriever!r} has no index in this datastore; rebuild it with sparse indexes"
+                f"retriever {query.retriever!r} has no index in this datastore (it has: {have}); ask for one it "
+                "has, or rebuild it with sparse indexes (bm25 needs --bm25, the default)"
             )
         text = retrieval_text(query.text)
         # The datastore's id and version: a live update (new articles, new sparse indexes) never reuses hits of
