@@ -177,13 +177,9 @@ def entity_of_words(
         weight = math.exp(-(float(nbrs.distances[rank]) - d0) / temperature)
         held = votes.setdefault(word, {}).get(ref.title)
         votes[word][ref.title] = ((held[0] if held else 0.0) + weight, ref)
-    out: list[EntityRef | None] = []
-    for word in words:
-        if word in votes:
-            out.append(max(votes[word].values(), key=lambda v: (v[0], v[1].popularity))[1])
-        else:
-            out.append(_titled(datastore, word))
-    return out
+    unvoted = [w for w in words if w not in votes]
+    titled = dict(zip(unvoted, _titled(datastore, unvoted), strict=True))
+    return [max(votes[w].values(), key=lambda v: (v[0], v[1].popularity))[1] if w in votes else titled[w] for w in words]
 
 
 def _refs(datastore: Datastore, wheres: Sequence[tuple[int, int] | None]) -> dict[tuple[int, int], EntityRef]:
@@ -192,10 +188,14 @@ def _refs(datastore: Datastore, wheres: Sequence[tuple[int, int] | None]) -> dic
     return dict(zip(distinct, datastore.entities_of(distinct), strict=True))
 
 
-def _titled(datastore: Datastore, word: str) -> EntityRef | None:
-    """The entity titled like ``word`` (exactly, else ignoring case and accents), or None."""
-    ref = datastore.entity(normalize_title(word))
-    if ref is not None:
-        return ref
-    entries = datastore.articles.folded(fold_title(word))
-    return datastore.entity(entries[0].title) if entries else None
+def _titled(datastore: Datastore, words: Sequence[str]) -> list[EntityRef | None]:
+    """The entity titled like each word (exactly, else ignoring case and accents: the first such article's), or
+    None: four table queries for all the words."""
+    out = datastore.entities_named([normalize_title(w) for w in words])
+    missing = [i for i, ref in enumerate(out) if ref is None]
+    if missing:
+        first = datastore.articles.first_folded([fold_title(words[i]) for i in missing])
+        found = [(i, first[fold_title(words[i])]) for i in missing if fold_title(words[i]) in first]
+        for (i, _), ref in zip(found, datastore.entities_named([title for _, title in found]), strict=True):
+            out[i] = ref
+    return out

@@ -145,6 +145,27 @@ def test_word_answers_are_those_of_a_build_without_links(ds: Path, model: Path, 
         assert r.status_code == 422 and "entity links" in r.json()["error"]["message"]
 
 
+def test_answer_words_find_the_entity_titled_like_them_all_at_once(ds: Path) -> None:
+    """The batched lookup gives what one lookup per word gives: the exact title through a redirect, else the
+    first article whose title folds alike, else None."""
+    from bertknn.core.titles import fold_title, normalize_title
+    from bertknn.service.entities import _titled
+
+    store = Datastore(ds)
+
+    def one(word: str) -> EntityRef | None:
+        folded = store.articles.folded(fold_title(word))
+        return store.entity(normalize_title(word)) or (store.entity(folded[0].title) if folded else None)
+
+    words = ["New Quellport", "new quellport", "KINGDOM OF ZEMBLA", "Kingdom_of_Zembla", "Orvin Tasker",
+             "Quellport", "New Quellport", "port ambrel"]  # fmt: skip
+    got = _titled(store, words)
+    assert got == [one(w) for w in words]
+    assert got[0] == got[1] == got[6] == EntityRef("New Quellport", 2) and got[5] is None
+    assert got[2] is not None and got[2].title == "Kingdom of Zembla" and got[7] == EntityRef("Port Ambrel", 2)
+    assert _titled(store, []) == []
+
+
 def test_predict_answers_an_entity_of_several_wordpieces(client: TestClient) -> None:
     r = client.post("/predict", json={"text": "orvin tasker was born in [MASK] .", "subject": "Orvin Tasker",
                                       "answer": "entity", "top_k": 3})  # fmt: skip

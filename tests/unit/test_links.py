@@ -159,6 +159,14 @@ class _Linked:
     def entity(self, title: str) -> EntityRef | None:
         return {"Pisa": EntityRef("Pisa", 9)}.get(title)
 
+    def entities_named(self, titles: list[str]) -> list[EntityRef | None]:
+        return [self.entity(t) for t in titles]
+
+    class articles:  # noqa: N801 - the datastore's article table: no folded titles here
+        @staticmethod
+        def first_folded(keys: list[str]) -> dict[str, str]:
+            return {}
+
 
 def test_neighbours_vote_for_their_entity_whatever_the_surface() -> None:
     city, country = EntityRef("New Quellport", 5), EntityRef("Kingdom of Zembla", 2)

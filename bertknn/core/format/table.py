@@ -241,17 +241,35 @@ class ArticleTable(Mapping[str, ArticleEntry]):
     def entities(self, targets: Sequence[str]) -> list[EntityRef]:
         """What several link targets name, in two queries for all of them: each target's title through one
         redirect, with its popularity (0 when the table has no such entity)."""
+        titles, popular = self._entity_rows(targets)
+        return [EntityRef(t, int(popular.get(t, 0))) for t in titles]
+
+    def entities_named(self, targets: Sequence[str]) -> list[EntityRef | None]:
+        """`entity` of several targets in two queries for all of them: None where the table has no such entity
+        (or no entities table)."""
+        if self.meta.get("entities") is None:
+            return [None] * len(targets)
+        titles, popular = self._entity_rows(targets)
+        return [EntityRef(t, int(popular[t])) if t in popular else None for t in titles]
+
+    def _entity_rows(self, targets: Sequence[str]) -> tuple[list[str], dict[str, int]]:
+        """Each target's title through one redirect, and the popularity of those of them that are entities."""
         wanted = sorted(set(targets))
         redirect = dict(self._in("SELECT source, target FROM redirects WHERE source IN", wanted))
-        titles = sorted({redirect.get(t, t) for t in wanted})
+        titles = [redirect.get(t, t) for t in targets]
         popular = (
-            dict(self._in("SELECT title, popularity FROM entities WHERE title IN", titles))
+            dict(self._in("SELECT title, popularity FROM entities WHERE title IN", sorted(set(titles))))
             if self.meta.get("entities") is not None else {}
         )  # fmt: skip
-        out = []
-        for target in targets:
-            title = redirect.get(target, target)
-            out.append(EntityRef(title, int(popular.get(title, 0))))
+        return titles, popular
+
+    def first_folded(self, keys: Sequence[str]) -> dict[str, str]:
+        """For each folded title among ``keys`` that live articles have, the first such article's title (in the
+        table's order, as `folded` lists them): one query for all of them."""
+        out: dict[str, str] = {}
+        rows = self._in("SELECT folded, title, pos FROM entries WHERE live = 1 AND folded IN", sorted(set(keys)))
+        for key, title, _ in sorted(rows, key=lambda r: r[2]):
+            out.setdefault(key, title)
         return out
 
     def _in(self, sql: str, keys: Sequence[str]) -> list[tuple]:
