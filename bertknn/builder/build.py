@@ -14,7 +14,7 @@ import torch
 from bertknn.builder.blocks import BlockPlan, check_slicing, iter_blocks, plan_blocks
 from bertknn.builder.coding import Coder, open_coder
 from bertknn.builder.corpus import CorpusStats, detect_format
-from bertknn.builder.embed import ShardOptions, Work, embed_shards
+from bertknn.builder.embed import ShardOptions, Work, embed_shards, embed_step
 from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
@@ -227,9 +227,10 @@ class _BuildRun:
     def embed(self, encoder: MaskedLMEncoder, stopwords: frozenset[str], coder: Coder | None) -> float:
         """Embed what is left (`embed_shards`); the forward passes' seconds. Interrupted, it says what is kept."""
         s = self.settings
+        step = embed_step(s.checkpoint_contexts, s.batch_size, encoder.device.type)
         options = ShardOptions(
             s.max_seq_len, stopwords, s.min_sentence_chars, s.targets, s.batch_size, s.workers,
-            s.contexts_per_shard or None, s.links, s.checkpoint_contexts, s.batch_tokens or None,
+            s.contexts_per_shard or None, s.links, step, s.batch_tokens or None,
         )  # fmt: skip
         try:
             return embed_shards(
@@ -241,7 +242,7 @@ class _BuildRun:
             raise BuildInterrupted(
                 f"stopped: {self.out} keeps {len(kept)} finished parts ({sum(i.rows for i in kept):,} contexts of "
                 f"{sum(i.articles for i in kept):,} articles; {self.new_contexts:,} contexts of them from this run); "
-                f"at most {s.checkpoint_contexts:,} contexts of work in flight were lost"
+                f"at most {step:,} contexts of work in flight were lost"
             ) from None
         finally:
             self.progress.close()
@@ -321,8 +322,8 @@ def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = 
     blocks = iter_blocks(plan, settings.articles_per_shard, CorpusStats(), Counts(), limit_articles=settings.limit_articles)
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
-        settings.workers, settings.contexts_per_shard or None, settings.links, settings.checkpoint_contexts,
-        settings.batch_tokens or None,
+        settings.workers, settings.contexts_per_shard or None, settings.links,
+        embed_step(settings.checkpoint_contexts, settings.batch_size, encoder.device.type), settings.batch_tokens or None,
     )
     works = (Work(b.index, 0, b.articles) for b in blocks)
     embed_shards(out, works, encoder, options, lambda info: None, coder=coder, train_only=True)

@@ -25,9 +25,20 @@ from bertknn.core.errors import BuildError, BuildInterrupted
 from bertknn.core.format import ShardInfo
 from bertknn.core.runtime import return_free_memory
 
-# Rows embedded per step (the default of ``checkpoint_contexts``), in the shard's (article) order, each step in
-# length-sorted batches: an interrupted build keeps every article whose rows were all embedded.
+# Rows embedded per step (on a CPU, the default of ``checkpoint_contexts``), in the shard's (article) order, each
+# step in length-sorted batches: an interrupted build keeps every article whose rows were all embedded.
 EMBED_STEP_ROWS = 2048
+# On a GPU, batches per step (the default there): batches are cut from each step's length-sorted rows, so a step of
+# few large batches pads them like unsorted ones; this many is a second or two of a GPU's work.
+GPU_STEP_BATCHES = 32
+
+
+def embed_step(checkpoint_contexts: int, batch_size: int, device_type: str) -> int:
+    """Rows per embedding step: ``checkpoint_contexts``, or for 0 (auto) `EMBED_STEP_ROWS` on a CPU and
+    `GPU_STEP_BATCHES` batches of ``batch_size`` (at least `EMBED_STEP_ROWS`) elsewhere."""
+    if checkpoint_contexts > 0:
+        return checkpoint_contexts
+    return EMBED_STEP_ROWS if device_type == "cpu" else max(EMBED_STEP_ROWS, GPU_STEP_BATCHES * batch_size)
 
 
 def token_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None) -> list[tuple[int, int]]:

@@ -166,3 +166,28 @@ def test_the_host_heap_is_trimmed_per_batch_on_a_cpu_and_per_step_on_a_gpu(
     # each batch starts before the previous one's rows are taken (a step's last batch is taken at its end)
     assert events[:6] == ["start 0", "start 1", "take 0", "start 2", "take 1", "start 3"]
     assert events[6:9] == ["take 2", "take 3", "start 4"] and len(events) == 20
+
+
+def test_the_embedding_step_holds_many_batches_on_a_gpu_and_the_given_size_always() -> None:
+    """Batches are cut from each step's length-sorted rows: on a GPU, whose batches are large, the auto step holds
+    32 of them; on a CPU it stays at 2048 rows; a step the user sets is kept as set."""
+    from bertknn.builder.embed import EMBED_STEP_ROWS, embed_step, token_batches
+
+    assert embed_step(0, 128, "cpu") == EMBED_STEP_ROWS == 2048
+    assert embed_step(0, 512, "cuda") == 16_384 and embed_step(0, 16, "cuda") == EMBED_STEP_ROWS
+    assert embed_step(300, 512, "cuda") == 300 and embed_step(300, 128, "cpu") == 300
+    # what the step changes: lengths 10..128 at random, a budget of 64 rows of the longest: sorting 2048 rows at a
+    # time pads far more than sorting a step of 32 such batches
+    import numpy as np
+
+    lengths = np.random.default_rng(0).integers(10, 129, 32_768)
+
+    def padding(step: int) -> float:
+        real = padded = 0
+        for lo in range(0, len(lengths), step):
+            chunk = sorted(lengths[lo : lo + step].tolist())
+            for a, b in token_batches(chunk, 512, 64 * 128):
+                real, padded = real + sum(chunk[a:b]), padded + (b - a) * chunk[b - 1]
+        return 1 - real / padded
+
+    assert padding(embed_step(0, 512, "cuda")) < padding(embed_step(0, 512, "cpu")) / 2
