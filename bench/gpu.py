@@ -106,7 +106,7 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     py, model = sys.executable, str(args.model)
     builder = [py, "-m", "bench.builder", "--model", model, "--device", "cuda", "--articles", str(args.articles),
                "--workers", str(args.workers), "--batch-size", "2048", "--runs", str(args.runs),
-               "--articles-per-shard", "400", "--checkpoint-contexts", "65536"]  # fmt: skip
+               "--articles-per-shard", "400"]  # fmt: skip
     retriever = "bm25" if importlib.util.find_spec("pyserini") and args.retriever == "auto" else "tfidf"
     if args.retriever not in ("auto", retriever):
         retriever = args.retriever
