@@ -94,91 +94,104 @@ def one_run(
     encoder: MaskedLMEncoder, corpus: Path, args: argparse.Namespace, backend: str, codec: str = "fp16",
     batch_tokens: int = 4096,
 ) -> dict[str, object]:
+    """One timed build into a temporary folder, then the bare forward over exactly its batches: the run's record."""
     out = Path(tempfile.mkdtemp(prefix="bench-builder-"))
     try:
         recorder = RecordingEncoder(encoder)
-        settings = BuildSettings(
-            corpus=[corpus],
-            model=str(args.model),
-            out=out,
-            device=args.device,
-            batch_size=args.batch_size,
-            batch_tokens=batch_tokens,
-            max_seq_len=args.max_seq_len,
-            articles_per_shard=args.articles_per_shard,
-            checkpoint_contexts=args.checkpoint_contexts,
-            workers=args.workers,
-            sparse_indexes=False,
-            backend=backend,
-            codec=codec,
-            code_bytes=args.code_bytes,
-        )
         # Like loading the model, building the compiled forward is outside the timing: it happens once per
         # build (an ONNX export of bert-base takes about 5 s), whatever the corpus' size. `build` then keeps it.
         t = time.perf_counter()
         encoder.set_backend(backend, with_mlm=False)
         setup_s = time.perf_counter() - t
-        summary = _BuildSummary()
-        log = logging.getLogger("bertknn.builder.build")
-        level, propagate = log.level, log.propagate
-        log.addHandler(summary)
-        log.setLevel(logging.INFO)  # the summary is an INFO line; it goes to this handler only
-        log.propagate = False
-        t = time.perf_counter()
-        try:
-            build(settings, encoder=recorder)  # type: ignore[arg-type]
-        finally:
-            log.removeHandler(summary)
-            log.setLevel(level)
-            log.propagate = propagate
-        build_s = time.perf_counter() - t
-        manifest = read_manifest(out)
-        contexts = manifest.counts.contexts
-        shard_bytes = sum(f.bytes for s in manifest.shards for f in s.files.values())
-        text_bytes = sum(f.bytes for s in manifest.shards for n, f in s.files.items() if n == "sentences.txt")
-        codec_file = out / manifest.codec.file if manifest.codec else None
-        all_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-
-        # The bare forward: the same batches, in the same order, nothing else running.
-        forward_s = 0.0
-        for batch in recorder.batches:
-            t = time.perf_counter()
-            encoder.encode(batch)
-            forward_s += time.perf_counter() - t
-        assert sum(len(b) for b in recorder.batches) == contexts
-        tokens = sum(len(x.input_ids) for b in recorder.batches for x in b)
-        padded = sum(len(b) * max(len(x.input_ids) for x in b) for b in recorder.batches)
-        return {
-            "backend": encoder.backend,
-            "forward": f"cut at layer {encoder.layer} ({encoder.cut})" if encoder.truncated else "full",
-            "batch_tokens": batch_tokens,
-            "padding_fraction": round(1 - tokens / padded, 4),
-            "codec": manifest.codec.factory if manifest.codec else "fp16",
-            "articles": manifest.counts.articles,
-            "sentences": manifest.counts.sentences,
-            "contexts": contexts,
-            "shards": len(manifest.shards),
-            "batches": len(recorder.batches),
-            "backend_setup_s": round(setup_s, 2),
-            "build_s": round(build_s, 2),
-            "build_ctx_per_s": round(contexts / build_s, 1),
-            "forward_in_build_ctx_per_s": round(contexts / recorder.seconds, 1),
-            "bare_forward_s": round(forward_s, 2),
-            "bare_forward_ctx_per_s": round(contexts / forward_s, 1),
-            "build_over_forward": round((contexts / build_s) / (contexts / forward_s), 3),
-            "bytes_per_context_shards": round(shard_bytes / contexts, 1),
-            # what the issue's budget counts: vectors or codes, labels, references (sentences text apart)
-            "bytes_per_context_without_text": round((shard_bytes - text_bytes) / contexts, 1),
-            "text_bytes_per_context": round(text_bytes / contexts, 1),
-            "codec_file_bytes": codec_file.stat().st_size if codec_file else 0,
-            "bytes_per_context_dir": round(all_bytes / contexts, 1),
-            "vector_bytes_per_context": manifest.model.hidden_size * 2,
+        build_s, summary = _timed_build(_settings(corpus, out, args, backend, codec, batch_tokens), recorder)
+        forward_s = _bare_forward(encoder, recorder.batches)
+        record = {"backend": encoder.backend,
+                  "forward": f"cut at layer {encoder.layer} ({encoder.cut})" if encoder.truncated else "full",
+                  "batch_tokens": batch_tokens, **_padding(recorder.batches)}  # fmt: skip
+        return record | _rates(out, recorder, build_s, forward_s, setup_s) | {
             # per stage: seconds, items, items/s per process, and the stage that bounds the build
-            "stages": summary.stages,
-            "bound": summary.bound,
-        }
+            "stages": summary.stages, "bound": summary.bound,
+        }  # fmt: skip
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _settings(
+    corpus: Path, out: Path, args: argparse.Namespace, backend: str, codec: str, batch_tokens: int
+) -> BuildSettings:
+    return BuildSettings(
+        corpus=[corpus], model=str(args.model), out=out, device=args.device, batch_size=args.batch_size,
+        batch_tokens=batch_tokens, max_seq_len=args.max_seq_len, articles_per_shard=args.articles_per_shard,
+        checkpoint_contexts=args.checkpoint_contexts, workers=args.workers, sparse_indexes=False, backend=backend,
+        codec=codec, code_bytes=args.code_bytes,
+    )  # fmt: skip
+
+
+def _timed_build(settings: BuildSettings, recorder: RecordingEncoder) -> tuple[float, _BuildSummary]:
+    """The build's seconds, and its closing summary (caught from its log, which goes nowhere else meanwhile)."""
+    summary = _BuildSummary()
+    log = logging.getLogger("bertknn.builder.build")
+    level, propagate = log.level, log.propagate
+    log.addHandler(summary)
+    log.setLevel(logging.INFO)  # the summary is an INFO line; it goes to this handler only
+    log.propagate = False
+    t = time.perf_counter()
+    try:
+        build(settings, encoder=recorder)  # type: ignore[arg-type]
+    finally:
+        log.removeHandler(summary)
+        log.setLevel(level)
+        log.propagate = propagate
+    return time.perf_counter() - t, summary
+
+
+def _bare_forward(encoder: MaskedLMEncoder, batches: list[Sequence[MaskedInput]]) -> float:
+    """Seconds of the bare forward: the build's batches, in the same order, nothing else running."""
+    forward_s = 0.0
+    for batch in batches:
+        t = time.perf_counter()
+        encoder.encode(batch)
+        forward_s += time.perf_counter() - t
+    return forward_s
+
+
+def _padding(batches: list[Sequence[MaskedInput]]) -> dict[str, object]:
+    tokens = sum(len(x.input_ids) for b in batches for x in b)
+    padded = sum(len(b) * max(len(x.input_ids) for x in b) for b in batches)
+    return {"padding_fraction": round(1 - tokens / padded, 4)}
+
+
+def _rates(out: Path, recorder: RecordingEncoder, build_s: float, forward_s: float, setup_s: float) -> dict[str, object]:
+    """The run's counts, rates and bytes per context, from the manifest and the files the build wrote."""
+    manifest = read_manifest(out)
+    contexts = manifest.counts.contexts
+    assert sum(len(b) for b in recorder.batches) == contexts
+    shard_bytes = sum(f.bytes for s in manifest.shards for f in s.files.values())
+    text_bytes = sum(f.bytes for s in manifest.shards for n, f in s.files.items() if n == "sentences.txt")
+    codec_file = out / manifest.codec.file if manifest.codec else None
+    all_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return {
+        "codec": manifest.codec.factory if manifest.codec else "fp16",
+        "articles": manifest.counts.articles,
+        "sentences": manifest.counts.sentences,
+        "contexts": contexts,
+        "shards": len(manifest.shards),
+        "batches": len(recorder.batches),
+        "backend_setup_s": round(setup_s, 2),
+        "build_s": round(build_s, 2),
+        "build_ctx_per_s": round(contexts / build_s, 1),
+        "forward_in_build_ctx_per_s": round(contexts / recorder.seconds, 1),
+        "bare_forward_s": round(forward_s, 2),
+        "bare_forward_ctx_per_s": round(contexts / forward_s, 1),
+        "build_over_forward": round((contexts / build_s) / (contexts / forward_s), 3),
+        "bytes_per_context_shards": round(shard_bytes / contexts, 1),
+        # what the issue's budget counts: vectors or codes, labels, references (sentences text apart)
+        "bytes_per_context_without_text": round((shard_bytes - text_bytes) / contexts, 1),
+        "text_bytes_per_context": round(text_bytes / contexts, 1),
+        "codec_file_bytes": codec_file.stat().st_size if codec_file else 0,
+        "bytes_per_context_dir": round(all_bytes / contexts, 1),
+        "vector_bytes_per_context": manifest.model.hidden_size * 2,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
