@@ -344,68 +344,73 @@ def _check_links(shard: Shard, manifest: Manifest) -> str | None:
 
 
 def _check_shard_arrays(shard: Shard, manifest: Manifest) -> list[str]:
-    d = shard.dir
-    rows = shard.info.rows
-    coded = manifest.codec is not None
-    try:
-        vec, lab, sid, spans, offs = (
-            shard.payload,
-            shard.labels,
-            shard.sentence_ids,
-            shard.spans,
-            shard.sentence_offsets,
-        )
-    except DatastoreError as exc:
-        return [str(exc)]
+    """The first problem of a shard's arrays, in the order each check relies on the ones before it."""
+    for check in (_check_shapes, _check_links, _check_labels, _check_references):
+        try:
+            problem = check(shard, manifest)
+        except DatastoreError as exc:  # an array that cannot be read
+            return [str(exc)]
+        if problem:
+            return [problem]
+    return []
+
+
+def _check_shapes(shard: Shard, manifest: Manifest) -> str | None:
+    d, rows, codec = shard.dir, shard.info.rows, manifest.codec
+    vec, lab, sid, spans, offs = shard.payload, shard.labels, shard.sentence_ids, shard.spans, shard.sentence_offsets
     expect = {
-        (CODES if coded else VECTORS): (
-            vec.shape,
-            (rows, manifest.codec.code_bytes if manifest.codec is not None else manifest.model.hidden_size),
-            vec.dtype,
-            np.uint8 if coded else np.float16,
+        (CODES if codec else VECTORS): (
+            vec.shape, (rows, codec.code_bytes if codec else manifest.model.hidden_size), vec.dtype,
+            np.uint8 if codec else np.float16,
         ),
         LABELS: (lab.shape, (rows,), lab.dtype, np.int32),
         SENTENCE_IDS: (sid.shape, (rows,), sid.dtype, np.int32),
         SPANS: (spans.shape, (rows, 2), spans.dtype, np.int32),
         SENTENCE_OFFSETS: (offs.shape, (shard.info.sentences + 1,), offs.dtype, np.int64),
-    }
+    }  # fmt: skip
     for name, (shape, want_shape, dtype, want_dtype) in expect.items():
         if shape != want_shape or dtype != want_dtype:
-            return [f"{d / name}: shape {shape} {dtype}, expected {want_shape} {np.dtype(want_dtype)}"]
-    link_problem = _check_links(shard, manifest)
-    if link_problem:
-        return [link_problem]
+            return f"{d / name}: shape {shape} {dtype}, expected {want_shape} {np.dtype(want_dtype)}"
+    return None
+
+
+def _check_labels(shard: Shard, manifest: Manifest) -> str | None:
+    """Word labels inside the vocabulary, or inside the shard's word table for whole-word datastores."""
+    d, lab = shard.dir, shard.labels
     word_rows = lab
-    if manifest.links is not None and rows:
+    if manifest.links is not None and shard.info.rows:
         word_rows = lab[lab >= 0]  # (-1: an entity link's anchor only, checked by _check_links)
     whole = manifest.targets == "whole-word"
     if whole != (WORDS in shard.info.files):
         what = "has no" if whole else "has a"
-        return [f"{d}: {what} {WORDS} but the manifest says targets={manifest.targets}; rebuild the datastore"]
+        return f"{d}: {what} {WORDS} but the manifest says targets={manifest.targets}; rebuild the datastore"
     if whole:
-        try:
-            words = shard.words
-        except DatastoreError as exc:
-            return [str(exc)]
+        words = shard.words
         problem = check_word_table(words, manifest.model.vocab_size)
         if problem:
-            return [f"{d / WORDS}: {problem}"]
+            return f"{d / WORDS}: {problem}"
         if len(word_rows) and (word_rows.min() < 0 or word_rows.max() >= len(words)):
-            return [f"{d / LABELS}: label outside the word table [0, {len(words)})"]
+            return f"{d / LABELS}: label outside the word table [0, {len(words)})"
     elif len(word_rows) and (word_rows.min() < 0 or word_rows.max() >= manifest.model.vocab_size):
-        return [f"{d / LABELS}: label outside the vocabulary [0, {manifest.model.vocab_size})"]
+        return f"{d / LABELS}: label outside the vocabulary [0, {manifest.model.vocab_size})"
+    return None
+
+
+def _check_references(shard: Shard, manifest: Manifest) -> str | None:
+    """Sentence ids, the sentences' offsets and the articles' row ranges agree with the shard."""
+    d, rows, sid, offs = shard.dir, shard.info.rows, shard.sentence_ids, shard.sentence_offsets
     if rows and (sid.min() < 0 or sid.max() >= shard.info.sentences):
-        return [f"{d / SENTENCE_IDS}: sentence id outside [0, {shard.info.sentences})"]
+        return f"{d / SENTENCE_IDS}: sentence id outside [0, {shard.info.sentences})"
     if offs[-1] != (d / SENTENCES).stat().st_size:
-        return [f"{d / SENTENCE_OFFSETS}: last offset {offs[-1]} != size of {SENTENCES}"]
+        return f"{d / SENTENCE_OFFSETS}: last offset {offs[-1]} != size of {SENTENCES}"
     arts = sorted(shard.articles(), key=lambda a: a["row_start"])
     cursor = 0
     for a in arts:
         if a["row_start"] != cursor or a["row_end"] < a["row_start"]:
-            return [f"{d / ARTICLES}: article {a['title']!r} rows [{a['row_start']}, {a['row_end']}) are not contiguous"]
+            return f"{d / ARTICLES}: article {a['title']!r} rows [{a['row_start']}, {a['row_end']}) are not contiguous"
         cursor = a["row_end"]
     if cursor != rows:
-        return [f"{d / ARTICLES}: article rows cover {cursor} of {rows} rows"]
+        return f"{d / ARTICLES}: article rows cover {cursor} of {rows} rows"
     if len(arts) != shard.info.articles:
-        return [f"{d / ARTICLES}: {len(arts)} articles, {SHARD_MARKER} says {shard.info.articles}"]
-    return []
+        return f"{d / ARTICLES}: {len(arts)} articles, {SHARD_MARKER} says {shard.info.articles}"
+    return None
