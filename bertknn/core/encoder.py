@@ -152,6 +152,25 @@ class _MaskCore(torch.nn.Module):
         return emb, torch.log_softmax(self.head(out.last_hidden_state[rows, pos]).float(), dim=-1)
 
 
+def _check_model(tokenizer: PreTrainedTokenizerBase, config: Any, name: str, max_seq_len: int) -> None:
+    """What every masked LM here needs: a mask token, a fast tokenizer, a sequence length it takes."""
+    if tokenizer.mask_token_id is None:
+        raise ModelLoadError(f"{name}: the tokenizer has no mask token; a masked LM is required")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(f"{name}: a fast (Rust) tokenizer is required for word alignment")
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    if max_seq_len > limit or max_seq_len < 8:
+        raise ModelLoadError(f"max_seq_len={max_seq_len} must be between 8 and the model's limit {limit}")
+
+
+def _stored_layer(layer: int | None, num_layers: int, name: str) -> int:
+    """The hidden_states index kept: ``layer`` (negative counts from the end), by default the second-to-last."""
+    index = num_layers - 1 if layer is None else (layer if layer >= 0 else num_layers + 1 + layer)
+    if not 0 <= index <= num_layers:
+        raise ModelLoadError(f"{name}: layer {layer} is out of range; the model has hidden_states[0..{num_layers}]")
+    return index
+
+
 class MaskedLMEncoder:
     """A Hugging Face masked LM used for two things: the [MASK] embedding at ``layer`` and p_MLM at [MASK]."""
 
@@ -170,23 +189,13 @@ class MaskedLMEncoder:
     ):
         """``truncate``: the embeddings-only forward runs the model cut at ``layer`` (`_truncate`); False keeps
         the full forward (a benchmark's "before")."""
-        if tokenizer.mask_token_id is None:
-            raise ModelLoadError(f"{name}: the tokenizer has no mask token; a masked LM is required")
-        if not getattr(tokenizer, "is_fast", False):
-            raise ModelLoadError(f"{name}: a fast (Rust) tokenizer is required for word alignment")
+        _check_model(tokenizer, model.config, name, max_seq_len)
         self.name = name
         self.tokenizer = tokenizer
         config: Any = model.config
         self.config = config
         self.num_layers = int(config.num_hidden_layers)
-        self.layer = self.num_layers - 1 if layer is None else (layer if layer >= 0 else self.num_layers + 1 + layer)
-        if not 0 <= self.layer <= self.num_layers:
-            raise ModelLoadError(
-                f"{name}: layer {layer} is out of range; the model has hidden_states[0..{self.num_layers}]"
-            )
-        limit = int(getattr(model.config, "max_position_embeddings", 512))
-        if max_seq_len > limit or max_seq_len < 8:
-            raise ModelLoadError(f"max_seq_len={max_seq_len} must be between 8 and the model's limit {limit}")
+        self.layer = _stored_layer(layer, self.num_layers, name)
         self.max_seq_len = max_seq_len
         self.weights_sha256 = weights_hash or weights_sha256(model)
         self.device = device or torch.device("cpu")
