@@ -29,6 +29,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +39,7 @@ from typing import Any
 from bench.common import REPO, RESULTS, RUNS, SHARED, machine
 
 NO_DEVICE = 3
+STAGES = ("vectors", "builder_bfloat16", "builder_float16", "serving", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -92,9 +94,9 @@ def compare_vectors(model: Path, corpus: Path, n: int = 256) -> dict[str, object
     out: dict[str, object] = {"contexts": len(texts), "reference": "full forward, float32, CPU"}
     for dtype in ("bfloat16", "float16"):
         enc = MaskedLMEncoder.load(str(model), device="cuda", dtype=dtype)
-        got = np.concatenate([enc.encode(inputs[i : i + 64], with_mlm=True).embeddings for i in range(0, n, 64)])
-        tops = [enc.encode(inputs[i : i + 64], with_mlm=True).mlm_log_probs for i in range(0, n, 64)]
-        top = np.concatenate([t.argmax(-1).cpu().numpy() for t in tops if t is not None])
+        outs = [enc.encode(inputs[i : i + 64], with_mlm=True) for i in range(0, len(inputs), 64)]
+        got = np.concatenate([o.embeddings for o in outs])
+        top = np.concatenate([o.mlm_log_probs.argmax(-1).cpu().numpy() for o in outs if o.mlm_log_probs is not None])
         rel = np.linalg.norm(got - want.embeddings, axis=1) / np.linalg.norm(want.embeddings, axis=1)
         out[dtype] = {"forward": enc.cut if enc.truncated else "full", "rel_error_median": float(np.median(rel)),
                       "rel_error_max": float(rel.max()), "top1_agrees": float((top == want_top).mean())}  # fmt: skip
@@ -107,9 +109,8 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     builder = [py, "-m", "bench.builder", "--model", model, "--device", "cuda", "--articles", str(args.articles),
                "--workers", str(args.workers), "--batch-size", "2048", "--runs", str(args.runs),
                "--articles-per-shard", "400"]  # fmt: skip
-    retriever = "bm25" if importlib.util.find_spec("pyserini") and args.retriever == "auto" else "tfidf"
-    if args.retriever not in ("auto", retriever):
-        retriever = args.retriever
+    bm25_runs = importlib.util.find_spec("pyserini") is not None and shutil.which("java") is not None
+    retriever = args.retriever if args.retriever != "auto" else "bm25" if bm25_runs else "tfidf"
     return {
         "vectors": [py, "-m", "bench.gpu", "--stage", "vectors", "--model", model],
         "builder_bfloat16": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens,
@@ -172,7 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    unknown = set(filter(None, args.only.split(","))) - set(STAGES)
+    if unknown:
+        parser.error(f"--only: no stage {', '.join(sorted(unknown))}; the stages are {', '.join(STAGES)}")
     import torch
 
     if not torch.cuda.is_available():

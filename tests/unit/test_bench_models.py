@@ -59,3 +59,31 @@ def test_bench_gpu_times_the_planned_ivfpq_training() -> None:
     got = time_ivfpq_training(20_000, 16)
     assert got["on"] == "cpu" and got["nlist"] == 512 and got["train_rows"] == 20_000  # the plan for 20,000 rows
     assert isinstance(got["train_s"], float) and got["train_s"] >= 0
+
+
+def test_bench_gpu_tabulates_its_measured_report() -> None:
+    """The table that docs/performance.md takes, from the report bench.gpu wrote on a GPU (bench/results)."""
+    import json
+
+    from bench.common import RESULTS
+    from bench.gpu import gpu_table
+
+    report = json.loads((RESULTS / "gpu.json").read_text())
+    table = gpu_table(report).splitlines()
+    assert table[0].startswith(report["device"]) and table[2] == "| figure | value |"
+    runs = report["builder_bfloat16"]["runs"]
+    assert sum("| builder bfloat16, budget" in row for row in table) == len(runs)
+    assert any(f"{runs[0]['build_ctx_per_s']:,.0f} / {runs[0]['bare_forward_ctx_per_s']:,.0f}" in row for row in table)
+    assert sum("/predict uncached p50" in row for row in table) == len(report["serving"]["clients"])
+    broken = gpu_table({**report, "serving": {"error": "Command '...' returned non-zero exit status 1."}})
+    assert "- serving: Command" in broken and "/predict" not in broken
+
+
+def test_bench_gpu_refuses_a_stage_it_does_not_have() -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "bench.gpu", "--only", "serving,warp"], capture_output=True,
+                         text=True, timeout=120, cwd=repo)  # fmt: skip
+    assert run.returncode == 2 and "no stage warp" in run.stderr
