@@ -15,6 +15,7 @@ apart) are outside both timings; the sparse article indexes are not built (a sep
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import resource
@@ -194,6 +195,24 @@ def _rates(out: Path, recorder: RecordingEncoder, build_s: float, forward_s: flo
     }
 
 
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "math": "MATH"}  # fmt: skip
+
+
+def attention_kernels(names: str) -> contextlib.AbstractContextManager[object]:
+    """``torch.nn.attention.sdpa_kernel`` limited to ``names`` (comma-separated keys of `SDPA_BACKENDS`); no names:
+    torch's own choice."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    wanted = [n for n in names.split(",") if n]
+    unknown = [n for n in wanted if n not in SDPA_BACKENDS]
+    if unknown:
+        raise SystemExit(f"--sdpa: no kernel {', '.join(unknown)}; choose among {', '.join(SDPA_BACKENDS)}")
+    if not wanted:
+        return contextlib.nullcontext()
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[n]) for n in wanted])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.builder", description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=PROXY_MODEL)
@@ -220,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "layer; the encoder before it was cut at the stored layer), alternating: before/after in one run")
     p.add_argument("--before-batch-tokens", type=int, help="with --full-forward: the full forward's runs use this "
                    "token budget (the builder as it was: e.g. 16384) against --batch-tokens for the cut one")
+    p.add_argument("--sdpa", default="", help="attention kernels the forward may use, comma-separated (flash, "
+                   "efficient, cudnn, math; default: torch's choice): on a GPU, whether one of them costs the build "
+                   "per new batch shape")  # fmt: skip
     p.add_argument("--out", type=Path, default=RESULTS / "builder.json")
     return p
 
@@ -250,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     def budget(b: str, t: int) -> int:
         return before if before is not None and b.endswith("+full") else t
 
-    runs = [one_run(encoders[b], corpus, args, b.removesuffix("+full"), c, budget(b, t)) for c in codecs
-            for t in budgets for _ in range(args.runs) for b in backends]  # fmt: skip
+    with attention_kernels(args.sdpa):
+        runs = [one_run(encoders[b], corpus, args, b.removesuffix("+full"), c, budget(b, t)) for c in codecs
+                for t in budgets for _ in range(args.runs) for b in backends]  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)
     result = _result(args, encoder, runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -281,6 +304,7 @@ def _result(args: argparse.Namespace, encoder: MaskedLMEncoder, runs: list[dict[
             "articles_per_shard": args.articles_per_shard,
             "checkpoint_contexts": args.checkpoint_contexts,
             "workers": args.workers,
+            "sdpa": args.sdpa or "torch's choice",
             "sparse_indexes": False,
         },
         "machine": machine(),

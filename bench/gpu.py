@@ -11,6 +11,9 @@ leaves the others' figures:
   forward, the token budget per batch swept (in bfloat16; float16 at one budget), its padding fraction and the
   stage that bounds the build: the GPU's forward, or the CPU workers preparing contexts (`bench.builder
   --device cuda`);
+- ``builder_no_cudnn``: the bfloat16 build at the first budget with cuDNN's attention kernel left out (`bench.builder
+  --sdpa flash,efficient,math`): whether it is what makes the forward inside the build slower than the bare forward
+  while the batch shapes are new (docs/performance.md, "GPU");
 - ``serving``: uncached ``/predict`` p50 and throughput at 1 and 64 clients, the service on the GPU
   (`bench.serving --device cuda`);
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
@@ -39,7 +42,7 @@ from typing import Any
 from bench.common import REPO, RESULTS, RUNS, SHARED, machine
 
 NO_DEVICE = 3
-STAGES = ("vectors", "builder_bfloat16", "builder_float16", "serving", "ivfpq_training")
+STAGES = ("vectors", "builder_bfloat16", "builder_float16", "builder_no_cudnn", "serving", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -117,6 +120,9 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
                              "--out", str(RESULTS / "gpu-builder-bfloat16.json")],
         "builder_float16": [*builder, "--dtype", "float16", "--batch-tokens", args.batch_tokens.split(",")[-1],
                             "--out", str(RESULTS / "gpu-builder-float16.json")],
+        # the same bf16 build with cuDNN's attention left out: is it what costs the build per new batch shape?
+        "builder_no_cudnn": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens.split(",")[0],
+                             "--sdpa", "flash,efficient,math", "--out", str(RESULTS / "gpu-builder-no-cudnn.json")],
         "serving": [py, "-m", "bench.serving", "--model", model, "--device", "cuda", "--articles", "40",
                     "--work", str(RUNS / "bench-serving-gpu"), "--scale", "", "--concurrency", "1,64",
                     "--retriever", retriever],
@@ -128,6 +134,7 @@ def _stage_result(name: str, model: Path) -> object:
     """What a finished stage wrote: its JSON, read back."""
     files = {"vectors": RESULTS / "gpu-vectors.json", "builder_bfloat16": RESULTS / "gpu-builder-bfloat16.json",
              "builder_float16": RESULTS / "gpu-builder-float16.json",
+             "builder_no_cudnn": RESULTS / "gpu-builder-no-cudnn.json",
              "ivfpq_training": RESULTS / "gpu-ivfpq.json"}  # fmt: skip
     if name == "serving":  # serving-cuda-MODEL.json, or serving-cuda:0-MODEL.json: the device as torch names it
         files[name] = max(RESULTS.glob(f"serving-cuda*-{model.name}.json"), key=lambda p: p.stat().st_mtime)
@@ -215,16 +222,17 @@ def gpu_table(out: dict[str, Any]) -> str:
     """The markdown table of the figures that docs/performance.md's GPU section holds."""
     rows = [f"{out['device']}, driver {out['driver']}, torch {out['machine']['torch']} (CUDA {out['torch_cuda']}), "
             f"{out['machine']['cores']} cores; {out['model']}\n", "| figure | value |", "|---|---:|"]
-    for dtype in ("bfloat16", "float16"):
+    for dtype in ("bfloat16", "float16", "no_cudnn"):
         vec = out.get("vectors", {}).get(dtype)
         if vec:
             rows.append(f"| rows vs float32 full forward, {dtype}: median / max relative error, top-1 agrees | "
                         f"{vec['rel_error_median']:.2e} / {vec['rel_error_max']:.2e}, {vec['top1_agrees']:.1%} |")  # fmt: skip
         build = out.get(f"builder_{dtype}", {})
         for run in build.get("runs", []) if isinstance(build, dict) else []:
-            rows.append(f"| builder {dtype}, budget {run['batch_tokens']} tokens: build / bare forward contexts/s, "
-                        f"padding, bound | {run['build_ctx_per_s']:,.0f} / {run['bare_forward_ctx_per_s']:,.0f}, "
-                        f"{run['padding_fraction']:.1%}, {run['bound']} |")  # fmt: skip
+            rows.append(f"| builder {dtype.replace('no_cudnn', 'bfloat16 without cuDNN attention')}, budget "
+                        f"{run['batch_tokens']} tokens: build / bare forward / forward inside the build contexts/s, "
+                        f"padding, bound | {run['build_ctx_per_s']:,.0f} / {run['bare_forward_ctx_per_s']:,.0f} / "
+                        f"{run['forward_in_build_ctx_per_s']:,.0f}, {run['padding_fraction']:.1%}, {run['bound']} |")  # fmt: skip
     serving = out.get("serving", {})
     for client, r in (serving.get("clients", {}) if isinstance(serving, dict) else {}).items():
         if "uncached_ms" in r:
