@@ -230,9 +230,10 @@ def _commit_version(
     if "bm25" in old.indexes or "tfidf" in old.indexes:
         from bertknn.builder.sparse_index import write_sparse_indexes
 
-        new.indexes.update(
-            write_sparse_indexes(root, updated.iter_article_texts(), content_id=new.compute_id(), index_dir=index_dir)
-        )
+        new.indexes.update(  # the same sparse indexes as before: a TF-IDF-only datastore stays one (no Java)
+            write_sparse_indexes(root, updated.iter_article_texts(), content_id=new.compute_id(), index_dir=index_dir,
+                                 bm25="bm25" in old.indexes)
+        )  # fmt: skip
     if "ivfpq" in old.indexes:
         from bertknn.builder.ivfpq import extend_ivfpq
 

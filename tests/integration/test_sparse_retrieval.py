@@ -259,6 +259,17 @@ def test_a_build_without_bm25_needs_no_java_and_the_service_names_the_index_it_h
     assert [(h.title, h.rule) for h in hits] == [("Plonk", "tfidf")]
     with pytest.raises(RetrieverUnavailable, match=r"'bm25' has no index in this datastore \(it has: tfidf\)"):
         pipeline.retrieve(Query(text="The bridge of [MASK] is red .", retriever="bm25", num_articles=1))
+    # a live update keeps it TF-IDF alone (still no Java), with the new article ranked
+    from bertknn.builder.settings import AddSettings
+    from bertknn.builder.update import add_articles
+
+    extra = [{"id": "99", "title": "Zanthor", "text": "Zanthor is a quiet glacier town with a red lighthouse."}]
+    add_articles(AddSettings(datastore=root, corpus=[write_jsonl(tmp_path / "add.jsonl", extra)], device="cpu",
+                             batch_size=16))  # type: ignore[arg-type]  # fmt: skip
+    updated = Datastore(root)
+    assert list(updated.manifest.indexes) == ["tfidf"] and validate_datastore(root) == []
+    ranked = TfidfRetriever(root / updated.manifest.indexes["tfidf"]).top_articles("glacier town lighthouse", 1)
+    assert [t for t, _ in ranked] == ["Zanthor"]
 
 
 def test_turning_bm25_off_removes_an_earlier_bm25_index(tmp_path: Path) -> None:
