@@ -199,18 +199,21 @@ SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH"}  # fmt: skip
 
 
+def sdpa_names(text: str) -> str:
+    """``--sdpa``'s value, checked: comma-separated keys of `SDPA_BACKENDS` (empty: torch's own choice)."""
+    unknown = [n for n in text.split(",") if n and n not in SDPA_BACKENDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"no kernel {', '.join(unknown)}; choose among {', '.join(SDPA_BACKENDS)}")
+    return text
+
+
 def attention_kernels(names: str) -> contextlib.AbstractContextManager[object]:
-    """``torch.nn.attention.sdpa_kernel`` limited to ``names`` (comma-separated keys of `SDPA_BACKENDS`); no names:
-    torch's own choice."""
+    """``torch.nn.attention.sdpa_kernel`` limited to ``names`` (checked by `sdpa_names`); no names: torch's own
+    choice."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     wanted = [n for n in names.split(",") if n]
-    unknown = [n for n in wanted if n not in SDPA_BACKENDS]
-    if unknown:
-        raise SystemExit(f"--sdpa: no kernel {', '.join(unknown)}; choose among {', '.join(SDPA_BACKENDS)}")
-    if not wanted:
-        return contextlib.nullcontext()
-    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[n]) for n in wanted])
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[n]) for n in wanted]) if wanted else contextlib.nullcontext()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "layer; the encoder before it was cut at the stored layer), alternating: before/after in one run")
     p.add_argument("--before-batch-tokens", type=int, help="with --full-forward: the full forward's runs use this "
                    "token budget (the builder as it was: e.g. 16384) against --batch-tokens for the cut one")
-    p.add_argument("--sdpa", default="", help="attention kernels the forward may use, comma-separated (flash, "
+    p.add_argument("--sdpa", type=sdpa_names, default="", help="attention kernels the forward may use, comma-separated (flash, "
                    "efficient, cudnn, math; default: torch's choice): on a GPU, whether one of them costs the build "
                    "per new batch shape")  # fmt: skip
     p.add_argument("--out", type=Path, default=RESULTS / "builder.json")

@@ -117,12 +117,12 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     return {
         "vectors": [py, "-m", "bench.gpu", "--stage", "vectors", "--model", model],
         "builder_bfloat16": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens,
-                             "--out", str(RESULTS / "gpu-builder-bfloat16.json")],
+                             "--out", str(_report("builder_bfloat16"))],
         "builder_float16": [*builder, "--dtype", "float16", "--batch-tokens", args.batch_tokens.split(",")[-1],
-                            "--out", str(RESULTS / "gpu-builder-float16.json")],
+                            "--out", str(_report("builder_float16"))],
         # the same bf16 build with cuDNN's attention left out: is it what costs the build per new batch shape?
         "builder_no_cudnn": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens.split(",")[0],
-                             "--sdpa", "flash,efficient,math", "--out", str(RESULTS / "gpu-builder-no-cudnn.json")],
+                             "--sdpa", "flash,efficient,math", "--out", str(_report("builder_no_cudnn"))],
         "serving": [py, "-m", "bench.serving", "--model", model, "--device", "cuda", "--articles", "40",
                     "--work", str(RUNS / "bench-serving-gpu"), "--scale", "", "--concurrency", "1,64",
                     "--retriever", retriever],
@@ -130,15 +130,17 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
+def _report(stage: str) -> Path:
+    """Where a stage's own process writes its JSON (the serving stage: bench.serving's file)."""
+    return RESULTS / f"gpu-{stage.replace('_', '-')}.json"
+
+
 def _stage_result(name: str, model: Path) -> object:
     """What a finished stage wrote: its JSON, read back."""
-    files = {"vectors": RESULTS / "gpu-vectors.json", "builder_bfloat16": RESULTS / "gpu-builder-bfloat16.json",
-             "builder_float16": RESULTS / "gpu-builder-float16.json",
-             "builder_no_cudnn": RESULTS / "gpu-builder-no-cudnn.json",
-             "ivfpq_training": RESULTS / "gpu-ivfpq.json"}  # fmt: skip
+    path = _report(name)
     if name == "serving":  # serving-cuda-MODEL.json, or serving-cuda:0-MODEL.json: the device as torch names it
-        files[name] = max(RESULTS.glob(f"serving-cuda*-{model.name}.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(files[name].read_text())
+        path = max(RESULTS.glob(f"serving-cuda*-{model.name}.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(path.read_text())
 
 
 def run_stages(args: argparse.Namespace, out: dict[str, Any]) -> None:
@@ -193,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         return NO_DEVICE
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.stage == "vectors":
-        (RESULTS / "gpu-vectors.json").write_text(json.dumps(compare_vectors(args.model, VITAL), indent=1) + "\n")
+        _report("vectors").write_text(json.dumps(compare_vectors(args.model, VITAL), indent=1) + "\n")
         return 0
     if args.stage == "ivfpq":
-        (RESULTS / "gpu-ivfpq.json").write_text(json.dumps(time_ivfpq_training(args.ivfpq_rows, 768)) + "\n")
+        _report("ivfpq_training").write_text(json.dumps(time_ivfpq_training(args.ivfpq_rows, 768)) + "\n")
         return 0
     if not (args.model / "config.json").is_file():
         subprocess.run([sys.executable, "-m", "bench.bert_base", "--out", str(args.model)], check=True, cwd=REPO)

@@ -192,10 +192,10 @@ def _titled(datastore: Datastore, words: Sequence[str]) -> list[EntityRef | None
     """The entity titled like each word (exactly, else ignoring case and accents: the first such article's), or
     None: four table queries for all the words."""
     out = datastore.entities_named([normalize_title(w) for w in words])
-    missing = [i for i, ref in enumerate(out) if ref is None]
-    if missing:
-        first = datastore.articles.first_folded([fold_title(words[i]) for i in missing])
-        found = [(i, first[fold_title(words[i])]) for i in missing if fold_title(words[i]) in first]
+    folded = {i: fold_title(words[i]) for i, ref in enumerate(out) if ref is None}
+    if folded:
+        first = datastore.articles.first_folded(list(folded.values()))
+        found = [(i, first[key]) for i, key in folded.items() if key in first]
         for (i, _), ref in zip(found, datastore.entities_named([title for _, title in found]), strict=True):
             out[i] = ref
     return out

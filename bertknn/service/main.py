@@ -232,6 +232,17 @@ def create_app(
     return app
 
 
+def _warn_default_retriever(settings: ServiceSettings, pipeline: AnswerPipeline) -> None:
+    """One line at start-up when requests that name no retriever would all be refused (a datastore built with
+    --no-bm25, served with the default bm25), naming the setting that fixes it."""
+    default, have = settings.defaults.retriever, sorted(pipeline.retrievers)
+    if default != "none" and default not in have:
+        logger.warning(
+            "the default retriever %r has no index in this datastore (it has: %s): requests that name no retriever "
+            "are refused; set BERTKNN_DEFAULTS__RETRIEVER to one it has", default, ", ".join(have) or "none",
+        )
+
+
 async def _start(
     app: FastAPI, resources: Resources, factory: Callable[[ServiceSettings], AnswerPipeline]
 ) -> tuple[AnswerPipeline, asyncio.Task[None] | None]:
@@ -248,6 +259,7 @@ async def _start(
             app.state.startup_error = str(exc)
         raise
     resources.pipeline = pipeline
+    _warn_default_retriever(settings, pipeline)
     resources.metrics.watch_cache(pipeline.cache)
     resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics, model_thread=model_thread)
     resources.answerer.start()

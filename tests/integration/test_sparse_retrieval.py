@@ -234,7 +234,7 @@ def test_new_content_replaces_the_indexes_atomically(tmp_path: Path) -> None:
 
 
 def test_a_build_without_bm25_needs_no_java_and_the_service_names_the_index_it_has(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import bertknn.builder.sparse_index as sparse_index
     from bertknn.core.encoder import MaskedLMEncoder
@@ -259,6 +259,20 @@ def test_a_build_without_bm25_needs_no_java_and_the_service_names_the_index_it_h
     assert [(h.title, h.rule) for h in hits] == [("Plonk", "tfidf")]
     with pytest.raises(RetrieverUnavailable, match=r"'bm25' has no index in this datastore \(it has: tfidf\)"):
         pipeline.retrieve(Query(text="The bridge of [MASK] is red .", retriever="bm25", num_articles=1))
+    # served with the default retriever (bm25), the service says at start-up which setting fixes it
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from bertknn.service.main import create_app
+    from bertknn.service.settings import ServiceSettings
+
+    with caplog.at_level(logging.WARNING, logger="service"), TestClient(
+        create_app(ServiceSettings(datastore=root, model={"name": str(tiny_model_dir), "device": "cpu"}))
+    ) as client:
+        assert client.post("/predict", json={"text": "The bridge of [MASK] is red .", "retriever": "tfidf"}).status_code == 200
+    assert any("BERTKNN_DEFAULTS__RETRIEVER" in r.getMessage() and "(it has: tfidf)" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
     # a live update keeps it TF-IDF alone (still no Java), with the new article ranked
     from bertknn.builder.settings import AddSettings
     from bertknn.builder.update import add_articles
