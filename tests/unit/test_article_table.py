@@ -70,6 +70,13 @@ def test_row_to_article_map(table: ArticleTable) -> None:
     with pytest.raises(DatastoreError, match="no article holds row 40"):
         table.title_at(1, 40)
 
+    # several rows at once: one query per shard, the same titles as row by row
+    for shard, rows in ((0, [8, 0, 5, 4, 6, 0]), (1, [39, 30, 35])):
+        assert table.titles_at(shard, rows) == [table.title_at(shard, r) for r in rows]
+    assert table.titles_at(0, []) == []
+    with pytest.raises(DatastoreError, match="no article holds row 40"):
+        table.titles_at(1, [30, 40])
+
 
 def test_superseding_by_a_later_version(tmp_path: Path, table: ArticleTable) -> None:
     """``add``: a later shard repeats titles; the base table's entries stay, the old ones become superseded."""
@@ -86,6 +93,7 @@ def test_superseding_by_a_later_version(tmp_path: Path, table: ArticleTable) -> 
         assert v2.totals(live=True) == (8, 4 + 9 - 2 + 4, 49 - 5 + 12)
         assert [e.title for e in v2.folded(fold_title("paris"))] == ["PARIS", "Paris"]
         assert v2.title_at(0, 2) == "Paris"  # superseded rows still map to their article
+        assert v2.titles_at(0, [2, 0]) == ["Paris", "Paris"] and v2.titles_at(2, [8, 0]) == ["Rome", "Paris"]
         assert v2.redirects["Roma"] == "Rome"
     finally:
         v2.close()

@@ -56,13 +56,18 @@ def test_device_cuda_on_an_old_driver_is_one_line_that_names_the_fix(
 
 
 def test_a_faiss_block_sets_torch_s_threads_back() -> None:
-    """FAISS and torch share one OpenMP runtime: a search's single thread must not outlive it, or the next forward
-    on the same thread would run on one core."""
+    """FAISS and torch may share one OpenMP runtime (whether they do depends on which loaded it first): a search's
+    single thread must not outlive it, or the next forward on the same thread would run on one core."""
+    import faiss
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    faiss_before = faiss.omp_get_max_threads()
     try:
         with runtime.faiss_threads(1):
-            assert torch.get_num_threads() == 1  # the shared setting, as FAISS sees it inside the block
-        assert torch.get_num_threads() == 2
+            assert faiss.omp_get_max_threads() == 1
+            shared = torch.get_num_threads() == 1  # the shared runtime's setting, as torch sees it
+        assert torch.get_num_threads() == 2, f"torch's threads not set back (runtime shared: {shared})"
+        assert faiss.omp_get_max_threads() == faiss_before
     finally:
         torch.set_num_threads(before)

@@ -409,7 +409,8 @@ class Datastore:
 
     def entities_of(self, where: Sequence[tuple[int, int]]) -> list[EntityRef]:
         """`entity_of` for several links at once (two table queries in all)."""
-        return self.table.entities([self.shards[pos].entity_title(local) for pos, local in where])
+        shards = {pos: self.shards[pos] for pos in dict.fromkeys(pos for pos, _ in where)}  # each shard looked up once
+        return self.table.entities([shards[pos].entity_title(local) for pos, local in where])
 
     def entity(self, title: str) -> EntityRef | None:
         """An entity by (normalised) title, through a redirect: its popularity; None when nothing links to it."""
@@ -445,7 +446,8 @@ class Datastore:
             sids = shard.sentence_ids[rows].astype(np.int64)
             begin, end = shard.sentence_offsets[sids].tolist(), shard.sentence_offsets[sids + 1].tolist()
             text = shard._sentences
-            for (i, row), (a, b), s0, s1 in zip(items, spans, begin, end, strict=True):
+            titles = self.table.titles_at(pos, [r for _, r in items])
+            for (i, _), (a, b), s0, s1, title in zip(items, spans, begin, end, titles, strict=True):
                 sentence = text[s0:s1].tobytes().decode("utf-8")
-                out[i] = ContextRef(self.table.title_at(pos, row), sentence, (a, b))
+                out[i] = ContextRef(title, sentence, (a, b))
         return cast(list[ContextRef], out)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,6 +222,24 @@ class ArticleTable(Mapping[str, ArticleEntry]):
         if found is None:
             raise DatastoreError(f"{self.path}: no article holds row {row} of shard {shard}; run `validate`")
         return str(found[0])
+
+    def titles_at(self, shard: int, rows: Sequence[int]) -> list[str]:
+        """`title_at` of several rows of one shard, from one query for the articles that span them (an answer's
+        contexts mostly share a few articles: row by row, the queries cost more than the rest of the reading)."""
+        if not rows:
+            return []
+        spans = self._cons.get().execute(
+            "SELECT row_start, row_end, title FROM entries WHERE shard = ? AND row_start <= ? AND row_end > ? "
+            "AND row_end > row_start ORDER BY row_start",
+            (shard, max(rows), min(rows)),
+        ).fetchall()
+        starts = [s[0] for s in spans]
+        out = []
+        for row in rows:
+            i = bisect_right(starts, row) - 1
+            # (entries of one shard do not overlap; if they ever did, the row's own query decides)
+            out.append(str(spans[i][2]) if i >= 0 and spans[i][1] > row else self.title_at(shard, row))
+        return out
 
     def shard_entries(self, shard: int) -> list[ArticleEntry]:
         """Every entry (live or not) of one shard position, by row (``validate`` compares them with the shard)."""
