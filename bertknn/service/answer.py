@@ -57,6 +57,12 @@ class ContextReader:
             out.append(Context(ref.article, marked, float(nbrs.distances[rank]), int(rank) + 1))
         return out
 
+    def by_label(self, nbrs: Neighbours, labels: np.ndarray, wanted: list[int], limit: int) -> dict[int, list[Context]]:
+        """The first ``limit`` contexts (nearest first) of the neighbours of each wanted label (``labels``: one per
+        neighbour), all read at once."""
+        ranks = _ranks_by_label(labels, set(wanted), limit)
+        shown = iter(self.contexts(nbrs, [r for c in wanted for r in ranks.get(c, [])]))
+        return {c: [next(shown) for _ in ranks.get(c, [])] for c in wanted}
 
     def articles_seen(self, query: Query, nbrs: Neighbours, articles: list[ArticleHit]) -> list[ArticleHit]:
         """Without retrieval, the articles the neighbours came from (by count); else the retrieved ones."""

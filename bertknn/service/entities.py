@@ -140,13 +140,14 @@ class EntityAnswerer:
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []
-        for c, prob in top_k(p, query.top_k):
+        best = top_k(p, query.top_k)
+        shown = self.reader.by_label(nbrs, labels, [c for c, _ in best], query.contexts_per_answer if
+                                     query.return_contexts else 0)  # fmt: skip
+        for c, prob in best:
             e = entities[c]
-            ranks = np.flatnonzero(labels == c)[: query.contexts_per_answer].tolist() if query.return_contexts else []
             preds.append(
                 Prediction(
-                    e.title, -1, prob, float(p_mlm[c]), float(p_knn[c]), self.reader.contexts(nbrs, ranks),
-                    max(1, len(self.pieces(e.title))), e,
+                    e.title, -1, prob, float(p_mlm[c]), float(p_knn[c]), shown[c], max(1, len(self.pieces(e.title))), e,
                 )
             )  # fmt: skip
         mlm = [TokenProb(entities[c].title, pr) for c, pr in top_k(p_mlm, query.top_k)]

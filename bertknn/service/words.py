@@ -44,7 +44,6 @@ from bertknn.service.interpolate import interpolate, knn_distribution, top_k, we
 from bertknn.service.results import (
     ArticleHit,
     Assembled,
-    Context,
     Distributions,
     Prediction,
     Query,
@@ -347,19 +346,17 @@ class WordAnswerer:
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []
-        for c, prob in top_k(p, query.top_k):
+        best = top_k(p, query.top_k)
+        shown = self.reader.by_label(nbrs, labels, [c for c, _ in best], query.contexts_per_answer if
+                                     query.return_contexts else 0)  # fmt: skip
+        for c, prob in best:
             w = words[c]
-            contexts = (
-                self._contexts(nbrs, labels, c, query.contexts_per_answer) if query.return_contexts else []
-            )
             token_id = w.pieces[0] if not w.multi_piece else -1
             preds.append(
-                Prediction(w.text, token_id, prob, float(p_mlm[c]), float(p_knn[c]), contexts, len(w.pieces))
+                Prediction(w.text, token_id, prob, float(p_mlm[c]), float(p_knn[c]), shown[c], len(w.pieces))
             )
         mlm = [TokenProb(words[c].text, pr) for c, pr in top_k(p_mlm, query.top_k)]
         knn = [TokenProb(words[c].text, pr) for c, pr in top_k(p_knn, query.top_k, nonzero=True)]
         dists = WordDistributions(p_mlm, p_knn, p, tuple(words), token_p) if with_distributions else None
         return Assembled(preds, mlm, knn, lam, dists, self.reader.articles_seen(query, nbrs, articles))
 
-    def _contexts(self, nbrs: Neighbours, labels: np.ndarray, candidate: int, limit: int) -> list[Context]:
-        return self.reader.contexts(nbrs, np.flatnonzero(labels == candidate)[:limit].tolist())
