@@ -28,6 +28,7 @@ class StageTimes:
     seconds: dict[str, float] = field(default_factory=_zeros)
     items: dict[str, float] = field(default_factory=_zeros)
     dropped: dict[str, int] = field(default_factory=dict)  # sentences left out, by reason (short, fragment, markup)
+    worker_blocks: int = 0  # blocks whose worker stages were merged in (each prepared by one worker)
     tokens: int = 0  # tokens the forward passes embedded
     padded_tokens: int = 0  # the same batches' tokens with padding: rows x the longest row, per batch
 
@@ -49,6 +50,8 @@ class StageTimes:
 
     def merge(self, other: StageTimes) -> None:
         self.pad(other.tokens, other.padded_tokens)
+        if any(other.seconds[s] for s in WORKER_STAGES):
+            self.worker_blocks += max(1, other.worker_blocks)
         for reason, n in other.dropped.items():
             self.dropped[reason] = self.dropped.get(reason, 0) + n
         for s in STAGES:
@@ -57,8 +60,9 @@ class StageTimes:
                 self.items[s] += other.items[s]
 
     def wall(self, workers: int) -> dict[str, float]:
-        """Seconds of wall time per stage: the workers' stages divided among them."""
-        share = max(1, workers)
+        """Seconds of wall time per stage: the workers' stages divided among them, or among as many as had a
+        block to prepare when fewer blocks than workers were merged in (a small build keeps the others idle)."""
+        share = max(1, min(workers, self.worker_blocks) if self.worker_blocks else workers)
         return {s: self.seconds[s] / (share if s in WORKER_STAGES else 1) for s in STAGES}
 
     def bound(self, workers: int) -> str:

@@ -16,7 +16,10 @@ def test_wall_time_divides_the_workers_stages_and_names_the_bound() -> None:
     t = StageTimes()
     t.add("decompress", 1.0, 1000)
     t.add("parse", 2.0, 10)
-    t.add("split", 8.0, 40)  # a worker stage: 8 CPU-seconds over 4 workers are 2 s of wall time
+    for _ in range(4):  # a worker stage, in blocks: 8 CPU-seconds over 4 workers are 2 s of wall time
+        block = StageTimes()
+        block.add("split", 2.0, 10)
+        t.merge(block)
     t.add("forward", 3.0, 500)
     assert t.wall(4)["split"] == 2.0 and t.wall(4)["forward"] == 3.0
     assert t.bound(4) == "forward" and t.bound(1) == "split"
@@ -32,6 +35,22 @@ def test_wall_time_divides_the_workers_stages_and_names_the_bound() -> None:
     early = StageTimes()
     early.add("parse", 1.0, 3)
     assert "bound: known after the first shard" in early.line(1)
+
+
+def test_a_build_of_fewer_blocks_than_workers_divides_their_stages_among_the_busy_ones() -> None:
+    t = StageTimes()
+    t.add("forward", 3.0, 500)
+    block = StageTimes()
+    block.add("markup", 7.0, 20)  # one block: one worker did all of it, whatever --workers says
+    t.merge(block)
+    assert t.worker_blocks == 1 and t.wall(14)["markup"] == 7.0 and t.bound(14) == "markup"
+    for _ in range(3):
+        t.merge(block)
+    assert t.worker_blocks == 4 and t.wall(14)["markup"] == 7.0 and t.wall(2)["markup"] == 14.0
+    reader = StageTimes()
+    reader.add("parse", 1.0, 3)  # the reading process's stages are not a worker's block
+    t.merge(reader)
+    assert t.worker_blocks == 4
 
 
 def test_padding_is_counted_per_batch_and_merged() -> None:
