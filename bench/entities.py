@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -59,23 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
-
-    from bench.quality.corpus import write_corpus
-    from bertknn.builder.build import build
-    from bertknn.builder.settings import BuildSettings
-    from bertknn.core.format import read_manifest, sha256_file, validate_datastore
-    from bertknn.core.runtime import cpu_quota_threads
-    from bertknn.evaluation.__main__ import main as evaluate
+def _asked(args: argparse.Namespace, relations: dict) -> tuple[set[str], set[str], list]:
+    """The subjects and fact ids the corpus needs: the first ``--limit`` facts of each relation, and the
+    two-hop questions with the facts that make each (X r1 Y, and Y's r2 facts)."""
     from bertknn.evaluation.entities import COMPOSED, two_hop_questions
-    from bertknn.evaluation.lama import discover_relations, read_facts
+    from bertknn.evaluation.lama import read_facts
 
-    t0 = time.perf_counter()
-    lama_dir, wiki_dir = args.data / "lama", args.data / "wiki"
-    relations = {r.id: r for r in discover_relations(lama_dir, trex="evidence") if r.template is not None}
     subjects: set[str] = set()
     uids: set[str] = set()
     for rel in relations.values():
@@ -87,30 +77,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     bridges = {q.bridge for q in questions}
     for q in questions:
         subjects.add(q.subject)
-    for rel in relations.values():  # the facts that make each question: X r1 Y, and Y's r2 facts
+    for rel in relations.values():
         for fact in read_facts(rel):
             if fact.subject in subjects and any(q.subject == fact.subject and q.r1 == rel.id for q in questions):
                 uids.add(fact.uid)
             if fact.subject in bridges and any(q.bridge == fact.subject and q.r2 == rel.id for q in questions):
                 subjects.add(fact.subject)
                 uids.add(fact.uid)
+    return subjects, uids, questions
 
-    args.work.mkdir(parents=True, exist_ok=True)
-    corpus = args.work / "corpus.jsonl"
-    stats = write_corpus(
-        corpus, wiki_dir=wiki_dir, lama_dir=lama_dir, trex_subjects=subjects, trex_uids=uids, google_re_uids=set(),
-        distractors=args.distractors, max_fact_sentences=args.fact_sentences,
-        max_other_sentences=args.other_sentences, links=True,
-    )  # fmt: skip
-    links = sum(len(json.loads(line).get("links", [])) for line in corpus.open(encoding="utf-8"))
-    logger.info("corpus %s: %d articles, %d links, %d two-hop questions", corpus, stats.articles, links, len(questions))
+
+def _datastore(args: argparse.Namespace, corpus: Path) -> tuple[Path, Any, bool, float]:
+    """The linked datastore of ``corpus`` (reused when it is current): its path, manifest, whether it was reused,
+    and the build's seconds."""
+    from bertknn.builder.build import build
+    from bertknn.builder.settings import BuildSettings
+    from bertknn.core.format import read_manifest, sha256_file, validate_datastore
+    from bertknn.core.runtime import cpu_quota_threads
 
     ds = args.work / "datastore"
-    corpus_sha = sha256_file(corpus)
     current = (
         not args.rebuild
         and (ds / "manifest.json").is_file()
-        and [s.sha256 for s in read_manifest(ds).sources] == [corpus_sha]
+        and [s.sha256 for s in read_manifest(ds).sources] == [sha256_file(corpus)]
         and read_manifest(ds).links is not None
         and not validate_datastore(ds, hashes=False)
     )
@@ -120,9 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(ds)
         build(BuildSettings(corpus=[corpus], model=args.model, out=ds, device=args.device, workers=1,
                             batch_size=128, threads=args.threads or cpu_quota_threads()))  # type: ignore[call-arg]  # fmt: skip
-    build_s = time.perf_counter() - t
     man = read_manifest(ds)
     logger.info("datastore %s: %s, links %s%s", ds, man.counts.model_dump(), man.links, " (reused)" if current else "")
+    return ds, man, current, time.perf_counter() - t
+
+
+def _evaluate(args: argparse.Namespace, ds: Path, lama_dir: Path, bench_meta: dict) -> int:
+    """The entity LAMA, popularity and follow runs of `bertknn.evaluation`, each report with ``bench_meta``."""
+    from bertknn.evaluation.__main__ import main as evaluate
 
     common = ["--datastore", str(ds), "--device", args.device, "--data", str(lama_dir)] + (["--quiet"] if args.quiet else [])
     if args.threads:
@@ -133,19 +127,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         "popularity": ["lama", "--by-popularity", "--adaptive", "--adaptive-popularity", "--trex", "evidence",
                        "--datasets", "T-REx", "--limit", str(args.limit)],
         "follow": ["follow", "--limit", str(args.follow_limit)],
-    }
+    }  # fmt: skip
     for name, argv_run in runs.items():
         out = args.results / f"entities-{name}.json"
         code = evaluate([*argv_run, *common, "--out", str(out)])
         if code != 0:
             return code
         report = json.loads(out.read_text(encoding="utf-8"))
-        report.setdefault("settings", {}).update(
-            {"bench": {"corpus_articles": stats.articles, "corpus_links": links, "contexts": man.counts.contexts,
-                       "links": man.links.model_dump() if man.links else None, "build_s": round(build_s, 1),
-                       "datastore_reused": current, "model": args.model}}
-        )  # fmt: skip
+        report.setdefault("settings", {}).update({"bench": bench_meta})
         out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+
+    from bench.quality.corpus import write_corpus
+    from bertknn.evaluation.lama import discover_relations
+
+    t0 = time.perf_counter()
+    lama_dir, wiki_dir = args.data / "lama", args.data / "wiki"
+    relations = {r.id: r for r in discover_relations(lama_dir, trex="evidence") if r.template is not None}
+    subjects, uids, questions = _asked(args, relations)
+    args.work.mkdir(parents=True, exist_ok=True)
+    corpus = args.work / "corpus.jsonl"
+    stats = write_corpus(
+        corpus, wiki_dir=wiki_dir, lama_dir=lama_dir, trex_subjects=subjects, trex_uids=uids, google_re_uids=set(),
+        distractors=args.distractors, max_fact_sentences=args.fact_sentences,
+        max_other_sentences=args.other_sentences, links=True,
+    )  # fmt: skip
+    links = sum(len(json.loads(line).get("links", [])) for line in corpus.open(encoding="utf-8"))
+    logger.info("corpus %s: %d articles, %d links, %d two-hop questions", corpus, stats.articles, links, len(questions))
+    ds, man, current, build_s = _datastore(args, corpus)
+    bench_meta = {"corpus_articles": stats.articles, "corpus_links": links, "contexts": man.counts.contexts,
+                  "links": man.links.model_dump() if man.links else None, "build_s": round(build_s, 1),
+                  "datastore_reused": current, "model": args.model}  # fmt: skip
+    code = _evaluate(args, ds, lama_dir, bench_meta)
+    if code != 0:
+        return code
     overhead = measure_overhead(ds, lama_dir, args.limit, args.device)
     overhead["follow"] = measure_follow(ds, relations, questions, args.device)
     overhead["model"] = args.model
@@ -153,7 +174,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logger.info("entity costs: %s", overhead)
     logger.info("bench.entities finished in %.0f s", time.perf_counter() - t0)
     return 0
-
 
 def measure_follow(ds: Path, relations: dict, questions: Sequence, device: str, limit: int = 40) -> dict[str, object]:
     """Uncached latency of a two-hop relation following (beam 5: 1 + up to 5 queries, two forward passes) against

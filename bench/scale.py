@@ -312,19 +312,15 @@ def ms(samples: list[float]) -> dict[str, float]:
     return {k: round(v * 1000, 2) for k, v in percentiles(samples).items() if k != "n"}
 
 
-def measure(root: Path, queries: int, seed: int) -> dict[str, Any]:
-    import httpx
+def _subjects(root: Path, queries: int, seed: int) -> list[str]:
+    """Titles with contexts, drawn at random: asked as written, or lower-cased (one in three), as users type them."""
+    from bertknn.core.format import Datastore
 
-    from bertknn.core.format import Datastore, read_manifest
-
-    manifest = read_manifest(root)
     ds = Datastore(root)
     rng = np.random.default_rng(seed)
-    # subjects: titles with contexts, asked as written, lower-cased or via a redirect, as users type them
-    live = ds.table
-    n = len(live)
+    n = len(ds.table)
     subjects: list[str] = []
-    con = live._cons.get()
+    con = ds.table._cons.get()
     while len(subjects) < queries:
         pos = int(rng.integers(n))
         row = con.execute("SELECT title FROM entries WHERE live = 1 AND row_end > row_start AND pos >= ? ORDER BY pos "
@@ -332,73 +328,91 @@ def measure(root: Path, queries: int, seed: int) -> dict[str, Any]:
         if row:
             t = row[0]
             subjects.append(t if len(subjects) % 3 else t.lower())
-    bm25_titles = subjects[: queries]
     ds.close()
+    return subjects
+
+
+def _passes(client: Any, subjects: list[str]) -> tuple[dict[str, dict[str, list[float]]], int]:
+    """Two passes over the same subjects with different texts (both answer-cache misses; the cache is off anyway):
+    the first reads the articles' rows from disk ("cold" when the datastore is larger than the page cache), the
+    second finds them in the page cache ("warm"): the service's own cost. Seconds per request by pass and mode
+    (the subject named, or BM25), and the requests that failed."""
+    failures = 0
+    passes: dict[str, dict[str, list[float]]] = {}
+    for name in ("cold", "warm"):
+        lat: dict[str, list[float]] = {"subject": [], "bm25": []}
+        for i, title in enumerate(subjects):
+            for mode in ("subject", "bm25"):
+                body: dict[str, Any] = {"text": f"{title} {name} {i} is known for its [MASK] ."}
+                body.update({"subject": title} if mode == "subject" else {"retriever": "bm25"})
+                t = time.perf_counter()
+                r = client.post("/predict", json=body)
+                lat[mode].append(time.perf_counter() - t)
+                failures += r.status_code != 200
+        passes[name] = lat
+    return passes, failures
+
+
+def _reload_under_load(svc: Any, client: Any, subjects: list[str], root: Path, seed: int) -> dict[str, Any]:
+    """A new version written and reloaded while one client keeps asking: the reload's seconds, the process's peak
+    RSS meanwhile (all and anonymous) and the requests answered or failed during it."""
+    import httpx
+
+    pid = svc.proc.pid
+    next_version(root, seed=seed + 1)
+    stop = threading.Event()
+    peak = {"VmRSS": rss_mib(pid), "RssAnon": rss_mib(pid, "RssAnon")}
+    during = {"ok": 0, "failed": 0}
+
+    def sample() -> None:
+        while not stop.is_set():
+            for kind in peak:
+                peak[kind] = max(peak[kind], rss_mib(pid, kind))
+            time.sleep(0.01)
+
+    def ask() -> None:
+        c = httpx.Client(base_url=svc.url, timeout=60)
+        k = 0
+        while not stop.is_set():
+            r = c.post("/predict", json={"text": f"{subjects[k % len(subjects)]} r{k} is a [MASK] .",
+                                         "subject": subjects[k % len(subjects)]})  # fmt: skip
+            during["ok" if r.status_code == 200 else "failed"] += 1
+            k += 1
+
+    threads = [threading.Thread(target=sample), threading.Thread(target=ask)]
+    for th in threads:
+        th.start()
+    time.sleep(0.5)
+    t = time.perf_counter()
+    rr = client.post("/admin/reload", headers={"Authorization": "Bearer bench-token"})
+    reload_s = time.perf_counter() - t
+    time.sleep(1.0)
+    stop.set()
+    for th in threads:
+        th.join()
+    if rr.status_code != 200 or rr.json().get("status") != "reloaded":
+        raise SystemExit(f"reload failed: {rr.status_code} {rr.text}")
+    return {"reload_s": reload_s, "peak": peak, "during": during}
+
+
+def measure(root: Path, queries: int, seed: int) -> dict[str, Any]:
+    import httpx
+
+    from bertknn.core.format import Datastore, read_manifest
+
+    manifest = read_manifest(root)
+    subjects = _subjects(root, queries, seed)
     env = {"BERTKNN_ADMIN_TOKEN": "bench-token", "BERTKNN_CACHE__LRU_SIZE": "0", "HF_HUB_OFFLINE": "1"}
     t0 = time.perf_counter()
     with service_process(root, env=env, timeout_s=1800) as svc:
         startup = time.perf_counter() - t0
-        pid = svc.proc.pid
-        rss_start = {k: rss_mib(pid, k) for k in ("VmRSS", "RssAnon", "RssFile")}
+        kinds = ("VmRSS", "RssAnon", "RssFile")
+        rss_start = {k: rss_mib(svc.proc.pid, k) for k in kinds}
         client = httpx.Client(base_url=svc.url, timeout=60)
-        failures = 0
-        passes: dict[str, dict[str, list[float]]] = {}
-        # Two passes over the same subjects with different texts (so both are answer-cache misses; the cache is off
-        # anyway): the first reads the articles' rows from disk ("cold" when the datastore is larger than the page
-        # cache), the second finds them in the page cache ("warm"): the service's own cost.
-        for name in ("cold", "warm"):
-            lat: dict[str, list[float]] = {"subject": [], "bm25": []}
-            for i in range(queries):
-                for mode in ("subject", "bm25"):
-                    title = subjects[i] if mode == "subject" else bm25_titles[i]
-                    body: dict[str, Any] = {"text": f"{title} {name} {i} is known for its [MASK] ."}
-                    if mode == "subject":
-                        body["subject"] = title
-                    else:
-                        body["retriever"] = "bm25"
-                    t = time.perf_counter()
-                    r = client.post("/predict", json=body)
-                    lat[mode].append(time.perf_counter() - t)
-                    failures += r.status_code != 200
-            passes[name] = lat
-        rss_q = {k: rss_mib(pid, k) for k in ("VmRSS", "RssAnon", "RssFile")}
-        rss_after = rss_q["VmRSS"]
-        # reload to a new version while a client keeps asking
-        next_version(root, seed=seed + 1)
-        stop = threading.Event()
-        peak = [rss_after]
-        during = {"ok": 0, "failed": 0}
-
-        peak_anon = [rss_q["RssAnon"]]
-
-        def sample() -> None:
-            while not stop.is_set():
-                peak[0] = max(peak[0], rss_mib(pid))
-                peak_anon[0] = max(peak_anon[0], rss_mib(pid, "RssAnon"))
-                time.sleep(0.01)
-
-        def ask() -> None:
-            c = httpx.Client(base_url=svc.url, timeout=60)
-            k = 0
-            while not stop.is_set():
-                r = c.post("/predict", json={"text": f"{subjects[k % len(subjects)]} r{k} is a [MASK] .",
-                                             "subject": subjects[k % len(subjects)]})  # fmt: skip
-                during["ok" if r.status_code == 200 else "failed"] += 1
-                k += 1
-
-        threads = [threading.Thread(target=sample), threading.Thread(target=ask)]
-        for th in threads:
-            th.start()
-        time.sleep(0.5)
-        t = time.perf_counter()
-        rr = client.post("/admin/reload", headers={"Authorization": "Bearer bench-token"})
-        reload_s = time.perf_counter() - t
-        time.sleep(1.0)
-        stop.set()
-        for th in threads:
-            th.join()
-        if rr.status_code != 200 or rr.json().get("status") != "reloaded":
-            raise SystemExit(f"reload failed: {rr.status_code} {rr.text}")
+        passes, failures = _passes(client, subjects)
+        rss_q = {k: rss_mib(svc.proc.pid, k) for k in kinds}
+        reload = _reload_under_load(svc, client, subjects, root, seed)
+    peak = {k: max(v, rss_q[k]) for k, v in reload["peak"].items()}
     return {
         "datastore": str(root),
         "articles": manifest.counts.articles,
@@ -408,7 +422,7 @@ def measure(root: Path, queries: int, seed: int) -> dict[str, Any]:
         "startup_s": round(startup, 2),
         "rss_after_startup_mib": round(rss_start["VmRSS"], 1),
         "rss_anon_after_startup_mib": round(rss_start["RssAnon"], 1),
-        "rss_after_queries_mib": round(rss_after, 1),
+        "rss_after_queries_mib": round(rss_q["VmRSS"], 1),
         "rss_anon_after_queries_mib": round(rss_q["RssAnon"], 1),
         "rss_file_after_queries_mib": round(rss_q["RssFile"], 1),
         "predict_subject_ms": ms(passes["warm"]["subject"]),
@@ -417,14 +431,13 @@ def measure(root: Path, queries: int, seed: int) -> dict[str, Any]:
         "predict_bm25_cold_ms": ms(passes["cold"]["bm25"]),
         "queries_per_mode": queries,
         "failed_requests": failures,
-        "reload_s": round(reload_s, 2),
-        "reload_peak_rss_mib": round(peak[0], 1),
-        "reload_peak_above_steady_mib": round(peak[0] - rss_after, 1),
-        "reload_peak_anon_above_steady_mib": round(peak_anon[0] - rss_q["RssAnon"], 1),
-        "requests_during_reload": during,
+        "reload_s": round(reload["reload_s"], 2),
+        "reload_peak_rss_mib": round(peak["VmRSS"], 1),
+        "reload_peak_above_steady_mib": round(peak["VmRSS"] - rss_q["VmRSS"], 1),
+        "reload_peak_anon_above_steady_mib": round(peak["RssAnon"] - rss_q["RssAnon"], 1),
+        "requests_during_reload": reload["during"],
         "disk_bytes": disk_parts(root),
     }
-
 
 def extrapolate(full: dict[str, Any], small: dict[str, Any]) -> dict[str, Any]:
     disk = full["disk_bytes"]
