@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,37 +68,38 @@ def _json_ll(value: float) -> float | None:
     return round(value, 5) if np.isfinite(value) else None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.sample < 1 or args.batch_size < 1 or args.threads < 0:
-        parser.error("--sample and --batch-size must be >= 1, --threads >= 0")
-    import torch
+class _Refused(Exception):
+    """What this datastore cannot be calibrated for, in one line."""
 
-    from bertknn.core.calibration import fit_temperature, neighbour_scale, sample_neighbours, temperature_for
-    from bertknn.core.encoder import MaskedLMEncoder
+
+def _sample(args: argparse.Namespace) -> tuple[Any, Any, list, np.ndarray]:
+    """The manifest, the sampled contexts' neighbours, their stored sentences and their words (token ids)."""
+    from bertknn.core.calibration import sample_neighbours
     from bertknn.core.format import read_manifest
     from bertknn.core.format.reader import Datastore
-    from bertknn.core.runtime import cpu_quota_threads
 
     if not (args.datastore / "manifest.json").is_file():
-        print(f"bench.calibration: no datastore at {args.datastore}: run `python -m bench.quality` first, or pass "
-              "--datastore", file=sys.stderr)  # fmt: skip
-        return 2
-    torch.set_num_threads(args.threads or cpu_quota_threads())
-    t0 = time.perf_counter()
+        raise _Refused(f"no datastore at {args.datastore}: run `python -m bench.quality` first, or pass --datastore")
     manifest = read_manifest(args.datastore)
     ds = Datastore(args.datastore, manifest)
     try:
         if ds.whole_words:
-            print("bench.calibration: a whole-word datastore's labels are words, not token ids; this benchmark reads "
-                  "single-wordpiece datastores", file=sys.stderr)  # fmt: skip
-            return 2
+            raise _Refused("a whole-word datastore's labels are words, not token ids; this benchmark reads "
+                           "single-wordpiece datastores")  # fmt: skip
         drawn = sample_neighbours(ds, sample=args.sample, seed=args.seed)
         contexts = ds.contexts(drawn.rows)
         gold = ds.labels_at(np.asarray(drawn.rows, dtype=np.int64)).astype(np.int64)
     finally:
         ds.close()
+    return manifest, drawn, contexts, gold
+
+
+def _mlm_at_gold(args: argparse.Namespace, contexts: list, gold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """p_MLM of each sampled context's own word with the word masked, and whether the MLM ranks it first."""
+    import torch
+
+    from bertknn.core.encoder import MaskedLMEncoder
+
     encoder = MaskedLMEncoder.load(args.model, device="cpu")
     inputs = [encoder.query_input(c.sentence[: c.span[0]] + "[MASK]" + c.sentence[c.span[1] :]) for c in contexts]
     p_mlm = np.empty(len(inputs))
@@ -110,30 +112,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             g = gold[i : i + args.batch_size]
             p_mlm[i : i + len(rows)] = np.exp(rows[np.arange(len(rows)), g].astype(np.float64))
             mlm_top1[i : i + len(rows)] = rows.argmax(axis=1) == g
+    return p_mlm, mlm_top1
+
+
+def _fit(manifest: Any, drawn: Any, p_mlm: np.ndarray) -> dict[str, Any]:
+    """The mixture's log-likelihood over the factor x lambda grid, its best, and each lambda's at the builder's
+    factor (or, without one, the kNN-only refit)."""
+    from bertknn.core.calibration import fit_temperature, neighbour_scale, temperature_for
 
     scales = np.array([neighbour_scale(d) for d in drawn.distances])
     builder = temperature_for(manifest.distance_scale)
     refit = fit_temperature(drawn.distances, drawn.matches, list(scales))
     a0 = builder.factor if builder.factor is not None else refit
     if a0 is None:
-        print("bench.calibration: no sampled context has its word among its neighbours", file=sys.stderr)
-        return 2
+        raise _Refused("no sampled context has its word among its neighbours")
     grid: list[dict] = []
     for step in FACTOR_STEPS:
         pk = knn_gold(drawn.distances, drawn.matches, scales, float(a0 * step))
         for lam in LAMBDAS:
             grid.append({"factor": round(float(a0 * step), 5), "lambda": float(lam), "ll": mixture_ll(pk, p_mlm, lam)})
     by_ll = max(grid, key=lambda r: r["ll"])
-    pk0 = knn_gold(drawn.distances, drawn.matches, scales, float(a0))
-    at_a0 = [mixture_ll(pk0, p_mlm, lam) for lam in LAMBDAS]
-    payload = {
-        "datastore": {"path": str(args.datastore), "id": manifest.datastore_id, "contexts": manifest.counts.contexts},
-        "model": str(args.model),
-        "sample": len(drawn.rows),
-        "seed": args.seed,
-        "gold_among_neighbours": round(float(np.mean([m.any() for m in drawn.matches])), 4),
-        "mlm_p1_on_sample": round(float(mlm_top1.mean()), 4),
-        "mlm_mean_p_gold": round(float(p_mlm.mean()), 5),
+    at_a0 = [mixture_ll(knn_gold(drawn.distances, drawn.matches, scales, float(a0)), p_mlm, lam) for lam in LAMBDAS]
+    return {
         "builder_factor": builder.factor,
         "refit_knn_only_factor": refit,
         "at_builder_factor": {
@@ -143,6 +143,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         "joint_best": {"factor": by_ll["factor"], "lambda": by_ll["lambda"], "ll": _json_ll(by_ll["ll"])},
         "paper_lambda_ll_at_builder_factor": _json_ll(at_a0[int(np.flatnonzero(LAMBDAS == 0.3)[0])]),
         "grid": [{**r, "ll": _json_ll(r["ll"])} for r in grid],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.sample < 1 or args.batch_size < 1 or args.threads < 0:
+        parser.error("--sample and --batch-size must be >= 1, --threads >= 0")
+    import torch
+
+    from bertknn.core.runtime import cpu_quota_threads
+
+    torch.set_num_threads(args.threads or cpu_quota_threads())
+    t0 = time.perf_counter()
+    try:
+        manifest, drawn, contexts, gold = _sample(args)
+        p_mlm, mlm_top1 = _mlm_at_gold(args, contexts, gold)
+        fitted = _fit(manifest, drawn, p_mlm)
+    except _Refused as exc:
+        print(f"bench.calibration: {exc}", file=sys.stderr)
+        return 2
+    payload = {
+        "datastore": {"path": str(args.datastore), "id": manifest.datastore_id, "contexts": manifest.counts.contexts},
+        "model": str(args.model),
+        "sample": len(drawn.rows),
+        "seed": args.seed,
+        "gold_among_neighbours": round(float(np.mean([m.any() for m in drawn.matches])), 4),
+        "mlm_p1_on_sample": round(float(mlm_top1.mean()), 4),
+        "mlm_mean_p_gold": round(float(p_mlm.mean()), 5),
+        **fitted,
         "wall_s": round(time.perf_counter() - t0, 1),
         "machine": machine(),
     }
@@ -155,7 +185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in payload.items() if k not in ("grid", "machine")}, indent=1))
     print(f"written {path}")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
