@@ -157,24 +157,15 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
+def _measure(args: argparse.Namespace, ix: _Indexes, queries: list[tuple[str, str]]) -> dict[str, Any]:
+    """Each retriever's and the model's forward's latency per query, and how often each retriever's top N holds
+    the subject's own article (when it has one)."""
     import torch
 
     from bertknn.core.encoder import MaskedLMEncoder
     from bertknn.core.runtime import cpu_quota_threads
     from bertknn.core.titles import normalize_title
 
-    load_start = os.getloadavg()[0]
-    files = sorted(WIKI.glob("*.jsonl"))
-    if not files:
-        print(f"error: no corpus in {WIKI}", file=sys.stderr)
-        return 1
-    ix = _open_indexes(files, args.rebuild)
-    queries = lama_queries(args.queries)
     texts = [q for q, _ in queries]
     n = args.num_articles
     warm = min(20, len(texts))
@@ -182,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         "bm25": time_calls(lambda q: ix.bm25.top_articles(q, n), texts, warm),
         "tfidf": time_calls(lambda q: ix.tfidf.top_articles(q, n), texts, warm),
     }
-    # Quality on the side: how often the subject's own article is among the N retrieved, when it exists.
     with_article = [(q, normalize_title(s)) for q, s in queries if normalize_title(s) in ix.titles]
-    subject_recall = {
+    recall = {
         name: sum(t in {h for h, _ in r.top_articles(q, n)} for q, t in with_article) / max(1, len(with_article))
         for name, r in (("bm25", ix.bm25), ("tfidf", ix.tfidf))
     }
@@ -192,34 +182,49 @@ def main(argv: list[str] | None = None) -> int:
     encoder = MaskedLMEncoder.load(str(args.model), device="cpu")
     inputs = [encoder.query_input(q) for q in texts]
     latency["forward"] = time_calls(lambda x: encoder.encode([x], with_mlm=True), inputs, min(10, len(inputs)))
-    stats = {name: percentiles(v) for name, v in latency.items()}
+    return {"queries": len(texts), "stats": {name: percentiles(v) for name, v in latency.items()},
+            "with_article": len(with_article), "recall": recall, "threads": torch.get_num_threads()}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from importlib.metadata import version
+
+    load_start = os.getloadavg()[0]
+    files = sorted(WIKI.glob("*.jsonl"))
+    if not files:
+        print(f"error: no corpus in {WIKI}", file=sys.stderr)
+        return 1
+    ix = _open_indexes(files, args.rebuild)
+    m = _measure(args, ix, lama_queries(args.queries))
+    n, stats, recall = args.num_articles, m["stats"], m["recall"]
     rows = _rows(stats)
     print(
-        f"\nRetrieval latency per query: {len(texts)} LAMA T-REx template queries, top {n} of {len(ix.titles)} "
+        f"\nRetrieval latency per query: {m['queries']} LAMA T-REx template queries, top {n} of {len(ix.titles)} "
         f"articles ({', '.join(f.name for f in files)}); forward = {Path(str(args.model)).name} on CPU, "
-        f"{torch.get_num_threads()} torch threads, batch 1, embedding + p_MLM"
+        f"{m['threads']} torch threads, batch 1, embedding + p_MLM"
     )
     _print_table(rows)
     print(
-        f"subject article in the top {n} (queries whose subject has an article: {len(with_article)}): "
-        + ", ".join(f"{k} {v:.3f}" for k, v in subject_recall.items())
+        f"subject article in the top {n} (queries whose subject has an article: {m['with_article']}): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in recall.items())
     )
-    from importlib.metadata import version
-
     payload = {
         "benchmark": "retrieval",
         "command": " ".join(["python -m bench.retrieval", *(argv if argv is not None else sys.argv[1:])]),
         "conditions": {
-            **machine(), "queries": len(texts), "num_articles": n, "articles_indexed": len(ix.titles),
+            **machine(), "queries": m["queries"], "num_articles": n, "articles_indexed": len(ix.titles),
             "corpus": [f.name for f in files], "model": Path(str(args.model)).name, "pyserini": version("pyserini"),
             "java": java_version(), "retrieval_threads": 1, "loadavg_1m_start": round(load_start, 2),
             "loadavg_1m_end": round(os.getloadavg()[0], 2),
         },
         "table": rows,
         "latency_ms": {
-            k: {m: round(v, 4) if isinstance(v, float) else v for m, v in s.items()} for k, s in stats.items()
+            k: {q: round(v, 4) if isinstance(v, float) else v for q, v in s.items()} for k, s in stats.items()
         },
-        "subject_article_in_top_n": {"queries": len(with_article), **{k: round(v, 4) for k, v in subject_recall.items()}},
+        "subject_article_in_top_n": {"queries": m["with_article"], **{k: round(v, 4) for k, v in recall.items()}},
         "setup_s": ix.setup_s,
         "index_bytes": ix.index_bytes,
     }  # fmt: skip
@@ -227,7 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"written: {path}")
     ix.bm25.close()
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
