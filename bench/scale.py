@@ -155,12 +155,70 @@ def make_redirects(titles: list[str], count: int, rng: np.random.Generator) -> l
     return out
 
 
+class _Parts:
+    """Synthetic shard parts: each article's rows in sentences of 8 rows, each sentence the article's title and six
+    of the tokenizer's whole words drawn Zipf-like (rank r with weight 1/r), as text has them; random vectors and
+    labels."""
+
+    def __init__(self, titles: list[str], rows: np.ndarray, vocab_words: list[str], rng: np.random.Generator,
+                 hidden: int, vocab: int):  # fmt: skip
+        self.titles, self.rows, self.rng = titles, rows, rng
+        self.hidden, self.vocab = hidden, vocab
+        self.words = np.array(vocab_words)
+        zipf = np.cumsum(1.0 / np.arange(1, len(self.words) + 1))
+        self.zipf = zipf / zipf[-1]
+
+    def data(self, start: int, end: int) -> Any:
+        """Articles ``start`` to ``end`` as one part's arrays (`ShardData`)."""
+        from bertknn.builder.writer import ShardData
+
+        arts: list[dict[str, Any]] = []
+        sentences: list[str] = []
+        sent_ids: list[np.ndarray] = []
+        r = 0
+        for j in range(start, end):
+            n = int(self.rows[j])
+            first_sent = len(sentences)
+            draws = self.rng.random((max(1, math.ceil(n / 8)), 6))
+            picks = self.words[np.minimum(np.searchsorted(self.zipf, draws), len(self.words) - 1)]
+            sentences.extend(f"{self.titles[j]} {' '.join(p)} ." for p in picks)
+            sent_ids.append(first_sent + np.arange(n, dtype=np.int32) // 8)
+            arts.append({"title": self.titles[j], "id": str(j), "source": "synthetic", "row_start": r, "row_end": r + n,
+                         "sent_start": first_sent, "sent_end": len(sentences)})  # fmt: skip
+            r += n
+        vectors = self.rng.standard_normal((r, self.hidden), dtype=np.float32).astype(np.float16)
+        labels = self.rng.integers(min(1000, self.vocab // 2), self.vocab, size=r, dtype=np.int32)
+        sids = np.concatenate(sent_ids) if sent_ids else np.zeros(0, np.int32)
+        return ShardData(vectors, labels, sids, np.zeros((r, 2), np.int32), sentences, arts)
+
+    def write(self, out: Path, articles_per_shard: int, limit: int | None) -> tuple[list, int]:
+        """Every shard (``articles_per_shard`` articles, in parts of at most ``limit`` rows): their infos and the
+        number of sentences."""
+        from bertknn.builder.writer import write_shard
+
+        shards, sentences = [], 0
+        for block_start in range(0, len(self.titles), articles_per_shard):
+            block = range(block_start, min(block_start + articles_per_shard, len(self.titles)))
+            part, start = 0, block.start
+            while start < block.stop:
+                end, total = start, 0
+                while end < block.stop and (limit is None or total < limit or end == start):
+                    total += int(self.rows[end])
+                    end += 1
+                data = self.data(start, end)
+                shards.append(write_shard(out, block_start // articles_per_shard, data, part=part,
+                                          last=end == block.stop))  # fmt: skip
+                sentences += len(data.sentences)
+                part, start = part + 1, end
+        return shards, sentences
+
+
 def synth(args: argparse.Namespace) -> int:
     import torch
 
     from bertknn.builder.sparse_index import build_sparse_indexes
     from bertknn.builder.targets import load_stopwords, stopwords_sha256
-    from bertknn.builder.writer import ShardData, write_shard, write_table
+    from bertknn.builder.writer import write_table
     from bertknn.core.encoder import MaskedLMEncoder
     from bertknn.core.format import REDIRECTS, Counts, Manifest, ModelInfo, atomic_write_json, write_manifest
     from bertknn.core.model_ref import local_model_path
@@ -173,50 +231,16 @@ def synth(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     encoder = MaskedLMEncoder.load(args.model, device="cpu")
     hidden, vocab = encoder.hidden_size, encoder.vocab_size
-    vocab_words = [w for w in encoder.tokenizer.get_vocab() if re.fullmatch(r"[a-z]{4,}", w)]
+    # in id order (a fast tokenizer's get_vocab() is a hash map's order, which changes from run to run): the same
+    # --seed makes the same datastore
+    by_id = sorted(encoder.tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    vocab_words = [w for w, _ in by_id if re.fullmatch(r"[a-z]{4,}", w)]
     titles = make_titles(args.articles, rng, vocab_words)
     rows = long_tail(len(titles), args.contexts, rng)
     print(f"titles and rows: {time.perf_counter() - t0:.0f} s; largest article {rows.max()} rows, median "
           f"{int(np.median(rows))}, articles with 0 rows {int((rows == 0).sum())}", flush=True)  # fmt: skip
-
-    shards = []
-    # sentence words: the tokenizer's whole words, drawn Zipf-like (rank r with weight 1/r), as text has them
-    words = np.array(vocab_words)
-    zipf = np.cumsum(1.0 / np.arange(1, len(words) + 1))
-    zipf /= zipf[-1]
     limit = args.contexts_per_shard or None
-    n_sent_total = 0
-    for block_start in range(0, len(titles), args.articles_per_shard):
-        block = range(block_start, min(block_start + args.articles_per_shard, len(titles)))
-        part, start = 0, block.start
-        while start < block.stop:
-            end, total = start, 0
-            while end < block.stop and (limit is None or total < limit or end == start):
-                total += int(rows[end])
-                end += 1
-            arts: list[dict[str, Any]] = []
-            sentences: list[str] = []
-            sent_ids: list[np.ndarray] = []
-            r = 0
-            for j in range(start, end):
-                n = int(rows[j])
-                n_sent = max(1, math.ceil(n / 8))
-                first_sent = len(sentences)
-                picks = words[np.minimum(np.searchsorted(zipf, rng.random((n_sent, 6))), len(words) - 1)]
-                sentences.extend(f"{titles[j]} {' '.join(p)} ." for p in picks)
-                sent_ids.append(first_sent + np.arange(n, dtype=np.int32) // 8)
-                arts.append({"title": titles[j], "id": str(j), "source": "synthetic", "row_start": r, "row_end": r + n,
-                             "sent_start": first_sent, "sent_end": len(sentences)})  # fmt: skip
-                r += n
-            vectors = rng.standard_normal((r, hidden), dtype=np.float32).astype(np.float16)
-            labels = rng.integers(min(1000, vocab // 2), vocab, size=r, dtype=np.int32)
-            sids = np.concatenate(sent_ids) if sent_ids else np.zeros(0, np.int32)
-            spans = np.zeros((r, 2), np.int32)
-            data = ShardData(vectors, labels, sids, spans, sentences, arts)
-            shards.append(write_shard(out, block_start // args.articles_per_shard, data, part=part,
-                                      last=end == block.stop))  # fmt: skip
-            n_sent_total += len(sentences)
-            part, start = part + 1, end
+    shards, n_sent_total = _Parts(titles, rows, vocab_words, rng, hidden, vocab).write(out, args.articles_per_shard, limit)
     print(f"shards written: {len(shards)} in {time.perf_counter() - t0:.0f} s", flush=True)
     redirects = sorted(make_redirects(titles, args.redirects, rng))
     atomic_write_json(out / REDIRECTS, dict(redirects))
@@ -243,7 +267,6 @@ def synth(args: argparse.Namespace) -> int:
                       "contexts": int(rows.sum()), "shards": len(shards),
                       "seconds": round(time.perf_counter() - t0, 1)}))  # fmt: skip
     return 0
-
 
 def next_version(root: Path, seed: int = 1) -> None:
     """A new version of ``root`` as ``add`` makes one: one more shard (10 new articles), its own article table under
