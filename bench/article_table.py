@@ -78,6 +78,56 @@ class SortedArrays:
         return [t for t in (self.title(int(self.fold_order[i])) for i in range(a, b)) if fold_title(t) == key]
 
 
+PER_SHARD = 5000
+
+
+def _write_both(tmp: Path, titles: list[str], entries: np.ndarray, result: dict[str, dict[str, float]]) -> None:
+    """The same articles as the SQLite table and as sorted arrays: each one's write time and size on disk."""
+    t = time.perf_counter()
+    shards = []
+    for s in range(0, len(titles), PER_SHARD):
+        shards.append((s // PER_SHARD, [{"title": titles[i], "id": str(i), "source": "x",
+                                         "row_start": int(entries[i, 1]), "row_end": int(entries[i, 2]),
+                                         "sent_start": int(entries[i, 3]), "sent_end": int(entries[i, 4])}
+                                        for i in range(s, min(s + PER_SHARD, len(titles)))]))  # fmt: skip
+    write_article_table(tmp / "t.sqlite", shards, [], content_id="bench")
+    result["sqlite"]["write_s"] = time.perf_counter() - t
+    arrays_dir = tmp / "arrays"
+    arrays_dir.mkdir()
+    t = time.perf_counter()
+    SortedArrays.write(arrays_dir, titles, entries)
+    result["sorted_arrays"]["write_s"] = time.perf_counter() - t
+    result["sqlite"]["disk_mb"] = (tmp / "t.sqlite").stat().st_size / 1e6
+    result["sorted_arrays"]["disk_mb"] = sum(f.stat().st_size for f in arrays_dir.iterdir()) / 1e6
+
+
+def _time_lookups(tmp: Path, asked: list[str], result: dict[str, dict[str, float]]) -> None:
+    """Each form's open time, then its title and folded-title look-ups (best of two alternating blocks each),
+    and a check that both forms find the same articles."""
+    t = time.perf_counter()
+    table = ArticleTable(tmp / "t.sqlite")
+    result["sqlite"]["open_ms"] = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    arrays = SortedArrays(tmp / "arrays")
+    result["sorted_arrays"]["open_ms"] = (time.perf_counter() - t) * 1000
+    folded = [fold_title(q) for q in asked]
+    ops: dict[str, dict[str, Callable[[str, str], object]]] = {
+        "sqlite": {"title_us": lambda q, f: table.get(q), "folded_us": lambda q, f: table.folded(f)},
+        "sorted_arrays": {"title_us": lambda q, f: arrays.get(q), "folded_us": lambda q, f: arrays.folded(f)},
+    }
+    for round_ in range(4):  # alternating blocks: drift falls on both
+        for name in ("sqlite", "sorted_arrays") if round_ % 2 == 0 else ("sorted_arrays", "sqlite"):
+            for op, fn in ops[name].items():
+                t = time.perf_counter()
+                for q, f in zip(asked, folded, strict=True):
+                    fn(q, f)
+                us = (time.perf_counter() - t) / len(asked) * 1e6
+                result[name][op] = min(result[name].get(op, float("inf")), us)
+    for q in asked[:200]:  # both agree
+        assert (table.get(q) is None) == (arrays.get(q) is None)
+    table.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--articles", type=int, default=1_000_000)
@@ -86,55 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rng = random.Random(0)
     titles = [f"Title {i} {rng.choice(['Émile', 'Paris', 'river', 'band'])}" for i in range(args.articles)]
-    per_shard = 5000
-    entries = np.array([(i // per_shard, (i % per_shard) * 10, (i % per_shard) * 10 + 10, i % per_shard,
-                         i % per_shard + 1) for i in range(len(titles))], dtype=np.int64)  # fmt: skip
+    entries = np.array([(i // PER_SHARD, (i % PER_SHARD) * 10, (i % PER_SHARD) * 10 + 10, i % PER_SHARD,
+                         i % PER_SHARD + 1) for i in range(len(titles))], dtype=np.int64)  # fmt: skip
     result: dict[str, dict[str, float]] = {"sqlite": {}, "sorted_arrays": {}}
     with tempfile.TemporaryDirectory(prefix="bench-table-") as tmp:
-        t = time.perf_counter()
-        shards = []
-        for s in range(0, len(titles), per_shard):
-            shards.append((s // per_shard, [{"title": titles[i], "id": str(i), "source": "x",
-                                             "row_start": int(entries[i, 1]), "row_end": int(entries[i, 2]),
-                                             "sent_start": int(entries[i, 3]), "sent_end": int(entries[i, 4])}
-                                            for i in range(s, min(s + per_shard, len(titles)))]))  # fmt: skip
-        write_article_table(Path(tmp) / "t.sqlite", shards, [], content_id="bench")
-        result["sqlite"]["write_s"] = time.perf_counter() - t
-        arrays_dir = Path(tmp) / "arrays"
-        arrays_dir.mkdir()
-        t = time.perf_counter()
-        SortedArrays.write(arrays_dir, titles, entries)
-        result["sorted_arrays"]["write_s"] = time.perf_counter() - t
-        result["sqlite"]["disk_mb"] = (Path(tmp) / "t.sqlite").stat().st_size / 1e6
-        result["sorted_arrays"]["disk_mb"] = sum(f.stat().st_size for f in arrays_dir.iterdir()) / 1e6
-
-        t = time.perf_counter()
-        table = ArticleTable(Path(tmp) / "t.sqlite")
-        result["sqlite"]["open_ms"] = (time.perf_counter() - t) * 1000
-        t = time.perf_counter()
-        arrays = SortedArrays(arrays_dir)
-        result["sorted_arrays"]["open_ms"] = (time.perf_counter() - t) * 1000
-
+        _write_both(Path(tmp), titles, entries, result)
         asked = [titles[rng.randrange(len(titles))] if k % 4 else f"Missing {k}" for k in range(args.lookups)]
-        folded = [fold_title(q) for q in asked]
-        ops: dict[str, dict[str, Callable[[str, str], object]]] = {
-            "sqlite": {"title_us": lambda q, f: table.get(q), "folded_us": lambda q, f: table.folded(f)},
-            "sorted_arrays": {"title_us": lambda q, f: arrays.get(q), "folded_us": lambda q, f: arrays.folded(f)},
-        }
-        for round_ in range(4):  # alternating blocks: drift falls on both
-            for name in ("sqlite", "sorted_arrays") if round_ % 2 == 0 else ("sorted_arrays", "sqlite"):
-                for op, fn in ops[name].items():
-                    t = time.perf_counter()
-                    for q, f in zip(asked, folded, strict=True):
-                        fn(q, f)
-                    us = (time.perf_counter() - t) / len(asked) * 1e6
-                    result[name][op] = min(result[name].get(op, float("inf")), us)
-        # both agree
-        for q in asked[:200]:
-            got = table.get(q)
-            other = arrays.get(q)
-            assert (got is None) == (other is None)
-        table.close()
+        _time_lookups(Path(tmp), asked, result)
     print(f"{'form':>14} {'write s':>8} {'open ms':>8} {'disk MB':>8} {'title us':>9} {'folded us':>10}")
     for name, r in result.items():
         print(f"{name:>14} {r['write_s']:>8.1f} {r['open_ms']:>8.2f} {r['disk_mb']:>8.1f} {r['title_us']:>9.1f} "
@@ -142,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"articles": args.articles, "machine": machine(), "result": result}, indent=1))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
