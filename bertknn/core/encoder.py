@@ -171,6 +171,29 @@ def _stored_layer(layer: int | None, num_layers: int, name: str) -> int:
     return index
 
 
+def _from_pretrained(name_or_path: str) -> tuple[Any, Any, list[str]]:
+    """The tokenizer and masked LM of a hub name or local directory (float32, safetensors preferred), and the
+    head's weights the checkpoint lacks (sorted; none for a full masked LM)."""
+    where = Path(name_or_path).expanduser()
+    if (name_or_path.startswith((".", "/", "~")) or where.exists()) and not where.is_dir():
+        raise ModelLoadError(f"the model directory {name_or_path} does not exist; pass a masked LM's directory "
+                             "or its Hugging Face hub name")  # fmt: skip
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
+            model, info = AutoModelForMaskedLM.from_pretrained(
+                name_or_path, dtype=torch.float32, use_safetensors=None, output_loading_info=True
+            )
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load the masked LM {name_or_path!r}: {_first_line(exc)}. Pass a local model directory "
+            "(--model /path or BERTKNN_MODEL) where the Hugging Face hub is unreachable."
+        ) from exc
+    prefix = f"{model.base_model_prefix}."
+    return tokenizer, model, sorted(k for k in info.get("missing_keys", ()) if not k.startswith(prefix))
+
+
 class MaskedLMEncoder:
     """A Hugging Face masked LM used for two things: the [MASK] embedding at ``layer`` and p_MLM at [MASK]."""
 
@@ -292,24 +315,7 @@ class MaskedLMEncoder:
         with a uniform p_MLM, so the answers are the neighbours' alone.
         """
         dev = resolve_device(device)
-        where = Path(name_or_path).expanduser()
-        if (name_or_path.startswith((".", "/", "~")) or where.exists()) and not where.is_dir():
-            raise ModelLoadError(f"the model directory {name_or_path} does not exist; pass a masked LM's directory "
-                                 "or its Hugging Face hub name")  # fmt: skip
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
-                model, info = AutoModelForMaskedLM.from_pretrained(
-                    name_or_path, dtype=torch.float32, use_safetensors=None, output_loading_info=True
-                )
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(
-                f"cannot load the masked LM {name_or_path!r}: {_first_line(exc)}. Pass a local model directory "
-                "(--model /path or BERTKNN_MODEL) where the Hugging Face hub is unreachable."
-            ) from exc
-        prefix = f"{model.base_model_prefix}."
-        missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(prefix))
+        tokenizer, model, missing = _from_pretrained(name_or_path)
         if missing and mlm_head == "required":
             raise ModelLoadError(
                 f"{name_or_path}: the checkpoint has no MLM head ({len(missing)} head weights missing, e.g. "
