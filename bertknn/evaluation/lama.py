@@ -114,6 +114,10 @@ class FilterStats:
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
+    def drop(self, reason: str) -> None:
+        """One more fact dropped for ``reason`` (a field's name)."""
+        setattr(self, reason, getattr(self, reason) + 1)
+
 
 # ---- reading ----------------------------------------------------------------------------------------------
 
@@ -366,6 +370,20 @@ def split_of(uid: str) -> Literal["dev", "test"]:
     return "dev" if bucket < DEV_PERCENT else "test"
 
 
+def _question(relation: Relation, fact: Fact, lowercase: bool) -> tuple[str, str] | str:
+    """A fact's cloze question and subject (template mode; the fact's own sentence without a template), or why it
+    has none (a `FilterStats` field)."""
+    if relation.template is None:
+        text = cloze_sentence(fact.sentences[0], lowercase=lowercase) if fact.sentences else None
+        return (text, "") if text is not None else "bad_mask"
+    subject = (fact.subject or "").strip()
+    if not subject:
+        return "no_subject"
+    if MASK_RE.search(subject):
+        return "bad_mask"
+    return fill_template(relation.template, subject, lowercase=lowercase), subject
+
+
 def build_queries(
     relation: Relation,
     facts: Iterable[Fact],
@@ -385,47 +403,34 @@ def build_queries(
     for fact in facts:
         stats.read += 1
         if not fact.accepted:
-            stats.rejected_by_raters += 1
+            stats.drop("rejected_by_raters")
             continue
-        if relation.template is not None:
-            subject = (fact.subject or "").strip()
-            if not subject:
-                stats.no_subject += 1
-                continue
-            if MASK_RE.search(subject):
-                stats.bad_mask += 1
-                continue
-            text: str | None = fill_template(relation.template, subject, lowercase=vocab.lowercase)
-        else:
-            subject = ""
-            text = cloze_sentence(fact.sentences[0], lowercase=vocab.lowercase) if fact.sentences else None
-            if text is None:
-                stats.bad_mask += 1
-                continue
+        asked = _question(relation, fact, vocab.lowercase)
+        if isinstance(asked, str):
+            stats.drop(asked)
+            continue
+        text, subject = asked
         piece = vocab.wordpiece(fact.obj)
         if piece is None:
-            stats.not_single_wordpiece += 1
+            stats.drop("not_single_wordpiece")
             continue
         token, token_id = piece
         if not vocab.allowed(token):
-            stats.not_in_vocab += 1
+            stats.drop("not_in_vocab")
             continue
-        assert text is not None
-        key = (text, token_id)
-        if key in seen:
-            stats.duplicate += 1
+        if (text, token_id) in seen:
+            stats.drop("duplicate")
             continue
-        seen.add(key)
+        seen.add((text, token_id))
         if limit is not None and len(seen) > limit:
-            stats.over_limit += 1
+            stats.drop("over_limit")
             continue
         if split != "all" and split_of(fact.uid) != split:
-            stats.other_split += 1
+            stats.drop("other_split")
             continue
         out.append(LamaQuery(relation.id, relation.dataset, fact.uid, text, subject or None, token, token_id))
     stats.kept = len(out)
     return out, stats
-
 
 @dataclass
 class Probe:
