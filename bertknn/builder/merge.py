@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from bertknn.builder.writer import link_or_copy
@@ -206,8 +207,31 @@ def _take_codec(src: Path, dst: Path, sha256: str) -> None:
     tmp.replace(dst)
 
 
-def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[Path, Manifest]]:
-    """The slices of one build, ordered by slice index; MergeError names the first mismatch."""
+# what every slice of one build has the same (the first slice's is the reference)
+_SAME: dict[str, Callable[[Manifest], object]] = {
+    "model weights (sha256)": lambda m: m.model.weights_sha256,
+    "layer": lambda m: m.layer,
+    "dtype": lambda m: m.dtype,
+    "max_seq_len": lambda m: m.max_seq_len,
+    "articles_per_shard": lambda m: m.articles_per_shard,
+    "contexts_per_shard": lambda m: m.contexts_per_shard,
+    "blocks cut by": lambda m: m.slice.unit if m.slice else None,
+    "stopwords (sha256)": lambda m: m.stopwords_sha256,
+    "targets": lambda m: m.targets,
+    "links": lambda m: m.links is not None,
+    "num_shards": lambda m: m.slice.count if m.slice else None,
+    "corpus sources": lambda m: [s.model_dump() for s in m.sources],
+    # the slices share one trained codec (`train-codec`, then `build --codec-from`)
+    "codec": lambda m: m.codec.sha256 if m.codec else "fp16",
+}
+# slices cut by articles each skipped the same pages (every slice reads the whole corpus)
+_SAME_BY_ARTICLES: dict[str, Callable[[Manifest], object]] = {
+    "skipped duplicate titles": lambda m: m.counts.skipped_duplicate_titles,
+    "skipped pages": lambda m: m.counts.skipped_pages,
+}
+
+
+def _check_each_is_a_slice(slices: list[Path], manifests: list[Manifest]) -> None:
     for path, m in zip(slices, manifests, strict=True):
         if m.format_version != FORMAT_VERSION:
             raise MergeError(f"{path / MANIFEST}: format version {m.format_version}, this code merges {FORMAT_VERSION}")
@@ -216,26 +240,14 @@ def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[P
                 f"{path}: not a slice (built without --num-shards); only the outputs of "
                 "`build --shard-index i --num-shards n` are merged"
             )
+
+
+def _check_one_build(slices: list[Path], manifests: list[Manifest]) -> None:
+    """Every slice has the first one's settings, model and corpus."""
     ref_path, ref = slices[0], manifests[0]
-    fields = {
-        "model weights (sha256)": lambda m: m.model.weights_sha256,
-        "layer": lambda m: m.layer,
-        "dtype": lambda m: m.dtype,
-        "max_seq_len": lambda m: m.max_seq_len,
-        "articles_per_shard": lambda m: m.articles_per_shard,
-        "contexts_per_shard": lambda m: m.contexts_per_shard,
-        "blocks cut by": lambda m: m.slice.unit if m.slice else None,
-        "stopwords (sha256)": lambda m: m.stopwords_sha256,
-        "targets": lambda m: m.targets,
-        "links": lambda m: m.links is not None,
-        "num_shards": lambda m: m.slice.count if m.slice else None,
-        "corpus sources": lambda m: [s.model_dump() for s in m.sources],
-        # the slices share one trained codec (`train-codec`, then `build --codec-from`)
-        "codec": lambda m: m.codec.sha256 if m.codec else "fp16",
-    }
+    fields = dict(_SAME)
     if ref.slice is not None and ref.slice.unit == "articles":
-        fields["skipped duplicate titles"] = lambda m: m.counts.skipped_duplicate_titles
-        fields["skipped pages"] = lambda m: m.counts.skipped_pages
+        fields.update(_SAME_BY_ARTICLES)
     for path, m in zip(slices[1:], manifests[1:], strict=True):
         for name, get in fields.items():
             if get(m) != get(ref):
@@ -243,9 +255,11 @@ def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[P
                     f"{path}: {name} is {get(m)!r}, but {ref_path} has {get(ref)!r}; "
                     "the slices come from different builds (rebuild them with the same arguments)"
                 )
-    _check_build_states(slices)
-    assert ref.slice is not None
-    n = ref.slice.count
+
+
+def _check_every_index_once(slices: list[Path], manifests: list[Manifest]) -> None:
+    """Each slice index once, every index present, and each slice's shards its own."""
+    n = manifests[0].slice.count if manifests[0].slice else 0
     seen: dict[int, Path] = {}
     for path, m in zip(slices, manifests, strict=True):
         assert m.slice is not None
@@ -263,8 +277,15 @@ def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[P
             f"slices {missing} of {n} are missing; build them with --shard-index K --num-shards {n} and pass every "
             "slice to merge"
         )
-    return sorted(zip(slices, manifests, strict=True), key=lambda item: item[1].slice.index if item[1].slice else 0)
 
+
+def _check_slices(slices: list[Path], manifests: list[Manifest]) -> list[tuple[Path, Manifest]]:
+    """The slices of one build, ordered by slice index; MergeError names the first mismatch."""
+    _check_each_is_a_slice(slices, manifests)
+    _check_one_build(slices, manifests)
+    _check_build_states(slices)
+    _check_every_index_once(slices, manifests)
+    return sorted(zip(slices, manifests, strict=True), key=lambda item: item[1].slice.index if item[1].slice else 0)
 
 def _check_build_states(slices: list[Path]) -> None:
     """Settings that leave no trace in the manifest (article limit, sentence filter) must agree too."""
