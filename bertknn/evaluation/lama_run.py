@@ -30,6 +30,7 @@ from bertknn.evaluation.lama import (
     LamaQuery,
     ObjectVocabulary,
     Probe,
+    Relation,
     discover_relations,
     load_probe,
     load_vocab_file,
@@ -273,6 +274,20 @@ def report_settings(
     }
 
 
+@dataclass
+class _Ran:
+    """A word-answer probe's run: what was asked, by which plan, and its results."""
+
+    target: LamaTarget
+    probe: Probe
+    plan: LamaPlan
+    runner: Runner
+    results: list[QueryResult]
+    run_s: float
+    started: float  # time.perf_counter() at the command's start
+    restricted: bool  # ranked over a restricted vocabulary
+
+
 def run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     """``bert-knn eval lama``: check the flags, open what is asked, plan the queries (grid, adaptive), run them,
     then report (table, JSON, predictions, plots)."""
@@ -291,18 +306,25 @@ def run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     runner = target.runner(restrict, progress=not args.quiet, rule=plan.rule)
     t_run = time.perf_counter()
     results = runner.run(plan.queries, plan.settings)
-    run_s = time.perf_counter() - t_run
+    ran = _Ran(target, probe, plan, runner, results, time.perf_counter() - t_run, t0, restrict is not None)
+    return _report_lama(args, ran, relations)
+
+
+def _report_lama(args: argparse.Namespace, ran: _Ran, relations: list[Relation]) -> int:
+    """The run's table and report: the adaptive rule's skips, the popularity comparison and buckets, the
+    multi-piece probe, predictions and plots as the flags ask."""
+    target, probe, plan, results = ran.target, ran.probe, ran.plan, ran.results
     compared = popularity_comparison(args, target, probe, plan, results) if args.adaptive_popularity else None
-    summary: Summary = summarize(results)
     multi = None
     if args.multi_piece:
         from bertknn.evaluation.words import evaluate_multi_piece
 
-        multi = evaluate_multi_piece(runner, plan.settings, relations, target.vocab, limit=args.limit)
+        multi = evaluate_multi_piece(ran.runner, plan.settings, relations, target.vocab, limit=args.limit)
+    summary: Summary = summarize(results)
     s = plan.settings
     title = (
         f"LAMA ({s.retriever if s.retriever != 'none' else 'no retrieval'}"
-        f"{', common vocab' if restrict else ''}): P@1/P@5/P@10 in %"
+        f"{', common vocab' if ran.restricted else ''}): P@1/P@5/P@10 in %"
     )
     print(format_table(summary, title=title))
     if plan.rule is not None:
@@ -310,7 +332,9 @@ def run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
             f"adaptive ({'fitted on dev' if plan.adaptive_fit else args.adaptive_rule}): kNN skipped for "
             f"{100 * skipped_fraction(results):.1f} % of the {len(results)} queries"
         )
-    report = report_dict(summary, report_settings(args, target, probe, plan, results, run_s, time.perf_counter() - t0))
+    report = report_dict(
+        summary, report_settings(args, target, probe, plan, results, ran.run_s, time.perf_counter() - ran.started)
+    )
     if compared is not None:
         report["adaptive_popularity"] = compared
     if args.by_popularity:
@@ -330,7 +354,6 @@ def run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
         written = write_plots(report, args.plots, title)
         logger.info("plots written: %s", ", ".join(str(p) for p in written))
     return 0
-
 
 def grid_space(args: argparse.Namespace) -> GridSpace:
     """The grid's axes: the paper's unless ``--grid-n/--grid-lambda/--grid-k/--grid-l`` name others."""
