@@ -58,6 +58,7 @@ class _Round:
         self.lower = pipe.encoder.words.lowercase
         self.here = InProcess(pipe)
         self.follows = [f"follow (beam {b})" for b in args.beams]
+        self.loop = asyncio.Runner()  # one event loop for every follow, as in the server (not one per follow)
 
     def question(self, template: str, subject: str) -> str:
         text = template.replace("[X]", subject).replace("[Y]", "[MASK]")
@@ -68,7 +69,7 @@ class _Round:
         from bertknn.service.results import Query
 
         base = Query(text="x [MASK]", top_k=self.args.top_k)
-        return asyncio.run(follow(
+        return self.loop.run(follow(
             subject, list(TEMPLATES[:2]), top_k=self.args.top_k, beam=beam, lower=self.lower, base=base,
             ask=self.here.ask, fill_names=self.here.fill_names,
         ))  # fmt: skip
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     one = _Round(pipe, args)
     pipe.predict(Query(text=one.question(TEMPLATES[0], subjects[0]), subject=subjects[0]))  # warm-up (JVM, forward)
     result = report(pipe, args, [one.run(subjects) for _ in range(args.rounds)])
+    one.loop.close()
     path = write_result(result_name("entity-cost", args.model), result)
     p50 = result["p50_ms"]
     ratios = ", ".join(f"{k} {p50[k]:.1f} ms ({v}x)" for k, v in result["over_word"].items())
