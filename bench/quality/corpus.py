@@ -168,6 +168,56 @@ def sample_by_hash(articles: Iterable[dict], n: int | None) -> list[dict]:
     return [a for a in items if id(a) in chosen]
 
 
+class _Merged:
+    """The corpus's articles by normalised title: a title seen again gets the new text appended (its links'
+    offsets shifted)."""
+
+    def __init__(self, stats: CorpusStats):
+        self.stats = stats
+        self.articles: dict[str, dict] = {}
+
+    def add(self, source: str, title: str, text: str, art_id: str, spans: list[dict] | None = None) -> None:
+        key = normalize_title(title)
+        if not key or not text.strip():
+            return
+        if key in self.articles:
+            shift = len(self.articles[key]["text"]) + 1
+            self.articles[key]["text"] += "\n" + text
+            self.stats.merged_titles += 1
+        else:
+            shift = 0
+            self.articles[key] = {"id": art_id, "title": key, "text": text}
+        if spans:
+            self.articles[key].setdefault("links", []).extend(
+                {**ln, "start": ln["start"] + shift, "end": ln["end"] + shift} for ln in spans
+            )
+        self.stats.by_source[source] = self.stats.by_source.get(source, 0) + 1
+
+    def write(self, out: Path) -> None:
+        """The articles as JSON lines, written to a temporary file first."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for art in self.articles.values():
+                f.write(json.dumps(art, ensure_ascii=False) + "\n")
+                self.stats.chars += len(art["text"])
+        tmp.replace(out)
+        self.stats.articles = len(self.articles)
+
+
+def _link_spans(subject: str, sentences: list[str], sentence_links: dict[str, tuple[int, int, str]] | None) -> list[dict]:
+    """The links of a subject's evidence sentences as offsets into their text joined by newlines (a link to the
+    subject itself left out)."""
+    spans: list[dict] = []
+    offset = 0
+    for sentence in sentences:
+        link = sentence_links.get(sentence) if sentence_links is not None else None
+        if link is not None and link[2] != normalize_title(subject):
+            spans.append({"start": offset + link[0], "end": offset + link[1], "target": link[2]})
+        offset += len(sentence) + 1
+    return spans
+
+
 def write_corpus(
     out: Path,
     *,
@@ -186,32 +236,14 @@ def write_corpus(
     ``links``: each T-REx evidence sentence links its object's surface form to the object's title (``"links"``
     in the JSON lines: character offsets into ``text``), as Wikipedia's own link there would."""
     stats = CorpusStats()
-    merged: dict[str, dict] = {}
+    merged = _Merged(stats)
     sentence_links: dict[str, tuple[int, int, str]] | None = {} if links else None
-
-    def add(source: str, title: str, text: str, art_id: str, spans: list[dict] | None = None) -> None:
-        key = normalize_title(title)
-        if not key or not text.strip():
-            return
-        if key in merged:
-            shift = len(merged[key]["text"]) + 1
-            merged[key]["text"] += "\n" + text
-            stats.merged_titles += 1
-        else:
-            shift = 0
-            merged[key] = {"id": art_id, "title": key, "text": text}
-        if spans:
-            merged[key].setdefault("links", []).extend(
-                {**ln, "start": ln["start"] + shift, "end": ln["end"] + shift} for ln in spans
-            )
-        stats.by_source[source] = stats.by_source.get(source, 0) + 1
-
     for art in sample_by_hash(_jsonl(wiki_dir / "vital_articles.jsonl"), distractors):
-        add("vital", art["title"], art["text"], f"vital-{art['id']}")
+        merged.add("vital", art["title"], art["text"], f"vital-{art['id']}")
     wanted = None if google_re_uids is None else google_re_titles(lama_dir / "Google_RE", google_re_uids)
     for art in _jsonl(wiki_dir / "google_re_articles.jsonl"):
         if wanted is None or normalize_title(art["title"]) in wanted:
-            add("google_re", art["title"], art["text"], str(art["id"]))
+            merged.add("google_re", art["title"], art["text"], str(art["id"]))
     evidence = trex_evidence_articles(
         lama_dir / "TREx",
         trex_subjects,
@@ -222,22 +254,8 @@ def write_corpus(
     )
     for i, (subject, sentences) in enumerate(evidence.items()):
         stats.sentences_added += len(sentences)
-        spans: list[dict] = []
-        offset = 0
-        for sentence in sentences:
-            link = sentence_links.get(sentence) if sentence_links is not None else None
-            if link is not None and link[2] != normalize_title(subject):
-                spans.append({"start": offset + link[0], "end": offset + link[1], "target": link[2]})
-            offset += len(sentence) + 1
-        add("trex_evidence", subject, "\n".join(sentences), f"trex-{i}", spans)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for art in merged.values():
-            f.write(json.dumps(art, ensure_ascii=False) + "\n")
-            stats.chars += len(art["text"])
-    tmp.replace(out)
-    stats.articles = len(merged)
+        spans = _link_spans(subject, sentences, sentence_links)
+        merged.add("trex_evidence", subject, "\n".join(sentences), f"trex-{i}", spans)
+    merged.write(out)
     logger.info("corpus %s: %s", out, json.dumps(stats.as_dict()))
     return stats
