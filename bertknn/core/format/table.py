@@ -228,8 +228,11 @@ class ArticleTable(Mapping[str, ArticleEntry]):
         contexts mostly share a few articles: row by row, the queries cost more than the rest of the reading)."""
         if not rows:
             return []
+        # from the entry that holds the first row (an index seek) to the last row: the scan spans the rows asked,
+        # not the shard's entries before them
         spans = self._cons.get().execute(
-            "SELECT row_start, row_end, title FROM entries WHERE shard = ? AND row_start <= ? AND row_end > ? "
+            "SELECT row_start, row_end, title FROM entries WHERE shard = ?1 AND row_start <= ?2 AND row_start >= "
+            "coalesce((SELECT max(row_start) FROM entries WHERE shard = ?1 AND row_start <= ?3), 0) "
             "AND row_end > row_start ORDER BY row_start",
             (shard, max(rows), min(rows)),
         ).fetchall()
