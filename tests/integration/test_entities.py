@@ -247,6 +247,40 @@ def test_a_dump_s_wikilinks_resolve_through_its_redirects(model: Path, tmp_path:
     ]
 
 
+def test_bench_entity_cost_reports_each_round_over_a_linked_dump(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m bench.entity_cost``'s run end to end on a tiny linked dump: every kind asked in every round, the
+    ratios over all rounds and per round."""
+    from bench import entity_cost
+
+    pages = [
+        wiki_page("Orvin Tasker", "'''Orvin Tasker''' was born in [[New Quellport]]. Orvin Tasker paints ships.", 1),
+        wiki_page("Mira Dolan", "'''Mira Dolan''' was born in [[Port Ambrel]]. She is a member of [[Zembla]].", 2),
+        wiki_page("New Quellport", "'''New Quellport''' is a city in the [[Kingdom of Zembla]].", 3),
+        wiki_page("Port Ambrel", "'''Port Ambrel''' is a city in the [[Republic of Tessaly]].", 4),
+    ]  # fmt: skip
+    xml = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
+           "<siteinfo><sitename>Wikipedia</sitename></siteinfo>\n" + "".join(pages) + "</mediawiki>\n")  # fmt: skip
+    dump = tmp_path / "enwiki-pages-articles.xml.bz2"
+    dump.write_bytes(bz2.compress(xml.encode()))
+    written: dict[str, dict] = {}
+
+    def write_result(name: str, payload: dict) -> Path:  # into the test's folder, not bench/results
+        written[name] = payload
+        return tmp_path / f"{name}.json"
+
+    monkeypatch.setattr(entity_cost, "write_result", write_result)
+    argv = ["--dump", str(dump), "--model", str(model), "--articles", "4", "--subjects", "2", "--rounds", "2",
+            "--beams", "2", "--work", str(tmp_path / "work")]  # fmt: skip
+    assert entity_cost.main(argv) == 0
+    (report,) = written.values()
+    assert report["datastore"]["articles"] == 4 and report["datastore"]["entities"] >= 4
+    # 2 rounds x 2 subjects x 4 templates, and a follow per subject and round
+    assert report["queries"] == {"word": 16, "entity": 16, "follow (beam 2)": 4}
+    assert set(report["over_word"]) == {"entity", "follow (beam 2)"}
+    assert all(len(v) == 2 and min(v) > 0 for v in report["over_word_per_round"].values())
+
 def test_add_counts_the_live_articles_links_only(ds: Path, model: Path, tmp_path: Path) -> None:
     root = Path(shutil.copytree(ds, tmp_path / "ds"))
     changed = [
