@@ -89,7 +89,7 @@ def timed(fn: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - t, out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.knn_prepare", description=__doc__.splitlines()[0])
     p.add_argument("--dump", type=Path, required=True, help="a pages-articles dump (plain, .bz2 or .gz)")
     p.add_argument("--model", type=Path, default=RUNS / "bert-base-shaped", help="python -m bench.bert_base writes it")
@@ -104,21 +104,22 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--model {args.model}: no model there (python -m bench.bert_base writes the default one)")
     if args.articles < 1 or args.repeats < 5 or args.questions < 0:
         p.error("--articles must be at least 1, --repeats at least 5 and --questions at least 0")
-    from bertknn.core.format import Datastore
+    return args
+
+
+def alternating(ds: Datastore, sets: list[list[str]], repeats: int) -> dict[str, dict[str, list[float]]]:
+    """For each set of titles: a query near the first article's rows searched both ways, each way
+    first every other time, ``repeats`` times after one untimed pass (the pages read from disk); the seconds of
+    each way. Both ways must find the same neighbours."""
     from bertknn.service.retrieval.knn import RestrictedKnn
 
-    ds_dir = build_datastore([args.dump], args.work / f"ds-{args.model.name}-{args.articles}", args.model,
-                             limit=args.articles)  # fmt: skip
-    ds = Datastore(ds_dir)
     knn = RestrictedKnn(ds)
-    titles = [e.title for e in ds.table.live()][: args.articles]
     rng = np.random.default_rng(0)
-    sets = [titles[: n + 1] for n in range(len(titles))]
-    times: dict[str, dict[str, list[float]]] = {"+".join(s): {"before": [], "after": []} for s in sets}
+    times: dict[str, dict[str, list[float]]] = {}
     for titles_n in sets:
-        key = "+".join(titles_n)
+        got = times["+".join(titles_n)] = {"before": [], "after": []}
         probe = ds.article_rows(titles_n[:1])[0]
-        for i in range(args.repeats + 1):
+        for i in range(repeats + 1):
             q = probe[int(rng.integers(len(probe)))].astype(np.float32)
             q += 0.1 * rng.standard_normal(len(q), dtype=np.float32)
             ways = [partial(search_before, ds, titles_n, q), partial(search_now, knn, titles_n, q)]
@@ -128,18 +129,31 @@ def main(argv: list[str] | None = None) -> int:
                 (t_old, old), (t_new, new) = timed(ways[0]), timed(ways[1])
             assert old.rows.tolist() == new.rows.tolist(), "the two ways found different neighbours"
             if i:  # (the first of each: pages read from disk)
-                times[key]["before"].append(t_old)
-                times[key]["after"].append(t_new)
-    rows = {"+".join(s): int(sum(ds.articles[t].rows for t in s)) for s in sets}
+                got["before"].append(t_old)
+                got["after"].append(t_new)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from bertknn.core.format import Datastore
+
+    ds_dir = build_datastore([args.dump], args.work / f"ds-{args.model.name}-{args.articles}", args.model,
+                             limit=args.articles)  # fmt: skip
+    ds = Datastore(ds_dir)
+    titles = [e.title for e in ds.table.live()][: args.articles]
+    sets = [titles[: n + 1] for n in range(len(titles))]  # the first 1, 2, ... articles
+    times = alternating(ds, sets, args.repeats)
     found: dict[str, dict[str, float]] = {}
     result: dict[str, object] = {
         "model": args.model.name, "machine": machine(), "dump": args.dump.name, "dim": ds.manifest.model.hidden_size,
         "k": 128, "repeats": args.repeats, "sets": found,
     }  # fmt: skip
-    for key, t in times.items():
+    for titles_n, (key, t) in zip(sets, times.items(), strict=True):
+        rows = int(sum(ds.articles[title].rows for title in titles_n))
         b, a = percentiles(t["before"])["p50"] * 1000, percentiles(t["after"])["p50"] * 1000
-        found[key] = {"rows": rows[key], "before_ms": round(b, 2), "after_ms": round(a, 2), "ratio": round(b / a, 2)}
-        print(f"{key} ({rows[key]:,} rows, {ds.manifest.model.hidden_size}-d): prepare + search p50 "
+        found[key] = {"rows": rows, "before_ms": round(b, 2), "after_ms": round(a, 2), "ratio": round(b / a, 2)}
+        print(f"{key} ({rows:,} rows, {ds.manifest.model.hidden_size}-d): prepare + search p50 "
               f"{b:.2f} -> {a:.2f} ms ({b / a:.2f}x)")  # fmt: skip
     if args.questions:
         result["answers"] = e2e = answers(ds_dir, args.questions)
@@ -147,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
               f"p50 {e2e['before_ms']:.2f} -> {e2e['after_ms']:.2f} ms ({e2e['ratio']:.3f}x)")  # fmt: skip
     print(f"wrote {write_result(result_name('knn-prepare', args.model), result)}")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
