@@ -207,22 +207,13 @@ WIDE_L = (5.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
 NAMES = {"mlm": "MLM", "knn": "kNN", "bert_knn": "BERT-kNN"}
 
 
-def _codec_rows(args, encoder, ds: Path, man, queries: list, pipeline, run) -> dict:  # noqa: ANN001
-    """Each --codecs entry: a compact copy of the datastore (recode, reused when current), evaluated at the default
-    settings (full vocabulary) with its own pipeline; its bytes per context and restricted search time, the latter
-    over the same articles (so the same rows) as fp16's."""
-    from bertknn.builder.recode import recode_datastore
-    from bertknn.core.format import Datastore, read_manifest
-    from bertknn.evaluation.runner import RunSettings
-    from bertknn.service.cache import InMemoryCache
-    from bertknn.service.pipeline import AnswerPipeline
+def _search_sets(pipeline, queries: list) -> dict[str, tuple[list[list[str]], list[np.ndarray]]]:  # noqa: ANN001
+    """Three sizes of row sets, the same for every codec: each query's subject article (the subject rule), and the
+    BM25 top 3 (the service's default without a subject) and top 30 of its text; the query vector is a stored
+    vector of the first article (what a query near its facts looks like)."""
     from bertknn.service.results import Query
 
-    names = [n for n in args.codecs.split(",") if n]
     rng = np.random.default_rng(0)
-    # Three sizes of row sets, the same for every codec: each query's subject article (the subject rule), and the
-    # BM25 top 3 (the service's default without a subject) and top 30 of its text; the query vector is a stored
-    # vector of the first article (what a query near its facts looks like).
     fp16 = pipeline.datastore
     sizes: dict[str, tuple[list[list[str]], list[np.ndarray]]] = {"subject": ([], []), "bm25-3": ([], []),
                                                                    "bm25-30": ([], [])}  # fmt: skip
@@ -237,26 +228,47 @@ def _codec_rows(args, encoder, ds: Path, man, queries: list, pipeline, run) -> d
             hits, _ = pipeline.retrieve(Query(text=q.text, retriever="bm25", num_articles=n))
             sizes[name][0].append([h.title for h in hits])
             sizes[name][1].append(vec)
+    return sizes
+
+
+def _recoded(args, ds: Path, man, name: str) -> tuple[Path, float]:  # noqa: ANN001
+    """The datastore recoded with codec ``name`` (reused when it was made from this datastore with the same
+    codec), calibrated; and the seconds it took."""
+    from bertknn.builder.recode import recode_datastore
+
+    spec = codec_spec(name)
+    dst = args.work / f"datastore-{name}"
+    marker = args.work / f"datastore-{name}.source.json"
+    want = {"source": man.datastore_id, "spec": repr(spec)}
+    t = time.perf_counter()
+    if not (marker.is_file() and json.loads(marker.read_text()) == want and (dst / "manifest.json").is_file()):
+        shutil.rmtree(dst, ignore_errors=True)
+        recode_datastore(ds, dst, spec)
+        marker.write_text(json.dumps(want))
+    _calibrated(dst)
+    return dst, time.perf_counter() - t
+
+
+def _codec_rows(args, encoder, ds: Path, man, queries: list, pipeline, run) -> dict:  # noqa: ANN001
+    """Each --codecs entry: a compact copy of the datastore (recode, reused when current), evaluated at the default
+    settings (full vocabulary) with its own pipeline; its bytes per context and restricted search time, the latter
+    over the same articles (so the same rows) as fp16's."""
+    from bertknn.core.format import Datastore, read_manifest
+    from bertknn.evaluation.runner import RunSettings
+    from bertknn.service.cache import InMemoryCache
+    from bertknn.service.pipeline import AnswerPipeline
+
+    sizes = _search_sets(pipeline, queries)
 
     def searches(datastore) -> dict:  # noqa: ANN001
         return {name: search_ms(datastore, sets, vecs) for name, (sets, vecs) in sizes.items()}
 
     rows: dict[str, dict] = {
-        "fp16": {"codec": "fp16", **storage(man, ds), "search": searches(fp16),
+        "fp16": {"codec": "fp16", **storage(man, ds), "search": searches(pipeline.datastore),
                  "temperature_auto": _auto(pipeline), "run": "retrieval_full"},
     }  # fmt: skip
-    for name in names:
-        spec = codec_spec(name)
-        dst = args.work / f"datastore-{name}"
-        marker = args.work / f"datastore-{name}.source.json"
-        want = {"source": man.datastore_id, "spec": repr(spec)}
-        t = time.perf_counter()
-        if not (marker.is_file() and json.loads(marker.read_text()) == want and (dst / "manifest.json").is_file()):
-            shutil.rmtree(dst, ignore_errors=True)
-            recode_datastore(ds, dst, spec)
-            marker.write_text(json.dumps(want))
-        _calibrated(dst)
-        recode_s = time.perf_counter() - t
+    for name in [n for n in args.codecs.split(",") if n]:
+        dst, recode_s = _recoded(args, ds, man, name)
         coded = read_manifest(dst)
         pipe = AnswerPipeline(encoder, Datastore(dst), cache=InMemoryCache(1 << 18))
         try:
@@ -270,7 +282,6 @@ def _codec_rows(args, encoder, ds: Path, man, queries: list, pipeline, run) -> d
         finally:
             pipe.close()
     return rows
-
 
 def _factor_rows(args, pipeline, ds: Path, man, probe, run) -> list[dict]:  # noqa: ANN001
     """--factor-sweep: the default settings with auto's factor ``a`` scaled by each multiple (the datastore opened
