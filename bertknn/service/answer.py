@@ -60,6 +60,8 @@ class ContextReader:
     def by_label(self, nbrs: Neighbours, labels: np.ndarray, wanted: list[int], limit: int) -> dict[int, list[Context]]:
         """The first ``limit`` contexts (nearest first) of the neighbours of each wanted label (``labels``: one per
         neighbour), all read at once."""
+        if limit <= 0:  # contexts not asked for: no pass over the neighbours
+            return {c: [] for c in wanted}
         ranks = _ranks_by_label(labels, set(wanted), limit)
         shown = iter(self.contexts(nbrs, [r for c in wanted for r in ranks.get(c, [])]))
         return {c: [next(shown) for _ in ranks.get(c, [])] for c in wanted}

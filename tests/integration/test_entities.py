@@ -219,6 +219,15 @@ def test_follow_errors_say_what_to_fix(client: TestClient) -> None:
         assert r.json()["error"]["code"] == code and says in r.json()["error"]["message"], r.json()
 
 
+def _bz2_dump(folder: Path, pages: list[str]) -> Path:
+    """``pages`` (`wiki_page`) as a bz2 pages-articles dump in ``folder``."""
+    xml = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
+           "<siteinfo><sitename>Wikipedia</sitename></siteinfo>\n" + "".join(pages) + "</mediawiki>\n")  # fmt: skip
+    dump = folder / "enwiki-pages-articles.xml.bz2"
+    dump.write_bytes(bz2.compress(xml.encode()))
+    return dump
+
+
 def test_a_dump_s_wikilinks_resolve_through_its_redirects(model: Path, tmp_path: Path) -> None:
     pages = [
         wiki_page("Orvin Tasker", "'''Orvin Tasker''' was born in [[Quellport|New Quellport]]. "
@@ -227,10 +236,7 @@ def test_a_dump_s_wikilinks_resolve_through_its_redirects(model: Path, tmp_path:
         wiki_page("Quellport", "#REDIRECT [[New Quellport]]", 3, redirect="New Quellport"),
         wiki_page("Mira Dolan", "'''Mira Dolan''' was born in [[new Quellport]] and [[Quellport#Harbour|harbour]].", 4),
     ]  # fmt: skip
-    xml = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
-           "<siteinfo><sitename>Wikipedia</sitename></siteinfo>\n" + "".join(pages) + "</mediawiki>\n")  # fmt: skip
-    dump = tmp_path / "enwiki-pages-articles.xml.bz2"
-    dump.write_bytes(bz2.compress(xml.encode()))
+    dump = _bz2_dump(tmp_path, pages)
     out = build_tiny(tmp_path / "ds", [dump], model, sparse_indexes=False)
     assert validate_datastore(out) == []
     # "Quellport" (a redirect) and "new Quellport" (first letter) are New Quellport; the infobox's link is dropped
@@ -260,10 +266,7 @@ def test_bench_entity_cost_reports_each_round_over_a_linked_dump(
         wiki_page("New Quellport", "'''New Quellport''' is a city in the [[Kingdom of Zembla]].", 3),
         wiki_page("Port Ambrel", "'''Port Ambrel''' is a city in the [[Republic of Tessaly]].", 4),
     ]  # fmt: skip
-    xml = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
-           "<siteinfo><sitename>Wikipedia</sitename></siteinfo>\n" + "".join(pages) + "</mediawiki>\n")  # fmt: skip
-    dump = tmp_path / "enwiki-pages-articles.xml.bz2"
-    dump.write_bytes(bz2.compress(xml.encode()))
+    dump = _bz2_dump(tmp_path, pages)
     written: dict[str, dict] = {}
 
     def write_result(name: str, payload: dict) -> Path:  # into the test's folder, not bench/results
