@@ -330,14 +330,7 @@ class AnswerPipeline:
         if skipped:
             hits, ret_cache, nbrs = [], "none", EMPTY
         else:
-            t = time.perf_counter()
-            if articles is None:
-                articles = self.retrieve(query)
-                stage.add("retrieval", time.perf_counter() - t)
-            hits, ret_cache = articles
-            t = time.perf_counter()
-            nbrs = self.neighbours(query, enc, hits, search)
-            stage.add("knn", time.perf_counter() - t)
+            hits, ret_cache, nbrs = self._search(query, enc, stage, articles, search)
         t = time.perf_counter()
         query = self.resolve_temperature(query, nbrs)
         assert query.temperature is not None
@@ -362,6 +355,22 @@ class AnswerPipeline:
             query.temperature,
             subject_warnings(query, status),
         )
+
+    def _search(
+        self, query: Query, enc: QueryEncoding, stage: Stage, articles: tuple[list[ArticleHit], str] | None,
+        search: ArticleSearch | None,
+    ) -> tuple[list[ArticleHit], str, Neighbours]:
+        """`finish`'s retrieval (unless the caller ran it) and kNN, each timed into ``stage``: the articles, how
+        the retrieval cache answered, the neighbours."""
+        t = time.perf_counter()
+        if articles is None:
+            articles = self.retrieve(query)
+            stage.add("retrieval", time.perf_counter() - t)
+        hits, ret_cache = articles
+        t = time.perf_counter()
+        nbrs = self.neighbours(query, enc, hits, search)
+        stage.add("knn", time.perf_counter() - t)
+        return hits, ret_cache, nbrs
 
     def release(self) -> None:
         """Close what belongs to this datastore version (its retrievers), not the shared model or cache."""
