@@ -44,22 +44,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if not (settings.datastore / "manifest.json").is_file():
-        print(
-            f"error: {settings.datastore}: no datastore here (manifest.json missing); build one with "
-            "`bert-knn build --corpus FILE --out DIR` and pass --datastore DIR",
-            file=sys.stderr,
-        )
-        return 2
-    try:  # the two mistakes a first run makes, said in one line before anything loads
-        manifest = read_manifest(settings.datastore)
-        locate_model(manifest.model.name, manifest.model.path, settings.model.name)
-    except BertKnnError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    busy = port_problem(settings.host, settings.port)
-    if busy is not None:  # before the model loads, not after
-        print(f"error: {busy}", file=sys.stderr)
+    problem = preflight(settings)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     import uvicorn
 
@@ -85,6 +72,22 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
             return 2  # explained in one line: a datastore or model problem the user fixes
         raise
     return 0
+
+
+def preflight(settings: ServiceSettings) -> str | None:
+    """The mistakes a first run makes, found before anything loads (one line each): no datastore, a model that
+    is not where the manifest or ``--model`` says, a busy port."""
+    if not (settings.datastore / "manifest.json").is_file():
+        return (
+            f"{settings.datastore}: no datastore here (manifest.json missing); build one with "
+            "`bert-knn build --corpus FILE --out DIR` and pass --datastore DIR"
+        )
+    try:
+        manifest = read_manifest(settings.datastore)
+        locate_model(manifest.model.name, manifest.model.path, settings.model.name)
+    except BertKnnError as exc:
+        return str(exc)
+    return port_problem(settings.host, settings.port)  # before the model loads, not after
 
 
 class _ExplainedStartupFailure(logging.Filter):

@@ -274,6 +274,16 @@ def _errors(run: subprocess.CompletedProcess[str]) -> list[str]:
     return [ln for ln in run.stderr.splitlines() if "ERROR" in ln or ln.startswith(("error", "Traceback", "  File"))]
 
 
+def test_serve_without_a_datastore_says_how_to_build_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bertknn.service.__main__ import main
+
+    assert main(["--datastore", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {tmp_path / 'nowhere'}: no datastore here (manifest.json missing); build one with "
+        "`bert-knn build --corpus FILE --out DIR` and pass --datastore DIR"
+    ]
+
+
 def test_serve_on_a_busy_port_says_so_before_loading_anything(tmp_path: Path, tiny_datastore: Path) -> None:
     import socket
 
