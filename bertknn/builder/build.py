@@ -242,7 +242,8 @@ class _BuildRun:
             raise BuildInterrupted(
                 f"stopped: {self.out} keeps {len(kept)} finished parts ({sum(i.rows for i in kept):,} contexts of "
                 f"{sum(i.articles for i in kept):,} articles; {self.new_contexts:,} contexts of them from this run); "
-                f"at most {step:,} contexts of work in flight were lost"
+                f"{self.progress.contexts - self.new_contexts:,} contexts embedded in this run were lost (a part keeps "
+                "whole articles only: the ones cut short are embedded again)"
             ) from None
         finally:
             self.progress.close()
