@@ -235,15 +235,15 @@ class _BuildRun:
         try:
             return embed_shards(
                 self.out, self.works(), encoder, options, self.written, self.progress.embedded, self.stats.times,
-                coder, on_prepared=self.progress.prepared,
+                coder, on_prepared=self.progress.prepared, on_carried=self.progress.carried,
             )  # fmt: skip
-        except BuildInterrupted:
+        except BuildInterrupted as exc:
             kept = sorted({i.key: i for i in self.infos}.values(), key=lambda i: i.key)
+            aside = f"; {exc.carried:,} contexts of the articles cut short kept aside for it" if exc.carried else ""
             raise BuildInterrupted(
                 f"stopped: {self.out} keeps {len(kept)} finished parts ({sum(i.rows for i in kept):,} contexts of "
-                f"{sum(i.articles for i in kept):,} articles; {self.new_contexts:,} contexts of them from this run); "
-                f"{self.progress.contexts - self.new_contexts:,} contexts embedded in this run were lost (a part keeps "
-                "whole articles only: the ones cut short are embedded again)"
+                f"{sum(i.articles for i in kept):,} articles; {self.new_contexts:,} contexts of them from this run){aside}; "
+                f"at most {step:,} contexts of work in flight were lost"
             ) from None
         finally:
             self.progress.close()

@@ -3,6 +3,9 @@ batches, and the parts written as shard files, with the preparing workers ahead 
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import shutil
 import tempfile
 import time
@@ -23,7 +26,10 @@ from bertknn.builder.writer import ShardData, write_shard
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BuildError, BuildInterrupted
 from bertknn.core.format import ShardInfo
+from bertknn.core.inputs import PackedInputs
 from bertknn.core.runtime import return_free_memory
+
+logger = logging.getLogger(__name__)
 
 # Rows embedded per step (on a CPU, the default of ``checkpoint_contexts``), in the shard's (article) order, each
 # step in length-sorted batches: an interrupted build keeps every article whose rows were all embedded.
@@ -31,6 +37,48 @@ EMBED_STEP_ROWS = 2048
 # On a GPU, batches per step (the default there): batches are cut from each step's length-sorted rows, so a step of
 # few large batches pads them like unsorted ones; this many is a second or two of a GPU's work.
 GPU_STEP_BATCHES = 32
+
+
+# Under the output folder: the rows a Ctrl-C found embedded past its part's last whole article (an article is
+# written whole or not at all), with what they were embedded from; the resume's first part that starts with the
+# same inputs takes them instead of embedding them again.
+CARRIED = "carried.npz"
+
+
+def _fingerprint(inputs: PackedInputs, n: int) -> str:
+    """sha256 of the first ``n`` inputs (their ids, lengths and mask positions)."""
+    head = inputs[:n]
+    h = hashlib.sha256()
+    for arr in (head.ids[head.offsets[0] : head.offsets[-1]], np.diff(head.offsets), head.mask_pos):
+        h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def save_carried(out: Path, inputs: PackedInputs, vectors: np.ndarray) -> None:
+    """Keep ``vectors`` (the first rows of ``inputs``) for the resume, atomically."""
+    tmp = out / (CARRIED + ".partial")
+    with tmp.open("wb") as f:
+        np.savez(f, vectors=vectors, fingerprint=np.array(_fingerprint(inputs, len(vectors))))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(out / CARRIED)
+
+
+def take_carried(out: Path, inputs: PackedInputs) -> np.ndarray | None:
+    """The kept rows when ``inputs`` starts with the inputs they were embedded from (else None: they wait for
+    another part, or a build that ends without using them removes them)."""
+    path = out / CARRIED
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            vectors, fingerprint = z["vectors"], str(z["fingerprint"])
+    except (OSError, ValueError, KeyError):  # unreadable: embedded again, as without it
+        return None
+    n = len(vectors)
+    if n == 0 or n > len(inputs) or _fingerprint(inputs, n) != fingerprint:
+        return None
+    return vectors
 
 
 def embed_step(checkpoint_contexts: int, batch_size: int, device_type: str) -> int:
@@ -67,8 +115,9 @@ def embed_prepared(
     step_rows: int = EMBED_STEP_ROWS,
     times: StageTimes | None = None,
     batch_tokens: int | None = None,
+    start: int = 0,
 ) -> np.ndarray:
-    """Embed every context of a shard in steps of `EMBED_STEP_ROWS` rows, each in length-sorted batches of at
+    """Embed every context of a shard (from row ``start``: the rows before it are in ``out``) in steps of `EMBED_STEP_ROWS` rows, each in length-sorted batches of at
     most ``batch_size`` rows and ``batch_tokens`` padded tokens (`token_batches`); rows come back in the shard's
     order. ``on_batch`` hears the number of contexts of each batch done (progress);
     ``out`` receives the rows, and ``done[0]`` says how many leading rows are embedded (an interrupted build
@@ -88,7 +137,7 @@ def embed_prepared(
         if on_batch is not None:
             on_batch(len(idx))
 
-    for lo in range(0, n, step):
+    for lo in range(start, n, step):
         order = lo + np.argsort(all_lengths[lo : min(n, lo + step)], kind="stable")
         lengths = all_lengths[order].tolist()
         # each batch is started before the previous one's rows are taken: on a GPU the next batch's padding and
@@ -227,6 +276,7 @@ def embed_shards(
     *,
     train_only: bool = False,
     on_prepared: Callable[[int, int], None] | None = None,
+    on_carried: Callable[[int], None] | None = None,
 ) -> float:
     """Prepare (worker processes, a few articles per call), cut into parts of at most ``contexts_per_shard``
     contexts, embed and write every part of every work's block, in order.
@@ -241,7 +291,7 @@ def embed_shards(
     tok_dir = tempfile.mkdtemp(prefix="bertknn-tok-")
     try:
         encoder.tokenizer.save_pretrained(tok_dir)
-        run = _ShardEmbedder(out, encoder, options, written, on_batch, times, coder, on_prepared, tok_dir)
+        run = _ShardEmbedder(out, encoder, options, written, on_batch, times, coder, on_prepared, tok_dir, on_carried)
         return run.run(works, train_only=train_only)
     finally:
         shutil.rmtree(tok_dir, ignore_errors=True)
@@ -257,7 +307,7 @@ class _ShardEmbedder:
     def __init__(
         self, out: Path, encoder: MaskedLMEncoder, options: ShardOptions, written: Callable[[ShardInfo], None],
         on_batch: Callable[[int], None] | None, times: StageTimes | None, coder: Coder | None,
-        on_prepared: Callable[[int, int], None] | None, tok_dir: str,
+        on_prepared: Callable[[int, int], None] | None, tok_dir: str, on_carried: Callable[[int], None] | None = None,
     ):  # fmt: skip
         self.out, self.encoder, self.options, self.written = out, encoder, options, written
         self.on_batch, self.times, self.coder, self.on_prepared = on_batch, times, coder, on_prepared
@@ -273,6 +323,8 @@ class _ShardEmbedder:
         self.local = ShardPreparer(*prep_args) if self.pool is None else None
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
         self.writing: list[Future[ShardInfo]] = []
+        self.carried = 0  # rows kept aside by an interrupt (`CARRIED`)
+        self.on_carried = on_carried  # hears the rows an earlier interrupt kept aside, taken up
 
     def run(self, works: Iterator[Work], *, train_only: bool) -> float:
         cutter = _PartCutter(self.options.contexts_per_shard, self.options.targets == "whole-word")
@@ -287,9 +339,10 @@ class _ShardEmbedder:
             for cut in parts:
                 self.write(cut, self.embed_or_keep(cut))
             self.finish_write()
+            (self.out / CARRIED).unlink(missing_ok=True)  # every part is written: rows kept aside are not needed
         except KeyboardInterrupt:
             self.finish_write()  # the parts already handed to the writer are finished, not dropped
-            raise BuildInterrupted("interrupted") from None
+            raise BuildInterrupted("interrupted", self.carried) from None
         finally:
             self.writer.shutdown(wait=True)  # a write in flight completes (atomically) or never appears
             if self.pool is not None:
@@ -343,7 +396,10 @@ class _ShardEmbedder:
                 f"codec {coder.spec.name} needs at least {coder.min_train()} contexts to train "
                 f"({coder.spec.factory(coder.dim)}), this build has {found}; add articles, or use --codec fp16"
             )
-        embedded = [self.embed(cut[3]) for cut in head]
+        try:
+            embedded = [self.embed(cut[3]) for cut in head]
+        except _PartialPart:  # nothing is written before the codec exists
+            raise KeyboardInterrupt from None
         coder.train(np.concatenate(embedded), self.out)
         return list(zip(head, embedded, strict=True))
 
@@ -356,16 +412,27 @@ class _ShardEmbedder:
             articles, rows = _whole_articles(cut[3], partial.rows)
             if articles:
                 self.write((cut[0], cut[1], False, cut[3].select(0, articles)), partial.vectors[:rows])
+            if partial.rows > rows:  # the rows of the articles cut short: kept for the resume
+                rest = cut[3].select(articles, len(cut[3].articles))
+                save_carried(self.out, rest.inputs, partial.vectors[rows : partial.rows])
+                self.carried = partial.rows - rows
             raise KeyboardInterrupt from None
 
     def embed(self, prepared: PreparedShard) -> np.ndarray:
         t1 = time.perf_counter()
         vectors = np.empty((prepared.rows, self.encoder.hidden_size), dtype=np.float16)
-        done = [0]
+        carried = take_carried(self.out, prepared.inputs)
+        start = 0 if carried is None else len(carried)
+        if carried is not None:
+            vectors[:start] = carried
+            logger.info("%d contexts embedded before the interruption taken up again", start)
+            if self.on_carried is not None:
+                self.on_carried(start)
+        done = [start]
         o = self.options
         try:
             embed_prepared(self.encoder, prepared, o.batch_size, self.on_batch, vectors, done, o.checkpoint_contexts,
-                           self.times, o.batch_tokens)  # fmt: skip
+                           self.times, o.batch_tokens, start)  # fmt: skip
         except KeyboardInterrupt:
             raise _PartialPart(vectors, done[0]) from None
         forward_s = time.perf_counter() - t1

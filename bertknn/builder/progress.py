@@ -65,6 +65,10 @@ class BuildProgress:
         self.prepared_contexts += contexts
         self.kept += contexts
 
+    def carried(self, rows: int) -> None:
+        """Contexts an interrupted run embedded past its last whole article, taken up: done, not toward the rate."""
+        self.kept += rows
+
     def embedded(self, rows: int) -> None:
         """``rows`` more contexts went through the model."""
         self.contexts += rows

@@ -44,7 +44,12 @@ class BuildError(BertKnnError):
 
 
 class BuildInterrupted(BuildError):
-    """Ctrl-C or SIGTERM stopped a build; the message says what was kept (finished parts stay on disk)."""
+    """Ctrl-C or SIGTERM stopped a build; the message says what was kept (finished parts stay on disk).
+    ``carried``: the contexts embedded past the last whole article, kept aside for the resume."""
+
+    def __init__(self, message: str, carried: int = 0):
+        super().__init__(message)
+        self.carried = carried
 
 
 class UpdateError(BuildError):

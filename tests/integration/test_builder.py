@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bz2
 import json
+import logging
 import os
 import random
 import shlex
@@ -38,6 +39,7 @@ from transformers import (
 from bertknn.builder.__main__ import main
 from bertknn.builder.build import build
 from bertknn.builder.corpus import CorpusStats, SentenceSplitter, read_corpora
+from bertknn.builder.embed import CARRIED
 from bertknn.builder.merge import merge_slices
 from bertknn.builder.settings import BuildSettings
 from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
@@ -454,9 +456,10 @@ def test_ctrl_c_keeps_the_work_says_how_to_resume_and_the_resume_gives_the_same_
 
 def test_an_interrupt_inside_a_part_writes_the_articles_embedded_so_far(
     tmp_path: Path, bert_vocab_model: Path, vital120: Path, reference: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Ctrl-C at a known point: 1,500 contexts into a one-block build (about 4,800 contexts in one part)."""
+    """Ctrl-C at a known point: 1,500 contexts into a one-block build (about 4,800 contexts in one part). The
+    articles embedded whole are written; the rows past them are kept aside and taken up by the resume."""
     from bertknn.builder.progress import BuildProgress
 
     real = BuildProgress.embedded
@@ -477,16 +480,41 @@ def test_an_interrupt_inside_a_part_writes_the_articles_embedded_so_far(
     err = capsys.readouterr().err.strip().splitlines()[-1]
     (part,) = [json.loads((p / "SHARD.json").read_text()) for p in (out / SHARDS_DIR).glob("shard-*")]
     assert not part["last"] and 0 < part["articles"] < 120 and 1500 - 256 - 200 < part["rows"] <= 1500, part
-    lost = at_interrupt[0] - part["rows"]  # embedded, but past the last whole article
-    assert lost > 0
-    assert "keeps 1 finished parts" in err and f"{lost:,} contexts embedded in this run were lost" in err, err
+    # the rows embedded past the last whole article (whole steps of 256) are kept aside for the resume
+    with np.load(out / CARRIED) as kept:
+        aside = len(kept["vectors"])
+    assert aside > 0 and (part["rows"] + aside) % 256 == 0 and part["rows"] + aside <= at_interrupt[0], (part, aside)
+    assert "keeps 1 finished parts" in err and f"; {aside:,} contexts of the articles cut short kept aside for it" in err
+    assert "at most 256 contexts of work in flight were lost" in err, err
     monkeypatch.setattr(BuildProgress, "embedded", real)
+    caplog.set_level(logging.INFO, logger="bertknn.builder.embed")
     with torch_threads(1):
-        assert main(argv) == 0  # the same command resumes after the part
+        assert main(argv) == 0  # the same command resumes after the part, taking up the rows kept aside
+    assert f"{aside} contexts embedded before the interruption taken up again" in caplog.text
+    assert not (out / CARRIED).exists()
     got, want = _rows(out), _rows(reference)
     np.testing.assert_array_equal(got[0], want[0])
     assert got[1] == want[1]
     np.testing.assert_allclose(got[2], want[2], rtol=2e-3, atol=2e-3)
+
+
+def test_rows_kept_aside_go_only_to_a_part_that_starts_with_their_inputs(tmp_path: Path) -> None:
+    from bertknn.builder.embed import save_carried, take_carried
+    from bertknn.core.inputs import MaskedInput, PackedInputs
+
+    inputs = PackedInputs.of([MaskedInput((101, 5, 103, 102), 2), MaskedInput((101, 103, 7, 8, 102), 1),
+                              MaskedInput((101, 9, 103, 102), 2)])  # fmt: skip
+    vectors = np.arange(2 * 4, dtype=np.float16).reshape(2, 4)
+    assert take_carried(tmp_path, inputs) is None  # nothing kept
+    save_carried(tmp_path, inputs[:2], vectors)
+    np.testing.assert_array_equal(take_carried(tmp_path, inputs), vectors)  # the same first two inputs
+    np.testing.assert_array_equal(take_carried(tmp_path, inputs[:2]), vectors)
+    assert take_carried(tmp_path, inputs[1:]) is None  # another start
+    assert take_carried(tmp_path, inputs[:1]) is None  # fewer rows than were kept
+    other = PackedInputs.of([MaskedInput((101, 5, 103, 102), 1), MaskedInput((101, 103, 7, 8, 102), 1)])
+    assert take_carried(tmp_path, other) is None  # the same ids, another mask position
+    (tmp_path / CARRIED).write_bytes(b"not an npz")
+    assert take_carried(tmp_path, inputs) is None  # unreadable: embedded again
 
 
 # ---- parallel slices and merge -------------------------------------------------------------------------------

@@ -190,6 +190,35 @@ def test_an_interrupted_pq_build_resumes_to_the_same_bytes(tmp_path: Path, model
     assert (again / MANIFEST).read_bytes() == (pq_store / MANIFEST).read_bytes()
 
 
+def test_ctrl_c_while_the_codec_trains_stops_in_one_line_and_the_same_command_finishes(
+    tmp_path: Path, model_dir: Path, vital60: Path, pq_store: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C while the first parts are embedded for the codec's training (nothing is written before it exists)."""
+    from bertknn.builder.progress import BuildProgress
+
+    real = BuildProgress.embedded
+
+    def embedded(self: BuildProgress, rows: int) -> None:
+        real(self, rows)
+        if self.contexts >= 500:  # of the 2,000 the codec trains on
+            raise KeyboardInterrupt
+
+    out = tmp_path / "ds"
+    argv = ["build", "--corpus", str(vital60), "--model", str(model_dir), "--out", str(out), "--device", "cpu",
+            "--workers", "0", "--threads", "1", "--batch-size", "64", "--articles-per-shard", "8",
+            "--contexts-per-shard", "800", "--no-sparse-indexes", "--codec", "pq", "--code-bytes", "8",
+            "--codec-rotation", "none", "--codec-train-contexts", "2000"]  # fmt: skip
+    monkeypatch.setattr(BuildProgress, "embedded", embedded)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"stopped: {out} keeps 0 finished parts"), err[-2000:]
+    monkeypatch.setattr(BuildProgress, "embedded", real)
+    assert main(argv) == 0
+    assert tree_bytes(out / SHARDS_DIR) == tree_bytes(pq_store / SHARDS_DIR)
+
+
 def test_slices_share_a_trained_codec_and_merge_to_the_single_build(
     tmp_path: Path, model_dir: Path, vital60: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
