@@ -38,6 +38,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=10, help="answers per question and per follow (the API's default)")
     p.add_argument("--beams", type=int, nargs="+", default=[5, 3], help="the follows' beams (5: the API's default)")
     p.add_argument("--rounds", type=int, default=3, help="times every question is asked (a p50 of each round too)")
+    p.add_argument("--stages", action="store_true", help="then, with timers around the pipeline's stages, where "
+                   "a word answer's and a follow's (the first of --beams) time goes (ms each, means)")  # fmt: skip
     p.add_argument("--work", type=Path, default=RUNS / "bench-entity-cost")
     args = p.parse_args(argv)
     if not args.dump.is_file():
@@ -92,6 +94,47 @@ class _Round:
         return times
 
 
+STAGES = ("encode", "fill_names", "retrieve", "neighbours", "answer")  # the pipeline's methods timed by --stages
+
+
+def stage_times(pipe: Any, one: _Round, subjects: list[str], beam: int = 5) -> dict[str, dict[str, float]]:
+    """Mean ms of each stage per word answer and per follow (``beam``), timed by wrapping the pipeline's own
+    methods on this instance: the questions' forward passes (``encode``), the fill passes (``fill_names``),
+    retrieval, kNN (``neighbours``) and the answers' assembly (``answer``); ``other`` is the rest."""
+    from bertknn.service.results import Query
+
+    spent: dict[str, float] = {}
+
+    def timed(name: str, method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+
+        return call
+
+    for name in STAGES:
+        setattr(pipe, name, timed(name, getattr(pipe, name)))
+    try:
+        out = {}
+        questions = [Query(text=one.question(t, s), subject=s, top_k=one.args.top_k) for s in subjects for t in TEMPLATES]
+        for kind, run, n in (("word", lambda: [pipe.predict(q) for q in questions], len(questions)),
+                             (f"follow (beam {beam})", lambda: [one.follow_one(s, beam) for s in subjects], len(subjects))):
+            spent.clear()
+            t = time.perf_counter()
+            run()
+            total = time.perf_counter() - t
+            out[kind] = {k: round(spent.get(k, 0.0) / n * 1000, 2) for k in STAGES}
+            out[kind]["other"] = round((total - sum(spent.values())) / n * 1000, 2)
+            out[kind]["total"] = round(total / n * 1000, 2)
+        return out
+    finally:
+        for name in STAGES:
+            delattr(pipe, name)  # the class's methods again
+
+
 def report(pipe: Any, args: argparse.Namespace, rounds: list[dict[str, list[float]]]) -> dict[str, Any]:
     """p50 of each kind over every round, its ratio to the word answer's, and each round's ratios."""
     times = {k: [t for r in rounds for t in r[k]] for k in rounds[0]}
@@ -123,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     one = _Round(pipe, args)
     pipe.predict(Query(text=one.question(TEMPLATES[0], subjects[0]), subject=subjects[0]))  # warm-up (JVM, forward)
     result = report(pipe, args, [one.run(subjects) for _ in range(args.rounds)])
+    if args.stages:
+        result["stages_ms"] = stage_times(pipe, one, subjects, args.beams[0])
     one.loop.close()
     path = write_result(result_name("entity-cost", args.model), result)
     p50 = result["p50_ms"]
@@ -130,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['datastore']} top_k {args.top_k}: p50 word {p50['word']:.1f} ms, {ratios}")
     spread = ", ".join(f"{k} {min(v)}-{max(v)}x" for k, v in result["over_word_per_round"].items())
     print(f"each round's p50 over the word answer's ({args.rounds} rounds): {spread}")
+    for kind, stages in result.get("stages_ms", {}).items():
+        print(f"{kind}, ms each (means): " + ", ".join(f"{k} {v}" for k, v in stages.items()))
     print(f"wrote {path}")
     pipe.close()
     return 0 if np.isfinite(p50["word"]) else 1

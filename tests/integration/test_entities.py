@@ -275,7 +275,7 @@ def test_bench_entity_cost_reports_each_round_over_a_linked_dump(
 
     monkeypatch.setattr(entity_cost, "write_result", write_result)
     argv = ["--dump", str(dump), "--model", str(model), "--articles", "4", "--subjects", "2", "--rounds", "2",
-            "--beams", "2", "--work", str(tmp_path / "work")]  # fmt: skip
+            "--beams", "2", "--work", str(tmp_path / "work"), "--stages"]  # fmt: skip
     assert entity_cost.main(argv) == 0
     (report,) = written.values()
     assert report["datastore"]["articles"] == 4 and report["datastore"]["entities"] >= 4
@@ -283,6 +283,14 @@ def test_bench_entity_cost_reports_each_round_over_a_linked_dump(
     assert report["queries"] == {"word": 16, "entity": 16, "follow (beam 2)": 4}
     assert set(report["over_word"]) == {"entity", "follow (beam 2)"}
     assert all(len(v) == 2 and min(v) > 0 for v in report["over_word_per_round"].values())
+    # --stages: the pipeline's stages timed per word answer and per follow, the rest beside them
+    stages = report["stages_ms"]
+    assert set(stages) == {"word", "follow (beam 2)"}
+    for kind, ms in stages.items():
+        assert set(ms) == {*entity_cost.STAGES, "other", "total"} and min(ms.values()) >= 0, ms
+        assert abs(sum(ms[k] for k in (*entity_cost.STAGES, "other")) - ms["total"]) < 0.1, (kind, ms)
+        assert ms["encode"] > 0 and ms["neighbours"] > 0 and ms["answer"] > 0, (kind, ms)
+    assert stages["word"]["fill_names"] == 0  # a word answer runs no fill pass
 
 def test_add_counts_the_live_articles_links_only(ds: Path, model: Path, tmp_path: Path) -> None:
     root = Path(shutil.copytree(ds, tmp_path / "ds"))
