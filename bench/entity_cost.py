@@ -119,9 +119,11 @@ def stage_times(pipe: Any, one: _Round, subjects: list[str], beam: int = 5) -> d
         setattr(pipe, name, timed(name, getattr(pipe, name)))
     try:
         out = {}
-        questions = [Query(text=one.question(t, s), subject=s, top_k=one.args.top_k) for s in subjects for t in TEMPLATES]
-        for kind, run, n in (("word", lambda: [pipe.predict(q) for q in questions], len(questions)),
-                             (f"follow (beam {beam})", lambda: [one.follow_one(s, beam) for s in subjects], len(subjects))):
+        questions = [Query(text=one.question(t, s), subject=s, top_k=one.args.top_k)
+                     for s in subjects for t in TEMPLATES]  # fmt: skip
+        kinds = (("word", lambda: [pipe.predict(q) for q in questions], len(questions)),
+                 (f"follow (beam {beam})", lambda: [one.follow_one(s, beam) for s in subjects], len(subjects)))
+        for kind, run, n in kinds:
             spent.clear()
             t = time.perf_counter()
             run()

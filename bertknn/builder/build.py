@@ -242,8 +242,8 @@ class _BuildRun:
             aside = f"; {exc.carried:,} contexts of the articles cut short kept aside for it" if exc.carried else ""
             raise BuildInterrupted(
                 f"stopped: {self.out} keeps {len(kept)} finished parts ({sum(i.rows for i in kept):,} contexts of "
-                f"{sum(i.articles for i in kept):,} articles; {self.new_contexts:,} contexts of them from this run){aside}; "
-                f"at most {step:,} contexts of work in flight were lost"
+                f"{sum(i.articles for i in kept):,} articles; {self.new_contexts:,} contexts of them from this run)"
+                f"{aside}; at most {step:,} contexts of work in flight were lost"
             ) from None
         finally:
             self.progress.close()

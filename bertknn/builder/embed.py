@@ -117,11 +117,12 @@ def embed_prepared(
     batch_tokens: int | None = None,
     start: int = 0,
 ) -> np.ndarray:
-    """Embed every context of a shard (from row ``start``: the rows before it are in ``out``) in steps of `EMBED_STEP_ROWS` rows, each in length-sorted batches of at
-    most ``batch_size`` rows and ``batch_tokens`` padded tokens (`token_batches`); rows come back in the shard's
-    order. ``on_batch`` hears the number of contexts of each batch done (progress);
-    ``out`` receives the rows, and ``done[0]`` says how many leading rows are embedded (an interrupted build
-    writes the articles they cover). ``times`` counts each batch's tokens and padded tokens."""
+    """Embed every context of a shard from row ``start`` (the rows before it are in ``out`` already) in steps of
+    `EMBED_STEP_ROWS` rows, each in length-sorted batches of at most ``batch_size`` rows and ``batch_tokens``
+    padded tokens (`token_batches`); rows come back in the shard's order. ``on_batch`` hears the number of
+    contexts of each batch done (progress); ``out`` receives the rows, and ``done[0]`` says how many leading rows
+    are embedded (an interrupted build writes the articles they cover). ``times`` counts each batch's tokens and
+    padded tokens."""
     n = len(prepared.inputs)
     all_lengths = prepared.inputs.lengths
     out = np.empty((n, encoder.hidden_size), dtype=np.float16) if out is None else out

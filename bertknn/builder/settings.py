@@ -69,8 +69,9 @@ class BuildSettings(CodecOptions, BaseSettings):
     checkpoint_contexts: int = Field(
         0, ge=0, description="contexts embedded between the points a Ctrl-C or SIGTERM keeps: an interrupted "
         "build writes the articles embedded so far as a finished part and keeps the rows of an article cut short "
-        "for the resume, so at most this much work is lost; each such step's contexts are sorted by length before they are cut into batches. 0 = auto: 2048 on a CPU, 32 "
-        "batches of --batch-size on a GPU (a step of few batches pads them like unsorted ones)"
+        "for the resume, so at most this much work is lost; each such step's contexts are sorted by length before "
+        "they are cut into batches. 0 = auto: 2048 on a CPU, 32 batches of --batch-size on a GPU (a step of few "
+        "batches pads them like unsorted ones)"
     )
     index: Path | None = Field(
         None,

@@ -151,7 +151,8 @@ class TokenAnswerer:
             best, mlm_top = top_k(ranked_p, query.top_k, nonzero=nz), top_k(ranked_mlm, query.top_k, nonzero=nz)
         else:
             (best, mlm_top), p = fast, None
-        preds = self._predictions(query, best, p_mlm, nbrs, dict(zip(knn_ids.tolist(), knn_probs.tolist(), strict=True)))
+        knn_at = dict(zip(knn_ids.tolist(), knn_probs.tolist(), strict=True))  # float32 values, as in p_kNN
+        preds = self._predictions(query, best, p_mlm, nbrs, knn_at)
         mlm = [TokenProb(self.vocab[i], pr) for i, pr in mlm_top]
         knn = [TokenProb(self.vocab[i], pr) for i, pr in top_k_among(rank_ids, rank_probs, query.top_k, None) or []]
         dists = Distributions(enc.p_mlm(), p_knn, p) if with_distributions and p is not None and p_knn is not None else None
@@ -163,14 +164,13 @@ class TokenAnswerer:
     ) -> list[Prediction]:
         """The answers ``best`` (token id, p) with their p_MLM, p_kNN (``knn_at``: float32 values, as in p_kNN)
         and, when the query asks for them, their nearest contexts, read in one read for all."""
-        ranks = _ranks_by_label(nbrs.labels, {t for t, _ in best}, query.contexts_per_answer) if query.return_contexts else {}
-        best_p_mlm = p_mlm[np.array([t for t, _ in best], dtype=np.int64)].tolist()
-        shown = iter(self.reader.contexts(nbrs, [r for t, _ in best for r in ranks.get(t, [])]))
-        preds = []
-        for (token_id, prob), pm in zip(best, best_p_mlm, strict=True):
-            contexts = [next(shown) for _ in ranks.get(token_id, [])]
-            preds.append(Prediction(self.vocab[token_id], token_id, prob, pm, knn_at.get(token_id, 0.0), contexts))
-        return preds
+        ids = [t for t, _ in best]
+        shown = self.reader.by_label(nbrs, nbrs.labels, ids, query.contexts_per_answer if query.return_contexts else 0)
+        best_p_mlm = p_mlm[np.array(ids, dtype=np.int64)].tolist()
+        return [
+            Prediction(self.vocab[t], t, prob, pm, knn_at.get(t, 0.0), shown[t])
+            for (t, prob), pm in zip(best, best_p_mlm, strict=True)
+        ]
 
 
 def _ranks_by_label(labels: np.ndarray, wanted: set[int], limit: int) -> dict[int, list[int]]:

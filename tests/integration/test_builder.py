@@ -484,7 +484,8 @@ def test_an_interrupt_inside_a_part_writes_the_articles_embedded_so_far(
     with np.load(out / CARRIED) as kept:
         aside = len(kept["vectors"])
     assert aside > 0 and (part["rows"] + aside) % 256 == 0 and part["rows"] + aside <= at_interrupt[0], (part, aside)
-    assert "keeps 1 finished parts" in err and f"; {aside:,} contexts of the articles cut short kept aside for it" in err
+    assert "keeps 1 finished parts" in err, err
+    assert f"; {aside:,} contexts of the articles cut short kept aside for it" in err, err
     assert "at most 256 contexts of work in flight were lost" in err, err
     monkeypatch.setattr(BuildProgress, "embedded", real)
     caplog.set_level(logging.INFO, logger="bertknn.builder.embed")
