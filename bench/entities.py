@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bertknn.service.results import DEFAULT_BEAM
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
@@ -176,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 def measure_follow(ds: Path, relations: dict, questions: Sequence, device: str, limit: int = 40) -> dict[str, object]:
-    """Uncached latency of a two-hop relation following (beam 5: 1 + up to 5 queries, two forward passes) against
+    """Uncached latency of a two-hop relation following (the API's default beam: 1 + up to beam queries, two forward passes and their fills) against
     one entity query (its first hop alone), question by question, alternating, one torch thread, no cache."""
     import asyncio
 
@@ -207,7 +209,7 @@ def measure_follow(ds: Path, relations: dict, questions: Sequence, device: str, 
             one.append(time.perf_counter() - t)
             t = time.perf_counter()
             asyncio.run(follow(
-                q.subject, [t1, t2], top_k=10, beam=5, lower=lower, base=base, ask=here.ask, fill_names=here.fill_names
+                q.subject, [t1, t2], top_k=10, beam=DEFAULT_BEAM, lower=lower, base=base, ask=here.ask, fill_names=here.fill_names
             ))
             two.append(time.perf_counter() - t)
     finally:

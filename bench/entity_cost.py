@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import PROXY_MODEL, RUNS, build_datastore, machine, percentiles, result_name, write_result
+from bertknn.service.results import DEFAULT_BEAM
 
 TEMPLATES = ("[X] was born in [Y] .", "[X] is located in [Y] .", "[X] is a member of [Y] .", "[X] is part of [Y] .")
 
@@ -36,7 +37,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--articles", type=int, default=20, help="the dump's first N articles are built")
     p.add_argument("--subjects", type=int, default=10, help="articles asked about (one question per template)")
     p.add_argument("--top-k", type=int, default=10, help="answers per question and per follow (the API's default)")
-    p.add_argument("--beams", type=int, nargs="+", default=[5, 3], help="the follows' beams (5: the API's default)")
+    p.add_argument("--beams", type=int, nargs="+", default=[DEFAULT_BEAM, 5], help="the follows' beams (the first: "
+                   "the API's default; its stages are timed)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3, help="times every question is asked (a p50 of each round too)")
     p.add_argument("--stages", action="store_true", help="then, with timers around the pipeline's stages, where "
                    "a word answer's and a follow's (the first of --beams) time goes (ms each, means)")  # fmt: skip
@@ -97,7 +99,7 @@ class _Round:
 STAGES = ("encode", "fill_names", "retrieve", "neighbours", "answer")  # the pipeline's methods timed by --stages
 
 
-def stage_times(pipe: Any, one: _Round, subjects: list[str], beam: int = 5) -> dict[str, dict[str, float]]:
+def stage_times(pipe: Any, one: _Round, subjects: list[str], beam: int = DEFAULT_BEAM) -> dict[str, dict[str, float]]:
     """Mean ms of each stage per word answer and per follow (``beam``), timed by wrapping the pipeline's own
     methods on this instance: the questions' forward passes (``encode``), the fill passes (``fill_names``),
     retrieval, kNN (``neighbours``) and the answers' assembly (``answer``); ``other`` is the rest."""

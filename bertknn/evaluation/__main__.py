@@ -15,6 +15,7 @@ from bertknn.core.errors import EvaluationError, LamaError
 from bertknn.evaluation.entity_runs import follow
 from bertknn.evaluation.lama_run import run_lama
 from bertknn.service.interpolate import DEFAULT_ARTICLE_SHARPNESS, DEFAULT_MLM_PRIOR
+from bertknn.service.results import DEFAULT_BEAM
 
 logger = logging.getLogger("evaluation")
 
@@ -180,7 +181,7 @@ def _follow_parser(sub: Any) -> None:
         "--pairs", type=_csv, help="r1:r2 relation pairs (default: every pair with a composed template and facts)"
     )
     fo.add_argument("--limit", type=int, default=50, help="questions per pair (the first N, in file order)")
-    fo.add_argument("--beam", type=int, default=5, help="entities of hop 1 that hop 2 starts from")
+    fo.add_argument("--beam", type=int, default=DEFAULT_BEAM, help="entities of hop 1 that hop 2 starts from")
     fo.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="for entities without an article")
     fo.add_argument("--num-articles", type=int, default=3)
     fo.add_argument("--k", type=int, default=128, help="neighbours")

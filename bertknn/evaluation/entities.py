@@ -27,7 +27,7 @@ from bertknn.evaluation.base import RunSettings
 from bertknn.evaluation.lama import Relation, fill_template, read_facts
 from bertknn.service.follow import InProcess, follow
 from bertknn.service.pipeline import AnswerPipeline
-from bertknn.service.results import Answer, Query
+from bertknn.service.results import DEFAULT_BEAM, Answer, Query
 
 # Composed one-shot templates for the two-hop pairs this evaluation asks (r1, r2): [X] is the first fact's subject.
 COMPOSED: dict[tuple[str, str], str] = {
@@ -193,7 +193,7 @@ def two_hop(
     questions: Sequence[TwoHop],
     settings: RunSettings,
     *,
-    beam: int = 5,
+    beam: int = DEFAULT_BEAM,
     progress: Callable[[int], None] | None = None,
 ) -> Table:
     """Hop-1, hop-2 (relation following) and one-shot (composed template) P@1/P@10, per pair of relations."""

@@ -39,8 +39,9 @@ from bertknn.service.words import WordAnswerer
 
 # entities whose several-piece names are scored (at least the top_k asked for)
 FILL_CANDIDATES = 16
-# longer names score p_MLM 0: one fill pass reads every length up to this (at most 1 + 2 + ... + 8 = 36 rows)
-MAX_NAME_PIECES = 8
+# longer names score p_MLM 0 (their neighbours alone rank them): the fill pass has one row per length from 2 to
+# this, each as long as the question plus its extra masks (docs/decisions/entity-fill.md)
+MAX_NAME_PIECES = 4
 PIECES_CACHED = 200_000  # names whose wordpieces are kept
 _PARENTHETICAL = re.compile(r"\s*\([^()]*\)\s*$")
 

@@ -19,6 +19,10 @@ RetrieverName = Literal["bm25", "tfidf", "none"]
 AnswerKind = Literal["word", "entity"]
 SubjectStatus = Literal["found", "redirect", "folded", "not_found"]
 
+# a /follow hop's entities that the next hop starts from, unless the request asks for another beam
+# (docs/decisions/entity-fill.md, "The default beam")
+DEFAULT_BEAM = 3
+
 
 @dataclass(frozen=True)
 class Query:

@@ -20,6 +20,7 @@ from bertknn.builder.update import add_articles
 from bertknn.core.format import Datastore, read_manifest, validate_datastore
 from bertknn.core.format.table import EntityRef
 from bertknn.service.main import create_app
+from bertknn.service.results import DEFAULT_BEAM
 from bertknn.service.retrieval.knn import RestrictedKnn
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import build_tiny, corpus_words, make_tiny_bert, write_jsonl
@@ -516,11 +517,8 @@ def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
     assert filled and max(filled) <= FILL_CANDIDATES < 30, filled
 
 
-def test_follow_fills_each_hop_s_names_in_one_pass_bounded_by_what_it_hands_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Thirty linked names of two pieces: each hop of a /follow runs one fill pass, for at most beam (hop 1) and
-    top_k (the last hop) names over all its queries; the hop's queries fill nothing themselves."""
+def _names_per_fill_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: dict) -> tuple[list[int], dict]:
+    """Thirty linked names of two pieces in one article: a /follow over it, and the names each fill pass scored."""
     from bertknn.service.words import WordAnswerer
 
     first = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
@@ -539,10 +537,29 @@ def test_follow_fills_each_hop_s_names_in_one_pass_bounded_by_what_it_hands_on(
 
     monkeypatch.setattr(WordAnswerer, "fill_probs_many", counting)
     with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
-        body = {"subject": "Ravel", "relations": ["[X] met [Y] in the hall .", "[X] met [Y] in the hall ."],
-                "beam": 3, "top_k": 4}  # fmt: skip
-        out = c.post("/follow", json=body).json()
+        out = c.post("/follow", json={"subject": "Ravel", "relations": ["[X] met [Y] in the hall ."] * 2, **body})
+    assert out.status_code == 200, out.text
+    return passes, out.json()
+
+
+def test_follow_fills_each_hop_s_names_in_one_pass_bounded_by_what_it_hands_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each hop of a /follow runs one fill pass, for at most beam (hop 1) and top_k (the last hop) names over all
+    its queries; the hop's queries fill nothing themselves."""
+    passes, out = _names_per_fill_pass(tmp_path, monkeypatch, {"beam": 3, "top_k": 4})
     assert len(out["hops"]) == 2 and out["answers"], out
     assert len(passes) == 2 and 0 < passes[0] <= 3 and 0 < passes[1] <= 4, passes
     hop1 = out["hops"][0]["entities"]
     assert all(a["prob"] >= b["prob"] for a, b in zip(hop1, hop1[1:], strict=False))  # ranked after the fill
+
+
+@pytest.mark.parametrize(("beam", "handed_on"), [(None, DEFAULT_BEAM), (5, 5)])
+def test_a_follow_s_first_hop_hands_on_the_default_beam_unless_asked_for_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beam: int | None, handed_on: int
+) -> None:
+    """Thirty two-piece entities at hop 1: its fill scores exactly the names it hands on, the request's beam or,
+    without one, the default."""
+    passes, out = _names_per_fill_pass(tmp_path, monkeypatch, {} if beam is None else {"beam": beam})
+    assert passes[0] == handed_on, passes
+    assert len(out["hops"][0]["entities"]) >= handed_on
