@@ -4,7 +4,8 @@ The unit is the **row**: one sequence in one forward pass of the model, the mode
 shares. A word answer over a single-piece datastore is 1 row, plus its neighbour search beyond the default's
 (k=128 over 3 articles), which runs on the CPU threads every request shares: ceil(k x N / 384) - 1 rows. A whole-word datastore's answer adds the sequential
 fill of its multi-piece candidates: (k + the MLM's candidates) x the datastore's mean fill rows per word (from its
-word table). An entity answer adds its one fill pass: one row per name length from 2 to `MAX_NAME_PIECES`. A batch is
+word table). An entity answer adds `ENTITY_FILL_ROWS`: its fill pass (a row per name length) and the CPU work of its entity
+lookups, charged so that what the caps admit finishes within the deadline beside other clients. A batch is
 the sum of its queries; a ``/follow`` is one entity answer at hop 1 and ``beam`` at each later hop.
 
 `CostGate` admits a request when its cost is within ``max_request_cost`` (else `TooCostly`, a 422 that names the
@@ -23,11 +24,14 @@ from weakref import WeakKeyDictionary
 
 from bertknn.core.errors import ClientOverloaded, Overloaded, TooCostly
 from bertknn.core.format import Datastore
-from bertknn.service.entities import MAX_NAME_PIECES
 from bertknn.service.results import Query
 from bertknn.service.words import MLM_CANDIDATES
 
-ENTITY_FILL_ROWS = MAX_NAME_PIECES - 1  # one row per name length of 2 to MAX_NAME_PIECES pieces, read in one pass
+# What admission charges for an entity answer beyond its question's row. Its fill pass runs at most three short
+# rows (`MAX_NAME_PIECES`); the charge is higher so that the costliest requests the caps admit still finish within
+# the deadline beside other clients (`python -m bench.load --abuse`, docs/limits.md). Charging the fill's rows alone
+# admitted 4-hop follows at beam 20 and batches of 64 entity answers, and some of them ran past the deadline.
+ENTITY_FILL_ROWS = 36
 NEIGHBOUR_UNIT = 128 * 3  # k x articles of the default query: its neighbour search counts as part of its row
 
 
