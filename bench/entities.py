@@ -178,8 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 def measure_follow(ds: Path, relations: dict, questions: Sequence, device: str, limit: int = 40) -> dict[str, object]:
-    """Uncached latency of a two-hop relation following (the API's default beam: 1 + up to beam queries, two forward passes and their fills) against
-    one entity query (its first hop alone), question by question, alternating, one torch thread, no cache."""
+    """Uncached latency of a two-hop relation following (the API's default beam: 1 + up to beam queries, two
+    forward passes and their fills) against one entity query (its first hop alone), question by question,
+    alternating, one torch thread, no cache."""
     import asyncio
 
     import numpy as np
@@ -209,7 +210,8 @@ def measure_follow(ds: Path, relations: dict, questions: Sequence, device: str, 
             one.append(time.perf_counter() - t)
             t = time.perf_counter()
             asyncio.run(follow(
-                q.subject, [t1, t2], top_k=10, beam=DEFAULT_BEAM, lower=lower, base=base, ask=here.ask, fill_names=here.fill_names
+                q.subject, [t1, t2], top_k=10, beam=DEFAULT_BEAM, lower=lower, base=base, ask=here.ask,
+                fill_names=here.fill_names,
             ))
             two.append(time.perf_counter() - t)
     finally:

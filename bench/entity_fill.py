@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     agree, rhos, logs = [], [], []
     for subject in [t for t, _ in pipe.datastore.iter_article_texts()][: args.subjects]:
         for template in TEMPLATES:
-            text = template.replace("[X]", subject).replace("[Y]", "[MASK]")
-            text = text.lower().replace("[mask]", "[MASK]") if lower else text
+            text = _question(template, subject, lower)
             answer = pipe.predict(Query(text=text, subject=subject, answer="entity", top_k=5))
             names = [ea.pieces(x.token) for x in answer.predictions]
             names = [n for n in names if 1 < len(n) <= MAX_NAME_PIECES]
@@ -80,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _question(template: str, subject: str, lower: bool) -> str:
+    """The template asked of ``subject``, lower-cased for an uncased model (its [MASK] kept)."""
+    text = template.replace("[X]", subject).replace("[Y]", "[MASK]")
+    return text.lower().replace("[mask]", "[MASK]") if lower else text
+
+
 def compare_caps(pipe: Any, subjects: int, cap: int) -> dict[str, Any]:
     """Every question's entity answer with names filled up to 8 pieces and up to ``cap``, compared."""
     from bertknn.service import entities
@@ -93,8 +98,7 @@ def compare_caps(pipe: Any, subjects: int, cap: int) -> dict[str, Any]:
     try:
         for subject in [t for t, _ in pipe.datastore.iter_article_texts()][:subjects]:
             for template in TEMPLATES:
-                text = template.replace("[X]", subject).replace("[Y]", "[MASK]")
-                text = text.lower().replace("[mask]", "[MASK]") if lower else text
+                text = _question(template, subject, lower)
                 ranked = {}
                 for n in (8, cap):
                     entities.MAX_NAME_PIECES = n

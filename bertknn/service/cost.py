@@ -4,9 +4,9 @@ The unit is the **row**: one sequence in one forward pass of the model, the mode
 shares. A word answer over a single-piece datastore is 1 row, plus its neighbour search beyond the default's
 (k=128 over 3 articles), which runs on the CPU threads every request shares: ceil(k x N / 384) - 1 rows. A whole-word datastore's answer adds the sequential
 fill of its multi-piece candidates: (k + the MLM's candidates) x the datastore's mean fill rows per word (from its
-word table). An entity answer adds `ENTITY_FILL_ROWS`: its fill pass (a row per name length) and the CPU work of its entity
-lookups, charged so that what the caps admit finishes within the deadline beside other clients. A batch is
-the sum of its queries; a ``/follow`` is one entity answer at hop 1 and ``beam`` at each later hop.
+word table). An entity answer adds `ENTITY_FILL_ROWS`: its fill pass (a row per name length) and the CPU work of
+its entity lookups, charged so that what the caps admit finishes within the deadline beside other clients. A batch
+is the sum of its queries; a ``/follow`` is one entity answer at hop 1 and ``beam`` at each later hop.
 
 `CostGate` admits a request when its cost is within ``max_request_cost`` (else `TooCostly`, a 422 that names the
 cap), the client's requests in flight stay within ``max_client_cost`` (else `ClientOverloaded`, 429) and all

@@ -563,3 +563,32 @@ def test_a_follow_s_first_hop_hands_on_the_default_beam_unless_asked_for_another
     passes, out = _names_per_fill_pass(tmp_path, monkeypatch, {} if beam is None else {"beam": beam})
     assert passes[0] == handed_on, passes
     assert len(out["hops"][0]["entities"]) >= handed_on
+
+
+def test_an_entity_name_longer_than_max_name_pieces_is_left_to_its_neighbours(
+    ds: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fill pass scores names of 2 to MAX_NAME_PIECES pieces; a longer name is not sent to it and scores 0."""
+    from bertknn.service.entities import MAX_NAME_PIECES
+    from bertknn.service.pipeline import AnswerPipeline
+    from bertknn.service.words import WordAnswerer
+
+    sent: list[list[int]] = []
+    real = WordAnswerer.fill_probs_many
+
+    def recording(self: WordAnswerer, requests: list, **kw: Any) -> list[np.ndarray]:
+        sent.extend([len(p) for p in names] for _, names in requests)
+        return real(self, requests, **kw)
+
+    monkeypatch.setattr(WordAnswerer, "fill_probs_many", recording)
+    pipe = AnswerPipeline.open(ds, device="cpu")
+    try:
+        ea = pipe.entity_answerer
+        assert ea is not None
+        short, long = "New Quellport", " ".join(["Port Ambrel"] * MAX_NAME_PIECES)
+        assert 1 < len(ea.pieces(short)) <= MAX_NAME_PIECES < len(ea.pieces(long))
+        (probs,) = ea.fill_names([("orvin tasker was born in [MASK] .", [short, long])])
+    finally:
+        pipe.close()
+    assert sent == [[len(ea.pieces(short))]], sent  # only the short name went to the fill pass
+    assert probs[0] > 0 and probs[1] == 0.0, probs

@@ -88,7 +88,9 @@ class FollowRequest(BaseModel):
         "at most limits.max_follow_hops"
     )
     top_k: int = Field(10, ge=1, description="entities returned per hop and answers (at most limits.max_top_k)")
-    beam: int = Field(DEFAULT_BEAM, ge=1, description="entities of a hop that the next hop starts from (at most limits.max_beam)")
+    beam: int = Field(
+        DEFAULT_BEAM, ge=1, description="entities of a hop that the next hop starts from (at most limits.max_beam)"
+    )
     retriever: RetrieverName | None = Field(None, description="ranker for an entity without an article (default bm25)")
     num_articles: int | None = Field(None, ge=1, description="N articles for an entity without an article (default 3)")
     k: int | None = Field(None, ge=1, description="neighbours per hop query (default 128)")
