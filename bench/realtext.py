@@ -133,6 +133,19 @@ def read_answer(pipeline: Any, f: Fact, d: Any) -> tuple[dict[str, str], str, bo
     return top, pipeline.token(f.gold), bool(d.p_knn[f.gold] > 0), echo
 
 
+def miss_cause(found: bool, echo: bool, voted: bool, knn_right: bool) -> str:
+    """A BERT-kNN miss's first cause (one of `CAUSES`), checked in this order: retrieval did not search the
+    subject's article; the answer is one of the subject's own words; no neighbour carried the gold word; the
+    neighbours' vote (kNN alone) was wrong too; else the interpolation turned kNN's right answer wrong."""
+    if not found:
+        return "retrieval"
+    if echo:
+        return "subject_echo"
+    if not voted:
+        return "not_in_neighbours"
+    return "interpolation" if knn_right else "outvoted"
+
+
 def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, knobs: dict[str, float], batch: int = 32) -> dict[str, Any]:
     """Macro P@1 of BERT-kNN, kNN and MLM, the ceiling, and the misses by cause."""
     from bertknn.service.results import Query
@@ -157,17 +170,7 @@ def score(pipeline: Any, facts: list[Fact], *, with_subject: bool, knobs: dict[s
             hits.append(int(top["bert_knn"] == gold))
             if top["bert_knn"] == gold:
                 continue
-            if f.subject not in searched:
-                cause = "retrieval"
-            elif echo:
-                cause = "subject_echo"
-            elif not voted:
-                cause = "not_in_neighbours"
-            elif top["knn"] != gold:
-                cause = "outvoted"
-            else:
-                cause = "interpolation"
-            causes[cause] += 1
+            causes[miss_cause(f.subject in searched, echo, voted, top["knn"] == gold)] += 1
     rels = sorted(per_rel)
 
     def macro(key: str) -> float:
