@@ -87,6 +87,16 @@ def _codec_state(settings: BuildSettings) -> dict:
     }  # fmt: skip
 
 
+def builder_encoder(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> MaskedLMEncoder:
+    """Torch on the threads the settings give (else as many as the CPU quota allows), and the build's model at its
+    layer without the MLM head (a build stores embeddings only), unless the caller brings an encoder."""
+    torch.set_num_threads(settings.threads or cpu_quota_threads())
+    return encoder or MaskedLMEncoder.load(
+        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
+        max_seq_len=settings.max_seq_len, mlm_head="ignored",
+    )  # fmt: skip
+
+
 def check_corpus_files(paths: list[Path]) -> None:
     """Every corpus file exists, has a known format and can be read: checked before the model loads, so a bad
     path fails in a second, not after minutes."""
@@ -114,11 +124,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     out = Path(settings.out)
     _refuse_updated(out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(settings.threads or cpu_quota_threads())
-    encoder = encoder or MaskedLMEncoder.load(
-        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
-        max_seq_len=settings.max_seq_len, mlm_head="ignored",
-    )  # fmt: skip
+    encoder = builder_encoder(settings, encoder)
     state_path = out / BUILD_STATE
     previous = json.loads(state_path.read_text()) if state_path.is_file() else None
     _choose_backend(encoder, settings, previous)
@@ -309,11 +315,7 @@ def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = 
     plan = plan_blocks(settings.corpus, settings.index, settings.multistream)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(settings.threads or cpu_quota_threads())
-    encoder = encoder or MaskedLMEncoder.load(
-        settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
-        max_seq_len=settings.max_seq_len, mlm_head="ignored",
-    )  # fmt: skip
+    encoder = builder_encoder(settings, encoder)
     coder = open_coder(out, spec, encoder.hidden_size)
     assert coder is not None
     if coder.ready:

@@ -66,6 +66,15 @@ class ContextReader:
         shown = iter(self.contexts(nbrs, [r for c in wanted for r in ranks.get(c, [])]))
         return {c: [next(shown) for _ in ranks.get(c, [])] for c in wanted}
 
+    def best(
+        self, p: np.ndarray, query: Query, nbrs: Neighbours, labels: np.ndarray
+    ) -> tuple[list[tuple[int, float]], dict[int, list[Context]]]:
+        """The ``query.top_k`` most probable candidates under ``p`` (id, probability) and, when the query asks for
+        contexts, the stored sentences that support each (`by_label`)."""
+        best = top_k(p, query.top_k)
+        limit = query.contexts_per_answer if query.return_contexts else 0
+        return best, self.by_label(nbrs, labels, [c for c, _ in best], limit)
+
     def articles_seen(self, query: Query, nbrs: Neighbours, articles: list[ArticleHit]) -> list[ArticleHit]:
         """Without retrieval, the articles the neighbours came from (by count); else the retrieved ones."""
         if query.retriever != "none" or not len(nbrs):

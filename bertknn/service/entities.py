@@ -141,9 +141,7 @@ class EntityAnswerer:
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []
-        best = top_k(p, query.top_k)
-        shown = self.reader.by_label(nbrs, labels, [c for c, _ in best], query.contexts_per_answer if
-                                     query.return_contexts else 0)  # fmt: skip
+        best, shown = self.reader.best(p, query, nbrs, labels)
         for c, prob in best:
             e = entities[c]
             preds.append(
