@@ -68,6 +68,8 @@ def machine() -> dict[str, object]:
 
 def lama_queries(n: int, *, seed: int = 0, lama: Path | None = None) -> list[tuple[str, str]]:
     """Distinct (query text, subject) pairs from the T-REx templates and subjects, deterministic."""
+    from bertknn.evaluation.lama import fill_template
+
     lama = lama or SHARED / "data" / "lama"
     templates = {}
     for line in (lama / "relations.jsonl").read_text().splitlines():
@@ -87,7 +89,7 @@ def lama_queries(n: int, *, seed: int = 0, lama: Path | None = None) -> list[tup
         tmpl = templates.get(files[i].stem)
         if not tmpl:
             continue
-        text = tmpl.replace("[X]", fact["sub_label"]).replace("[Y]", "[MASK]").lower().replace("[mask]", "[MASK]")
+        text = fill_template(tmpl, fact["sub_label"], lowercase=True)
         if text not in seen:
             seen.add(text)
             out.append((text, fact["sub_label"]))

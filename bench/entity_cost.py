@@ -65,8 +65,9 @@ class _Round:
         self.loop = asyncio.Runner()  # one event loop for every follow, as in the server (not one per follow)
 
     def question(self, template: str, subject: str) -> str:
-        text = template.replace("[X]", subject).replace("[Y]", "[MASK]")
-        return text.lower() if self.lower else text.replace("[mask]", "[MASK]")
+        from bertknn.evaluation.lama import fill_template
+
+        return fill_template(template, subject, lowercase=self.lower)
 
     def follow_one(self, subject: str, beam: int) -> Any:
         from bertknn.service.follow import follow

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import machine, write_result
+from bertknn.evaluation.lama import fill_template
 
 TEMPLATES = ("[X] was born in [Y] .", "[X] is located in [Y] .", "[X] is a member of [Y] .", "[X] is part of [Y] .")
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     agree, rhos, logs = [], [], []
     for subject in [t for t, _ in pipe.datastore.iter_article_texts()][: args.subjects]:
         for template in TEMPLATES:
-            text = _question(template, subject, lower)
+            text = fill_template(template, subject, lowercase=lower)
             answer = pipe.predict(Query(text=text, subject=subject, answer="entity", top_k=5))
             names = [ea.pieces(x.token) for x in answer.predictions]
             names = [n for n in names if 1 < len(n) <= MAX_NAME_PIECES]
@@ -79,12 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _question(template: str, subject: str, lower: bool) -> str:
-    """The template asked of ``subject``, lower-cased for an uncased model (its [MASK] kept)."""
-    text = template.replace("[X]", subject).replace("[Y]", "[MASK]")
-    return text.lower().replace("[mask]", "[MASK]") if lower else text
-
-
 def compare_caps(pipe: Any, subjects: int, cap: int) -> dict[str, Any]:
     """Every question's entity answer with names filled up to 8 pieces and up to ``cap``, compared."""
     from bertknn.service import entities
@@ -98,7 +93,7 @@ def compare_caps(pipe: Any, subjects: int, cap: int) -> dict[str, Any]:
     try:
         for subject in [t for t, _ in pipe.datastore.iter_article_texts()][:subjects]:
             for template in TEMPLATES:
-                text = _question(template, subject, lower)
+                text = fill_template(template, subject, lowercase=lower)
                 ranked = {}
                 for n in (8, cap):
                     entities.MAX_NAME_PIECES = n

@@ -27,8 +27,8 @@ from bertknn.core.format import Datastore
 from bertknn.service.results import Query
 from bertknn.service.words import MLM_CANDIDATES
 
-# What admission charges for an entity answer beyond its question's row. Its fill pass runs at most three short
-# rows (`MAX_NAME_PIECES`); the charge is higher so that the costliest requests the caps admit still finish within
+# What admission charges for an entity answer beyond its question's row. Its fill pass runs one short row per name
+# length up to `MAX_NAME_PIECES`; the charge is higher so that the costliest requests the caps admit still finish within
 # the deadline beside other clients (`python -m bench.load --abuse`, docs/limits.md). Charging the fill's rows alone
 # admitted 4-hop follows at beam 20 and batches of 64 entity answers, and some of them ran past the deadline.
 ENTITY_FILL_ROWS = 36
