@@ -7,13 +7,15 @@ leaves the others' figures:
 
 - ``vectors``: the cut forward's rows on the GPU in bfloat16 and float16 against the full forward in float32 on
   the CPU, on the same contexts (relative error per row), and whether p_MLM's top entry agrees;
+- ``new_shapes``: the builder's forward (bfloat16) on batch shapes it has not seen against the same shapes again,
+  with cuDNN's attention kernel allowed, without it, and as the encoder leaves it (without, on CUDA): what a new
+  (rows, width) shape costs (docs/decisions/cuda-attention-kernels.md);
 - ``builder_bfloat16`` / ``builder_float16``: the builder's contexts/s on bert-base-uncased's shape with the cut
   forward, the token budget per batch swept (in bfloat16; float16 at one budget), its padding fraction and the
   stage that bounds the build: the GPU's forward, or the CPU workers preparing contexts (`bench.builder
   --device cuda`);
-- ``builder_no_cudnn``: the bfloat16 build at the first budget with cuDNN's attention kernel left out (`bench.builder
-  --sdpa flash,efficient,math`): whether it is what makes the forward inside the build slower than the bare forward
-  while the batch shapes are new (docs/performance.md, "GPU");
+- ``builder_cudnn``: the bfloat16 build at the first budget with cuDNN's attention kernel allowed again (`bench.builder
+  --sdpa cudnn,flash,efficient,math`): the build as it was before the encoder left that kernel out;
 - ``serving``: uncached ``/predict`` p50 and throughput at 1 and 64 clients, the service on the GPU
   (`bench.serving --device cuda`);
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
@@ -42,7 +44,7 @@ from typing import Any
 from bench.common import REPO, RESULTS, RUNS, SHARED, machine
 
 NO_DEVICE = 3
-STAGES = ("vectors", "builder_bfloat16", "builder_float16", "builder_no_cudnn", "serving", "ivfpq_training")
+STAGES = ("vectors", "new_shapes", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -107,6 +109,49 @@ def compare_vectors(model: Path, corpus: Path, n: int = 256) -> dict[str, object
     return out
 
 
+def time_new_shapes(model: Path, shapes: int = 48, budget: int = 16_384, seed: int = 0) -> dict[str, object]:
+    """The builder's forward (bfloat16, embeddings only) over ``shapes`` random (rows, width) batch shapes of about
+    ``budget`` padded tokens, each run twice in a row, per attention-kernel choice: the milliseconds of a shape's
+    first call (new to the process) and of its second, medians. Each choice gets shapes of its own."""
+    import numpy as np
+    import torch
+
+    from bench.builder import attention_kernels
+    from bertknn.core.encoder import MaskedLMEncoder
+
+    enc = MaskedLMEncoder.load(str(model), device="cuda", dtype="bfloat16")
+    core = enc._cores[False]
+    rng = np.random.default_rng(seed)
+    out: dict[str, object] = {"forward": enc.cut, "budget_tokens": budget, "shapes": shapes}
+    used: set[tuple[int, int]] = set()
+    for kernels in ("cudnn,flash,efficient,math", "flash,efficient,math", ""):
+        first: list[float] = []
+        second: list[float] = []
+        with attention_kernels(kernels), torch.inference_mode():
+            for _ in range(shapes):
+                width = int(rng.integers(12, 128))
+                rows = budget // width - int(rng.integers(0, 8))
+                if (rows, width) in used:
+                    continue
+                used.add((rows, width))
+                lengths = rng.integers(width // 2, width + 1, rows)
+                lengths[0] = width
+                attn = torch.from_numpy((np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)).cuda()
+                ids = torch.randint(1000, 20000, (rows, width), device="cuda") * attn
+                pos = torch.from_numpy(rng.integers(1, lengths - 1)).cuda()
+                args = (ids, attn, torch.arange(rows, device="cuda"), pos)
+                for times in (first, second):
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    core(*args)
+                    torch.cuda.synchronize()
+                    times.append(1000 * (time.perf_counter() - t))
+        out[kernels or "the encoder's default"] = {"first_ms_median": round(float(np.median(first)), 2),
+                                            "second_ms_median": round(float(np.median(second)), 2),
+                                            "first_ms_max": round(float(np.max(first)), 2)}  # fmt: skip
+    return out
+
+
 def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     py, model = sys.executable, str(args.model)
     builder = [py, "-m", "bench.builder", "--model", model, "--device", "cuda", "--articles", str(args.articles),
@@ -116,13 +161,14 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     retriever = args.retriever if args.retriever != "auto" else "bm25" if bm25_runs else "tfidf"
     return {
         "vectors": [py, "-m", "bench.gpu", "--stage", "vectors", "--model", model],
+        "new_shapes": [py, "-m", "bench.gpu", "--stage", "shapes", "--model", model],
         "builder_bfloat16": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens,
                              "--out", str(_report("builder_bfloat16"))],
         "builder_float16": [*builder, "--dtype", "float16", "--batch-tokens", args.batch_tokens.split(",")[-1],
                             "--out", str(_report("builder_float16"))],
-        # the same bf16 build with cuDNN's attention left out: is it what costs the build per new batch shape?
-        "builder_no_cudnn": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens.split(",")[0],
-                             "--sdpa", "flash,efficient,math", "--out", str(_report("builder_no_cudnn"))],
+        # the same bf16 build with cuDNN's attention allowed again (the encoder leaves it out on CUDA)
+        "builder_cudnn": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens.split(",")[0],
+                          "--sdpa", "cudnn,flash,efficient,math", "--out", str(_report("builder_cudnn"))],
         "serving": [py, "-m", "bench.serving", "--model", model, "--device", "cuda", "--articles", "40",
                     "--work", str(RUNS / "bench-serving-gpu"), "--scale", "", "--concurrency", "1,64",
                     "--retriever", retriever],
@@ -177,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-timeout-s", type=float, default=600, help="a stage running longer is stopped and "
                    "recorded as failed")  # fmt: skip
     p.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
-    p.add_argument("--stage", choices=["vectors", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
+    p.add_argument("--stage", choices=["vectors", "shapes", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
     return p
 
 
@@ -196,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.stage == "vectors":
         _report("vectors").write_text(json.dumps(compare_vectors(args.model, VITAL), indent=1) + "\n")
+        return 0
+    if args.stage == "shapes":
+        _report("new_shapes").write_text(json.dumps(time_new_shapes(args.model), indent=1) + "\n")
         return 0
     if args.stage == "ivfpq":
         _report("ivfpq_training").write_text(json.dumps(time_ivfpq_training(args.ivfpq_rows, 768)) + "\n")
@@ -220,21 +269,33 @@ def _driver_version() -> str | None:
     return run.stdout.strip() or None
 
 
+def _count(value: float | None) -> str:
+    """A rate as the table prints it; "n/a" where the run did not record it."""
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
 def gpu_table(out: dict[str, Any]) -> str:
     """The markdown table of the figures that docs/performance.md's GPU section holds."""
     rows = [f"{out['device']}, driver {out['driver']}, torch {out['machine']['torch']} (CUDA {out['torch_cuda']}), "
             f"{out['machine']['cores']} cores; {out['model']}\n", "| figure | value |", "|---|---:|"]
-    for dtype in ("bfloat16", "float16", "no_cudnn"):
+    for dtype in ("bfloat16", "float16", "cudnn"):
         vec = out.get("vectors", {}).get(dtype)
         if vec:
             rows.append(f"| rows vs float32 full forward, {dtype}: median / max relative error, top-1 agrees | "
                         f"{vec['rel_error_median']:.2e} / {vec['rel_error_max']:.2e}, {vec['top1_agrees']:.1%} |")  # fmt: skip
         build = out.get(f"builder_{dtype}", {})
         for run in build.get("runs", []) if isinstance(build, dict) else []:
-            rows.append(f"| builder {dtype.replace('no_cudnn', 'bfloat16 without cuDNN attention')}, budget "
-                        f"{run['batch_tokens']} tokens: build / bare forward / forward inside the build contexts/s, "
-                        f"padding, bound | {run['build_ctx_per_s']:,.0f} / {run['bare_forward_ctx_per_s']:,.0f} / "
+            rows.append(f"| builder {dtype.replace('cudnn', 'bfloat16 with cuDNN attention allowed')}, budget "
+                        f"{run['batch_tokens']} tokens: build / first batch to last / bare forward / forward inside the "
+                        f"build contexts/s, padding, bound | {run['build_ctx_per_s']:,.0f} / "
+                        f"{_count(run.get('embed_span_ctx_per_s'))} / {run['bare_forward_ctx_per_s']:,.0f} / "
                         f"{run['forward_in_build_ctx_per_s']:,.0f}, {run['padding_fraction']:.1%}, {run['bound']} |")  # fmt: skip
+    shapes = out.get("new_shapes", {})
+    for kernels, r in shapes.items() if isinstance(shapes, dict) else ():
+        if isinstance(r, dict):
+            rows.append(f"| builder forward on a new batch shape / the same shape again, {kernels} (median ms, "
+                        f"{shapes['shapes']} shapes of {shapes['budget_tokens']:,} tokens) | {r['first_ms_median']} / "
+                        f"{r['second_ms_median']} ms |")  # fmt: skip
     serving = out.get("serving", {})
     for client, r in (serving.get("clients", {}) if isinstance(serving, dict) else {}).items():
         if "uncached_ms" in r:

@@ -21,7 +21,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenize
 from bertknn.core.errors import ModelLoadError
 from bertknn.core.hashing import weights_sha256
 from bertknn.core.inputs import MaskedInput, PackedInputs
-from bertknn.core.runtime import DeviceName, DtypeName, resolve_device, resolve_dtype
+from bertknn.core.runtime import DeviceName, DtypeName, attention_without_cudnn, resolve_device, resolve_dtype
 from bertknn.core.topk import top_entries
 from bertknn.core.truncate import TruncatedCore, mask_row_core, truncated_base
 from bertknn.core.wordmodel import WordModel
@@ -223,6 +223,8 @@ class MaskedLMEncoder:
         self.weights_sha256 = weights_hash or weights_sha256(model)
         self.device = device or torch.device("cpu")
         self.dtype = dtype
+        if self.device.type == "cuda":  # every batch shape new to cuDNN's attention costs a graph build
+            attention_without_cudnn()
         model = model.to(self.device, dtype).eval()
         self.model = model
         self.base: torch.nn.Module = cast(torch.nn.Module, model.base_model)

@@ -84,6 +84,18 @@ def resolve_dtype(dtype: DtypeName | str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 
+def attention_without_cudnn() -> bool:
+    """Keep ``scaled_dot_product_attention`` off cuDNN's kernel in this process (flash, memory-efficient and math
+    stay): cuDNN's builds a graph for every new (rows, width) batch shape, and the builder's and the service's
+    batches rarely repeat a shape (docs/decisions/cuda-attention-kernels.md). Called where a model is put on a
+    CUDA device; False where this torch has no such switch."""
+    switch = getattr(torch.backends.cuda, "enable_cudnn_sdp", None)
+    if switch is None:
+        return False
+    switch(False)
+    return True
+
+
 
 def cpu_quota_threads() -> int:
     """CPUs this process may use (cgroup quota or affinity), for torch thread settings."""

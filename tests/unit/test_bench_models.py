@@ -73,7 +73,13 @@ def test_bench_gpu_tabulates_its_measured_report() -> None:
     assert table[0].startswith(report["device"]) and table[2] == "| figure | value |"
     runs = report["builder_bfloat16"]["runs"]
     assert sum("| builder bfloat16, budget" in row for row in table) == len(runs)
-    assert any(f"{runs[0]['build_ctx_per_s']:,.0f} / {runs[0]['bare_forward_ctx_per_s']:,.0f}" in row for row in table)
+    first = runs[0]
+    rates = f"{first['build_ctx_per_s']:,.0f} / {first['embed_span_ctx_per_s']:,.0f} / {first['bare_forward_ctx_per_s']:,.0f}"
+    assert any(rates in row for row in table)
+    shapes = [row for row in table if row.startswith("| builder forward on a new batch shape")]
+    assert len(shapes) == sum(isinstance(v, dict) for v in report["new_shapes"].values()) == 3
+    older = {**report["builder_bfloat16"], "runs": [{k: v for k, v in first.items() if k != "embed_span_ctx_per_s"}]}
+    assert " / n/a / " in gpu_table({**report, "builder_bfloat16": older})  # a report from before that rate
     assert sum("/predict uncached p50" in row for row in table) == len(report["serving"]["clients"])
     broken = gpu_table({**report, "serving": {"error": "Command '...' returned non-zero exit status 1."}})
     assert "- serving: Command" in broken and "/predict" not in broken
@@ -87,3 +93,28 @@ def test_bench_gpu_refuses_a_stage_it_does_not_have() -> None:
     run = subprocess.run([sys.executable, "-m", "bench.gpu", "--only", "serving,warp"], capture_output=True,
                          text=True, timeout=120, cwd=repo)  # fmt: skip
     assert run.returncode == 2 and "no stage warp" in run.stderr
+
+
+def test_bench_builder_times_the_build_from_its_first_batch_to_its_last() -> None:
+    """bench.builder's recording encoder: every batch kept, the forward's time summed, and the span from the first
+    batch asked to the last batch's rows taken (the rate a long build runs at, its start left out)."""
+    import time
+
+    import numpy as np
+
+    from bench.builder import RecordingEncoder
+
+    class Slow:
+        def encode_async(self, items):  # type: ignore[no-untyped-def]
+            time.sleep(0.01)
+            return lambda: np.zeros((len(items), 2), np.float16)
+
+    rec = RecordingEncoder(Slow())  # type: ignore[arg-type]
+    assert rec.first_start is None
+    t0 = time.perf_counter()
+    first = rec.encode_async([1, 2])  # type: ignore[list-item]
+    time.sleep(0.02)  # the build's own work between batches counts in the span, not in the forward's time
+    second = rec.encode_async([3])  # type: ignore[list-item]
+    assert first().shape == (2, 2) and second().shape == (1, 2)
+    assert rec.first_start is not None and t0 <= rec.first_start < rec.last_end <= time.perf_counter()
+    assert len(rec.batches) == 2 and 0.02 <= rec.seconds < rec.last_end - rec.first_start

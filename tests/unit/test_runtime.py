@@ -71,3 +71,18 @@ def test_a_faiss_block_sets_torch_s_threads_back() -> None:
         assert faiss.omp_get_max_threads() == faiss_before
     finally:
         torch.set_num_threads(before)
+
+
+def test_attention_without_cudnn_switches_off_cudnn_s_attention_kernel_alone():
+    """Where a model goes on a GPU, scaled_dot_product_attention may not pick cuDNN's kernel (a graph build per
+    new batch shape); the flash, memory-efficient and math kernels stay enabled."""
+    cuda = torch.backends.cuda
+    before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled())
+    cuda.enable_cudnn_sdp(True)
+    try:
+        assert runtime.attention_without_cudnn() is True
+        assert not cuda.cudnn_sdp_enabled()
+        assert cuda.flash_sdp_enabled() == before[1] and cuda.mem_efficient_sdp_enabled() == before[2]
+        assert cuda.math_sdp_enabled() == before[3]
+    finally:
+        cuda.enable_cudnn_sdp(before[0])
