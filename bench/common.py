@@ -53,11 +53,35 @@ def bare_forward(enc: MaskedLMEncoder, texts: list[str], batch: int = 1) -> list
     return times
 
 
+def cpu_model() -> str | None:
+    """The host CPU's model name (Linux), so that figures from two hosts of one machine kind can be told apart."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
+def python_loop_ms(n: int = 200_000) -> float:
+    """Milliseconds of a fixed pure-Python loop, best of 3: the host's single-thread speed for interpreter work,
+    which bounds the service's per-request overhead (smaller is faster)."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        acc = 0
+        for i in range(n):
+            acc += i * i % 7
+        best = min(best, time.perf_counter() - t)
+    return round(1000 * best, 2)
+
+
 def machine() -> dict[str, object]:
     import torch
 
     return {
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "python_loop_ms": python_loop_ms(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),

@@ -118,3 +118,14 @@ def test_bench_builder_times_the_build_from_its_first_batch_to_its_last() -> Non
     assert first().shape == (2, 2) and second().shape == (1, 2)
     assert rec.first_start is not None and t0 <= rec.first_start < rec.last_end <= time.perf_counter()
     assert len(rec.batches) == 2 and 0.02 <= rec.seconds < rec.last_end - rec.first_start
+
+
+def test_bench_reports_name_the_host_cpu_and_its_interpreter_speed() -> None:
+    """Every benchmark's `machine` record tells two hosts of one machine kind apart: the CPU's model name and the
+    time of a fixed Python loop (the host speed that bounds per-request overhead)."""
+    from bench.common import machine, python_loop_ms
+
+    m = machine()
+    assert m["cpu_model"] is None or (isinstance(m["cpu_model"], str) and m["cpu_model"])
+    assert isinstance(m["python_loop_ms"], float) and m["python_loop_ms"] > 0
+    assert python_loop_ms(20_000) < python_loop_ms(400_000)  # it measures the work, not a constant
