@@ -5,10 +5,9 @@
 #       build --corpus /corpus/enwiki.jsonl --out /data/datastore
 # Sharded: `build ... --shard-index I --num-shards N --out /data/slices/slice-I` per worker, then
 # `merge /data/slices/slice-* --out /data/datastore` (the Kubernetes Indexed Job in k8s/jobs does exactly this).
-# The CUDA libraries come with the torch wheel (cuda-toolkit / nvidia-* wheels), so the base is the same slim Python
-# image as the service; the host needs only the NVIDIA driver (>= 580 for the CUDA 13.0 build of torch 2.13 on PyPI;
-# for an older driver build with --build-arg TORCH_INDEX_URL=<a PyTorch CUDA 12.x wheel index>; docs/deployment.md, "GPU
-# drivers"; the process checks the driver at start-up and says which one it needs).
+# The CUDA libraries come with the torch and faiss-gpu wheels (nvidia-*-cu12 wheels), so the base is the same slim
+# Python image as the service; the host needs only the NVIDIA driver: 525.60.13 or newer for the default, CUDA 12.8
+# (docs/deployment.md, "GPU drivers"; the process checks the driver at start-up and says which one it needs).
 # Runs `python -m datastore_builder` as uid 10001.  Model weights are not in the image: mount a Hugging Face cache at
 # /models/hf (HF_HOME; docker/prefetch_model.py fills it) or a model directory (--model DIR).  The JRE is here for
 # the Lucene (BM25) index the build ends with.  See README.md, "Deployment".
@@ -31,19 +30,29 @@ ENV PATH=/opt/venv/bin:$PATH
 ARG PIP_CERT
 ARG PIP_FIND_LINKS
 
-# torch first, the CUDA build: on PyPI the Linux x86_64 torch wheel is the CUDA one (2.13.0: CUDA 13.0).  For a
-# CPU-only builder (no GPU on the box, a quarter of the size) build with --build-arg TORCH_VARIANT=cpu and
-# --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; the check below fails a build that got the other.
-ARG TORCH_VERSION=2.13.0
+# torch first, the CUDA build: on PyPI the Linux x86_64 torch wheel is the CUDA one. 2.10.0 is PyPI's last torch
+# built for CUDA 12 (12.8), which starts on driver 525.60.13 and newer; 2.11 and later are CUDA 13 builds (driver
+# 580). For a CPU-only builder (no GPU on the box, a quarter of the size) build with --build-arg TORCH_VARIANT=cpu,
+# --build-arg TORCH_VERSION=2.13.0 and --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; the check
+# below fails a build that got the other.
+ARG TORCH_VERSION=2.10.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
 ARG TORCH_VARIANT=cuda
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 
-# The project and its dependencies from pyproject.toml (the context holds only what .dockerignore allows).
+# The project and its dependencies from pyproject.toml (the context holds only what .dockerignore allows). The CUDA
+# variant then takes faiss-gpu instead of faiss-cpu (both provide the module `faiss`: never both), so that
+# `ivfpq` trains and fills the index on the GPU (bertknn.builder.ivfpq.on_gpus); faiss-gpu 1.15.1 is built for
+# CUDA 12 (sm_90 code for Hopper) and takes the same CUDA 12 runtime wheels as torch 2.10.
+ARG FAISS_GPU_VERSION=1.15.1
 COPY . /src
 RUN pip install /src \
     # pyserini 0.25 without its heavy optional dependencies (nmslib, spacy, lightgbm): BM25 needs none of them.
     && pip install --no-deps "pyserini==0.25.0" \
+    && if [ "${TORCH_VARIANT}" = cuda ]; then \
+        pip uninstall -y faiss-cpu && pip install "faiss-gpu==${FAISS_GPU_VERSION}" \
+        && python -c "import faiss; assert hasattr(faiss, 'StandardGpuResources'), 'faiss has no GPU support'"; \
+    fi \
     && python -c "import sys, torch; cuda = bool(torch.version.cuda); sys.exit(None if cuda == (sys.argv[1] == 'cuda') else f'TORCH_VARIANT={sys.argv[1]} but torch {torch.__version__} was installed')" "${TORCH_VARIANT}"
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -179,13 +179,15 @@ build_image() {  # build_image TAG DOCKERFILE [BUILD-ARG...]
   podman build "${BUILD_ARGS[@]}" --build-arg PYTHON_IMAGE="$PY_IMAGE" "$@" -t "$tag" -f "$file" . \
     >"$WORK/build-$(basename "$file").log" 2>&1 || { tail -40 "$WORK/build-$(basename "$file").log" >&2; return 1; }
 }
+# The CPU image's torch version (its Dockerfile's default), which the CPU builder image takes too.
+torch_version() { sed -n 's/^ARG TORCH_VERSION=//p' "$1"; }
 # torch from PyPI's index with the CPU wheel handed over in the wheelhouse when there is one; else the CPU index.
 if [ -n "$WHEELS" ]; then TORCH_INDEX=https://pypi.org/simple; else TORCH_INDEX=https://download.pytorch.org/whl/cpu; fi
 step "build the CPU service image (docker/Dockerfile.cpu)" \
   build_image "$API_IMAGE" docker/Dockerfile.cpu --build-arg TORCH_INDEX_URL="$TORCH_INDEX"
 step "build the builder image, CPU torch (docker/Dockerfile.builder)" \
   build_image "$BUILDER_IMAGE" docker/Dockerfile.builder --build-arg TORCH_INDEX_URL="$TORCH_INDEX" \
-  --build-arg TORCH_VARIANT=cpu
+  --build-arg TORCH_VARIANT=cpu --build-arg TORCH_VERSION="$(torch_version docker/Dockerfile.cpu)"
 
 # --- 3. the stack -------------------------------------------------------------------------------------------------
 compose down -v >/dev/null 2>&1 || true
