@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import PROXY_MODEL, RUNS, build_datastore, machine, percentiles, result_name, write_result
+from bertknn.evaluation.lama import fill_template
 from bertknn.service.results import DEFAULT_BEAM
 
 TEMPLATES = ("[X] was born in [Y] .", "[X] is located in [Y] .", "[X] is a member of [Y] .", "[X] is part of [Y] .")
@@ -65,8 +66,6 @@ class _Round:
         self.loop = asyncio.Runner()  # one event loop for every follow, as in the server (not one per follow)
 
     def question(self, template: str, subject: str) -> str:
-        from bertknn.evaluation.lama import fill_template
-
         return fill_template(template, subject, lowercase=self.lower)
 
     def follow_one(self, subject: str, beam: int) -> Any:

@@ -96,7 +96,6 @@ def attention_without_cudnn() -> bool:
     return True
 
 
-
 def cpu_quota_threads() -> int:
     """CPUs this process may use (cgroup quota or affinity), for torch thread settings."""
     try:

@@ -72,8 +72,12 @@ class ContextReader:
         """The ``query.top_k`` most probable candidates under ``p`` (id, probability) and, when the query asks for
         contexts, the stored sentences that support each (`by_label`)."""
         best = top_k(p, query.top_k)
-        limit = query.contexts_per_answer if query.return_contexts else 0
-        return best, self.by_label(nbrs, labels, [c for c, _ in best], limit)
+        return best, self.supporting(query, nbrs, labels, [c for c, _ in best])
+
+    def supporting(self, query: Query, nbrs: Neighbours, labels: np.ndarray, wanted: list[int]) -> dict[int, list[Context]]:
+        """The stored sentences behind each wanted answer, as many as the query asks for (none unless it asks
+        for contexts)."""
+        return self.by_label(nbrs, labels, wanted, query.contexts_per_answer if query.return_contexts else 0)
 
     def articles_seen(self, query: Query, nbrs: Neighbours, articles: list[ArticleHit]) -> list[ArticleHit]:
         """Without retrieval, the articles the neighbours came from (by count); else the retrieved ones."""
@@ -174,7 +178,7 @@ class TokenAnswerer:
         """The answers ``best`` (token id, p) with their p_MLM, p_kNN (``knn_at``: float32 values, as in p_kNN)
         and, when the query asks for them, their nearest contexts, read in one read for all."""
         ids = [t for t, _ in best]
-        shown = self.reader.by_label(nbrs, nbrs.labels, ids, query.contexts_per_answer if query.return_contexts else 0)
+        shown = self.reader.supporting(query, nbrs, nbrs.labels, ids)
         best_p_mlm = p_mlm[np.array(ids, dtype=np.int64)].tolist()
         return [
             Prediction(self.vocab[t], t, prob, pm, knn_at.get(t, 0.0), shown[t])
