@@ -1,0 +1,344 @@
+"""How far a better vote can take BERT-kNN on real article text: the ceiling of vote changes::
+
+    python -m bench.vote_bound [--model DIR] [--others 300] [--searches 20000] [--restarts 3]
+
+The facts, corpus and splits are `bench.realtext`'s (the same datastore). For each fact, asked with the subject
+named (its own article searched) and without it (the articles the service's ranker picks), every word that the
+service's vote, the paper's vote or p_MLM ranks among the top ``--candidates`` is a candidate, described by what
+one forward pass and the searched articles' stored contexts give (`FEATURES`): the neighbours' vote at two
+temperatures and weighted by p_MLM, p_MLM and its rank, how near the word's nearest contexts lie, how many
+contexts it has, whether it is one of the subject's words, how many of the question's words its sentence shares;
+and, for the bound only, two that fit this benchmark and no general rule (`BENCHMARK_ONLY`): whether the word is
+written in the article's first sentence, and whether it is a number (no object of these relations is).
+
+A vote here is a linear score over those features; the answer is the candidate that scores highest. Two figures:
+
+- **the bound**: the weights that score best on a split's facts, searched on those very facts (random search, then
+  local refinement). No reweighting of these features scores higher there, so a target above it cannot be reached
+  by a vote over these features with this model: it needs a better encoder or more than the vote can change.
+- **fitted on dev**: the weights that maximise the dev facts' likelihood (a softmax over each fact's candidates),
+  scored on test: what a learned vote honestly gives.
+
+The service's default vote is scored from the same candidates first, as a check: it must give `bench.realtext`'s
+figures. Writes ``bench/results/vote_bound.json`` (``-MODEL`` for another model than the proxy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import PROXY_MODEL, RUNS, machine, result_name, write_result
+from bench.realtext import Fact, open_benchmark
+from bertknn.builder.targets import load_stopwords
+from bertknn.core.text import MASK_RE
+from bertknn.service.interpolate import (
+    DEFAULT_ARTICLE_SHARPNESS,
+    DEFAULT_MLM_PRIOR,
+    article_offsets,
+    knn_sparse,
+    weigh_vote,
+)
+
+FEATURES = (
+    "log_p_knn", "log_p_knn_2t", "log_p_knn_weighted", "log_p_mlm", "log_mlm_rank", "nearest", "nearest_3",
+    "cosine", "log_contexts", "subject_word", "shared_words",
+)  # fmt: skip
+BENCHMARK_ONLY = ("first_sentence", "number")
+ALL_FEATURES = FEATURES + BENCHMARK_ONLY
+_WORD = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One question's candidate answers: token ids, their features (rows in `ALL_FEATURES` order), and the
+    index of the service's default answer among them."""
+
+    fact: Fact
+    words: np.ndarray
+    features: np.ndarray
+    default: int
+
+
+@dataclass(frozen=True)
+class Searched:
+    """The stored contexts of the articles a question searched: float32 vectors, word labels, each row's
+    sentence (its index within its article, and its text) and article (index into the searched articles)."""
+
+    vectors: np.ndarray
+    labels: np.ndarray
+    sentence: np.ndarray
+    texts: list[str]
+    article: np.ndarray
+
+
+def searched_rows(datastore: Any, titles: list[str]) -> Searched:
+    """`Searched` for these articles (rows without a word label, entity anchors only, left out)."""
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray]] = []
+    for a, title in enumerate(titles):
+        entry = datastore.articles.get(title)
+        if entry is None or entry.rows == 0:
+            continue
+        shard = datastore.shards[entry.shard]
+        lo, hi = entry.row_start, entry.row_end
+        labels = np.asarray(shard.labels[lo:hi])
+        keep = labels >= 0
+        sids = np.asarray(shard.sentence_ids[lo:hi])[keep]
+        texts = [shard.sentence(int(s)) for s in sids]
+        vectors = datastore.float_rows(entry.shard, np.arange(lo, hi)[keep])
+        parts.append((vectors, labels[keep], sids - entry.sent_start, texts, np.full(int(keep.sum()), a)))
+    if not parts:
+        raise ValueError(f"none of the searched articles {titles} has stored contexts")
+    return Searched(
+        np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+        np.concatenate([p[2] for p in parts]), [t for p in parts for t in p[3]], np.concatenate([p[4] for p in parts]),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Question:
+    """What one asked question gives: the [MASK] embedding and p_MLM (one forward pass), the searched articles'
+    rows and retrieval scores, its subject's words and its other content words."""
+
+    fact: Fact
+    embedding: np.ndarray
+    p_mlm: np.ndarray
+    rows: Searched
+    scores: list[float | None]
+    subject: set[str]
+    words: set[str]
+
+
+def content_words(text: str, stopwords: frozenset[str]) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in stopwords}
+
+
+def votes(
+    question: Question, k: int, temperature_of: Any
+) -> tuple[dict[str, dict[int, float]], np.ndarray, float]:
+    """The neighbours' votes (word -> mass): the paper's, the paper's at twice the temperature, and the
+    service's default (weighted by p_MLM, lower-ranked articles counting less); with every row's distance and
+    the temperature."""
+    rows = question.rows
+    d = ((rows.vectors - question.embedding) ** 2).sum(axis=1)
+    near = np.argsort(d, kind="stable")[:k]
+    dn, labels = d[near], rows.labels[near]
+    temperature = float(temperature_of(dn))
+    offsets = article_offsets(rows.article[near], question.scores, DEFAULT_ARTICLE_SHARPNESS)
+    out: dict[str, dict[int, float]] = {}
+    for name, t, off in (
+        ("paper", temperature, None),
+        ("paper_2t", 2 * temperature, None),
+        ("default", temperature, offsets),
+    ):
+        ids, probs = knn_sparse(dn, labels, t, off)
+        if name == "default":
+            probs = weigh_vote(probs, question.p_mlm[ids], DEFAULT_MLM_PRIOR)
+        out[name] = dict(zip(ids.tolist(), probs.tolist(), strict=True))
+    return out, d, temperature
+
+
+def word_features(
+    word: int, text: str, question: Question, vote: dict[str, dict[int, float]], d: np.ndarray, cos: np.ndarray,
+    scale: float, stopwords: frozenset[str],
+) -> list[float]:  # fmt: skip
+    """One candidate's features, in `ALL_FEATURES` order. ``d``, ``cos``: the question's squared L2 distance and
+    cosine to every searched row; ``scale``: the temperature, so that distances read in its units."""
+    rows, p_mlm = question.rows, question.p_mlm
+    mine = np.flatnonzero(rows.labels == word)
+    log_votes = [float(np.log(vote[v].get(word, 0.0) + 1e-6)) for v in ("paper", "paper_2t", "default")]
+    rank = float(np.log1p(np.count_nonzero(p_mlm > p_mlm[word])))
+    nearest = nearest_3 = 10.0
+    cosine = shared = first = 0.0
+    if len(mine):
+        near = np.sort(d[mine])
+        nearest, nearest_3 = (near[0] - d.min()) / scale, (near[:3].mean() - d.min()) / scale
+        best = int(mine[np.argmin(d[mine])])
+        shared = float(len(question.words & content_words(rows.texts[best], stopwords)))
+        first = float(bool((rows.sentence[mine] == 0).any()))
+        cosine = float(cos[mine].max())
+    return [
+        *log_votes, float(np.log(p_mlm[word] + 1e-9)), -rank, -nearest, -nearest_3, cosine,
+        float(np.log1p(len(mine))), float(text.lower() in question.subject), shared, first, float(text.isdigit()),
+    ]  # fmt: skip
+
+
+def candidates(
+    question: Question, *, k: int, lam: float, top: int, temperature_of: Any, vocab: list[str], non_words: np.ndarray,
+    stopwords: frozenset[str],
+) -> Candidates:  # fmt: skip
+    """The question's candidates: every word a neighbour carries (what any vote can choose), and the ``top`` most
+    probable words of p_MLM; the service's default answer first."""
+    vote, d, temperature = votes(question, k, temperature_of)
+    p = (1.0 - lam) * question.p_mlm.astype(np.float64)
+    voted = np.fromiter(vote["paper"], np.int64, len(vote["paper"]))
+    ids = np.fromiter(vote["default"], np.int64, len(vote["default"]))
+    p[ids] += lam * np.fromiter(vote["default"].values(), np.float64, len(ids))
+    p[non_words] = -1.0
+    mlm = np.where(non_words, -1.0, question.p_mlm)
+    top_mlm = np.argsort(-mlm, kind="stable")[:top]
+    words = [int(np.argmax(p)), *(int(i) for i in voted if not non_words[i]), *(int(i) for i in top_mlm)]
+    words = list(dict.fromkeys(words))
+    norms = np.linalg.norm(question.rows.vectors, axis=1) * np.linalg.norm(question.embedding)
+    cos = question.rows.vectors @ question.embedding / np.maximum(norms, 1e-12)
+    feats = [word_features(w, vocab[w], question, vote, d, cos, temperature, stopwords) for w in words]
+    return Candidates(question.fact, np.asarray(words, np.int64), np.asarray(feats, np.float64), 0)
+
+
+def macro_p1(cands: list[Candidates], weights: np.ndarray | None = None) -> float:
+    """Macro P@1 over relations of the candidates that ``weights`` score highest (None: the service's default)."""
+    per: dict[str, list[bool]] = defaultdict(list)
+    for c in cands:
+        pick = c.default if weights is None else int(np.argmax(c.features[:, : len(weights)] @ weights))
+        per[c.fact.relation].append(int(c.words[pick]) == c.fact.gold)
+    return round(100.0 * float(np.mean([np.mean(v) for v in per.values()])), 1) if per else 0.0
+
+
+def search_bound(
+    cands: list[Candidates], n_features: int, searches: int, *, start: np.ndarray | None = None, seed: int = 0
+) -> tuple[float, np.ndarray]:
+    """The highest macro P@1 found for a linear vote over the first ``n_features`` features on these
+    candidates, and its weights: random directions for the first half of the searches, then steps around the
+    best so far. ``start`` (default: the weighted vote alone) is the first point tried, so a bound over more
+    features can start from the best over fewer and never end below it."""
+    rng = np.random.default_rng(seed)
+    if start is None:
+        start = np.zeros(n_features)
+        start[FEATURES.index("log_p_knn_weighted")] = 1.0
+    best_w, best = start, macro_p1(cands, start)
+    for i in range(searches):
+        w = (
+            rng.normal(size=n_features)
+            if i < searches // 2
+            else best_w + rng.normal(scale=0.3, size=n_features)
+        )
+        s = macro_p1(cands, w)
+        if s > best:
+            best, best_w = s, w
+    return best, best_w
+
+
+def fit_likelihood(cands: list[Candidates], n_features: int, reg: float = 0.0) -> np.ndarray:
+    """The weights that maximise the gold's softmax likelihood among each fact's candidates (facts whose gold is
+    no candidate left out), with an L2 penalty ``reg``."""
+    from scipy.optimize import minimize
+
+    data = []
+    for c in cands:
+        gold = np.flatnonzero(c.words == c.fact.gold)
+        if len(gold):
+            data.append((c.features[:, :n_features], int(gold[0])))
+
+    def loss(w: np.ndarray) -> float:
+        total = 0.0
+        for x, g in data:
+            s = x @ w
+            total += float(np.logaddexp.reduce(s) - s[g])
+        return total / max(1, len(data)) + reg * float(w @ w)
+
+    start = np.zeros(n_features)
+    start[FEATURES.index("log_p_knn_weighted")] = 1.0
+    return np.asarray(minimize(loss, start, method="L-BFGS-B").x)
+
+
+def ask(pipeline: Any, fact: Fact, *, with_subject: bool, stopwords: frozenset[str]) -> Question:
+    """One question as the service asks it: its forward pass, and the articles it searches (their rows)."""
+    from bertknn.service.results import Query
+
+    query = Query(
+        text=fact.text, subject=fact.subject if with_subject else None, top_k=1, return_contexts=False
+    )
+    hits = pipeline.predict(query).articles
+    enc = pipeline.encoder
+    out = enc.encode([enc.query_input(fact.text)], with_mlm=True)
+    assert out.mlm_log_probs is not None
+    subject = {w.lower() for w in _WORD.findall(fact.subject)}
+    return Question(
+        fact, out.embeddings[0], np.exp(out.mlm_log_probs[0].numpy().astype(np.float64)),
+        searched_rows(pipeline.datastore, [h.title for h in hits]), [h.score for h in hits], subject,
+        content_words(MASK_RE.sub(" ", fact.text), stopwords) - subject,
+    )  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.vote_bound", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(PROXY_MODEL))
+    p.add_argument("--others", type=int, default=300, help="leads of other articles added to the corpus")
+    p.add_argument("--candidates", type=int, default=20, help="p_MLM's most probable words taken as candidates "
+                   "(besides every word the neighbours carry)")  # fmt: skip
+    p.add_argument("--searches", type=int, default=20000, help="weight vectors tried per bound")
+    p.add_argument(
+        "--restarts", type=int, default=3, help="searches from this many seeds; the best is reported"
+    )
+    p.add_argument("--work", type=Path, default=RUNS / "bench-realtext")
+    p.set_defaults(probe="trex", answers="single-piece", datastore=None)
+    return p
+
+
+def best_of(cands: list[Candidates], n_features: int, searches: int, restarts: int, start: np.ndarray | None = None
+            ) -> tuple[float, np.ndarray]:  # fmt: skip
+    """`search_bound`'s best over ``restarts`` seeds."""
+    runs = [search_bound(cands, n_features, searches, start=start, seed=seed) for seed in range(restarts)]
+    return max(runs, key=lambda r: r[0])
+
+
+def score_setting(cands: dict[str, list[Candidates]], searches: int, restarts: int) -> dict[str, Any]:
+    """Per split: the default vote, the share of facts whose gold is a candidate, the bound over the general
+    features and over all of them; and the vote fitted on dev, scored on each split."""
+    general, every = len(FEATURES), len(ALL_FEATURES)
+    fitted = fit_likelihood(cands["dev"], general)
+    out: dict[str, Any] = {"fitted_on_dev": dict(zip(FEATURES, np.round(fitted, 3).tolist(), strict=True))}
+    for split, cs in cands.items():
+        bound_general, w = best_of(cs, general, searches, restarts)
+        bound_all, _ = best_of(cs, every, searches, restarts, start=np.pad(w, (0, every - general)))
+        out[split] = {
+            "facts": len(cs), "default": macro_p1(cs),
+            "gold_among_candidates": round(100.0 * float(np.mean([c.fact.gold in c.words for c in cs])), 1),
+            "bound_general": bound_general, "bound_all": bound_all, "fitted_on_dev": macro_p1(cs, fitted),
+        }  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if min(args.candidates, args.searches, args.restarts) < 1 or args.others < 0:
+        p.error("--candidates, --searches and --restarts must be at least 1, --others at least 0")
+    pipeline, facts, sizes = open_benchmark(args)
+    stopwords = load_stopwords()
+    vocab = [pipeline.token(i) for i in range(pipeline.encoder.vocab_size)]
+    non_words = pipeline.encoder.words.vocab.non_words
+    result: dict[str, Any] = {"model": Path(args.model).name, "machine": machine(), "corpus": sizes,
+                              "features": list(FEATURES), "benchmark_only": list(BENCHMARK_ONLY),
+                              "candidates": args.candidates, "searches": args.searches, "restarts": args.restarts,
+                              "settings": {}}  # fmt: skip
+    from bertknn.service.results import Query
+
+    defaults = Query(text="[MASK] .")  # the service's k and lambda
+    k, lam = defaults.k, defaults.lambda_
+    for setting in ("with_subject", "without_subject"):
+        cands: dict[str, list[Candidates]] = {}
+        for split in ("dev", "test"):
+            qs = [ask(pipeline, f, with_subject=setting == "with_subject", stopwords=stopwords) for f in facts
+                  if f.split == split]  # fmt: skip
+            cands[split] = [candidates(q, k=k, lam=lam, top=args.candidates, temperature_of=pipeline.auto_temperature.of,
+                                       vocab=vocab, non_words=non_words, stopwords=stopwords) for q in qs]  # fmt: skip
+        result["settings"][setting] = r = score_setting(cands, args.searches, args.restarts)
+        for split in ("dev", "test"):
+            x = r[split]
+            print(f"{split:4s} {setting:16s} facts {x['facts']:4d}  default {x['default']:5.1f}  gold among candidates "
+                  f"{x['gold_among_candidates']:5.1f}  bound: general features {x['bound_general']:5.1f}, all "
+                  f"{x['bound_all']:5.1f}  fitted on dev {x['fitted_on_dev']:5.1f}", flush=True)  # fmt: skip
+    print(f"wrote {write_result(result_name('vote_bound', args.model), result)}")
+    pipeline.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""bench.vote_bound: each candidate's features, the default answer it starts from, and the bound's search."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.realtext import Fact
+from bench.vote_bound import (
+    ALL_FEATURES,
+    FEATURES,
+    Candidates,
+    Question,
+    Searched,
+    candidates,
+    fit_likelihood,
+    macro_p1,
+    search_bound,
+    votes,
+)
+from bertknn.service.interpolate import DEFAULT_MLM_PRIOR, knn_sparse, weigh_vote
+
+VOCAB = ["[PAD]", "[MASK]", "paris", "france", "1879", "ulm", "einstein", "born", "."]
+NON_WORDS = np.array([True, True, False, False, False, False, False, False, True])
+STOP = frozenset({"was", "in", "the"})
+
+
+def _fact(gold: int, relation: str = "P19") -> Fact:
+    obj = VOCAB[gold] if gold < len(VOCAB) else f"word{gold}"
+    return Fact(relation, "Albert Einstein", obj, "albert einstein was born in [MASK] .", gold, "dev")
+
+
+def _question(p_mlm: np.ndarray | None = None) -> Question:
+    # rows: ulm twice (sentence 0 and 1), 1879 once, einstein once, paris once (a second article)
+    vectors = np.array([[0.0, 0.0], [0.5, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 0.0]], np.float32)
+    labels = np.array([5, 5, 4, 6, 2], np.int32)
+    texts = ["einstein was born in ulm .", "ulm lies on the danube .", "he was born in 1879 .", "einstein .", "paris ."]
+    rows = Searched(vectors, labels, np.array([0, 1, 2, 3, 0]), texts, np.array([0, 0, 0, 0, 1]))
+    if p_mlm is None:
+        p_mlm = np.full(len(VOCAB), 0.05)
+        p_mlm[2] = 0.6  # p_MLM prefers paris
+    return Question(_fact(5), np.array([0.1, 0.0], np.float32), p_mlm / p_mlm.sum(), rows, [2.0, 1.0],
+                    {"albert", "einstein"}, {"born"})  # fmt: skip
+
+
+def test_the_votes_are_the_services_own() -> None:
+    q = _question()
+    vote, d, t = votes(q, k=128, temperature_of=lambda dn: 1.0)
+    assert d.tolist() == pytest.approx([0.01, 0.16, 0.81, 3.61, 8.41])
+    ids, probs = knn_sparse(d, q.rows.labels, 1.0)
+    assert vote["paper"] == pytest.approx(dict(zip(ids.tolist(), probs.tolist(), strict=True)))
+    ids2, probs2 = knn_sparse(d, q.rows.labels, 2.0)
+    assert vote["paper_2t"] == pytest.approx(dict(zip(ids2.tolist(), probs2.tolist(), strict=True)))
+    # the default vote: lower-ranked articles' rows count less (paris's article scores half the top), then p_MLM
+    assert vote["default"][2] < vote["paper"][2]
+    assert sum(vote["default"].values()) == pytest.approx(1.0, abs=1e-6)
+    offsets = np.array([0.0, 0.0, 0.0, 0.0, -5.0])
+    ids3, probs3 = knn_sparse(d, q.rows.labels, 1.0, offsets)
+    weighted = weigh_vote(probs3, q.p_mlm[ids3], DEFAULT_MLM_PRIOR)
+    assert vote["default"] == pytest.approx(dict(zip(ids3.tolist(), weighted.tolist(), strict=True)))
+
+
+def test_every_voted_word_is_a_candidate_and_the_default_answer_comes_first() -> None:
+    q = _question()
+    c = candidates(q, k=128, lam=0.3, top=2, temperature_of=lambda dn: 1.0, vocab=VOCAB, non_words=NON_WORDS,
+                   stopwords=STOP)  # fmt: skip
+    assert set(c.words.tolist()) == {2, 3, 4, 5, 6}  # the four voted words, and p_MLM's top two (paris, france)
+    assert not NON_WORDS[c.words].any()
+    assert c.features.shape == (5, len(ALL_FEATURES))
+    # the default answer: argmax of 0.7 p_MLM + 0.3 weighted vote over the words; p_MLM's 0.6 on paris wins here
+    assert c.words[c.default] == 2
+    q_knn = _question(np.full(len(VOCAB), 0.1))  # a flat p_MLM: the neighbours decide, ulm
+    c2 = candidates(q_knn, k=128, lam=0.3, top=2, temperature_of=lambda dn: 1.0, vocab=VOCAB, non_words=NON_WORDS,
+                    stopwords=STOP)  # fmt: skip
+    assert c2.words[c2.default] == 5
+
+
+def test_a_candidates_features_describe_its_contexts() -> None:
+    q = _question()
+    c = candidates(q, k=128, lam=0.3, top=2, temperature_of=lambda dn: 1.0, vocab=VOCAB, non_words=NON_WORDS,
+                   stopwords=STOP)  # fmt: skip
+    feats = {VOCAB[w]: dict(zip(ALL_FEATURES, row, strict=True)) for w, row in zip(c.words, c.features, strict=True)}
+    ulm, year, einstein, france = feats["ulm"], feats["1879"], feats["einstein"], feats["france"]
+    assert ulm["log_contexts"] == pytest.approx(np.log(3)) and year["log_contexts"] == pytest.approx(np.log(2))
+    assert ulm["nearest"] == 0.0 and year["nearest"] == pytest.approx(-0.8)  # (0.81 - 0.01) / temperature 1
+    assert ulm["shared_words"] == 1.0  # "born", in its nearest context's sentence
+    assert ulm["first_sentence"] == 1.0 and year["first_sentence"] == 0.0
+    assert year["number"] == 1.0 and ulm["number"] == 0.0
+    assert einstein["subject_word"] == 1.0 and ulm["subject_word"] == 0.0
+    assert ulm["cosine"] == pytest.approx(1.0)
+    # a word no context carries (p_MLM's second choice): no vote, the farthest distance, no context
+    assert france["log_contexts"] == 0.0 and france["nearest"] == -10.0 and france["cosine"] == 0.0
+    assert france["log_p_knn"] == pytest.approx(np.log(1e-6))
+
+
+def _synthetic(n: int, seed: int = 0) -> list[Candidates]:
+    """Facts of two relations, 4 candidates each; the gold is the one whose feature "cosine" is highest, while
+    the default vote (candidate 0) is right for a third of them."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        x = rng.normal(size=(4, len(ALL_FEATURES)))
+        gold = 0 if i % 3 == 0 else int(rng.integers(1, 4))
+        x[:, ALL_FEATURES.index("cosine")] = rng.uniform(0, 1, size=4)
+        x[gold, ALL_FEATURES.index("cosine")] = 2.0
+        x[:, FEATURES.index("log_p_knn_weighted")] = [1.0, 0.0, 0.0, 0.0]
+        out.append(Candidates(_fact(10 + gold, "P1" if i % 2 else "P2"), np.arange(10, 14), x, 0))
+    return out
+
+
+def test_macro_p1_averages_relations_and_reads_the_default_without_weights() -> None:
+    cands = _synthetic(60)
+    default = macro_p1(cands)
+    assert default == pytest.approx(100 * np.mean([c.fact.gold == 10 for c in cands]), abs=5)  # a third, per relation
+    w = np.zeros(len(FEATURES))
+    w[FEATURES.index("log_p_knn_weighted")] = 1.0
+    assert macro_p1(cands, w) == default  # the weighted vote alone picks candidate 0
+    w_cos = np.zeros(len(FEATURES))
+    w_cos[FEATURES.index("cosine")] = 1.0
+    assert macro_p1(cands, w_cos) == 100.0
+
+
+def test_the_bound_finds_a_separating_vote_and_never_ends_below_its_start() -> None:
+    cands = _synthetic(60)
+    best, w = search_bound(cands, len(FEATURES), 400)
+    assert best == 100.0 and macro_p1(cands, w) == 100.0
+    hard = _synthetic(60, seed=1)
+    for c in hard:  # no feature tells the gold now: the search keeps at least the start's score
+        c.features[:, ALL_FEATURES.index("cosine")] = 0.0
+    start_score = macro_p1(hard)
+    assert search_bound(hard, len(FEATURES), 50)[0] >= start_score
+
+
+def test_the_likelihood_fit_puts_its_weight_on_the_telling_feature() -> None:
+    cands = _synthetic(80)
+    w = fit_likelihood(cands, len(FEATURES), reg=0.001)
+    assert w[FEATURES.index("cosine")] == max(w)
+    assert macro_p1(cands, w) == 100.0
