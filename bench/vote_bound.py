@@ -1,6 +1,6 @@
 """How far a better vote can take BERT-kNN on real article text: the ceiling of vote changes::
 
-    python -m bench.vote_bound [--model DIR] [--others 300] [--searches 20000] [--restarts 3]
+    python -m bench.vote_bound [--model DIR] [--others 300] [--searches 20000] [--restarts 3] [--probe heldout]
 
 The facts, corpus and splits are `bench.realtext`'s (the same datastore). For each fact, asked with the subject
 named (its own article searched) and without it (the articles the service's ranker picks), every word that the
@@ -20,7 +20,8 @@ A vote here is a linear score over those features; the answer is the candidate t
   scored on test: what a learned vote honestly gives.
 
 The service's default vote is scored from the same candidates first, as a check: it must give `bench.realtext`'s
-figures. Writes ``bench/results/vote_bound.json`` (``-MODEL`` for another model than the proxy).
+figures. Writes ``bench/results/vote_bound.json`` (``vote_bound-heldout.json`` with ``--probe heldout``; ``-MODEL``
+for another model than the proxy).
 """
 
 from __future__ import annotations
@@ -277,7 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--restarts", type=int, default=3, help="searches from this many seeds; the best is reported"
     )
     p.add_argument("--work", type=Path, default=RUNS / "bench-realtext")
-    p.set_defaults(probe="trex", answers="single-piece", datastore=None)
+    p.add_argument("--probe", choices=["trex", "heldout"], default="trex", help="trex: the 22 relations (dev and "
+                   "test); heldout: the other T-REx relations, an independent check (no dev split: no fitted vote)")  # fmt: skip
+    p.set_defaults(answers="single-piece", datastore=None)
     return p
 
 
@@ -290,19 +293,46 @@ def best_of(cands: list[Candidates], n_features: int, searches: int, restarts: i
 
 def score_setting(cands: dict[str, list[Candidates]], searches: int, restarts: int) -> dict[str, Any]:
     """Per split: the default vote, the share of facts whose gold is a candidate, the bound over the general
-    features and over all of them; and the vote fitted on dev, scored on each split."""
+    features and over all of them; and, when there is a dev split, the vote fitted on it, scored on each split."""
     general, every = len(FEATURES), len(ALL_FEATURES)
-    fitted = fit_likelihood(cands["dev"], general)
-    out: dict[str, Any] = {"fitted_on_dev": dict(zip(FEATURES, np.round(fitted, 3).tolist(), strict=True))}
+    fitted = fit_likelihood(cands["dev"], general) if "dev" in cands else None
+    out: dict[str, Any] = {"fitted_on_dev": None}
+    if fitted is not None:
+        out["fitted_on_dev"] = dict(zip(FEATURES, np.round(fitted, 3).tolist(), strict=True))
     for split, cs in cands.items():
         bound_general, w = best_of(cs, general, searches, restarts)
         bound_all, _ = best_of(cs, every, searches, restarts, start=np.pad(w, (0, every - general)))
         out[split] = {
             "facts": len(cs), "default": macro_p1(cs),
             "gold_among_candidates": round(100.0 * float(np.mean([c.fact.gold in c.words for c in cs])), 1),
-            "bound_general": bound_general, "bound_all": bound_all, "fitted_on_dev": macro_p1(cs, fitted),
+            "bound_general": bound_general, "bound_all": bound_all,
+            "fitted_on_dev": macro_p1(cs, fitted) if fitted is not None else None,
         }  # fmt: skip
     return out
+
+
+def split_candidates(pipeline: Any, facts: list[Fact], splits: list[str], *, with_subject: bool, top: int
+                     ) -> dict[str, list[Candidates]]:  # fmt: skip
+    """Each split's questions asked as the service asks them (its k, lambda and temperature), as candidates."""
+    from bertknn.service.results import Query
+
+    defaults = Query(text="[MASK] .")
+    stopwords = load_stopwords()
+    vocab = [pipeline.token(i) for i in range(pipeline.encoder.vocab_size)]
+    kw = {"k": defaults.k, "lam": defaults.lambda_, "top": top, "temperature_of": pipeline.auto_temperature.of,
+          "vocab": vocab, "non_words": pipeline.encoder.words.vocab.non_words, "stopwords": stopwords}  # fmt: skip
+    return {
+        split: [candidates(ask(pipeline, f, with_subject=with_subject, stopwords=stopwords), **kw) for f in facts
+                if f.split == split]
+        for split in splits
+    }  # fmt: skip
+
+
+def print_row(split: str, setting: str, x: dict[str, Any]) -> None:
+    fitted = "" if x["fitted_on_dev"] is None else f"  fitted on dev {x['fitted_on_dev']:5.1f}"
+    print(f"{split:7s} {setting:16s} facts {x['facts']:4d}  default {x['default']:5.1f}  gold among candidates "
+          f"{x['gold_among_candidates']:5.1f}  bound: general features {x['bound_general']:5.1f}, all "
+          f"{x['bound_all']:5.1f}{fitted}", flush=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,31 +341,18 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.candidates, args.searches, args.restarts) < 1 or args.others < 0:
         p.error("--candidates, --searches and --restarts must be at least 1, --others at least 0")
     pipeline, facts, sizes = open_benchmark(args)
-    stopwords = load_stopwords()
-    vocab = [pipeline.token(i) for i in range(pipeline.encoder.vocab_size)]
-    non_words = pipeline.encoder.words.vocab.non_words
-    result: dict[str, Any] = {"model": Path(args.model).name, "machine": machine(), "corpus": sizes,
-                              "features": list(FEATURES), "benchmark_only": list(BENCHMARK_ONLY),
+    splits = ["heldout"] if args.probe == "heldout" else ["dev", "test"]
+    result: dict[str, Any] = {"model": Path(args.model).name, "machine": machine(), "probe": args.probe,
+                              "corpus": sizes, "features": list(FEATURES), "benchmark_only": list(BENCHMARK_ONLY),
                               "candidates": args.candidates, "searches": args.searches, "restarts": args.restarts,
                               "settings": {}}  # fmt: skip
-    from bertknn.service.results import Query
-
-    defaults = Query(text="[MASK] .")  # the service's k and lambda
-    k, lam = defaults.k, defaults.lambda_
     for setting in ("with_subject", "without_subject"):
-        cands: dict[str, list[Candidates]] = {}
-        for split in ("dev", "test"):
-            qs = [ask(pipeline, f, with_subject=setting == "with_subject", stopwords=stopwords) for f in facts
-                  if f.split == split]  # fmt: skip
-            cands[split] = [candidates(q, k=k, lam=lam, top=args.candidates, temperature_of=pipeline.auto_temperature.of,
-                                       vocab=vocab, non_words=non_words, stopwords=stopwords) for q in qs]  # fmt: skip
+        cands = split_candidates(pipeline, facts, splits, with_subject=setting == "with_subject", top=args.candidates)
         result["settings"][setting] = r = score_setting(cands, args.searches, args.restarts)
-        for split in ("dev", "test"):
-            x = r[split]
-            print(f"{split:4s} {setting:16s} facts {x['facts']:4d}  default {x['default']:5.1f}  gold among candidates "
-                  f"{x['gold_among_candidates']:5.1f}  bound: general features {x['bound_general']:5.1f}, all "
-                  f"{x['bound_all']:5.1f}  fitted on dev {x['fitted_on_dev']:5.1f}", flush=True)  # fmt: skip
-    print(f"wrote {write_result(result_name('vote_bound', args.model), result)}")
+        for split in splits:
+            print_row(split, setting, r[split])
+    name = "vote_bound" + ("-heldout" if args.probe == "heldout" else "")
+    print(f"wrote {write_result(result_name(name, args.model), result)}")
     pipeline.close()
     return 0
 

@@ -136,3 +136,13 @@ def test_the_likelihood_fit_puts_its_weight_on_the_telling_feature() -> None:
     w = fit_likelihood(cands, len(FEATURES), reg=0.001)
     assert w[FEATURES.index("cosine")] == max(w)
     assert macro_p1(cands, w) == 100.0
+
+
+def test_a_probe_without_a_dev_split_gets_bounds_and_no_fitted_vote() -> None:
+    from bench.vote_bound import score_setting
+
+    held = score_setting({"heldout": _synthetic(30)}, searches=50, restarts=2)
+    assert held["fitted_on_dev"] is None and held["heldout"]["fitted_on_dev"] is None
+    assert held["heldout"]["bound_all"] >= held["heldout"]["bound_general"] >= held["heldout"]["default"]
+    both = score_setting({"dev": _synthetic(40), "test": _synthetic(40, seed=3)}, searches=50, restarts=1)
+    assert set(both["fitted_on_dev"]) == set(FEATURES) and both["test"]["fitted_on_dev"] == 100.0
