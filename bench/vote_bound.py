@@ -43,6 +43,7 @@ from bertknn.service.interpolate import (
     DEFAULT_ARTICLE_SHARPNESS,
     DEFAULT_MLM_PRIOR,
     article_offsets,
+    interpolate,
     knn_sparse,
     weigh_vote,
 )
@@ -69,37 +70,35 @@ class Candidates:
 
 @dataclass(frozen=True)
 class Searched:
-    """The stored contexts of the articles a question searched: float32 vectors, word labels, each row's
-    sentence (its index within its article, and its text) and article (index into the searched articles)."""
+    """The stored contexts of the articles a question searched: float32 vectors, word labels, whether each row's
+    sentence is its article's first, its text, and its article (index into the searched articles)."""
 
     vectors: np.ndarray
     labels: np.ndarray
-    sentence: np.ndarray
+    first_sentence: np.ndarray
     texts: list[str]
     article: np.ndarray
 
 
 def searched_rows(datastore: Any, titles: list[str]) -> Searched:
-    """`Searched` for these articles (rows without a word label, entity anchors only, left out)."""
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray]] = []
-    for a, title in enumerate(titles):
-        entry = datastore.articles.get(title)
-        if entry is None or entry.rows == 0:
-            continue
-        shard = datastore.shards[entry.shard]
-        lo, hi = entry.row_start, entry.row_end
-        labels = np.asarray(shard.labels[lo:hi])
-        keep = labels >= 0
-        sids = np.asarray(shard.sentence_ids[lo:hi])[keep]
-        texts = [shard.sentence(int(s)) for s in sids]
-        vectors = datastore.float_rows(entry.shard, np.arange(lo, hi)[keep])
-        parts.append((vectors, labels[keep], sids - entry.sent_start, texts, np.full(int(keep.sum()), a)))
-    if not parts:
+    """`Searched` for these articles: their word rows as the service's restricted kNN reads them
+    (`Datastore.row_slices`), and each row's sentence (`Datastore.contexts`)."""
+    found = [(a, s) for a, s in enumerate(datastore.row_slices(titles)) if s is not None]
+    if not found:
         raise ValueError(f"none of the searched articles {titles} has stored contexts")
-    return Searched(
-        np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-        np.concatenate([p[2] for p in parts]), [t for p in parts for t in p[3]], np.concatenate([p[4] for p in parts]),
-    )  # fmt: skip
+    payload = np.concatenate([s.taken() for _, s in found])
+    if datastore.codec is None:
+        vectors = payload.astype(np.float32)
+    else:
+        from bertknn.core.format.codec import decode
+
+        vectors = decode(datastore.codec, payload)
+    ids = np.concatenate([s.ids for _, s in found])
+    texts = [ref.sentence for ref in datastore.contexts(ids.tolist())]
+    first = {titles[a]: datastore.article_sentences(titles[a])[0] for a, _ in found}
+    article = np.repeat([a for a, _ in found], [len(s.ids) for _, s in found])
+    in_first = np.array([t == first[titles[a]] for t, a in zip(texts, article, strict=True)])
+    return Searched(vectors, np.concatenate([s.labels for _, s in found]), in_first, texts, article)
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def word_features(
         nearest, nearest_3 = (near[0] - d.min()) / scale, (near[:3].mean() - d.min()) / scale
         best = int(mine[np.argmin(d[mine])])
         shared = float(len(question.words & content_words(rows.texts[best], stopwords)))
-        first = float(bool((rows.sentence[mine] == 0).any()))
+        first = float(bool(rows.first_sentence[mine].any()))
         cosine = float(cos[mine].max())
     return [
         *log_votes, float(np.log(p_mlm[word] + 1e-9)), -rank, -nearest, -nearest_3, cosine,
@@ -177,11 +176,10 @@ def candidates(
     """The question's candidates: every word a neighbour carries (what any vote can choose), and the ``top`` most
     probable words of p_MLM; the service's default answer first."""
     vote, d, temperature = votes(question, k, temperature_of)
-    p = (1.0 - lam) * question.p_mlm.astype(np.float64)
     voted = np.fromiter(vote["paper"], np.int64, len(vote["paper"]))
-    ids = np.fromiter(vote["default"], np.int64, len(vote["default"]))
-    p[ids] += lam * np.fromiter(vote["default"].values(), np.float64, len(ids))
-    p[non_words] = -1.0
+    p_knn = np.zeros(len(question.p_mlm), np.float32)
+    p_knn[np.fromiter(vote["default"], np.int64, len(vote["default"]))] = list(vote["default"].values())
+    p = np.where(non_words, -1.0, interpolate(p_knn, question.p_mlm, lam))
     mlm = np.where(non_words, -1.0, question.p_mlm)
     top_mlm = np.argsort(-mlm, kind="stable")[:top]
     words = [int(np.argmax(p)), *(int(i) for i in voted if not non_words[i]), *(int(i) for i in top_mlm)]
@@ -249,13 +247,13 @@ def fit_likelihood(cands: list[Candidates], n_features: int, reg: float = 0.0) -
 
 
 def ask(pipeline: Any, fact: Fact, *, with_subject: bool, stopwords: frozenset[str]) -> Question:
-    """One question as the service asks it: its forward pass, and the articles it searches (their rows)."""
+    """One question as the service asks it: its forward pass, and the articles its retrieval picks (their rows)."""
     from bertknn.service.results import Query
 
     query = Query(
         text=fact.text, subject=fact.subject if with_subject else None, top_k=1, return_contexts=False
     )
-    hits = pipeline.predict(query).articles
+    hits, _ = pipeline.retrieve(query)
     enc = pipeline.encoder
     out = enc.encode([enc.query_input(fact.text)], with_mlm=True)
     assert out.mlm_log_probs is not None

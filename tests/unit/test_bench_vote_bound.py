@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -35,7 +37,8 @@ def _question(p_mlm: np.ndarray | None = None) -> Question:
     vectors = np.array([[0.0, 0.0], [0.5, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 0.0]], np.float32)
     labels = np.array([5, 5, 4, 6, 2], np.int32)
     texts = ["einstein was born in ulm .", "ulm lies on the danube .", "he was born in 1879 .", "einstein .", "paris ."]
-    rows = Searched(vectors, labels, np.array([0, 1, 2, 3, 0]), texts, np.array([0, 0, 0, 0, 1]))
+    first = np.array([True, False, False, False, True])  # each row's sentence is its article's first, or not
+    rows = Searched(vectors, labels, first, texts, np.array([0, 0, 0, 0, 1]))
     if p_mlm is None:
         p_mlm = np.full(len(VOCAB), 0.05)
         p_mlm[2] = 0.6  # p_MLM prefers paris
@@ -146,3 +149,30 @@ def test_a_probe_without_a_dev_split_gets_bounds_and_no_fitted_vote() -> None:
     assert held["heldout"]["bound_all"] >= held["heldout"]["bound_general"] >= held["heldout"]["default"]
     both = score_setting({"dev": _synthetic(40), "test": _synthetic(40, seed=3)}, searches=50, restarts=1)
     assert set(both["fitted_on_dev"]) == set(FEATURES) and both["test"]["fitted_on_dev"] == 100.0
+
+
+def test_the_searched_rows_are_the_rows_the_services_knn_reads(tiny_datastore: Any) -> None:
+    """On a datastore the real builder wrote: the same rows, labels and vectors as the restricted kNN's search,
+    each row's own sentence, and the first-sentence flag of each article's first stored sentence."""
+    from bench.vote_bound import searched_rows
+    from bertknn.core.format import Datastore
+    from bertknn.service.retrieval.knn import RestrictedKnn
+
+    ds = Datastore(tiny_datastore)
+    try:
+        titles = [e.title for e in ds.table.live()][:2]
+        rows = searched_rows(ds, titles)
+        search = RestrictedKnn(ds).prepare(titles)
+        assert rows.labels.tolist() == search.labels.tolist()
+        nbrs = search.search(rows.vectors[0], len(rows.labels))
+        assert nbrs.distances[0] == pytest.approx(0.0, abs=1e-3)  # the row itself, at distance 0
+        assert sorted(rows.article.tolist()) == rows.article.tolist() and set(rows.article.tolist()) == {0, 1}
+        refs = ds.contexts(search.rows.tolist())
+        assert rows.texts == [r.sentence for r in refs]
+        for a, title in enumerate(titles):
+            first = ds.article_sentences(title)[0]
+            mine = rows.article == a
+            assert rows.first_sentence[mine].tolist() == [t == first for t, m in zip(rows.texts, mine, strict=True) if m]
+            assert rows.first_sentence[mine].any()
+    finally:
+        ds.close()
