@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from bertknn.core import runtime
 from bertknn.core.errors import BertKnnError
 from bertknn.core.format import read_manifest
 from bertknn.core.model_ref import locate_model
 from bertknn.core.settings_cli import add_settings_flags, flag_for, settings_overrides
+from bertknn.service.processes import ARGV_ENV, default_workers, make_run_dir, remove_run_dir, worker_env
 from bertknn.service.settings import ServiceSettings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+STARTUP_FAILURE = 3  # uvicorn's exit code for a worker that could not start
 
 # flags kept from before the flags were generated: existing scripts call them
 ALIASES = {"model.name": ("--model",), "model.device": ("--device",), "cache.redis_url": ("--redis-url",)}
@@ -48,6 +58,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    workers = settings.workers or default_workers(_device(settings), runtime.cpu_quota_threads())
+    if workers > 1:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        return serve_workers(settings, [*argv, "--workers", str(workers)], workers)
     import uvicorn
 
     from bertknn.service.main import create_app
@@ -72,6 +86,54 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
             return 2  # explained in one line: a datastore or model problem the user fixes
         raise
     return 0
+
+
+def _device(settings: ServiceSettings) -> str:
+    """The device the model will run on (auto: CUDA when one is there), without loading anything else."""
+    if settings.model.device != "auto":
+        return settings.model.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def serve_workers(settings: ServiceSettings, argv: list[str], workers: int) -> int:
+    """``workers`` server processes on one port under uvicorn's supervisor (`bertknn.service.processes`)."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    root = make_run_dir()
+    os.environ.update(worker_env(root, argv))
+    config = uvicorn.Config(
+        "bertknn.service.__main__:worker_app",
+        factory=True,
+        workers=workers,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=settings.graceful_shutdown_s or None,
+    )
+    logging.getLogger(__name__).info("starting %d server processes on %s:%d", workers, settings.host, settings.port)
+    try:
+        supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+        supervisor.run()
+    finally:
+        remove_run_dir(root)
+    # a worker that could not start (its line is in the log) stops them all, as a single process would
+    return 2 if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
+
+
+def worker_app() -> FastAPI:
+    """One of `serve_workers`' processes: the app, from the command line the parent was given."""
+    args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
+    settings = settings_from_args(args)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from bertknn.service.main import create_app
+
+    return create_app(settings)
 
 
 def preflight(settings: ServiceSettings) -> str | None:

@@ -103,21 +103,32 @@ class CostGate:
                 f"{self.caps.max_request_cost}; ask for less (smaller k, fewer queries, fewer hops or a smaller beam)"
             )
 
-    @contextmanager
-    def admit(self, client: str, cost: int, what: str) -> Iterator[None]:
-        """Hold ``cost`` rows for ``client`` for the length of one request, or refuse it at once."""
-        self.check(cost, what)
-        held = self._by_client.get(client, 0)
-        if held and held + cost > self.caps.max_client_cost:
+    def _client_cap(self, held: int, cost: int) -> None:
+        """`ClientOverloaded` when ``cost`` more rows would take a client holding ``held`` over its cap."""
+        if held + cost > self.caps.max_client_cost:
             raise ClientOverloaded(
                 f"this client already has {held} forward rows in flight (limits.max_client_cost "
                 f"{self.caps.max_client_cost}); wait for its answers, then retry after the Retry-After delay"
             )
-        if self.in_flight and self.in_flight + cost > self.caps.max_queued_cost:
+
+    def _queue_cap(self, in_flight: int, cost: int) -> None:
+        """`Overloaded` when ``cost`` more rows would take the server's ``in_flight`` over its cap."""
+        if in_flight + cost > self.caps.max_queued_cost:
             raise Overloaded(
-                f"server busy: {self.in_flight} forward rows are already in flight (limits.max_queued_cost "
+                f"server busy: {in_flight} forward rows are already in flight (limits.max_queued_cost "
                 f"{self.caps.max_queued_cost}); retry after the Retry-After delay"
             )
+
+    @contextmanager
+    def admit(self, client: str, cost: int, what: str) -> Iterator[None]:
+        """Hold ``cost`` rows for ``client`` for the length of one request, or refuse it at once (a request
+        alone is admitted whatever its cost under ``max_request_cost``)."""
+        self.check(cost, what)
+        held = self._by_client.get(client, 0)
+        if held:
+            self._client_cap(held, cost)
+        if self.in_flight:
+            self._queue_cap(self.in_flight, cost)
         self.in_flight += cost
         self._by_client[client] = held + cost
         try:

@@ -7,10 +7,11 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from fastapi import FastAPI
@@ -33,11 +34,14 @@ from bertknn.service.api.routes import router
 from bertknn.service.api.ui import router as ui_router
 from bertknn.service.cache import Cache, InMemoryCache, RedisCache
 from bertknn.service.jvm import configure_jvm
+from bertknn.service.metrics import Metrics
 from bertknn.service.pipeline import AnswerPipeline
-from bertknn.service.reload import DatastoreReloader
+from bertknn.service.processes import WorkerSlot, run_dir_from_env
+from bertknn.service.reload import DatastoreReloader, PeerReloads
 from bertknn.service.resources import Resources
 from bertknn.service.serving import AsyncAnswerer
 from bertknn.service.settings import ServiceSettings
+from bertknn.service.shared_gate import SharedCostGate
 
 logger = logging.getLogger("service")
 _RID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -53,17 +57,18 @@ def make_cache(settings: ServiceSettings) -> Cache:
     return InMemoryCache(c.lru_size)
 
 
-def default_threads() -> int:
-    """torch threads when none are set: the container's CPU quota less one, at least one.
+def default_threads(workers: int = 1) -> int:
+    """torch threads when none are set: the container's CPU quota less one, at least one, split between the
+    server processes.
 
     The spare core serves the event loop, Lucene and the kNN pool; with every core in the model's OpenMP team,
     that work stalls the team at its barriers (docs/decisions/thread-counts.md).
     """
-    return max(1, runtime.cpu_quota_threads() - 1)
+    return max(1, (runtime.cpu_quota_threads() - 1) // max(1, workers))
 
 
 def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
-    torch.set_num_threads(settings.model.threads or default_threads())
+    torch.set_num_threads(settings.model.threads or default_threads(settings.workers))
     jvm_options = settings.jvm_options.split()
     if jvm_options and not configure_jvm(jvm_options):
         logger.warning("jvm_options ignored: the JVM of this process is already running")
@@ -195,7 +200,7 @@ class _BodyTooLarge(Exception):
 def create_app(
     settings: ServiceSettings, *, pipeline_factory: Callable[[ServiceSettings], AnswerPipeline] | None = None
 ) -> FastAPI:
-    resources = Resources(settings=settings)
+    resources = _resources(settings)
     factory = pipeline_factory or open_pipeline
 
     @asynccontextmanager
@@ -205,6 +210,8 @@ def create_app(
             yield
         finally:
             await _stop(resources, pipeline, watch)
+            if resources.slot is not None:
+                resources.slot.release()
 
     app = FastAPI(
         title="BERT-kNN",
@@ -230,6 +237,18 @@ def create_app(
     # outermost: every response (a 413 from the body limit too) carries the request id and is counted
     app.add_middleware(RequestContextMiddleware, resources=resources)  # type: ignore[arg-type]
     return app
+
+
+def _resources(settings: ServiceSettings) -> Resources:
+    """The app's resources; in one of several server processes (`bertknn.service.processes`), with its slot,
+    the shared cost gate and the shared metrics."""
+    run_dir = run_dir_from_env()
+    if run_dir is None:
+        return Resources(settings=settings)
+    resources = Resources(settings=settings, metrics=Metrics(run_dir / "metrics"))
+    resources.slot = WorkerSlot.claim(run_dir)
+    resources.gate = SharedCostGate(resources.gate.caps, run_dir, resources.slot)
+    return resources
 
 
 def _warn_default_retriever(settings: ServiceSettings, pipeline: AnswerPipeline) -> None:
@@ -263,19 +282,36 @@ async def _start(
     resources.metrics.watch_cache(pipeline.cache)
     resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics, model_thread=model_thread)
     resources.answerer.start()
-    resources.reloader = DatastoreReloader(resources)
-    watch = (
-        asyncio.create_task(resources.reloader.watch(settings.reload_poll_s)) if settings.reload_poll_s > 0 else None
-    )
+    peers = PeerReloads(resources.slot.root, resources.slot.index) if resources.slot is not None else None
+    reloader = DatastoreReloader(resources, peers=peers)
+    resources.reloader = reloader
+    watches = [reloader.watch(settings.reload_poll_s)] if settings.reload_poll_s > 0 else []
+    if peers is not None:
+        peers.served(pipeline.identity()["datastore"])
+        watches += [reloader.follow_peers(), _sync_metrics(resources.metrics)]
+    watch = asyncio.create_task(_all(watches)) if watches else None
     resources.ready = True
+    resources.metrics.ready.set(1.0)
     logger.info("ready: %s", pipeline.identity())
     return pipeline, watch
+
+
+async def _all(tasks: list[Coroutine[Any, Any, None]]) -> None:
+    await asyncio.gather(*tasks)
+
+
+async def _sync_metrics(metrics: Metrics, interval_s: float = 1.0) -> None:
+    """Several processes: this one's cache counts into the shared metrics, whichever process is scraped."""
+    while True:
+        await asyncio.sleep(interval_s)
+        metrics.sync()
 
 
 async def _stop(resources: Resources, pipeline: AnswerPipeline, watch: asyncio.Task[None] | None) -> None:
     """Not ready, draining; the reload watch, the reloader and the answerer stopped, then the pipeline closed."""
     resources.ready = False
     resources.draining = True
+    resources.metrics.ready.set(0.0)
     if watch is not None:
         watch.cancel()
     assert resources.reloader is not None and resources.answerer is not None

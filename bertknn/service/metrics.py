@@ -1,9 +1,14 @@
-"""Prometheus metrics, one registry per app (tests can build several apps in one process)."""
+"""Prometheus metrics, one registry per app (tests can build several apps in one process); with several server
+processes, prometheus_client's multiprocess mode sums them (`bertknn.service.processes`)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
 from bertknn.service.cache import Cache
@@ -32,9 +37,19 @@ class _CacheCollector(Collector):
         yield ratio
 
 
+_CACHE_EVENTS = ("hits", "misses", "errors", "corrupt", "bypassed")
+
+
 class Metrics:
-    def __init__(self) -> None:
+    """The service's metrics. ``shared_dir``: the workers' multiprocess folder (its environment variable was set
+    before prometheus_client was imported); `exposition` then reads every worker's values, summed."""
+
+    def __init__(self, shared_dir: Path | None = None) -> None:
+        self.shared_dir = shared_dir
         self.registry = CollectorRegistry()
+        self._cache: Cache | None = None
+        self._synced = dict.fromkeys(_CACHE_EVENTS, 0)
+        # several processes: the gauges are summed over the live ones (the default would list them per process)
         self.requests = Counter(
             "bertknn_requests", "HTTP requests", ["path", "status"], registry=self.registry
         )
@@ -48,12 +63,57 @@ class Metrics:
         self.batch_size = Histogram(
             "bertknn_batch_size", "queries per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry
         )
-        self.queue_depth = Gauge("bertknn_queue_depth", "queries waiting for the model", registry=self.registry)
+        self.queue_depth = Gauge(
+            "bertknn_queue_depth", "queries waiting for the model", registry=self.registry, multiprocess_mode="livesum"
+        )
         self.knn_skipped = Counter(
             "bertknn_knn_skipped", "adaptive queries answered by the MLM alone (no retrieval, no kNN)",
             registry=self.registry,
         )
-        self.ready = Gauge("bertknn_ready", "1 when the service is ready", registry=self.registry)
+        self.ready = Gauge(
+            "bertknn_ready", "1 when the service is ready (with several processes: how many are)",
+            registry=self.registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        if shared_dir:
+            self.cache_events = Counter(
+                "bertknn_cache_events", "cache lookups and failures", ["event"], registry=self.registry
+            )
+            _forget_dead(shared_dir)
 
     def watch_cache(self, cache: Cache) -> None:
-        self.registry.register(_CacheCollector(cache))
+        if self.shared_dir:
+            self._cache = cache  # its counts are copied into `cache_events` (`sync`)
+        else:
+            self.registry.register(_CacheCollector(cache))
+
+    def sync(self) -> None:
+        """Several processes: this one's cache counts into the shared counters (what grew since the last sync)."""
+        stats = getattr(self._cache, "stats", None)
+        if not self.shared_dir or stats is None:
+            return
+        for event in _CACHE_EVENTS:
+            now = getattr(stats, event)
+            if now > self._synced[event]:
+                self.cache_events.labels(event).inc(now - self._synced[event])
+                self._synced[event] = now
+
+    def exposition(self) -> bytes:
+        """The text /metrics answers: this process's metrics, or with several processes all of theirs, summed."""
+        if not self.shared_dir:
+            return generate_latest(self.registry)
+        self.sync()
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.shared_dir))
+        return generate_latest(registry)
+
+
+def _forget_dead(shared_dir: Path) -> None:
+    """The live gauges of processes that are gone (a worker killed and replaced) no longer count."""
+    for path in shared_dir.glob("gauge_live*_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            mark_process_dead(pid, str(shared_dir))
+        except PermissionError:
+            pass

@@ -6,11 +6,18 @@ swap is one attribute assignment on the event loop: requests that started before
 (`AsyncAnswerer.lease`) and finish on it; later ones get the new one. The old pipeline's indexes are closed
 after its last request. A datastore that fails validation, or was built with another model, is refused and the
 running version keeps serving.
+
+With several server processes (`bertknn.service.processes`), a reload in one is announced to the others
+(`PeerReloads`): each reloads on its own (each swaps whole versions, so none serves a mixed datastore), and the
+process that was asked answers once every live process serves the new version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -20,6 +27,7 @@ from typing import Literal
 from bertknn.core.errors import DatastoreError, ModelLoadError, ReloadError
 from bertknn.core.format import MANIFEST, read_manifest
 from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.processes import live_slots
 from bertknn.service.resources import Resources
 
 logger = logging.getLogger(__name__)
@@ -33,16 +41,31 @@ class ReloadOutcome:
     current: dict[str, object]
     seconds: float
     draining: int  # requests still finishing on the previous version
+    processes: int = 1  # server processes serving ``current`` when the reload answered
 
 
 class DatastoreReloader:
     """Serialises reloads (HTTP or file watch) of the datastore directory the service was started with."""
 
-    def __init__(self, resources: Resources, *, drain_timeout_s: float = 300.0):
+    def __init__(
+        self, resources: Resources, *, drain_timeout_s: float = 300.0, peers: PeerReloads | None = None
+    ):
         self.resources = resources
         self.drain_timeout_s = drain_timeout_s
+        self.peers = peers
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+
+    async def reload_all(self) -> ReloadOutcome:
+        """`reload`, then (several processes) the others told and waited for: ``processes`` serve the result."""
+        outcome = await self.reload()
+        if self.peers is None:
+            return outcome
+        self.peers.served(outcome.current)
+        if outcome.status == "reloaded":
+            self.peers.announce()
+        count = await self.peers.wait_for(outcome.current, self.resources.settings.reload_wait_s)
+        return ReloadOutcome(outcome.status, outcome.previous, outcome.current, outcome.seconds, outcome.draining, count)
 
     def _root(self) -> Path:
         # Resolved at each reload: a symlink flipped to another directory is followed, while the running
@@ -122,10 +145,85 @@ class DatastoreReloader:
                 continue
             last = stamp  # a refused version is not retried until the manifest changes again
             try:
-                await self.reload()
+                outcome = await self.reload()
             except ReloadError as exc:
                 logger.error("datastore reload (file watch) refused: %s", exc)
+                continue
+            if self.peers is not None:
+                self.peers.served(outcome.current)
+                if outcome.status == "reloaded":
+                    self.peers.announce()
+
+    async def follow_peers(self, interval_s: float = 0.2) -> None:
+        """Several processes: reload whenever another process announces that it did."""
+        assert self.peers is not None
+        seen = self.peers.generation()
+        while True:
+            await asyncio.sleep(interval_s)
+            now = self.peers.generation()
+            if now == seen:
+                continue
+            seen = now
+            try:
+                outcome = await self.reload()
+            except ReloadError as exc:
+                logger.error("datastore reload (announced by another server process) refused: %s", exc)
+                continue
+            self.peers.served(outcome.current)
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+
+
+class PeerReloads:
+    """The reload generation the server processes share, and the version each one serves (its slot's file)."""
+
+    def __init__(self, root: Path, slot: int):
+        self.root = root
+        self.slot = slot
+        self._generation = root / "reload-generation"
+        self._generation.touch(exist_ok=True)
+
+    def generation(self) -> int:
+        text = self._generation.read_text().strip()
+        return int(text) if text else 0
+
+    def announce(self) -> None:
+        with open(self._generation, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            value = int(f.read().strip() or 0) + 1
+            f.seek(0)
+            f.truncate()
+            f.write(str(value))
+
+    def served(self, identity: dict[str, object]) -> None:
+        """Record the datastore version this process serves now (written whole: a rename)."""
+        tmp = self.root / f"served-{self.slot}.json.tmp"
+        tmp.write_text(json.dumps(_version(identity)))
+        tmp.replace(self.root / f"served-{self.slot}.json")
+
+    def serving(self, identity: dict[str, object]) -> tuple[int, int]:
+        """(live processes that serve ``identity``, live processes)."""
+        want, live = _version(identity), live_slots(self.root)
+        same = 0
+        for slot in live:
+            with contextlib.suppress(OSError, ValueError):
+                same += json.loads((self.root / f"served-{slot}.json").read_text()) == want
+        return same, len(live)
+
+    async def wait_for(self, identity: dict[str, object], timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until every live process serves ``identity``; how many do."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            same, live = self.serving(identity)
+            if same >= live or time.monotonic() >= deadline:
+                if same < live:
+                    logger.warning("after %.0f s, %d of %d server processes serve datastore version %s",
+                                   timeout_s, same, live, identity.get("version"))  # fmt: skip
+                return same
+            await asyncio.sleep(0.05)
+
+
+def _version(identity: dict[str, object]) -> dict[str, object]:
+    return {"id": identity.get("id"), "version": identity.get("version")}

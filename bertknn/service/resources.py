@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from bertknn.service.cost import CostCaps, CostGate
 from bertknn.service.metrics import Metrics
 from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.processes import WorkerSlot
 from bertknn.service.serving import AsyncAnswerer
 from bertknn.service.settings import ServiceSettings
 
@@ -16,6 +17,10 @@ class Reloader(Protocol):
     """What the routes and the lifespan need of `bertknn.service.reload.DatastoreReloader`."""
 
     async def reload(self) -> Any: ...
+
+    async def reload_all(self) -> Any: ...
+
+    async def follow_peers(self, interval_s: float = ...) -> None: ...
 
     async def watch(self, interval_s: float) -> None: ...
 
@@ -33,6 +38,7 @@ class Resources:
     draining: bool = False
     error: str = ""
     gate: CostGate = field(init=False)
+    slot: WorkerSlot | None = None  # one of several server processes: its place in their run directory
 
     def __post_init__(self) -> None:
         lim = self.settings.limits

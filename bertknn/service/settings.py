@@ -154,6 +154,15 @@ class ServiceSettings(BaseSettings):
         "timeout_graceful_shutdown); keep it below Kubernetes' terminationGracePeriodSeconds less the preStop sleep"
     )
     admin_token: SecretStr | None = Field(None, description="bearer token for /admin endpoints; unset disables them")
+    workers: int = Field(
+        0, ge=0, le=64, description="server processes behind the port, each with the model loaded (uvicorn's "
+        "supervisor replaces one that dies); 0 = auto: 1 on a CPU, on a GPU half the cores (2 to 8). torch threads "
+        "are split between them (docs/decisions/serving-processes.md)"
+    )
+    reload_wait_s: float = Field(
+        60.0, ge=0, le=3600, description="with several processes, how long POST /admin/reload waits for every "
+        "process to serve the new version before it answers"
+    )
     reload_poll_s: float = Field(
         0.0, ge=0, le=3600, description="check the datastore's manifest this often and serve a new version when one "
         "appears (0 = off; POST /admin/reload works either way)"

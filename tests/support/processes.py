@@ -41,14 +41,17 @@ def service_process(
     env: dict[str, str] | None = None,
     timeout_s: float = 300,
     args: tuple[str, ...] = (),
+    cwd: Path = REPO,
 ) -> Iterator[ServiceProcess]:
-    """Start ``python -m service`` on a free loopback port and wait until /readyz answers 200; stop it after."""
+    """Start ``python -m service`` on a free loopback port and wait until /readyz answers 200; stop it after.
+
+    ``cwd``: the source tree to serve from (another commit's worktree, for a before/after benchmark)."""
     import httpx
 
     port = free_port()
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     cmd = [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=REPO)
+    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s

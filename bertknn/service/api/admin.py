@@ -48,11 +48,12 @@ async def reload(resources: ResourcesDep) -> ReloadResponse:
     reloader = resources.reloader
     if reloader is None or not resources.ready or resources.draining:
         raise NotReady("the service is starting or stopping; retry when /readyz says ready")
-    outcome = await reloader.reload()
+    outcome = await reloader.reload_all()
     return ReloadResponse(
         status=outcome.status,
         previous=DatastoreIdentity.model_validate(outcome.previous),
         datastore=DatastoreIdentity.model_validate(outcome.current),
         seconds=round(outcome.seconds, 3),
         draining=outcome.draining,
+        processes=outcome.processes,
     )

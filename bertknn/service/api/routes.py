@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from bertknn.core.errors import InvalidRequest, QueryError
 from bertknn.service.api.admission import admitted, deadline_s, monotonic_deadline
@@ -193,4 +193,4 @@ async def readyz(resources: ResourcesDep) -> JSONResponse:
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(resources: ResourcesDep) -> Response:
     resources.metrics.ready.set(1.0 if resources.ready and not resources.draining else 0.0)
-    return Response(generate_latest(resources.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(resources.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

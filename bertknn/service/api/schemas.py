@@ -233,6 +233,8 @@ class ReloadResponse(BaseModel):
     datastore: DatastoreIdentity = Field(..., description="the version now serving")
     seconds: float = Field(..., description="time to open the new version (validation, indexes)")
     draining: int = Field(0, description="requests still finishing on the previous version")
+    processes: int = Field(1, description="server processes serving the new version when this answered (all of them "
+                           "unless one was still opening it after reload_wait_s)")
 
 
 class FollowEntityOut(BaseModel):

@@ -1,0 +1,172 @@
+"""The service's host work per request, apart from the forward: req/s and server CPU per uncached request. ::
+
+    python -m bench.hostwork [--workers 1,2] [--baseline REV] [--requests 1500]
+
+The model is bert-base-uncased's shape (12 layers, its vocabulary and tokenizer) at hidden size 64, so that its
+forward is almost free and what is left is what every request costs the host's Python: HTTP, validation,
+tokenisation, caching, retrieval, the kNN, the vote and the response. A GPU's throughput divides by this figure
+(`docs/performance.md`, "Host work"). Questions are distinct (every request a cache miss), without a subject, so
+that TF-IDF ranks the articles. Server CPU is summed over every process of the service (its workers too).
+
+``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run,
+one after the other per level, so that both sides see the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.bert_base import BERT_BASE, make
+from bench.common import (
+    REPO,
+    RUNS,
+    build_datastore,
+    host_port,
+    lama_queries,
+    machine,
+    run_async,
+    write_result,
+)
+from bench.rawhttp import AsyncRawClient
+from tests.support.processes import service_process
+
+# bert-base-uncased's depth, heads' count and vocabulary at hidden size 64: the forward costs almost nothing
+TINY = {**BERT_BASE, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 256}
+CORPUS = REPO / "data" / "sample_wiki.jsonl"
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and all its live descendants so far (Linux /proc)."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:  # it ended meanwhile
+            continue
+        todo += [int(k) for k in kids]
+    return total
+
+
+async def _load(url: str, payloads: list[dict], clients: int) -> tuple[float, int, int]:
+    """Every payload once, ``clients`` keep-alive connections at a time: (seconds, ok, errors)."""
+    it = iter(payloads)
+    ok = err = 0
+    conns = [AsyncRawClient(*host_port(url)) for _ in range(clients)]
+
+    async def worker(conn: AsyncRawClient) -> None:
+        nonlocal ok, err
+        for payload in it:
+            status, _ = await conn.post_json("/predict", payload)
+            ok, err = (ok + 1, err) if status == 200 else (ok, err + 1)
+
+    try:
+        t = time.perf_counter()
+        await asyncio.gather(*(worker(c) for c in conns))
+        return time.perf_counter() - t, ok, err
+    finally:
+        for c in conns:
+            await c.close()
+
+
+def measure(url: str, pid: int, payloads: list[dict], clients: int) -> dict[str, float]:
+    """One level: req/s, errors, and the service's CPU ms per answered request (all its processes)."""
+    run_async(_load(url, payloads[: max(clients, 20)], clients))  # warm-up: connections, first batches
+    rest = payloads[max(clients, 20) :]
+    cpu0 = tree_cpu_s(pid)
+    secs, ok, err = run_async(_load(url, rest, clients))
+    cpu_ms = (tree_cpu_s(pid) - cpu0) * 1000 / max(1, ok)
+    return {"requests_per_s": round(ok / secs, 1), "server_cpu_ms_per_request": round(cpu_ms, 3),
+            "requests": ok + err, "errors": err}  # fmt: skip
+
+
+def baseline_tree(rev: str) -> Path:
+    """A git worktree of ``rev`` under runs/ (made once)."""
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True,
+                         text=True).stdout.strip()  # fmt: skip
+    tree = RUNS / f"worktree-{sha}"
+    if not (tree / "bertknn").is_dir():
+        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(tree), sha], cwd=REPO, check=True)
+    return tree
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", default="1", help="comma-separated service process counts (e.g. 1,2)")
+    p.add_argument("--clients", default="1,64", help="comma-separated concurrent client counts")
+    p.add_argument("--requests", type=int, default=1500, help="distinct questions per level")
+    p.add_argument("--articles", type=int, default=40, help="articles of the sample corpus in the datastore")
+    p.add_argument("--baseline", default=None, help="a commit to measure beside this tree in the same run")
+    p.add_argument("--work", type=Path, default=RUNS / "bench-hostwork")
+    return p
+
+
+def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"{flag} takes comma-separated whole numbers, got {text!r}")
+    if not values or min(values) < 1:
+        parser.error(f"{flag} takes numbers of at least 1, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    workers, clients = _ints(args.workers, "--workers", p), _ints(args.clients, "--clients", p)
+    if args.requests < 100:
+        p.error("--requests must be at least 100")
+    model = make(args.work / "bert-base-h64", shape=TINY)
+    ds = build_datastore([CORPUS], args.work / f"ds-{args.articles}", model, limit=args.articles, bm25=False)
+    trees = {"this tree": REPO, **({f"baseline {args.baseline}": baseline_tree(args.baseline)} if args.baseline else {})}
+    env = {"BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_MODEL__THREADS": "1"}
+    pool = [{"text": t} for t, _ in lama_queries(args.requests * len(clients) * len(workers) * len(trees) + 64 * 8, seed=5)]
+    result: dict = {"model": "bert-base-uncased's shape at hidden size 64 (bench.hostwork)", "machine": machine(),
+                    "articles": args.articles, "retriever": "tfidf", "runs": []}  # fmt: skip
+    at = 0
+    for n in workers:
+        for name, tree in trees.items():
+            extra = ("--workers", str(n)) if n != 1 else ()
+            if tree != REPO and n != 1:
+                continue  # the baseline serves one process
+            with service_process(ds, env={**env, "PYTHONPATH": str(tree)}, args=extra, cwd=tree) as svc:
+                for c in clients:
+                    take = args.requests + max(c, 20)
+                    row = measure(svc.url, svc.proc.pid, pool[at : at + take], c)
+                    at += take
+                    result["runs"].append({"tree": name, "workers": n, "clients": c, **row})
+                    print(f"{name:>20}  workers {n:>2}  clients {c:>3}: {row['requests_per_s']:>7.1f} req/s, "
+                          f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['errors']} errors",
+                          flush=True)  # fmt: skip
+    _ratios(result)
+    path = write_result("hostwork", result)
+    print(f"wrote {path}")
+    return 0
+
+
+def _ratios(result: dict) -> None:
+    """This tree against the baseline at each client count (one process each), when a baseline ran."""
+    runs = result["runs"]
+    for r in runs:
+        base = next((b for b in runs if b["tree"].startswith("baseline") and b["clients"] == r["clients"]), None)
+        if base is None or r["tree"] != "this tree" or r["workers"] != 1:
+            continue
+        cpu = base["server_cpu_ms_per_request"] / r["server_cpu_ms_per_request"]
+        tput = r["requests_per_s"] / base["requests_per_s"]
+        r["vs_baseline"] = {"cpu_per_request": round(1 / cpu, 3), "requests_per_s": round(tput, 3)}
+        print(f"clients {r['clients']:>3}: server CPU per request {1 / cpu:.2f}x the baseline's, "
+              f"req/s {tput:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

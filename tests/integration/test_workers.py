@@ -1,0 +1,187 @@
+"""`bert-knn serve --workers N`: several real server processes behind one port answer as one service.
+
+Each request below opens its own connection, so the kernel spreads them over the processes: every check holds
+only if it holds in every process (metrics summed, a reload seen by all, a killed process replaced).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bertknn.builder.settings import AddSettings
+from bertknn.builder.update import add_articles
+from tests.conftest import TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
+from tests.integration.test_live_update import BRINDLE, TOKEN, UPDATE
+from tests.support.processes import ServiceProcess, service_process
+
+ENV = {"BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_ADMIN_TOKEN": TOKEN}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("workers-bert"), corpus_words(TINY_ARTICLES + UPDATE))
+
+
+@pytest.fixture
+def ds(tmp_path: Path, model: Path) -> Path:
+    return build_tiny(tmp_path / "ds", [write_jsonl(tmp_path / "base.jsonl", TINY_ARTICLES)], model)
+
+
+def workers_of(proc: subprocess.Popen) -> list[int]:
+    """The pids of the supervisor's worker processes (its children that run the app)."""
+    kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return [int(k) for k in kids if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text()]
+
+
+def wait_for_workers(svc: ServiceProcess, n: int, timeout_s: float = 120) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = workers_of(svc.proc)
+        if len(pids) == n and metric(svc.url, "bertknn_ready") == n:
+            return pids
+        time.sleep(0.2)
+    raise AssertionError(f"{n} ready workers expected, have {workers_of(svc.proc)}")
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")
+               or line.startswith(name + "{"))  # fmt: skip
+
+
+def ask(url: str, body: dict, n: int) -> list[httpx.Response]:
+    """``n`` requests, each on a connection of its own."""
+    return [httpx.post(f"{url}/predict", json=body, timeout=30) for _ in range(n)]
+
+
+def test_workers_answer_count_and_survive_sigkill_as_one_service(ds: Path):
+    with service_process(ds, env=ENV, args=("--workers", "2")) as svc:
+        first = wait_for_workers(svc, 2)
+        answers = ask(svc.url, {"text": "zorblat was born in [MASK] ."}, 30)
+        assert {r.status_code for r in answers} == {200}
+        assert len({r.json()["predictions"][0]["token"] for r in answers}) == 1  # both processes answer alike
+        # one process's /metrics shows the requests of both: 30, whichever process answers the scrape
+        assert metric(svc.url, 'bertknn_requests_total{path="/predict",status="200"}') == 30
+        assert metric(svc.url, "bertknn_ready") == 2
+
+        os.kill(first[0], signal.SIGKILL)  # idle: it has no request in flight, so no request may fail
+        answers = ask(svc.url, {"text": "quimby was born in [MASK] ."}, 20)
+        assert [r.status_code for r in answers] == [200] * 20
+        replaced = wait_for_workers(svc, 2)
+        assert first[0] not in replaced and first[1] in replaced
+        # the dead process's requests still count; its readiness no longer does
+        assert metric(svc.url, 'bertknn_requests_total{path="/predict",status="200"}') == 50
+        assert metric(svc.url, "bertknn_ready") == 2
+
+
+def test_reload_switches_every_worker(ds: Path, tmp_path: Path):
+    with service_process(ds, env=ENV, args=("--workers", "2")) as svc:
+        wait_for_workers(svc, 2)
+        before = ask(svc.url, BRINDLE, 10)
+        assert {r.json()["datastore"]["version"] for r in before} == {1}
+        add_articles(AddSettings(datastore=ds, corpus=[write_jsonl(tmp_path / "u.jsonl", UPDATE)], device="cpu"))
+        r = httpx.post(f"{svc.url}/admin/reload", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert (r.json()["status"], r.json()["datastore"]["version"], r.json()["processes"]) == ("reloaded", 2, 2)
+        after = ask(svc.url, BRINDLE, 20)  # answered by both processes: none serves the old version any more
+        assert {x.json()["datastore"]["version"] for x in after} == {2}
+        assert {x.json()["predictions"][0]["token"] for x in after} == {"zandor"}
+
+
+def test_reload_poll_in_every_worker(ds: Path, tmp_path: Path):
+    env = {**ENV, "BERTKNN_RELOAD_POLL_S": "0.2"}
+    with service_process(ds, env=env, args=("--workers", "2")) as svc:
+        wait_for_workers(svc, 2)
+        add_articles(AddSettings(datastore=ds, corpus=[write_jsonl(tmp_path / "u.jsonl", UPDATE)], device="cpu"))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            versions = {x.json()["datastore"]["version"] for x in ask(svc.url, BRINDLE, 10)}
+            if versions == {2}:
+                break
+            time.sleep(0.3)
+        assert versions == {2}
+
+
+def test_first_run_checks_run_once_before_any_worker(tmp_path: Path):
+    """A missing datastore: one line, exit 2, and no worker process was ever started."""
+    cmd = [sys.executable, "-m", "service", "--datastore", str(tmp_path / "nope"), "--workers", "3"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **ENV})
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "no datastore here" in done.stderr
+    assert "Started parent process" not in done.stderr
+
+
+def test_a_client_cost_cap_holds_across_processes(tmp_path: Path):
+    """One OS process holds a client's rows in the shared gate; another process's gate refuses that client more,
+    admits another client, and (the holder killed) its replacement frees the rows."""
+    from bertknn.core.errors import ClientOverloaded, Overloaded
+    from bertknn.service.cost import CostCaps
+    from bertknn.service.processes import WorkerSlot
+    from bertknn.service.shared_gate import SharedCostGate
+
+    caps = CostCaps(max_request_cost=100, max_client_cost=100, max_queued_cost=150)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from bertknn.service.cost import CostCaps
+        from bertknn.service.processes import WorkerSlot
+        from bertknn.service.shared_gate import SharedCostGate
+        root = Path({str(tmp_path)!r})
+        gate = SharedCostGate(CostCaps(100, 100, 150), root, WorkerSlot.claim(root))
+        with gate.admit("ip:10.0.0.1", 80, "a request"):
+            print("held", flush=True)
+            time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        gate = SharedCostGate(caps, tmp_path, WorkerSlot.claim(tmp_path))
+        assert gate.held_total() == 80
+        with pytest.raises(ClientOverloaded, match="already has 80 forward rows"):
+            with gate.admit("ip:10.0.0.1", 30, "a request"):
+                pass
+        with gate.admit("ip:10.0.0.2", 60, "a request"):  # another client: 140 of 150 in flight
+            with pytest.raises(Overloaded, match="140 forward rows"):
+                with gate.admit("ip:10.0.0.3", 20, "a request"):
+                    pass
+        holder.kill()
+        holder.wait()
+        takeover = SharedCostGate(caps, tmp_path, WorkerSlot.claim(tmp_path))  # the dead holder's slot
+        assert takeover.slot == 0 and gate.held_total() == 0
+        with gate.admit("ip:10.0.0.1", 100, "a request"):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_worker_count_defaults(monkeypatch: pytest.MonkeyPatch):
+    from bertknn.service import main as service_main
+    from bertknn.service.processes import default_workers
+
+    assert default_workers("cpu", 16) == 1
+    assert [default_workers("cuda", c) for c in (1, 4, 16, 64)] == [2, 2, 8, 8]
+    monkeypatch.setattr(service_main.runtime, "cpu_quota_threads", lambda: 17)
+    assert [service_main.default_threads(w) for w in (1, 2, 8, 32)] == [16, 8, 2, 1]
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_run_dirs(tmp_path: Path):
+    """A stopped server leaves no run directory behind (checked by name: they are made under the temp dir)."""
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("bertknn-run-*"))
+    yield
+    left = set(Path(tempfile.gettempdir()).glob("bertknn-run-*")) - before
+    for d in left:
+        shutil.rmtree(d, ignore_errors=True)
+    assert not left, f"run directories left behind: {left}"
