@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -67,18 +67,28 @@ class CacheStats:
 
 
 class InMemoryCache:
-    """A bounded LRU in this process: the default when no Redis URL is set."""
+    """A bounded LRU in this process: the default when no Redis URL is set.
+
+    Besides bytes (`get_many`, as every cache), it keeps objects as they are (`get_objects`): a value that never
+    leaves the process need not be encoded, checksummed and decoded again on every hit.
+    """
 
     in_process = True
 
     def __init__(self, max_items: int = 4096):
         self.max_items = max_items
-        self._data: OrderedDict[str, bytes] = OrderedDict()
+        self._data: OrderedDict[str, object] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = CacheStats()
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        out: list[bytes | None] = []
+        return [v if isinstance(v, bytes) else None for v in self.get_objects(keys)]
+
+    def set_many(self, items: dict[str, bytes]) -> None:
+        self.set_objects(items)
+
+    def get_objects(self, keys: Sequence[str]) -> list[object | None]:
+        out: list[object | None] = []
         with self._lock:
             for key in keys:
                 value = self._data.get(key)
@@ -87,7 +97,7 @@ class InMemoryCache:
                 out.append(value)
         return out
 
-    def set_many(self, items: dict[str, bytes]) -> None:
+    def set_objects(self, items: Mapping[str, object]) -> None:
         if self.max_items <= 0:
             return
         with self._lock:

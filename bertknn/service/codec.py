@@ -50,6 +50,11 @@ class QueryEncoding:
             vocab_size,
         )
 
+    def bare(self) -> QueryEncoding:
+        """The same encoding without the arrays requests derived from it (`p_mlm`'s vocabulary-sized one): what a
+        cache keeps."""
+        return QueryEncoding(self.embedding, self.top_ids, self.top_probs, self.vocab_size)
+
     def ranked_ids(self) -> np.ndarray:
         """The stored ids most probable first (ties by smaller id)."""
         return self.top_ids[np.lexsort((self.top_ids, -self.top_probs.astype(np.float32)))]

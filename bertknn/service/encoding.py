@@ -12,7 +12,7 @@ import numpy as np
 from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
 from bertknn.core.errors import CorruptCacheValue
 from bertknn.core.topk import top_set
-from bertknn.service.cache import Cache, cache_key, count_corrupt, count_hits
+from bertknn.service.cache import Cache, InMemoryCache, cache_key, count_corrupt, count_hits
 from bertknn.service.codec import QueryEncoding
 
 logger = logging.getLogger(__name__)
@@ -37,9 +37,17 @@ class QueryEncoder:
         self.key_prefix = key_prefix
         self.mlm_top_entries = mlm_top_entries
 
-    def _enc_key(self, inp: MaskedInput) -> str:
+    def key(self, inp: MaskedInput) -> str:
+        """The cache key of a query's encoding (computed once per request: the service carries it along)."""
         enc = self.encoder
         return cache_key(self.key_prefix, "enc", enc.weights_sha256, enc.numerics, enc.layer, inp.input_ids)
+
+    def _lookup(self, keys: Sequence[str]) -> list[QueryEncoding | None]:
+        """The cached encodings: objects as they are in an in-process cache, else decoded (and checked) bytes."""
+        if isinstance(self.cache, InMemoryCache):
+            # a copy each: what one request derives from it (`p_mlm`) stays with that request
+            return [v.bare() if isinstance(v, QueryEncoding) else None for v in self.cache.get_objects(keys)]
+        return [self._decode(raw) for raw in self.cache.get_many(keys)]
 
     def _decode(self, raw: bytes | None) -> QueryEncoding | None:
         if raw is None:
@@ -51,12 +59,12 @@ class QueryEncoder:
             logger.warning("corrupt cache value ignored (%s)", exc)
             return None
 
-    def local_encoding(self, inp: MaskedInput) -> QueryEncoding | None:
-        """The cached encoding of ``inp`` when the cache lives in this process (a dictionary look-up, safe on
+    def local_encoding(self, key: str) -> QueryEncoding | None:
+        """The cached encoding under ``key`` when the cache lives in this process (a dictionary look-up, safe on
         the event loop); None on a miss, or when the cache is remote (Redis: looked up with the batch instead)."""
         if not self.cache.in_process:
             return None
-        enc = self._decode(self.cache.get_many([self._enc_key(inp)])[0])
+        enc = self._lookup([key])[0]
         if enc is not None:
             count_hits(self.cache, 1, 0)
         return enc
@@ -79,11 +87,18 @@ class QueryEncoder:
         *,
         defer_store: list[Callable[[], None]] | None = None,
         select_heads: bool = True,
+        keys: Sequence[str] | None = None,
+        missed: bool = False,
     ) -> tuple[list[QueryEncoding | PendingEncoding], list[bool]]:
         """`encode`; with ``select_heads=False`` the misses come back as `PendingEncoding`s, whose p_MLM heads
-        `complete` selects later, on another thread (the model's thread is then free for the next batch)."""
-        keys = [self._enc_key(x) for x in inputs]
-        out: list[QueryEncoding | PendingEncoding | None] = [self._decode(raw) for raw in self.cache.get_many(keys)]
+        `complete` selects later, on another thread (the model's thread is then free for the next batch).
+
+        ``keys``: the inputs' cache keys when the caller has them (`key`); ``missed``: the caller found none of
+        them in this in-process cache just before (`local_encoding`), so they are not looked up again."""
+        keys = list(keys) if keys is not None else [self.key(x) for x in inputs]
+        out: list[QueryEncoding | PendingEncoding | None] = (
+            [None] * len(keys) if missed and self.cache.in_process else list(self._lookup(keys))
+        )
         hits = [enc is not None for enc in out]
         todo = [i for i, enc in enumerate(out) if enc is None]
         if todo and self.encoder.heads_on_device:  # the heads picked on the GPU: only they reach the host
@@ -129,6 +144,9 @@ class QueryEncoder:
 
     def _store(self, fresh: dict[str, QueryEncoding], defer_store: list[Callable[[], None]] | None) -> None:
         cache = self.cache
+        if isinstance(cache, InMemoryCache):  # kept as objects, without what a request computed from them
+            cache.set_objects({key: enc.bare() for key, enc in fresh.items()})
+            return
 
         def store() -> None:
             cache.set_many({key: enc.to_bytes() for key, enc in fresh.items()})

@@ -21,6 +21,7 @@ which entity a word stands for: `entity_of_words`.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -188,11 +189,15 @@ def _refs(datastore: Datastore, wheres: Sequence[tuple[int, int] | None]) -> dic
     return dict(zip(distinct, datastore.entities_of(distinct), strict=True))
 
 
+# the answer words an entity lookup folds are the same few thousand again and again
+_folded = functools.lru_cache(maxsize=65536)(fold_title)
+
+
 def _titled(datastore: Datastore, words: Sequence[str]) -> list[EntityRef | None]:
     """The entity titled like each word (exactly, else ignoring case and accents: the first such article's), or
     None: four table queries for all the words."""
     out = datastore.entities_named([normalize_title(w) for w in words])
-    folded = {i: fold_title(words[i]) for i, ref in enumerate(out) if ref is None}
+    folded = {i: _folded(words[i]) for i, ref in enumerate(out) if ref is None}
     if folded:
         first = datastore.articles.first_folded(list(folded.values()))
         found = [(i, first[key]) for i, key in folded.items() if key in first]

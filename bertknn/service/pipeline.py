@@ -171,8 +171,11 @@ class AnswerPipeline:
                 raise QueryError("answer 'entity' searches the retrieved articles' links: use retriever bm25 or tfidf")
         return self.encoder.query_input(query.text)
 
-    def local_encoding(self, inp: MaskedInput) -> QueryEncoding | None:
-        return self.queries.local_encoding(inp)
+    def encoding_key(self, inp: MaskedInput) -> str:
+        return self.queries.key(inp)
+
+    def local_encoding(self, key: str) -> QueryEncoding | None:
+        return self.queries.local_encoding(key)
 
     def encode(
         self, inputs: Sequence[MaskedInput], *, defer_store: list[Callable[[], None]] | None = None
@@ -185,8 +188,10 @@ class AnswerPipeline:
         *,
         defer_store: list[Callable[[], None]] | None = None,
         select_heads: bool = True,
+        keys: Sequence[str] | None = None,
+        missed: bool = False,
     ) -> tuple[list[QueryEncoding | PendingEncoding], list[bool]]:
-        return self.queries.forward(inputs, defer_store=defer_store, select_heads=select_heads)
+        return self.queries.forward(inputs, defer_store=defer_store, select_heads=select_heads, keys=keys, missed=missed)
 
     def complete(
         self, pending: PendingEncoding, *, defer_store: list[Callable[[], None]] | None = None

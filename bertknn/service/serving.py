@@ -43,6 +43,7 @@ class _Job:
     """One query on its way through the batcher to the model thread."""
 
     inp: MaskedInput
+    key: str  # its encoding's cache key (`AnswerPipeline.encoding_key`)
     query: Query
     pipe: AnswerPipeline  # the datastore version the request holds
     stage: Stage
@@ -106,7 +107,7 @@ class AsyncAnswerer:
         self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="model")
         # retrieval and kNN take turns between clients: one client's flood waits behind itself (`fair`)
         self._retrieval_thread = FairExecutor(1, "retrieval")
-        self._cpu_pool = FairExecutor(2, "knn")
+        self._cpu_pool = FairExecutor(1, "knn")  # one: a second contends for the GIL (docs/decisions/serving-processes.md)
         self.batcher: MicroBatcher[_Job, _Encoded] = MicroBatcher(
             self._encode_batch,
             executor=self._model_thread,
@@ -141,7 +142,10 @@ class AsyncAnswerer:
         idle = len(jobs) == 1 and self.batcher.depth == 0  # (read from this thread: a hint, not a promise)
         for job in jobs:
             job.start_retrieval(self._retrieval_thread, prepare=idle)
-        encs, hits = self.pipeline.forward([j.inp for j in jobs], defer_store=self._deferred, select_heads=idle)
+        encs, hits = self.pipeline.forward(
+            [j.inp for j in jobs], defer_store=self._deferred, select_heads=idle, keys=[j.key for j in jobs],
+            missed=True,  # each was looked up in an in-process cache as it came in (`answer`)
+        )
         return [
             (enc, hit, self._finish_here(job, enc, hit) if isinstance(enc, QueryEncoding) and idle else None)
             for job, enc, hit in zip(jobs, encs, hits, strict=True)
@@ -187,10 +191,10 @@ class AsyncAnswerer:
             inp = pipe.check_query(query)  # fast tokenisation; raises QueryError before queueing
         stage = Stage()
         t0 = time.perf_counter()
-        job = _Job(inp, query, pipe, stage, t0, client=client_var.get())
+        job = _Job(inp, pipe.encoding_key(inp), query, pipe, stage, t0, client=client_var.get())
         try:
             # A repeated query found in an in-process cache skips the batcher: it never waits behind a forward.
-            cached = pipe.local_encoding(inp)
+            cached = pipe.local_encoding(job.key)
             enc: QueryEncoding | PendingEncoding
             if cached is not None:
                 enc, hit, answer = cached, True, None
@@ -226,15 +230,41 @@ class AsyncAnswerer:
         retrieval: Future[_Retrieved],
     ) -> Answer:
         stores: list[Callable[[], None]] = []
+        if query.interpolation != "adaptive":  # its p_MLM head and the rest in one turn of the pool
+            got = await asyncio.wrap_future(retrieval)
+            got.record(stage)
+
+            def complete_and_finish() -> Answer:
+                t = time.perf_counter()
+                full = pipe.complete(enc, defer_store=stores) if isinstance(enc, PendingEncoding) else enc
+                stage.add("embedding", time.perf_counter() - t)
+                return pipe.finish(query, full, "hit" if hit else "miss", stage, articles=got.articles, search=got.search)
+
+            answer = await asyncio.wrap_future(self._cpu_pool.submit(complete_and_finish))
+        else:
+            answer = await self._finish_adaptive(query, pipe, enc, hit, stage, retrieval, stores)
+        for store in stores:  # a remote cache's write, after the answer (nobody waits for it)
+            self._cpu_pool.submit(_quietly, store, client="-")
+        return answer
+
+    async def _finish_adaptive(
+        self,
+        query: Query,
+        pipe: AnswerPipeline,
+        enc: QueryEncoding | PendingEncoding,
+        hit: bool,
+        stage: Stage,
+        retrieval: Future[_Retrieved],
+        stores: list[Callable[[], None]],
+    ) -> Answer:
+        """`_finish` of an adaptive query: p_MLM's head first, which decides whether its retrieval is needed."""
         if isinstance(enc, PendingEncoding):  # its p_MLM head, here in the pool (see `_encode_batch`)
             t, pending = time.perf_counter(), enc
             full = await asyncio.wrap_future(self._cpu_pool.submit(lambda: pipe.complete(pending, defer_store=stores)))
             stage.add("embedding", time.perf_counter() - t)
         else:
             full = enc
-        skip = query.interpolation == "adaptive" and await asyncio.wrap_future(
-            self._cpu_pool.submit(pipe.skips_knn, query, full)
-        )
+        skip = await asyncio.wrap_future(self._cpu_pool.submit(pipe.skips_knn, query, full))
         if skip:
             articles: tuple[list, str] = ([], "none")
             search = None
@@ -242,14 +272,11 @@ class AsyncAnswerer:
             got = await asyncio.wrap_future(retrieval)
             got.record(stage)
             articles, search = got.articles, got.search
-        answer = await asyncio.wrap_future(
+        return await asyncio.wrap_future(
             self._cpu_pool.submit(
                 lambda: pipe.finish(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)
             )
         )
-        for store in stores:  # a remote cache's write, after the answer (nobody waits for it)
-            self._cpu_pool.submit(_quietly, store, client="-")
-        return answer
 
     async def answer_many(
         self, queries: Sequence[Query], inputs: Sequence[MaskedInput], *, pipeline: AnswerPipeline | None = None

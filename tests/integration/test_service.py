@@ -442,6 +442,7 @@ def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the
     import time
 
     from bertknn.service.cache import InMemoryCache, RedisCache
+    from bertknn.service.codec import QueryEncoding
     from bertknn.service.metrics import Metrics
     from bertknn.service.serving import AsyncAnswerer
     from bertknn.service.settings import BatchingSettings
@@ -482,11 +483,14 @@ def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the
             assert [(p.token, p.prob, p.p_mlm, p.p_knn) for p in got.predictions] == [
                 (p.token, p.prob, p.p_mlm, p.p_knn) for p in want.predictions]
             inp = pipe.check_query(q)
-            fresh, key = reference.encode([inp])[0][0], pipe.queries._enc_key(inp)
+            fresh, key = reference.encode([inp])[0][0], pipe.queries.key(inp)
             deadline = time.monotonic() + 5  # (Redis: written after the answer, by the pool)
-            while cache.get_many([key])[0] is None and time.monotonic() < deadline:
+            while pipe.queries._lookup([key])[0] is None and time.monotonic() < deadline:
                 time.sleep(0.005)
-            assert cache.get_many([key])[0] == fresh.to_bytes()
+            stored = pipe.queries._lookup([key])[0]  # bytes in Redis, the object itself in the process
+            assert stored is not None and stored.to_bytes() == fresh.to_bytes()
+            if cache_kind == "memory":
+                assert isinstance(cache.get_objects([key])[0], QueryEncoding)
     finally:
         pipe.close()
         reference.close()

@@ -146,13 +146,13 @@ def test_a_client_cost_cap_holds_across_processes(tmp_path: Path):
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         gate = SharedCostGate(caps, tmp_path, WorkerSlot.claim(tmp_path))
         assert gate.held_total() == 80
-        with pytest.raises(ClientOverloaded, match="already has 80 forward rows"):
-            with gate.admit("ip:10.0.0.1", 30, "a request"):
-                pass
-        with gate.admit("ip:10.0.0.2", 60, "a request"):  # another client: 140 of 150 in flight
-            with pytest.raises(Overloaded, match="140 forward rows"):
-                with gate.admit("ip:10.0.0.3", 20, "a request"):
-                    pass
+        with pytest.raises(ClientOverloaded, match="already has 80 forward rows"), gate.admit("ip:10.0.0.1", 30, "q"):
+            pass
+        # another client: 140 of 150 in flight
+        with gate.admit("ip:10.0.0.2", 60, "q"), pytest.raises(Overloaded, match="140 forward rows"), gate.admit(
+            "ip:10.0.0.3", 20, "q"
+        ):
+            pass
         holder.kill()
         holder.wait()
         takeover = SharedCostGate(caps, tmp_path, WorkerSlot.claim(tmp_path))  # the dead holder's slot

@@ -291,11 +291,11 @@ def test_cache_keys_carry_the_forwards_dtype_and_backend(encoder: MaskedLMEncode
     was = (encoder.dtype, encoder.backend)
     try:
         encoder.backend = "eager"
-        eager_key = queries._enc_key(inp)
+        eager_key = queries.key(inp)
         encoder.backend = "onnx"
-        onnx_key = queries._enc_key(inp)
+        onnx_key = queries.key(inp)
         encoder.dtype = torch.bfloat16
-        bf16_key = queries._enc_key(inp)
+        bf16_key = queries.key(inp)
     finally:
         encoder.dtype, encoder.backend = was
     assert len({eager_key, onnx_key, bf16_key}) == 3

@@ -122,3 +122,21 @@ def test_params_of_another_tokenisation_are_refused() -> None:
     params = {**default_hasher().to_params(), "token_pattern": r"\S+"}
     with pytest.raises(SparseIndexError, match="rebuild"):
         NgramHasher.from_params(params, Path("params.json"))
+
+
+@pytest.mark.parametrize("n_features", [N_FEATURES, 7])
+def test_query_counts_equal_the_vectorizers_counts(n_features: int) -> None:
+    """The service hashes a query without the vectorizer (`query_counts`): the same buckets and counts as the
+    builder's `counts`, on real questions, accents, scripts, repeats, and texts with no n-gram at all."""
+    import json
+
+    lama = Path(__file__).resolve().parents[3] / "shared" / "data" / "lama" / "TREx" / "P19.jsonl"
+    texts = [json.loads(line)["sub_label"] + " was born in [MASK] ." for line in lama.read_text().splitlines()[:200]]
+    texts += ["", "the of in", ". , ;", "Café café CAFÉ cafe", "東京は日本の首都である。", "Київ — столиця України",
+              "plonk plonk plonk quimby plonk", "Hà Nội là thủ đô của Việt Nam"]  # fmt: skip
+    hasher = NgramHasher(STOP, n_features=n_features)
+    for text in texts:
+        want = hasher.counts([text])
+        buckets, counts = hasher.query_counts(text)
+        assert buckets.tolist() == want.indices.tolist(), text
+        assert counts.tolist() == want.data.tolist(), text

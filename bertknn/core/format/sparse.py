@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 from sklearn.feature_extraction.text import HashingVectorizer
+from sklearn.utils import murmurhash3_32
 
 from bertknn.core.errors import SparseIndexError
 from bertknn.core.text import fold_text, is_punctuation
@@ -70,6 +71,20 @@ class NgramHasher:
         m = sp.csr_array(self._vectorizer.transform(texts))
         m.sum_duplicates()
         return m
+
+    def query_counts(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """`counts` of one text as (buckets ascending int64, counts float32), hashed here instead of through the
+        vectorizer: the same murmurhash3 and bucket rule, without its per-call set-up
+        (docs/decisions/tfidf-query-hashing.md). A query's n-grams are a few dozen."""
+        grams = self.ngrams(text)
+        if not grams:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        h = np.fromiter((murmurhash3_32(g, seed=0) for g in grams), np.int64, len(grams))
+        n = self.n_features
+        # HashingVectorizer's rule: abs(h) % n, with abs(-2**31) (undefined in C) given its own bucket
+        buckets = np.where(h == -(2**31), (2**31 - 1 - (n - 1)) % n, np.abs(h) % n)
+        found, counts = np.unique(buckets, return_counts=True)
+        return found.astype(np.int64), counts.astype(np.float32)
 
     def to_params(self) -> dict[str, object]:
         return {

@@ -24,6 +24,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from bertknn.core.errors import DatastoreError
 from bertknn.core.titles import fold_title
@@ -141,6 +142,34 @@ class RedirectTable(Mapping[str, str]):
         return [r[0] for r in rows]
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+_MISSING = object()
+
+
+class Memo(Generic[K, V]):
+    """A bounded memo of a batched look-up (``fetch``: keys -> values, in order), safe to share between threads.
+
+    The article table is opened per datastore version and never changes under it, so what a query read stays
+    true; the answers of a service read the same few hundred words and articles again and again. When full, it
+    starts over (a bound on memory, not a cache policy)."""
+
+    def __init__(self, fetch: Callable[[list[K]], Sequence[V]], max_items: int = 65536):
+        self.fetch = fetch
+        self.max_items = max_items
+        self._data: dict[K, V] = {}
+
+    def many(self, keys: Sequence[K]) -> list[V]:
+        got = {k: self._data.get(k, _MISSING) for k in keys}
+        missing = [k for k, v in got.items() if v is _MISSING]
+        if missing:
+            if len(self._data) + len(missing) > self.max_items:
+                self._data = {}
+            for k, v in zip(missing, self.fetch(missing), strict=True):
+                got[k] = self._data[k] = v
+        return [got[k] for k in keys]  # type: ignore[misc]
+
+
 class ArticleTable(Mapping[str, ArticleEntry]):
     """Live articles by title (a ``Mapping``), plus folded-title lookups, superseded entries and row -> title."""
 
@@ -162,6 +191,11 @@ class ArticleTable(Mapping[str, ArticleEntry]):
         self.content_id = meta.get("content_id", "")
         self._count = int(meta["articles"])
         self.redirects = RedirectTable(self._cons, int(meta["redirects"]))
+        # what an answer looks up for its words and contexts, remembered (`Memo`)
+        self._named: Memo[str, EntityRef | None] = Memo(self._entities_named)
+        self._entities: Memo[str, EntityRef] = Memo(self._entities_of)
+        self._first_folded: Memo[str, str | None] = Memo(self._first_folded_of)
+        self._titles: Memo[tuple[int, int], str] = Memo(self._titles_of)
 
     def _one(self, sql: str, args: tuple) -> tuple | None:
         return self._cons.get().execute(sql, args).fetchone()
@@ -226,6 +260,10 @@ class ArticleTable(Mapping[str, ArticleEntry]):
     def titles_at(self, shard: int, rows: Sequence[int]) -> list[str]:
         """`title_at` of several rows of one shard, from one query for the articles that span them (an answer's
         contexts mostly share a few articles: row by row, the queries cost more than the rest of the reading)."""
+        return self._titles.many([(shard, r) for r in rows])
+
+    def _titles_of(self, where: list[tuple[int, int]]) -> list[str]:
+        shard, rows = where[0][0], [r for _, r in where]  # (`titles_at`'s keys share their shard)
         if not rows:
             return []
         # from the entry that holds the first row (an index seek) to the last row: the scan spans the rows asked,
@@ -263,6 +301,9 @@ class ArticleTable(Mapping[str, ArticleEntry]):
     def entities(self, targets: Sequence[str]) -> list[EntityRef]:
         """What several link targets name, in two queries for all of them: each target's title through one
         redirect, with its popularity (0 when the table has no such entity)."""
+        return self._entities.many(targets)
+
+    def _entities_of(self, targets: list[str]) -> list[EntityRef]:
         titles, popular = self._entity_rows(targets)
         return [EntityRef(t, int(popular.get(t, 0))) for t in titles]
 
@@ -271,6 +312,9 @@ class ArticleTable(Mapping[str, ArticleEntry]):
         (or no entities table)."""
         if self.meta.get("entities") is None:
             return [None] * len(targets)
+        return self._named.many(targets)
+
+    def _entities_named(self, targets: list[str]) -> list[EntityRef | None]:
         titles, popular = self._entity_rows(targets)
         return [EntityRef(t, int(popular[t])) if t in popular else None for t in titles]
 
@@ -288,11 +332,14 @@ class ArticleTable(Mapping[str, ArticleEntry]):
     def first_folded(self, keys: Sequence[str]) -> dict[str, str]:
         """For each folded title among ``keys`` that live articles have, the first such article's title (in the
         table's order, as `folded` lists them): one query for all of them."""
+        return {k: t for k, t in zip(keys, self._first_folded.many(keys), strict=True) if t is not None}
+
+    def _first_folded_of(self, keys: list[str]) -> list[str | None]:
         out: dict[str, str] = {}
         rows = self._in("SELECT folded, title, pos FROM entries WHERE live = 1 AND folded IN", sorted(set(keys)))
         for key, title, _ in sorted(rows, key=lambda r: r[2]):
             out.setdefault(key, title)
-        return out
+        return [out.get(k) for k in keys]
 
     def _in(self, sql: str, keys: Sequence[str]) -> list[tuple]:
         """``sql`` ending in ``IN`` run for ``keys`` in chunks (SQLite's limit on parameters)."""

@@ -215,13 +215,13 @@ class TfidfRetriever:
 
     def query_vector(self, query: str) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the postings matrix the query touches and their weights ``log(1 + tf) * idf``."""
-        counts = self.hasher.counts([retrieval_text(query)])
-        if counts.nnz == 0 or len(self.buckets) == 0:
+        buckets, counts = self.hasher.query_counts(retrieval_text(query))
+        if len(buckets) == 0 or len(self.buckets) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        rows = np.minimum(np.searchsorted(self.buckets, counts.indices), len(self.buckets) - 1)
-        known = self.buckets[rows] == counts.indices  # buckets no document has score nothing
+        rows = np.minimum(np.searchsorted(self.buckets, buckets), len(self.buckets) - 1)
+        known = self.buckets[rows] == buckets  # buckets no document has score nothing
         rows = rows[known]
-        weights = np.log1p(counts.data[known]).astype(np.float32) * self.idf[rows]
+        weights = np.log1p(counts[known]).astype(np.float32) * self.idf[rows]
         nonzero = weights > 0
         return rows[nonzero], weights[nonzero]
 
