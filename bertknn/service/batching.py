@@ -27,7 +27,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def _deliver(pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+def deliver(pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
     """On the event loop: hand each waiter its result (skipping those that gave up, e.g. a client gone)."""
     for fut, result, error in pairs:
         if fut.done():
@@ -213,7 +213,7 @@ class MicroBatcher(Generic[T, R]):
                 except Exception:  # a metrics hook never stops the model
                     logger.exception("on_batch hook failed")
             try:
-                loop.call_soon_threadsafe(_deliver, pairs)
+                loop.call_soon_threadsafe(deliver, pairs)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return
             if self._after_delivery:

@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from bertknn.core.encoder import MaskedInput
-from bertknn.service.batching import MicroBatcher
+from bertknn.service.batching import MicroBatcher, deliver
 from bertknn.service.codec import QueryEncoding
 from bertknn.service.encoding import PendingEncoding
 from bertknn.service.fair import FairExecutor, client_var
@@ -48,6 +49,7 @@ class _Job:
     pipe: AnswerPipeline  # the datastore version the request holds
     stage: Stage
     submitted: float
+    answered: asyncio.Future[Answer]  # on the event loop: the answer, from the model thread or the finisher
     # started on arrival when the model is busy, else by the model thread as the forward pass starts
     retrieval: Future[_Retrieved] | None = None
     client: str = "-"  # who asked (the fair queues' turns)
@@ -70,7 +72,7 @@ class _Job:
         return self.retrieval
 
 
-_Encoded = tuple[QueryEncoding | PendingEncoding, bool, Answer | None]
+_Work = tuple[_Job, QueryEncoding | PendingEncoding, bool]  # a query after its forward pass (or cache hit)
 
 
 def _quietly(fn: Callable[[], None]) -> None:
@@ -81,13 +83,54 @@ def _quietly(fn: Callable[[], None]) -> None:
         logger.exception("deferred work failed")
 
 
+def _fills(job: _Job) -> bool:
+    """Whether the query runs forward passes of its own after its first (whole words, entity names)."""
+    return job.pipe.words is not None or job.query.answer == "entity"
+
+
+class Pace:
+    """Where a batch's queries are finished after their forward pass: on the model thread itself, or handed to
+    the finisher thread so that the next forward overlaps them.
+
+    A hand-off costs both threads the GIL (measured: more CPU per query than the finishing itself on a machine
+    whose forward is cheap), and it gains only where the forward takes longer than what it would overlap. So
+    the model thread finishes a batch itself while its forward per query takes no longer than finishing one
+    (a GPU, a small model), and hands it off when the forward is the slower part (bert-base on a CPU).
+    Both are running means of this process's own batches (docs/decisions/serving-processes.md).
+    """
+
+    def __init__(self, weight: float = 0.1):
+        self.weight = weight
+        self.forward_s: float | None = None  # per query of a batch
+        self.finish_s: float | None = None  # per query
+
+    def _mean(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.weight * (new - old)
+
+    def forward(self, seconds: float, queries: int) -> None:
+        self.forward_s = self._mean(self.forward_s, seconds / max(1, queries))
+
+    def finished(self, seconds: float, queries: int) -> None:
+        if queries:
+            self.finish_s = self._mean(self.finish_s, seconds / queries)
+
+    def finish_here(self) -> bool:
+        if self.forward_s is None or self.finish_s is None:
+            return True  # measured on the first batches
+        return self.forward_s <= self.finish_s
+
+
 class AsyncAnswerer:
     """Runs an `AnswerPipeline` for the web layer.
 
     The model runs in one dedicated thread fed by a `MicroBatcher`; the sparse retrievers (Lucene through
-    the JVM) run in another single thread; kNN and interpolation run in a small pool. The event loop only
-    awaits. When the model has nothing else to do (a batch of one, nobody queued), the model thread finishes
-    the query itself (kNN, interpolation), saving the hand-offs to the pool and back.
+    the JVM) run in another single thread; the rest of each query (p_MLM's head, kNN, interpolation, the
+    answer) runs on one finisher thread, which takes a whole batch from the model at once and hands each answer
+    straight to its waiting request. The event loop only awaits. When the model has nothing else to do (a batch
+    of one, nobody queued), the model thread finishes the query itself, saving the hand-offs.
+
+    Every hand-off between threads costs both sides the GIL; so one per batch where it can, one per request
+    where it must (docs/decisions/serving-processes.md).
     """
 
     def __init__(
@@ -108,7 +151,9 @@ class AsyncAnswerer:
         # retrieval and kNN take turns between clients: one client's flood waits behind itself (`fair`)
         self._retrieval_thread = FairExecutor(1, "retrieval")
         self._cpu_pool = FairExecutor(1, "knn")  # one: a second contends for the GIL (docs/decisions/serving-processes.md)
-        self.batcher: MicroBatcher[_Job, _Encoded] = MicroBatcher(
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.pace = Pace()
+        self.batcher: MicroBatcher[_Job, Answer | None] = MicroBatcher(
             self._encode_batch,
             executor=self._model_thread,
             max_batch_size=batching.max_batch_size,
@@ -133,23 +178,40 @@ class AsyncAnswerer:
             words.run_model = lambda fn: self.batcher.call(fn).result()
             words.others_waiting = lambda: self.batcher.depth > 0
 
-    def _encode_batch(self, jobs: Sequence[_Job]) -> list[_Encoded]:
+    def _encode_batch(self, jobs: Sequence[_Job]) -> list[Answer | None]:
         # Retrieval (Lucene, its own thread) runs during this batch's forward pass. For a query that found the
         # model idle it starts here rather than when the request came in: the Python half of a retrieval then
         # waits for the GIL while the forward runs outside it, instead of delaying the forward's start. A query
         # that had to wait started it on arrival. With other queries queued or batched, the heads of p_MLM are
-        # selected in the pool, so that the model's thread, the bottleneck under load, goes on to the next batch.
+        # selected by the finisher, so that the model's thread, the bottleneck under load, goes on to the next batch.
         idle = len(jobs) == 1 and self.batcher.depth == 0  # (read from this thread: a hint, not a promise)
         for job in jobs:
             job.start_retrieval(self._retrieval_thread, prepare=idle)
+        t = time.perf_counter()
         encs, hits = self.pipeline.forward(
             [j.inp for j in jobs], defer_store=self._deferred, select_heads=idle, keys=[j.key for j in jobs],
             missed=True,  # each was looked up in an in-process cache as it came in (`answer`)
         )
-        return [
-            (enc, hit, self._finish_here(job, enc, hit) if isinstance(enc, QueryEncoding) and idle else None)
+        self.pace.forward(time.perf_counter() - t, len(jobs))
+        done = [
+            self._finish_here(job, enc, hit) if isinstance(enc, QueryEncoding) and idle else None
             for job, enc, hit in zip(jobs, encs, hits, strict=True)
         ]
+        now = time.perf_counter()
+        rest: list[_Work] = []
+        for job, enc, hit, answer in zip(jobs, encs, hits, done, strict=True):
+            if answer is None:
+                job.stage.add("embedding", now - job.submitted)
+                rest.append((job, enc, hit))
+        # Whole-word and entity answers run forward passes of their own through this thread: never here.
+        inline = self.pace.finish_here()
+        here = [w for w in rest if inline and not _fills(w[0])]
+        there = [w for w in rest if not inline or _fills(w[0])]
+        if there:  # one hand-off for the batch; each answer goes to its request as soon as it is made
+            self._cpu_pool.submit(self._finish_all, there, client="-")
+        if here:
+            self._finish_all(here, stores=self._deferred)
+        return done
 
     def _store_encodings(self) -> None:
         """After a batch's answers went out: its new encodings into the cache (on the model thread)."""
@@ -174,7 +236,60 @@ class AsyncAnswerer:
             job.query, enc, "hit" if hit else "miss", job.stage, articles=got.articles, search=got.search
         )
 
+    def _finish_all(self, work: Sequence[_Work], stores: list[Callable[[], None]] | None = None) -> None:
+        """On the finisher (or the model thread, `Pace`): each query's rest (`_finish_one`), its answer handed to
+        its request at once. ``stores``: where a remote cache's writes go (default: made at the end, here)."""
+        assert self._loop is not None
+        later = stores is not None
+        stores = stores if stores is not None else []
+        t = time.perf_counter()
+        for job, enc, hit in work:
+            if job.answered.done():  # the request gave up (its deadline, the client gone): nothing to do
+                continue
+            try:
+                answer = self._finish_one(job, enc, hit, stores)
+                if answer is None:
+                    continue  # back when its retrieval ends
+                result: tuple[asyncio.Future[Any], Any, BaseException | None] = (job.answered, answer, None)
+            except Exception as exc:  # that request's error, not its batch's
+                result = (job.answered, None, exc)
+            try:
+                self._loop.call_soon_threadsafe(deliver, [result])
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+        self.pace.finished(time.perf_counter() - t, len(work))
+        if not later:
+            for store in stores:  # a remote cache's writes, after the answers (nobody waits for them)
+                _quietly(store)
+
+    def _finish_one(
+        self, job: _Job, enc: QueryEncoding | PendingEncoding, hit: bool, stores: list[Callable[[], None]]
+    ) -> Answer | None:
+        """A query after its forward pass: p_MLM's head (unless kept already), its articles (unless an
+        adaptive query's p_MLM is confident enough to skip them), the kNN and the answer. None: its retrieval has
+        not ended on the retrieval thread; the query comes back here when it does (the finisher never waits for
+        one, so nobody waits behind a slow retrieval).
+
+        A query is finished once: its retrieval's record and answer are made on the pass that finds it done."""
+        pipe, query, stage = job.pipe, job.query, job.stage
+        t = time.perf_counter()
+        full = pipe.complete(enc, defer_store=stores) if isinstance(enc, PendingEncoding) else enc
+        stage.add("embedding", time.perf_counter() - t)
+        articles, search = None, None
+        if not pipe.skips_knn(query, full):
+            got = job.start_retrieval(self._retrieval_thread)
+            if not got.done():  # back here when it ends
+                got.add_done_callback(
+                    lambda _: self._cpu_pool.submit(self._finish_all, [(job, full, hit)], client=job.client)
+                )
+                return None
+            retrieved = got.result()
+            retrieved.record(stage)
+            articles, search = retrieved.articles, retrieved.search
+        return pipe.finish(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)
+
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.batcher.start()
 
     async def answer(
@@ -191,24 +306,28 @@ class AsyncAnswerer:
             inp = pipe.check_query(query)  # fast tokenisation; raises QueryError before queueing
         stage = Stage()
         t0 = time.perf_counter()
-        job = _Job(inp, pipe.encoding_key(inp), query, pipe, stage, t0, client=client_var.get())
+        loop = asyncio.get_running_loop()
+        job = _Job(inp, pipe.encoding_key(inp), query, pipe, stage, t0, loop.create_future(), client=client_var.get())
         try:
             # A repeated query found in an in-process cache skips the batcher: it never waits behind a forward.
             cached = pipe.local_encoding(job.key)
-            enc: QueryEncoding | PendingEncoding
+            answer: Answer | None = None
             if cached is not None:
-                enc, hit, answer = cached, True, None
+                stage.add("embedding", time.perf_counter() - t0)
+                if query.interpolation != "adaptive":  # (an adaptive one may not need it: its p_MLM decides)
+                    job.start_retrieval(self._retrieval_thread)
+                self._cpu_pool.submit(self._finish_all, [(job, cached, True)], client=job.client)
             else:
                 self.metrics.queue_depth.set(self.batcher.depth)
                 if self.batcher.busy:  # it will wait for the model: retrieve meanwhile (see `_encode_batch`)
                     job.start_retrieval(self._retrieval_thread)
-                enc, hit, answer = await self.batcher.submit(job)
+                answer = await self.batcher.submit(job)
             if answer is None:
-                stage.add("embedding", time.perf_counter() - t0)
-                answer = await self._finish(query, pipe, enc, hit, stage, job.start_retrieval(self._retrieval_thread))
+                answer = await job.answered
         finally:
-            # An adaptive query may turn out not to need its retrieval (p_MLM confident): a retrieval still
-            # queued behind others' is cancelled before it starts (a no-op once it has started).
+            # A request that gave up is skipped by the finisher; an adaptive query may turn out not to need its
+            # retrieval (p_MLM confident): one still queued behind others' is cancelled before it starts.
+            job.answered.cancel()
             if job.retrieval is not None:
                 job.retrieval.cancel()
         if answer.knn_skipped:
@@ -219,64 +338,6 @@ class AsyncAnswerer:
             if name != "total":
                 self.metrics.stage.labels(name).observe(ms / 1000.0)
         return answer
-
-    async def _finish(
-        self,
-        query: Query,
-        pipe: AnswerPipeline,
-        enc: QueryEncoding | PendingEncoding,
-        hit: bool,
-        stage: Stage,
-        retrieval: Future[_Retrieved],
-    ) -> Answer:
-        stores: list[Callable[[], None]] = []
-        if query.interpolation != "adaptive":  # its p_MLM head and the rest in one turn of the pool
-            got = await asyncio.wrap_future(retrieval)
-            got.record(stage)
-
-            def complete_and_finish() -> Answer:
-                t = time.perf_counter()
-                full = pipe.complete(enc, defer_store=stores) if isinstance(enc, PendingEncoding) else enc
-                stage.add("embedding", time.perf_counter() - t)
-                return pipe.finish(query, full, "hit" if hit else "miss", stage, articles=got.articles, search=got.search)
-
-            answer = await asyncio.wrap_future(self._cpu_pool.submit(complete_and_finish))
-        else:
-            answer = await self._finish_adaptive(query, pipe, enc, hit, stage, retrieval, stores)
-        for store in stores:  # a remote cache's write, after the answer (nobody waits for it)
-            self._cpu_pool.submit(_quietly, store, client="-")
-        return answer
-
-    async def _finish_adaptive(
-        self,
-        query: Query,
-        pipe: AnswerPipeline,
-        enc: QueryEncoding | PendingEncoding,
-        hit: bool,
-        stage: Stage,
-        retrieval: Future[_Retrieved],
-        stores: list[Callable[[], None]],
-    ) -> Answer:
-        """`_finish` of an adaptive query: p_MLM's head first, which decides whether its retrieval is needed."""
-        if isinstance(enc, PendingEncoding):  # its p_MLM head, here in the pool (see `_encode_batch`)
-            t, pending = time.perf_counter(), enc
-            full = await asyncio.wrap_future(self._cpu_pool.submit(lambda: pipe.complete(pending, defer_store=stores)))
-            stage.add("embedding", time.perf_counter() - t)
-        else:
-            full = enc
-        skip = await asyncio.wrap_future(self._cpu_pool.submit(pipe.skips_knn, query, full))
-        if skip:
-            articles: tuple[list, str] = ([], "none")
-            search = None
-        else:
-            got = await asyncio.wrap_future(retrieval)
-            got.record(stage)
-            articles, search = got.articles, got.search
-        return await asyncio.wrap_future(
-            self._cpu_pool.submit(
-                lambda: pipe.finish(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)
-            )
-        )
 
     async def answer_many(
         self, queries: Sequence[Query], inputs: Sequence[MaskedInput], *, pipeline: AnswerPipeline | None = None

@@ -431,12 +431,14 @@ def test_the_service_reads_the_articles_rows_on_the_retrieval_thread_once(tiny_d
 
 
 @pytest.mark.parametrize("cache_kind", ["memory", "redis"])
-def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the_same_answers(
-    tiny_datastore: Path, cache_kind: str, request: pytest.FixtureRequest
+@pytest.mark.parametrize("finisher", ["model", "knn"])
+def test_queries_batched_behind_a_busy_model_get_the_same_answers_wherever_they_are_finished(
+    tiny_datastore: Path, cache_kind: str, finisher: str, request: pytest.FixtureRequest
 ) -> None:
-    """Queries that queue while the model is busy go in one batch; their p_MLM heads are selected off the model's
-    thread (`AnswerPipeline.complete`). Answers and cached encodings equal the synchronous pipeline's, with the
-    in-process cache and with Redis (written after the answer)."""
+    """Queries that queue while the model is busy go in one batch; their p_MLM heads (`AnswerPipeline.complete`)
+    and answers are made on the model's thread while its forward per query is the cheaper part, and handed to the
+    finisher thread when it is the slower one (`Pace`). Either way, answers and cached encodings equal the
+    synchronous pipeline's, with the in-process cache and with Redis (written after the answer)."""
     import asyncio
     import threading
     import time
@@ -459,6 +461,9 @@ def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the
     async def main() -> list:
         answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), Metrics())
         answerer.batcher._on_batch = lambda n, s: batches.append(n)
+        # as measured on earlier batches: the forward per query cheaper than finishing one, or dearer
+        answerer.pace.forward_s, answerer.pace.finish_s = (0.001, 0.002) if finisher == "model" else (0.002, 0.001)
+        answerer.pace.weight = 0.0  # (kept so for this test's one batch)
         answerer.start()
         try:
             gate, busy = threading.Event(), threading.Event()
@@ -476,7 +481,7 @@ def test_queries_batched_behind_a_busy_model_get_their_heads_in_the_pool_and_the
 
     try:
         answers = asyncio.run(main())
-        assert batches == [3] and len(completed) == 3 and all(name.startswith("knn") for name in completed)
+        assert batches == [3] and len(completed) == 3 and all(name.startswith(finisher) for name in completed)
         for q, got in zip(queries, answers, strict=True):
             want = reference.predict(q)
             assert got.cache["encoding"] == "miss"
