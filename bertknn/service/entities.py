@@ -191,12 +191,13 @@ def _refs(datastore: Datastore, wheres: Sequence[tuple[int, int] | None]) -> dic
 
 # the answer words an entity lookup folds are the same few thousand again and again
 _folded = functools.lru_cache(maxsize=65536)(fold_title)
+_normalized = functools.lru_cache(maxsize=65536)(normalize_title)
 
 
 def _titled(datastore: Datastore, words: Sequence[str]) -> list[EntityRef | None]:
     """The entity titled like each word (exactly, else ignoring case and accents: the first such article's), or
     None: four table queries for all the words."""
-    out = datastore.entities_named([normalize_title(w) for w in words])
+    out = datastore.entities_named([_normalized(w) for w in words])
     folded = {i: _folded(words[i]) for i, ref in enumerate(out) if ref is None}
     if folded:
         first = datastore.articles.first_folded(list(folded.values()))

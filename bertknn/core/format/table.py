@@ -196,15 +196,20 @@ class ArticleTable(Mapping[str, ArticleEntry]):
         self._entities: Memo[str, EntityRef] = Memo(self._entities_of)
         self._first_folded: Memo[str, str | None] = Memo(self._first_folded_of)
         self._titles: Memo[tuple[int, int], str] = Memo(self._titles_of)
+        self._entries: Memo[str, ArticleEntry | None] = Memo(self._entries_of)
 
     def _one(self, sql: str, args: tuple) -> tuple | None:
         return self._cons.get().execute(sql, args).fetchone()
 
     def __getitem__(self, key: str) -> ArticleEntry:  # Mapping derives get() and `in` from it
-        row = self._one(f"SELECT {_COLUMNS} FROM entries WHERE title = ? AND live = 1", (key,))
-        if row is None:
+        entry = self._entries.many([key])[0]
+        if entry is None:
             raise KeyError(key)
-        return _entry(row)
+        return entry
+
+    def _entries_of(self, keys: list[str]) -> list[ArticleEntry | None]:
+        rows = {r[0]: _entry(r) for r in self._in(f"SELECT {_COLUMNS} FROM entries WHERE live = 1 AND title IN", keys)}
+        return [rows.get(k) for k in keys]
 
     def __len__(self) -> int:
         return self._count
