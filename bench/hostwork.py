@@ -9,13 +9,16 @@ tokenisation, caching, retrieval, the kNN, the vote and the response. A GPU's th
 that TF-IDF ranks the articles. Server CPU is summed over every process of the service (its workers too).
 
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run,
-one after the other per level, so that both sides see the same machine.
+one after the other, so that both sides see the same machine, and compares their answers to the same questions
+(top-1 and every prediction's probability). ``--model DIR`` serves another model (the proxy, for answers that
+mean something); the default is the hidden-size-64 one.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -89,6 +92,32 @@ def measure(url: str, pid: int, payloads: list[dict], clients: int) -> dict[str,
             "requests": ok + err, "errors": err}  # fmt: skip
 
 
+def answers(url: str, payloads: list[dict]) -> list[list[tuple[str, float]]]:
+    """Each question's predictions (token, probability), asked one at a time."""
+    async def run() -> list[list[tuple[str, float]]]:
+        conn = AsyncRawClient(*host_port(url))
+        out = []
+        try:
+            for payload in payloads:
+                status, body = await conn.post_json("/predict", payload)
+                if status != 200:
+                    raise RuntimeError(f"/predict answered {status}: {body[:200]!r}")
+                out.append([(p["token"], p["prob"]) for p in json.loads(body)["predictions"]])
+        finally:
+            await conn.close()
+        return out
+
+    return run_async(run())
+
+
+def compare(ours: list[list[tuple[str, float]]], theirs: list[list[tuple[str, float]]]) -> dict[str, float]:
+    """Top-1 agreement, and the largest difference of a prediction's probability where the tokens agree."""
+    pairs = list(zip(ours, theirs, strict=True))
+    same = sum(bool(a and b and a[0][0] == b[0][0]) for a, b in pairs)
+    diffs = [abs(pa - pb) for a, b in pairs for (ta, pa), (tb, pb) in zip(a, b, strict=False) if ta == tb]
+    return {"questions": len(ours), "same_top1": same / max(1, len(ours)), "max_prob_diff": max(diffs, default=0.0)}
+
+
 def baseline_tree(rev: str) -> Path:
     """A git worktree of ``rev`` under runs/ (made once)."""
     sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True,
@@ -106,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=1500, help="distinct questions per level")
     p.add_argument("--articles", type=int, default=40, help="articles of the sample corpus in the datastore")
     p.add_argument("--baseline", default=None, help="a commit to measure beside this tree in the same run")
+    p.add_argument("--model", type=Path, default=None, help="a masked LM directory (default: bert-base's shape at "
+                   "hidden size 64, written here)")
+    p.add_argument("--compare", type=int, default=300, help="questions whose answers are compared with --baseline's")
     p.add_argument("--work", type=Path, default=RUNS / "bench-hostwork")
     return p
 
@@ -126,13 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     workers, clients = _ints(args.workers, "--workers", p), _ints(args.clients, "--clients", p)
     if args.requests < 100:
         p.error("--requests must be at least 100")
-    model = make(args.work / "bert-base-h64", shape=TINY)
-    ds = build_datastore([CORPUS], args.work / f"ds-{args.articles}", model, limit=args.articles, bm25=False)
+    model = args.model or make(args.work / "bert-base-h64", shape=TINY)
+    ds_name = f"ds-{args.articles}" + ("" if args.model is None else f"-{Path(args.model).name}")
+    ds = build_datastore([CORPUS], args.work / ds_name, model, limit=args.articles, bm25=False)
     trees = {"this tree": REPO, **({f"baseline {args.baseline}": baseline_tree(args.baseline)} if args.baseline else {})}
     env = {"BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_MODEL__THREADS": "1"}
-    pool = [{"text": t} for t, _ in lama_queries(args.requests * len(clients) * len(workers) * len(trees) + 64 * 8, seed=5)]
-    result: dict = {"model": "bert-base-uncased's shape at hidden size 64 (bench.hostwork)", "machine": machine(),
-                    "articles": args.articles, "retriever": "tfidf", "runs": []}  # fmt: skip
+    need = (args.requests + 64) * len(clients) * len(workers) * len(trees) + args.compare
+    pool = [{"text": t} for t, _ in lama_queries(need, seed=5)]
+    model_name = "bert-base-uncased's shape at hidden size 64" if args.model is None else Path(args.model).name
+    result: dict = {"model": model_name, "machine": machine(), "articles": args.articles, "retriever": "tfidf",
+                    "runs": []}  # fmt: skip
+    asked = pool[-args.compare :] if args.compare else []  # the same questions for every tree, never in the load
+    pool = pool[: len(pool) - len(asked)]
+    said: dict[str, list] = {}
     at = 0
     for n in workers:
         for name, tree in trees.items():
@@ -140,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             if tree != REPO and n != 1:
                 continue  # the baseline serves one process
             with service_process(ds, env={**env, "PYTHONPATH": str(tree)}, args=extra, cwd=tree) as svc:
+                if asked and name not in said:
+                    said[name] = answers(svc.url, asked)
                 for c in clients:
                     take = args.requests + max(c, 20)
                     row = measure(svc.url, svc.proc.pid, pool[at : at + take], c)
@@ -149,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['errors']} errors",
                           flush=True)  # fmt: skip
     _ratios(result)
-    path = write_result("hostwork", result)
+    if len(said) == 2:
+        result["answers_vs_baseline"] = compare(*said.values())
+        print(f"answers vs the baseline's: {result['answers_vs_baseline']}")
+    name = "hostwork" if args.model is None else f"hostwork-{Path(args.model).name}"
+    path = write_result(name, result)
     print(f"wrote {path}")
     return 0
 
