@@ -118,6 +118,26 @@ def compare(ours: list[list[tuple[str, float]]], theirs: list[list[tuple[str, fl
     return {"questions": len(ours), "same_top1": same / max(1, len(ours)), "max_prob_diff": max(diffs, default=0.0)}
 
 
+def forward_ms(model: Path, ds: Path, texts: list[str]) -> dict[str, float]:
+    """The bare forward's ms per question, one at a time, eager and with the service's backend on this CPU (one
+    thread): how much of a request the forward itself is, with this model."""
+    import torch
+
+    from bench.common import bare_forward, percentiles
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.format import Datastore
+
+    torch.set_num_threads(1)
+    man = Datastore(ds).manifest
+    enc = MaskedLMEncoder.load(str(model), layer=man.layer, device="cpu", max_seq_len=man.max_seq_len)
+    out = {}
+    for backend in ("eager", "auto"):
+        name = enc.set_backend(backend)
+        bare_forward(enc, texts[:10])  # warm-up
+        out[f"{name}_p50"] = round(percentiles(bare_forward(enc, texts))["p50"] * 1000, 3)
+    return out
+
+
 def baseline_tree(rev: str) -> Path:
     """A git worktree of ``rev`` under runs/ (made once)."""
     sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True,
@@ -168,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     model_name = "bert-base-uncased's shape at hidden size 64" if args.model is None else Path(args.model).name
     result: dict = {"model": model_name, "machine": machine(), "articles": args.articles, "retriever": "tfidf",
                     "runs": []}  # fmt: skip
+    result["bare_forward_ms"] = forward_ms(model, ds, [p["text"] for p in pool[:200]])
+    print(f"bare forward of one question, ms (p50): {result['bare_forward_ms']}", flush=True)
     asked = pool[-args.compare :] if args.compare else []  # the same questions for every tree, never in the load
     pool = pool[: len(pool) - len(asked)]
     said: dict[str, list] = {}

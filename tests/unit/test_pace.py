@@ -1,0 +1,30 @@
+"""`Pace`: where a batch's queries are finished, from the running means of this process's own batches."""
+
+from __future__ import annotations
+
+from bertknn.service.serving import Pace
+
+
+def test_a_batch_is_finished_on_the_model_thread_until_its_forward_is_the_slower_part() -> None:
+    pace = Pace(weight=0.5)
+    assert pace.finish_here()  # nothing measured yet: the first batches are finished where they ran
+    pace.forward(0.032, 32)  # 1 ms per query (a GPU, a small model)
+    pace.finished(0.004, 2)  # 2 ms to finish one
+    assert pace.finish_here()
+    for _ in range(8):  # the forward grows dearer (bert-base on a CPU: tens of ms per query)
+        pace.forward(0.9, 32)
+    assert pace.forward_s is not None and pace.forward_s > 0.02
+    assert not pace.finish_here()  # the finisher overlaps the next forward
+    for _ in range(8):
+        pace.finished(0.3, 10)  # finishing grows dearer still (whole-word fills): back on the model thread
+    assert pace.finish_here()
+
+
+def test_running_means_move_by_their_weight_and_ignore_empty_batches() -> None:
+    pace = Pace(weight=0.25)
+    pace.forward(0.010, 10)
+    assert pace.forward_s == 0.001
+    pace.forward(0.005, 1)
+    assert abs(pace.forward_s - (0.001 + 0.25 * (0.005 - 0.001))) < 1e-12
+    pace.finished(1.0, 0)  # nothing finished: no information
+    assert pace.finish_s is None
