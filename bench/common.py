@@ -53,6 +53,22 @@ def bare_forward(enc: MaskedLMEncoder, texts: list[str], batch: int = 1) -> list
     return times
 
 
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and all its live descendants so far (Linux /proc)."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:  # it ended meanwhile
+            continue
+        todo += [int(k) for k in kids]
+    return total
+
+
 def cpu_model() -> str | None:
     """The host CPU's model name (Linux), so that figures from two hosts of one machine kind can be told apart."""
     try:

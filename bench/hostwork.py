@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from bench.common import (
     lama_queries,
     machine,
     run_async,
+    tree_cpu_s,
     write_result,
 )
 from bench.rawhttp import AsyncRawClient
@@ -42,22 +42,6 @@ from tests.support.processes import service_process
 # bert-base-uncased's depth, heads' count and vocabulary at hidden size 64: the forward costs almost nothing
 TINY = {**BERT_BASE, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 256}
 CORPUS = REPO / "data" / "sample_wiki.jsonl"
-
-
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and all its live descendants so far (Linux /proc)."""
-    total, todo = 0.0, [pid]
-    tick = os.sysconf("SC_CLK_TCK")
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:  # it ended meanwhile
-            continue
-        todo += [int(k) for k in kids]
-    return total
 
 
 async def _load(url: str, payloads: list[dict], clients: int) -> tuple[float, int, int]:

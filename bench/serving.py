@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -43,6 +42,7 @@ from bench.common import (
     run_async,
     running_service,
     service_process,
+    tree_cpu_s,
     write_result,
 )
 from bench.rawhttp import AsyncRawClient, RawClient
@@ -110,12 +110,6 @@ def http_latencies(url: str, queries: list[tuple[str, str]], client: str = "http
                 raise RuntimeError(f"/predict answered {status}: {body[:200]!r}")
             bodies.append(json.loads(body))
     return out, bodies
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _load(url: str, queries: list[tuple[str, str]], concurrency: int, kind: str = "httpx") -> tuple[float, int, int]:
@@ -222,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "sees one); the dtype is the service's default for it (float32 on the CPU, bf16/fp16 on a GPU)")
     p.add_argument("--backend", choices=["auto", "eager", "onnx"], default="auto",
                    help="forward backend of the bare forward and the service (default: the service's, auto)")
+    p.add_argument("--workers", type=int, default=0, help="the service's processes (--workers; 0 = its auto: 1 on a "
+                   "CPU, 2-8 on a GPU); server CPU is summed over all of them")
     p.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="the service's default article "
                    "ranker, for subjects without an article (tfidf: the datastore is built without BM25, no Java)")
     return p
@@ -295,11 +291,11 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
             offset += per_level[c]
             bare_before = sum(bare_forward(enc, [t for t, _ in qs], batch=c))
             stages0 = scrape_stages(svc.url)
-            server0, client0 = process_cpu_s(svc.proc.pid), time.process_time()
+            server0, client0 = tree_cpu_s(svc.proc.pid), time.process_time()
             secs, ok, err = run_async(_load(svc.url, qs, c, client))
             client_cpu = time.process_time() - client0
             stages = stage_means(stages0, scrape_stages(svc.url))
-            server_ms = (process_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
+            server_ms = (tree_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
             client_ms = client_cpu * 1000 / max(1, ok)
             bare_tput = 2 * len(qs) / (bare_before + sum(bare_forward(enc, [t for t, _ in qs], batch=c)))
             # both share this machine's cores: the load generator's CPU per request is part of the picture
@@ -355,15 +351,15 @@ def _report(result: dict, backend: str, threads: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.queries < 10 or args.articles < 1 or args.threads < 0:
-        p.error("--queries must be at least 10, --articles at least 1, --threads at least 0")
+    if args.queries < 10 or args.articles < 1 or args.threads < 0 or not 0 <= args.workers <= 64:
+        p.error("--queries must be at least 10, --articles at least 1, --threads at least 0, --workers 0 to 64")
 
     from bertknn.service.main import default_threads
 
-    threads = args.threads or default_threads()
+    threads = args.threads or default_threads(max(1, args.workers))  # split between the processes
     torch.set_num_threads(threads)
     env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend,
-           "BERTKNN_MODEL__DEVICE": args.device, "BERTKNN_DEFAULTS__RETRIEVER": args.retriever}  # fmt: skip
+           "BERTKNN_MODEL__DEVICE": args.device, "BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_WORKERS": str(args.workers)}  # fmt: skip
     ds = build_datastore([args.corpus], args.work / ("ds" if args.retriever == "bm25" else "ds-tfidf"), args.model, limit=args.articles,
                          bm25=args.retriever == "bm25")  # fmt: skip
     man = Datastore(ds).manifest
@@ -383,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"model": Path(args.model).name, "machine": machine(), "device": str(enc.device),
         "dtype": str(enc.dtype).removeprefix("torch."), "datastore": {
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
-        "retriever": args.retriever,
+        "retriever": args.retriever, "workers": args.workers or "auto",
         "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
     # The machine's speed drifts (shared host): the bare forward is measured in the same time windows as the
     # requests it is compared with (the service idles during the bare blocks, the bench process during the HTTP ones).
@@ -396,10 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale:
         result["scale"] = _scale(ds, args.scale, args.work, env, scale_q)
     # the default settings write serving.json; other backends, thread counts or a GPU their own file beside it
-    default = args.backend == "auto" and not args.threads and args.retriever == "bm25"
+    default = args.backend == "auto" and not args.threads and args.retriever == "bm25" and not args.workers
     name = "serving" if default else f"serving-{backend}-{threads}t" + ("" if args.retriever == "bm25" else "-tfidf")
     if result["device"] != "cpu":
         name = f"serving-{result['device']}"
+    if args.workers:
+        name += f"-{args.workers}w"
     path = write_result(result_name(name, args.model), result)
     _report(result, backend, threads)
     print(f"wrote {path}")
