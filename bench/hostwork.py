@@ -65,15 +65,28 @@ async def _load(url: str, payloads: list[dict], clients: int) -> tuple[float, in
             await c.close()
 
 
+def batches(url: str) -> tuple[float, float]:
+    """(rows, forward batches) so far, from the service's /metrics (summed over its processes)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    got = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+           if line.startswith(("bertknn_batch_size_sum ", "bertknn_batch_size_count "))}  # fmt: skip
+    return got.get("bertknn_batch_size_sum", 0.0), got.get("bertknn_batch_size_count", 0.0)
+
+
 def measure(url: str, pid: int, payloads: list[dict], clients: int) -> dict[str, float]:
-    """One level: req/s, errors, and the service's CPU ms per answered request (all its processes)."""
+    """One level: req/s, errors, the service's CPU ms per answered request (all its processes), rows per batch."""
     run_async(_load(url, payloads[: max(clients, 20)], clients))  # warm-up: connections, first batches
     rest = payloads[max(clients, 20) :]
+    rows0, count0 = batches(url)
     cpu0 = tree_cpu_s(pid)
     secs, ok, err = run_async(_load(url, rest, clients))
     cpu_ms = (tree_cpu_s(pid) - cpu0) * 1000 / max(1, ok)
+    rows1, count1 = batches(url)
     return {"requests_per_s": round(ok / secs, 1), "server_cpu_ms_per_request": round(cpu_ms, 3),
-            "requests": ok + err, "errors": err}  # fmt: skip
+            "requests": ok + err, "errors": err,
+            "rows_per_batch": round((rows1 - rows0) / max(1.0, count1 - count0), 2)}  # fmt: skip
 
 
 def answers(url: str, payloads: list[dict]) -> list[list[tuple[str, float]]]:
@@ -192,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                     at += take
                     result["runs"].append({"tree": name, "workers": n, "clients": c, **row})
                     print(f"{name:>20}  workers {n:>2}  clients {c:>3}: {row['requests_per_s']:>7.1f} req/s, "
-                          f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['errors']} errors",
+                          f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows per "
+                          f"batch, {row['errors']} errors",
                           flush=True)  # fmt: skip
     _ratios(result)
     if len(said) == 2:

@@ -93,14 +93,16 @@ class Pace:
     the finisher thread so that the next forward overlaps them.
 
     A hand-off costs both threads the GIL (measured: more CPU per query than the finishing itself on a machine
-    whose forward is cheap), and it gains only where the forward takes longer than what it would overlap. So
-    the model thread finishes a batch itself while its forward per query takes no longer than finishing one
-    (a GPU, a small model), and hands it off when the forward is the slower part (bert-base on a CPU).
+    whose forward is cheap), and it gains only where the forward takes longer than what it would overlap. So the
+    model thread finishes a batch itself unless its forward per query takes more than ``margin`` times as long as
+    finishing one (bert-base on a CPU: about 20 times), and then hands it off. The margin keeps the choice from
+    locking itself in: handed-off batches stay small, and a small batch's forward costs more per query.
     Both are running means of this process's own batches (docs/decisions/serving-processes.md).
     """
 
-    def __init__(self, weight: float = 0.1):
+    def __init__(self, weight: float = 0.1, margin: float = 2.0):
         self.weight = weight
+        self.margin = margin
         self.forward_s: float | None = None  # per query of a batch
         self.finish_s: float | None = None  # per query
 
@@ -117,7 +119,7 @@ class Pace:
     def finish_here(self) -> bool:
         if self.forward_s is None or self.finish_s is None:
             return True  # measured on the first batches
-        return self.forward_s <= self.finish_s
+        return self.forward_s <= self.margin * self.finish_s
 
 
 class AsyncAnswerer:

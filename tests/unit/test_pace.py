@@ -11,10 +11,13 @@ def test_a_batch_is_finished_on_the_model_thread_until_its_forward_is_the_slower
     pace.forward(0.032, 32)  # 1 ms per query (a GPU, a small model)
     pace.finished(0.004, 2)  # 2 ms to finish one
     assert pace.finish_here()
+    pace.forward(0.006, 2)  # a small batch costs more per query (3 ms: mean 2 ms), within the margin: still here
+    assert pace.finish_here()
     for _ in range(8):  # the forward grows dearer (bert-base on a CPU: tens of ms per query)
         pace.forward(0.9, 32)
     assert pace.forward_s is not None and pace.forward_s > 0.02
     assert not pace.finish_here()  # the finisher overlaps the next forward
+    assert Pace(margin=1.0).finish_here()
     for _ in range(8):
         pace.finished(0.3, 10)  # finishing grows dearer still (whole-word fills): back on the model thread
     assert pace.finish_here()
