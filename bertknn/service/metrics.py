@@ -78,6 +78,10 @@ class Metrics:
             self.cache_events = Counter(
                 "bertknn_cache_events", "cache lookups and failures", ["event"], registry=self.registry
             )
+            self.cache_degraded = Gauge(
+                "bertknn_cache_degraded", "1 while the cache is bypassed after errors (in any process)",
+                registry=self.registry, multiprocess_mode="livemax",
+            )  # fmt: skip
             _forget_dead(shared_dir)
 
     def watch_cache(self, cache: Cache) -> None:
@@ -88,8 +92,11 @@ class Metrics:
 
     def sync(self) -> None:
         """Several processes: this one's cache counts into the shared counters (what grew since the last sync)."""
+        if not self.shared_dir or self._cache is None:
+            return
+        self.cache_degraded.set(1.0 if self._cache.status().state == "degraded" else 0.0)
         stats = getattr(self._cache, "stats", None)
-        if not self.shared_dir or stats is None:
+        if stats is None:
             return
         for event in _CACHE_EVENTS:
             now = getattr(stats, event)

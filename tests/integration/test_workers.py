@@ -1,11 +1,13 @@
 """`bert-knn serve --workers N`: several real server processes behind one port answer as one service.
 
-Each request below opens its own connection, so the kernel spreads them over the processes: every check holds
-only if it holds in every process (metrics summed, a reload seen by all, a killed process replaced).
+Each request below opens its own connection, which the kernel gives to whichever process accepts first: it may
+favour one, so what each process serves is read from what each records in the run directory the processes share
+(`served_versions`), and what they count from the summed metrics.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -53,6 +55,16 @@ def wait_for_workers(svc: ServiceProcess, n: int, timeout_s: float = 120) -> lis
     raise AssertionError(f"{n} ready workers expected, have {workers_of(svc.proc)}")
 
 
+def served_versions(svc: ServiceProcess) -> dict[int, object]:
+    """Each live worker's served datastore version, as it recorded it in the run directory (by slot)."""
+    from bertknn.service.processes import RUN_DIR_ENV, live_slots
+
+    pid = workers_of(svc.proc)[0]
+    env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+    root = Path(env[RUN_DIR_ENV])
+    return {slot: json.loads((root / f"served-{slot}.json").read_text())["version"] for slot in live_slots(root)}
+
+
 def metric(url: str, name: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")
@@ -69,7 +81,7 @@ def test_workers_answer_count_and_survive_sigkill_as_one_service(ds: Path):
         first = wait_for_workers(svc, 2)
         answers = ask(svc.url, {"text": "zorblat was born in [MASK] ."}, 30)
         assert {r.status_code for r in answers} == {200}
-        assert len({r.json()["predictions"][0]["token"] for r in answers}) == 1  # both processes answer alike
+        assert len({r.json()["predictions"][0]["token"] for r in answers}) == 1
         # one process's /metrics shows the requests of both: 30, whichever process answers the scrape
         assert metric(svc.url, 'bertknn_requests_total{path="/predict",status="200"}') == 30
         assert metric(svc.url, "bertknn_ready") == 2
@@ -93,9 +105,27 @@ def test_reload_switches_every_worker(ds: Path, tmp_path: Path):
         r = httpx.post(f"{svc.url}/admin/reload", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)
         assert r.status_code == 200, r.text
         assert (r.json()["status"], r.json()["datastore"]["version"], r.json()["processes"]) == ("reloaded", 2, 2)
-        after = ask(svc.url, BRINDLE, 20)  # answered by both processes: none serves the old version any more
+        assert served_versions(svc) == {0: 2, 1: 2}  # both processes, when the reload answered
+        after = ask(svc.url, BRINDLE, 20)
         assert {x.json()["datastore"]["version"] for x in after} == {2}
         assert {x.json()["predictions"][0]["token"] for x in after} == {"zandor"}
+
+
+def test_a_replacement_that_opens_a_newer_version_brings_the_others_along(ds: Path, tmp_path: Path):
+    """`add` ran and nobody reloaded; a process dies and its replacement opens the new version: the others follow
+    it, so the service does not answer from two versions for longer than a reload takes."""
+    with service_process(ds, env=ENV, args=("--workers", "2")) as svc:
+        first = wait_for_workers(svc, 2)
+        add_articles(AddSettings(datastore=ds, corpus=[write_jsonl(tmp_path / "u.jsonl", UPDATE)], device="cpu"))
+        assert {x.json()["datastore"]["version"] for x in ask(svc.url, BRINDLE, 10)} == {1}  # no reload asked
+        assert served_versions(svc) == {0: 1, 1: 1}
+        os.kill(first[0], signal.SIGKILL)
+        wait_for_workers(svc, 2)
+        deadline = time.monotonic() + 60
+        while served_versions(svc) != {0: 2, 1: 2} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert served_versions(svc) == {0: 2, 1: 2}
+        assert {x.json()["datastore"]["version"] for x in ask(svc.url, BRINDLE, 10)} == {2}
 
 
 def test_reload_poll_in_every_worker(ds: Path, tmp_path: Path):
@@ -104,12 +134,10 @@ def test_reload_poll_in_every_worker(ds: Path, tmp_path: Path):
         wait_for_workers(svc, 2)
         add_articles(AddSettings(datastore=ds, corpus=[write_jsonl(tmp_path / "u.jsonl", UPDATE)], device="cpu"))
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            versions = {x.json()["datastore"]["version"] for x in ask(svc.url, BRINDLE, 10)}
-            if versions == {2}:
-                break
-            time.sleep(0.3)
-        assert versions == {2}
+        while served_versions(svc) != {0: 2, 1: 2} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert served_versions(svc) == {0: 2, 1: 2}  # each process's own file watch
+        assert {x.json()["datastore"]["version"] for x in ask(svc.url, BRINDLE, 10)} == {2}
 
 
 def test_first_run_checks_run_once_before_any_worker(tmp_path: Path):
