@@ -104,6 +104,9 @@ def test_bad_input_gets_a_clear_error(client, payload, code, needle):
         (b"[1, 2]", "application/json", "body: Input should be an object"),
         (b'{"text": "x [MASK]", "top_k": "many"}', "application/json", "top_k: Input should be a valid integer"),
         (b'{"txt": "x [MASK]"}', "application/json", "text: Field required; txt: unknown field; did you mean 'text'?"),
+        (b'{"text": "caf\xe9 [MASK]"}', "application/json", "body: not UTF-8 text (byte 13 is b'\\xe9')"),
+        (b'{"text": "x [MASK]", "temperature": NaN}', "application/json", "temperature: must be a finite number, not NaN"),
+        (b'{"text": "x [MASK]", "lambda": -Infinity}', "application/json", "lambda: must be a finite number, not -Infinity"),
     ],
 )
 def test_a_malformed_body_gets_a_422_that_says_what_to_fix(client, content, content_type, needle):

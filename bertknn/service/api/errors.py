@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import re
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -114,6 +115,9 @@ def _unknown_field(name: str, allowed: Sequence[str]) -> str:
     return f"unknown field; {hint}allowed: {', '.join(allowed)}"
 
 
+BODY_UNREADABLE = "There was an error parsing the body"
+
+
 def _validation_message(exc: RequestValidationError, content_type: str | None, path: str = "/predict") -> str:
     """Pydantic's errors, each with the field it is about (in the request's own words: no union member names;
     the alternatives of one field in one part); a body that is not a JSON object says what to send."""
@@ -131,6 +135,9 @@ def _validation_message(exc: RequestValidationError, content_type: str | None, p
             msg = "Input should be an object"
         elif kind == "extra_forbidden":
             msg = _unknown_field(str(loc[-1]), fields_for(path, loc))
+        elif isinstance(err.get("input"), float) and not math.isfinite(err["input"]):
+            x = err["input"]  # JSON's NaN and Infinity fail any bound: named as the request spelt them
+            msg = f"must be a finite number, not {'NaN' if math.isnan(x) else ('-' if x < 0 else '') + 'Infinity'}"
         else:
             msg = str(err.get("msg", "invalid"))
         if msg not in parts.setdefault(where, []):
@@ -166,6 +173,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = str(exc.detail)
         path = request.url.path
+        if exc.status_code == 400 and message == BODY_UNREADABLE:  # FastAPI's words for a body json.loads refused
+            body = await request.body()
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return error_response(422, "invalid_request", f"body: not UTF-8 text (byte {err.start} is "
+                                      f"{body[err.start:err.start + 1]!r}); send JSON encoded as UTF-8")  # fmt: skip
+            return error_response(422, "invalid_request", "body: cannot be parsed as JSON; send a JSON object")
         if exc.status_code == 404 and path.endswith("/") and path != "/":
             message = f"no route {path}: the API's paths have no trailing slash (use {path.rstrip('/')})"
         elif exc.status_code == 405:
