@@ -90,7 +90,7 @@ def _fills(job: _Job) -> bool:
 
 class Pace:
     """Where a batch's queries are finished after their forward pass: on the model thread itself, or handed to
-    the finisher thread so that the next forward overlaps them.
+    the finisher pool so that the next forward overlaps them.
 
     A hand-off costs both threads the GIL (measured: more CPU per query than the finishing itself on a machine
     whose forward is cheap), and it gains only where the forward takes longer than what it would overlap. So the
@@ -127,8 +127,8 @@ class AsyncAnswerer:
 
     The model runs in one dedicated thread fed by a `MicroBatcher`; the sparse retrievers (Lucene through
     the JVM) run in another single thread; the rest of each query (p_MLM's head, kNN, interpolation, the
-    answer) runs on one finisher thread, which takes a whole batch from the model at once and hands each answer
-    straight to its waiting request. The event loop only awaits. When the model has nothing else to do (a batch
+    answer) runs on the model thread or in a small finisher pool, which takes a whole batch from the model at
+    once (`Pace`), and each answer goes straight to its waiting request. The event loop only awaits. When the model has nothing else to do (a batch
     of one, nobody queued), the model thread finishes the query itself, saving the hand-offs.
 
     Every hand-off between threads costs both sides the GIL; so one per batch where it can, one per request
@@ -152,7 +152,9 @@ class AsyncAnswerer:
         self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="model")
         # retrieval and kNN take turns between clients: one client's flood waits behind itself (`fair`)
         self._retrieval_thread = FairExecutor(1, "retrieval")
-        self._cpu_pool = FairExecutor(1, "knn")  # one: a second contends for the GIL (docs/decisions/serving-processes.md)
+        # two: a query whose fill passes wait for the model (whole words, entity names) never holds up the answers
+        # of others; where batches are finished on the model thread (`Pace`), they mostly idle
+        self._cpu_pool = FairExecutor(2, "knn")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.pace = Pace()
         self.batcher: MicroBatcher[_Job, Answer | None] = MicroBatcher(

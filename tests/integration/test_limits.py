@@ -139,7 +139,8 @@ def test_the_gate_holds_costs_per_client_and_in_all() -> None:
 def test_one_client_s_second_costly_request_is_a_429_while_others_are_served(
     linked_ds: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Clients named by a header (limits.client_header): the same name's second entity answer waits for none."""
+    """Clients named by a header (limits.client_header): the same name's second entity answer waits for none,
+    and another client is served while the first client's request is still held."""
     gate_open = threading.Event()
     real = words_module._log_probs_by
 
@@ -161,9 +162,10 @@ def test_one_client_s_second_costly_request_is_a_429_while_others_are_served(
         time.sleep(0.5)  # its fill pass is held
         second = c.post("/predict", json=entity, headers={"X-Client": "a"})  # refused before any work
         other = post("other", ASK, "b")
+        other.join(10)  # served while the first is held: its answer comes first
+        assert not other.is_alive() and first.is_alive() and "first" not in results
         gate_open.set()
         first.join(10)
-        other.join(10)
     assert second.status_code == 429 and second.json()["error"]["code"] == "too_many_requests"
     assert second.headers["retry-after"] == "1" and "limits.max_client_cost" in second.json()["error"]["message"]
     assert results["other"].status_code == 200 and results["first"].status_code == 200

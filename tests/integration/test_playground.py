@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,5 +146,29 @@ def test_the_page_is_the_package_s_own_and_calls_nothing_else(live: str) -> None
     assert "http://" not in page.text and "https://" not in page.text  # no CDN
     script = httpx.get(f"{live}/ui/app.js").text
     assert "fetch(" in script and "http" not in script.lower()  # relative paths only: this server's API
-    assert httpx.get(f"{live}/ui/../manifest.json").status_code == 404
     assert httpx.get(f"{live}/ui/secrets.txt").status_code == 404
+
+
+def raw_get(url: str, target: str) -> tuple[int, str]:
+    """GET ``target`` exactly as written (httpx would normalise ``..`` away before sending): (status, body)."""
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode("ascii"))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("target", ["/ui/../manifest.json", "/ui/../../main.py", "/ui/..%2F..%2Fmain.py"])
+def test_a_path_out_of_the_playground_reaches_no_file(live: str, target: str) -> None:
+    """Sent raw, ``..`` reaches the server as written; no route serves a file outside the page's three."""
+    status, body = raw_get(live, target)
+    assert status == 404 and "create_app" not in body and "datastore_id" not in body, body[:200]
+
+
+def test_the_playground_route_refuses_a_dot_dot_name_it_receives(live: str) -> None:
+    """``%2e%2e`` is decoded to ``..`` and reaches the file route itself, which names what it got and refuses."""
+    status, body = raw_get(live, "/ui/%2e%2e")
+    assert status == 404 and "no playground file '..'" in body, body[:200]
