@@ -126,6 +126,13 @@ def serve_workers(settings: ServiceSettings, argv: list[str], workers: int) -> i
 
 def worker_app() -> FastAPI:
     """One of `serve_workers`' processes: the app, from the command line the parent was given."""
+    import threading
+
+    from tqdm import tqdm
+
+    # A spawned process's multiprocessing locks are registered with the parent's resource tracker, which warns of
+    # them as leaked when the worker stops; tqdm (the model loader's progress bar) makes one unless given its own.
+    tqdm.set_lock(threading.RLock())
     args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
     settings = settings_from_args(args)
     logging.basicConfig(
