@@ -287,13 +287,7 @@ async def _start(
     resources.reloader = reloader
     watches = [reloader.watch(settings.reload_poll_s)] if settings.reload_poll_s > 0 else []
     if peers is not None:
-        identity = pipeline.identity()["datastore"]
-        peers.served(identity)
-        same, live = peers.serving(identity)
-        if same < live:  # a replacement that opened a newer version than the others: they follow it
-            logger.info("this process serves datastore version %s, %d of %d processes another: reloading them",
-                        identity["version"], live - same, live)  # fmt: skip
-            peers.announce()
+        reloader.join_peers(pipeline.identity()["datastore"])
         watches += [reloader.follow_peers(), _sync_metrics(resources.metrics)]
     watch = asyncio.create_task(_all(watches)) if watches else None
     resources.ready = True

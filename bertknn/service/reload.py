@@ -61,9 +61,7 @@ class DatastoreReloader:
         outcome = await self.reload()
         if self.peers is None:
             return outcome
-        self.peers.served(outcome.current)
-        if outcome.status == "reloaded":
-            self.peers.announce()
+        self._publish(outcome, announce=True)
         count = await self.peers.wait_for(outcome.current, self.resources.settings.reload_wait_s)
         return ReloadOutcome(outcome.status, outcome.previous, outcome.current, outcome.seconds, outcome.draining, count)
 
@@ -149,10 +147,27 @@ class DatastoreReloader:
             except ReloadError as exc:
                 logger.error("datastore reload (file watch) refused: %s", exc)
                 continue
-            if self.peers is not None:
-                self.peers.served(outcome.current)
-                if outcome.status == "reloaded":
-                    self.peers.announce()
+            self._publish(outcome, announce=True)
+
+    def _publish(self, outcome: ReloadOutcome, *, announce: bool) -> None:
+        """Several processes: record the version this one serves now, and (``announce``) tell the others when it
+        changed, so that they reload too."""
+        if self.peers is None:
+            return
+        self.peers.served(outcome.current)
+        if announce and outcome.status == "reloaded":
+            self.peers.announce()
+
+    def join_peers(self, current: dict[str, object]) -> None:
+        """Several processes, at start-up: record the version this process opened; when others serve another
+        (this one replaces a dead process and opened a newer version), tell them to reload."""
+        assert self.peers is not None
+        self.peers.served(current)
+        same, live = self.peers.serving(current)
+        if same < live:
+            logger.info("this process serves datastore version %s, %d of %d processes another: reloading them",
+                        current["version"], live - same, live)  # fmt: skip
+            self.peers.announce()
 
     async def follow_peers(self, interval_s: float = 0.2) -> None:
         """Several processes: reload whenever another process announces that it did."""
@@ -169,7 +184,7 @@ class DatastoreReloader:
             except ReloadError as exc:
                 logger.error("datastore reload (announced by another server process) refused: %s", exc)
                 continue
-            self.peers.served(outcome.current)
+            self._publish(outcome, announce=False)
 
     async def close(self) -> None:
         for task in list(self._tasks):

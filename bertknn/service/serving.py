@@ -157,7 +157,7 @@ class AsyncAnswerer:
         self._cpu_pool = FairExecutor(2, "knn")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.pace = Pace()
-        self.batcher: MicroBatcher[_Job, Answer | None] = MicroBatcher(
+        self.batcher: MicroBatcher[_Job, None] = MicroBatcher(
             self._encode_batch,
             executor=self._model_thread,
             max_batch_size=batching.max_batch_size,
@@ -182,12 +182,12 @@ class AsyncAnswerer:
             words.run_model = lambda fn: self.batcher.call(fn).result()
             words.others_waiting = lambda: self.batcher.depth > 0
 
-    def _encode_batch(self, jobs: Sequence[_Job]) -> list[Answer | None]:
+    def _encode_batch(self, jobs: Sequence[_Job]) -> list[None]:
         # Retrieval (Lucene, its own thread) runs during this batch's forward pass. For a query that found the
         # model idle it starts here rather than when the request came in: the Python half of a retrieval then
         # waits for the GIL while the forward runs outside it, instead of delaying the forward's start. A query
-        # that had to wait started it on arrival. With other queries queued or batched, the heads of p_MLM are
-        # selected by the finisher, so that the model's thread, the bottleneck under load, goes on to the next batch.
+        # that had to wait started it on arrival. Each answer goes to its request's `answered` future as soon as
+        # it is made, here or by the finisher pool.
         idle = len(jobs) == 1 and self.batcher.depth == 0  # (read from this thread: a hint, not a promise)
         for job in jobs:
             job.start_retrieval(self._retrieval_thread, prepare=idle)
@@ -196,49 +196,25 @@ class AsyncAnswerer:
             [j.inp for j in jobs], defer_store=self._deferred, select_heads=idle, keys=[j.key for j in jobs],
             missed=True,  # each was looked up in an in-process cache as it came in (`answer`)
         )
-        self.pace.forward(time.perf_counter() - t, len(jobs))
-        done = [
-            self._finish_here(job, enc, hit) if isinstance(enc, QueryEncoding) and idle else None
-            for job, enc, hit in zip(jobs, encs, hits, strict=True)
-        ]
         now = time.perf_counter()
-        rest: list[_Work] = []
-        for job, enc, hit, answer in zip(jobs, encs, hits, done, strict=True):
-            if answer is None:
-                job.stage.add("embedding", now - job.submitted)
-                rest.append((job, enc, hit))
+        self.pace.forward(now - t, len(jobs))
+        for job in jobs:
+            job.stage.add("embedding", now - job.submitted)
+        # A query alone with an idle model is finished here, saving the hand-offs; a batch where `Pace` says so.
         # Whole-word and entity answers run forward passes of their own through this thread: never here.
-        inline = self.pace.finish_here()
-        here = [w for w in rest if inline and not _fills(w[0])]
-        there = [w for w in rest if not inline or _fills(w[0])]
-        if there:  # one hand-off for the batch; each answer goes to its request as soon as it is made
+        inline = idle or self.pace.finish_here()
+        work: list[_Work] = list(zip(jobs, encs, hits, strict=True))
+        there = [w for w in work if not inline or _fills(w[0])]
+        if there:  # one hand-off for the batch
             self._cpu_pool.submit(self._finish_all, there, client="-")
-        if here:
-            self._finish_all(here, stores=self._deferred)
-        return done
+        if len(there) < len(work):
+            self._finish_all([w for w in work if inline and not _fills(w[0])], stores=self._deferred)
+        return [None] * len(jobs)
 
     def _store_encodings(self) -> None:
         """After a batch's answers went out: its new encodings into the cache (on the model thread)."""
         while self._deferred:
             self._deferred.pop()()
-
-    def _finish_here(self, job: _Job, enc: QueryEncoding, hit: bool) -> Answer | None:
-        """The rest of the query on the model thread, when that costs nobody a wait; None: the pool does it.
-
-        Not for adaptive queries (the skip decision comes first), not while the retrieval still runs (the
-        model thread never waits for it), and not for whole-word datastores or entity answers (they run more
-        forward passes through this same thread).
-        """
-        if job.query.interpolation == "adaptive" or job.pipe.words is not None or job.query.answer == "entity":
-            return None
-        if job.retrieval is None or not job.retrieval.done():
-            return None
-        job.stage.add("embedding", time.perf_counter() - job.submitted)
-        got = job.retrieval.result()
-        got.record(job.stage)
-        return job.pipe.finish(
-            job.query, enc, "hit" if hit else "miss", job.stage, articles=got.articles, search=got.search
-        )
 
     def _finish_all(self, work: Sequence[_Work], stores: list[Callable[[], None]] | None = None) -> None:
         """On the finisher (or the model thread, `Pace`): each query's rest (`_finish_one`), its answer handed to
@@ -246,7 +222,7 @@ class AsyncAnswerer:
         assert self._loop is not None
         later = stores is not None
         stores = stores if stores is not None else []
-        t = time.perf_counter()
+        t, made = time.perf_counter(), 0
         for job, enc, hit in work:
             if job.answered.done():  # the request gave up (its deadline, the client gone): nothing to do
                 continue
@@ -254,6 +230,7 @@ class AsyncAnswerer:
                 answer = self._finish_one(job, enc, hit, stores)
                 if answer is None:
                     continue  # back when its retrieval ends
+                made += 1
                 result: tuple[asyncio.Future[Any], Any, BaseException | None] = (job.answered, answer, None)
             except Exception as exc:  # that request's error, not its batch's
                 result = (job.answered, None, exc)
@@ -261,7 +238,7 @@ class AsyncAnswerer:
                 self._loop.call_soon_threadsafe(deliver, [result])
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return
-        self.pace.finished(time.perf_counter() - t, len(work))
+        self.pace.finished(time.perf_counter() - t, made)
         if not later:
             for store in stores:  # a remote cache's writes, after the answers (nobody waits for them)
                 _quietly(store)
@@ -315,7 +292,6 @@ class AsyncAnswerer:
         try:
             # A repeated query found in an in-process cache skips the batcher: it never waits behind a forward.
             cached = pipe.local_encoding(job.key)
-            answer: Answer | None = None
             if cached is not None:
                 stage.add("embedding", time.perf_counter() - t0)
                 if query.interpolation != "adaptive":  # (an adaptive one may not need it: its p_MLM decides)
@@ -325,9 +301,8 @@ class AsyncAnswerer:
                 self.metrics.queue_depth.set(self.batcher.depth)
                 if self.batcher.busy:  # it will wait for the model: retrieve meanwhile (see `_encode_batch`)
                     job.start_retrieval(self._retrieval_thread)
-                answer = await self.batcher.submit(job)
-            if answer is None:
-                answer = await job.answered
+                await self.batcher.submit(job)  # its forward pass; the answer comes through `answered`
+            answer = await job.answered
         finally:
             # A request that gave up is skipped by the finisher; an adaptive query may turn out not to need its
             # retrieval (p_MLM confident): one still queued behind others' is cancelled before it starts.
