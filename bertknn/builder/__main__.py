@@ -95,7 +95,11 @@ def _build(settings: BuildSettings) -> int:
     from bertknn.builder.build import build
 
     manifest = build(settings)
-    print(json.dumps({"datastore": str(settings.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
+    print(
+        json.dumps(
+            {"datastore": str(settings.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}
+        )
+    )
     return 0
 
 
@@ -147,14 +151,28 @@ def _validate(args: argparse.Namespace) -> int:
             print(f"  also: {p}", file=sys.stderr)
         return 1
     print(f"OK: {args.datastore}")
+    for line in datastore_warnings(args.datastore):
+        print(f"warning: {line}")
     return 0
+
+
+def datastore_warnings(root: Path) -> list[str]:
+    """What the build recorded going wrong (`Manifest.warnings`), and the word-answer share measured now."""
+    from bertknn.core.format import read_manifest
+    from bertknn.core.format.health import target_warning, word_target_share
+
+    manifest = read_manifest(root)
+    live = target_warning(word_target_share(root, manifest))
+    return [*manifest.warnings, *([live] if live and live not in manifest.warnings else [])]
 
 
 def _merge(args: argparse.Namespace) -> int:
     from bertknn.builder.merge import merge_slices
 
     manifest = merge_slices(args.slices, args.out, ivfpq=args.ivfpq, sparse_indexes=args.sparse_indexes)
-    print(json.dumps({"datastore": str(args.out), "id": manifest.datastore_id, **manifest.counts.model_dump()}))
+    print(
+        json.dumps({"datastore": str(args.out), "id": manifest.datastore_id, **manifest.counts.model_dump()})
+    )
     return 0
 
 
@@ -191,12 +209,13 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }  # fmt: skip
 
 
-
 def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for old, new in (("BERTKNN_BUILD_", "BERTKNN_BUILD__"), ("BERTKNN_ADD_", "BERTKNN_ADD__")):
         if legacy := adopt_legacy_env(old, new):
-            logger.warning("environment: %s read as %s* (the one scheme); rename them", ", ".join(legacy), new)
+            logger.warning(
+                "environment: %s read as %s* (the one scheme); rename them", ", ".join(legacy), new
+            )
     args = _parser(prog).parse_args(argv)
     from bertknn.core.errors import BertKnnError, BuildInterrupted, ModelLoadError
 

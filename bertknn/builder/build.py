@@ -13,7 +13,7 @@ import torch
 
 from bertknn.builder.blocks import BlockPlan, check_slicing, iter_blocks, plan_blocks
 from bertknn.builder.coding import Coder, open_coder
-from bertknn.builder.corpus import CorpusStats, detect_format
+from bertknn.builder.corpus import CorpusStats, corpus_language, detect_format
 from bertknn.builder.embed import ShardOptions, Work, embed_shards, embed_step
 from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
@@ -38,6 +38,7 @@ from bertknn.core.format import (
     sha256_file,
     write_manifest,
 )
+from bertknn.core.format.health import dropped_warning, target_warning, word_target_share
 from bertknn.core.model_ref import local_model_path
 from bertknn.core.runtime import cpu_quota_threads
 
@@ -46,7 +47,8 @@ BUILD_STATE = "build.json"
 
 
 def _build_state(
-    settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: str, sources: list[SourceInfo], unit: str
+    settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: str, sources: list[SourceInfo], unit: str,
+    language: str = "en",
 ) -> dict:
     """What a resumed build must share with the build it resumes."""
     return {
@@ -70,6 +72,7 @@ def _build_state(
         **({"backend": encoder.backend} if encoder.backend != "eager" else {}),
         # the rules that turn wikitext into sentences: a build started under other rules is not resumed
         "text_rules": TEXT_RULES,
+        **({"language": language} if language != "en" else {}),
         "contexts_per_shard": settings.contexts_per_shard,
         "blocks": unit,
         # the codec asked for; only when not fp16 (builds started before codecs existed still resume)
@@ -134,15 +137,16 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
             f"train-codec --corpus ... --model ... --codec {settings.codec} --out CODEC_DIR`), then give every slice "
             "--codec-from CODEC_DIR"
         )
-    stopwords = load_stopwords(settings.stopwords)
+    language = corpus_language(settings.corpus, settings.language)
+    stopwords = load_stopwords(settings.stopwords, language)
     sources = [
         SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
     ]
-    state = _build_state(settings, encoder, stopwords_sha256(stopwords), sources, plan.unit)
+    state = _build_state(settings, encoder, stopwords_sha256(stopwords), sources, plan.unit, language)
     _check_state(out, state, previous)
     remove_stale_temp(out)
     coder = open_coder(out, settings.codec_spec(), encoder.hidden_size, settings.codec_from)
-    run = _BuildRun(settings, out, plan)
+    run = _BuildRun(settings, out, plan, language)
     encode_seconds = run.embed(encoder, stopwords, coder)
     manifest = run.write_manifest(encoder, stopwords_sha256(stopwords), sources, coder)
     run.log_summary(encode_seconds)
@@ -185,12 +189,14 @@ class _BuildRun:
     """One run of `build` after its checks: the parts it finds finished (resume) or embeds, what it counted on the
     way, its progress line, and the manifest it writes at the end."""
 
-    def __init__(self, settings: BuildSettings, out: Path, plan: BlockPlan):
+    def __init__(self, settings: BuildSettings, out: Path, plan: BlockPlan, language: str = "en"):
         self.settings, self.out, self.plan = settings, out, plan
-        self.stats = CorpusStats()
+        self.language = language
+        self.stats = CorpusStats(language=language)
         self.counts = Counts()
         self.infos: list[ShardInfo] = []
         self.new_contexts = 0
+        self.warnings: list[str] = []
         self.whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
         self.t0 = time.perf_counter()
         stored = sum(Path(p).stat().st_size for p in settings.corpus)
@@ -263,6 +269,7 @@ class _BuildRun:
         counts.sentences = sum(i.sentences for i in infos)
         counts.contexts = sum(i.rows for i in infos)
         counts.skipped_pages = self.stats.skipped_pages
+        counts.dropped_sentences = dict(sorted(self.stats.times.dropped.items()))
         atomic_write_json(self.out / REDIRECTS, dict(sorted(self.stats.redirects.items())))
         manifest = Manifest(
             model=ModelInfo(
@@ -276,15 +283,27 @@ class _BuildRun:
             slice=None if self.whole else SliceInfo(index=s.shard_index, count=s.num_shards, unit=self.plan.unit),
             targets=s.targets, codec=coder.info if coder is not None else None,
             links=LinkInfo() if s.links else None,  # (its counts come with the article table)
+            language=self.language,
         )  # fmt: skip
         write_table(self.out, manifest, sorted(self.stats.redirects.items()))
+        manifest.warnings = self._warnings(manifest)
         manifest.distance_scale = measure_distance_scale(self.out, manifest)
         if self.whole:
             manifest.indexes.update(build_indexes(self.out, s, manifest))
         manifest.datastore_id = manifest.compute_id()
         write_manifest(self.out, manifest)
         self.infos = infos
+        self.warnings = manifest.warnings
         return manifest
+
+    def _warnings(self, manifest: Manifest) -> list[str]:
+        """A truncated dump; few word answers among the contexts; most sentences dropped (`format.health`)."""
+        found = [
+            *self.stats.warnings,
+            target_warning(word_target_share(self.out, manifest)),
+            dropped_warning(self.stats.times.dropped, manifest.counts.sentences),
+        ]
+        return [w for w in found if w]
 
     def log_summary(self, encode_seconds: float) -> None:
         elapsed = time.perf_counter() - self.t0
@@ -302,6 +321,8 @@ class _BuildRun:
             **self.stats.times.summary(self.settings.workers),
         }
         logger.info("build finished: %s", json.dumps(summary))
+        for line in self.warnings:
+            logger.warning("%s", line)
 
 
 def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> CodecInfo:
@@ -321,8 +342,10 @@ def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = 
     if coder.ready:
         assert coder.info is not None
         return coder.info
-    stopwords = load_stopwords(settings.stopwords)
-    blocks = iter_blocks(plan, settings.articles_per_shard, CorpusStats(), Counts(), limit_articles=settings.limit_articles)
+    language = corpus_language(settings.corpus, settings.language)
+    stopwords = load_stopwords(settings.stopwords, language)
+    stats = CorpusStats(language=language)
+    blocks = iter_blocks(plan, settings.articles_per_shard, stats, Counts(), limit_articles=settings.limit_articles)
     options = ShardOptions(
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
         settings.workers, settings.contexts_per_shard or None, settings.links,
@@ -340,7 +363,8 @@ def build_indexes(out: Path, settings: BuildSettings, manifest: Manifest) -> dic
     if settings.sparse_indexes:
         from bertknn.builder.sparse_index import build_sparse_indexes
 
-        indexes.update(build_sparse_indexes(out, manifest, bm25=settings.bm25))
+        stopwords = load_stopwords(settings.stopwords, manifest.language)
+        indexes.update(build_sparse_indexes(out, manifest, bm25=settings.bm25, stopwords=stopwords))
     if settings.ivfpq:
         from bertknn.builder.ivfpq import build_ivfpq
 

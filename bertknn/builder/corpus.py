@@ -8,6 +8,7 @@ import html
 import io
 import json
 import logging
+import lzma
 import re
 import time
 import urllib.parse
@@ -18,20 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal, cast
 
-import pysbd
-
+from bertknn.builder.sentences import SentenceSplitter
+from bertknn.builder.site import ENGLISH, Site, site_for
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.wikitext import Link, link_target, wikitext_links
 from bertknn.core.errors import CorpusError
+from bertknn.core.languages import check_language, rules_for
 from bertknn.core.titles import normalize_title
 
 logger = logging.getLogger(__name__)
 
 CorpusFormat = Literal["jsonl", "mediawiki-xml"]
-_DISAMBIG_TEMPLATES = re.compile(
-    r"\{\{\s*(disambiguation|disambig|dab|hndis|geodis|set index article|surname|given name)\b", re.IGNORECASE
-)
-_LIST_TITLE = re.compile(r"^(List|Lists|Index|Outline) of ", re.IGNORECASE)
+__all__ = ["Article", "CorpusStats", "SentenceSplitter", "read_corpora"]  # (SentenceSplitter: builder.sentences)
+
 
 
 
@@ -47,6 +47,7 @@ class Article:
     source: str
     markup: Literal["text", "wikitext"] = "text"
     links: tuple[Link, ...] = ()  # text markup: the corpus's own links into ``raw`` (wikitext: found in it)
+    site: Site = ENGLISH  # the wiki's language and namespaces (one object shared by a corpus's articles)
 
     @property
     def text(self) -> str:
@@ -55,7 +56,7 @@ class Article:
     def text_links(self) -> tuple[str, list[Link]]:
         """The article text and its entity links (character spans into that text, normalised target titles)."""
         if self.markup == "wikitext":
-            return wikitext_links(self.raw)
+            return wikitext_links(self.raw, self.site)
         return self.raw, list(self.links)
 
 
@@ -66,6 +67,28 @@ class CorpusStats:
     times: StageTimes = field(default_factory=StageTimes)  # decompress and parse, in the reading process
     # bytes of each corpus file (as stored: compressed) read so far, for the build's ETA
     read: dict[str, int] = field(default_factory=dict)
+    language: str | None = None  # the corpus's language as given (--language); a dump's own wins, and must agree
+    warnings: list[str] = field(default_factory=list)  # one line each: a truncated dump
+    _sites: dict[str, Site] = field(default_factory=dict)
+
+    def site(self, path: Path) -> Site:
+        """The site of a corpus file: a dump's own (`read_siteinfo`), else the given language's."""
+        key = str(path)
+        if key not in self._sites:
+            xml = detect_format(Path(path)) == "mediawiki-xml"
+            self._sites[key] = read_siteinfo(Path(path), self.language) if xml else site_for(self.language)
+        return self._sites[key]
+
+    def truncated(self, path: Path, pages: int, last: str, exc: Exception) -> None:
+        """Record (and log, once) that a dump ends inside a page: its whole pages were read, the cut one not."""
+        after = f", the last whole one {last!r}" if last else ""
+        line = (
+            f"{path}: the dump ends inside a page ({exc}), a truncated download or copy: kept its {pages:,} whole "
+            f"pages{after}; the cut page is left out"
+        )
+        if line not in self.warnings:
+            self.warnings.append(line)
+            logger.warning("%s", line)
 
     def reader(self, path: Path) -> Callable[[int], None]:
         """A callback that records how far into ``path`` (stored bytes) reading has come."""
@@ -85,10 +108,12 @@ class _TimedReader:
         self._f = f
         self._times = times
         self._raw, self._at = raw, at
+        self.at_end = False  # a read came back empty: the content is read to its end
 
     def read(self, n: int = -1) -> bytes:
         t = time.perf_counter()
         data = self._f.read(n)
+        self.at_end = self.at_end or (not data and n != 0)
         self._times.add("decompress", time.perf_counter() - t, len(data))
         self._report()
         return data
@@ -138,38 +163,42 @@ class _ParseClock:
 
 _BZ2_MAGIC = b"BZh"
 _GZIP_MAGIC = b"\x1f\x8b"
+_XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def _compression(path: Path) -> str | None:
-    """bz2, gzip or None, from the file's first bytes (Wikimedia names split dumps ``...xml-p10p30302.bz2``)."""
+    """bz2, gzip, xz or None, from the file's first bytes (Wikimedia names split dumps ``...xml-p10p30302.bz2``)."""
     with open(path, "rb") as f:
-        head = f.read(3)
+        head = f.read(6)
     if head.startswith(_BZ2_MAGIC):
         return "bz2"
     if head.startswith(_GZIP_MAGIC):
         return "gzip"
+    if head.startswith(_XZ_MAGIC):
+        return "xz"
     return None
 
 
-def _open(path: Path) -> IO[bytes]:
-    kind = _compression(path)
+def _decompressing(kind: str | None, f: IO[bytes] | Path) -> IO[bytes]:
+    """A decompressing reader of a file (a path: closed with the reader; a file object: left open)."""
     if kind == "bz2":
-        return cast(IO[bytes], bz2.open(path, "rb"))
+        return cast(IO[bytes], bz2.open(f, "rb"))
     if kind == "gzip":
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    return open(path, "rb")
+        return cast(IO[bytes], gzip.open(f, "rb"))
+    if kind == "xz":
+        return cast(IO[bytes], lzma.open(f, "rb"))
+    return open(f, "rb") if isinstance(f, Path) else f  # noqa: SIM115 - the caller closes it
+
+
+def _open(path: Path) -> IO[bytes]:
+    return _decompressing(_compression(path), Path(path))
 
 
 def _open_raw(path: Path) -> tuple[IO[bytes], IO[bytes]]:
     """The decompressed content, and the stored file under it (its position: how much has been read); closing
     the content does not close a compressed file's stored file: `_TimedReader` closes both."""
-    kind = _compression(path)
     raw = open(path, "rb")  # noqa: SIM115 - closed with the reader that wraps it
-    if kind == "bz2":
-        return cast(IO[bytes], bz2.open(raw, "rb")), raw
-    if kind == "gzip":
-        return cast(IO[bytes], gzip.open(raw, "rb")), raw
-    return raw, raw
+    return _decompressing(_compression(path), raw), raw
 
 
 def _timed(path: Path, times: StageTimes, at: Callable[[int], None] | None) -> _TimedReader:
@@ -184,7 +213,7 @@ def detect_format(path: Path) -> CorpusFormat:
             head = f.read(4096)
     except OSError as exc:
         raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from exc
-    except (EOFError, zlib.error) as exc:
+    except (EOFError, zlib.error, lzma.LZMAError) as exc:
         raise CorpusError(f"{path}: {_truncated(exc)}") from exc
     text = head.lstrip(b"\xef\xbb\xbf").lstrip()
     if not text or text.startswith(b"{"):  # (an empty file reads as JSON lines without articles)
@@ -193,19 +222,19 @@ def detect_format(path: Path) -> CorpusFormat:
         return "mediawiki-xml"
     raise CorpusError(
         f"{path}: unknown corpus format (the content starts with {text[:20]!r}); give JSON lines with "
-        '{"id", "title", "text"} per line, or a MediaWiki pages-articles XML dump (plain, .bz2 or .gz)'
+        '{"id", "title", "text"} per line, or a MediaWiki pages-articles XML dump (plain, .bz2, .gz or .xz)'
     )
 
 
 def _truncated(exc: Exception) -> str:
-    """bz2 and gzip report a cut-off stream as EOFError (zlib.error for garbage), which is not an OSError."""
+    """bz2, gzip and xz report a cut-off stream as EOFError (zlib.error or LZMAError for garbage), not OSError."""
     return f"the compressed data is truncated or corrupt ({exc}); download or compress the file again"
 
 
 _ANCHOR = re.compile(r'<a href="([^"]*)">(.*?)</a>', re.DOTALL)
 
 
-def html_anchor_links(text: str) -> tuple[str, list[Link]]:
+def html_anchor_links(text: str, site: Site = ENGLISH) -> tuple[str, list[Link]]:
     """WikiExtractor's ``--links`` output: ``<a href="Target%20title">anchor</a>`` in the text -> the text without
     the tags, and a link per anchor (the href URL-decoded and normalised; empty anchors and targets dropped)."""
     out: list[str] = []
@@ -215,7 +244,7 @@ def html_anchor_links(text: str) -> tuple[str, list[Link]]:
         out.append(text[pos : m.start()])
         length += m.start() - pos
         anchor = html.unescape(m.group(2))
-        target = link_target(html.unescape(urllib.parse.unquote(m.group(1))))
+        target = link_target(html.unescape(urllib.parse.unquote(m.group(1))), site)
         core = anchor.strip()
         if core and target:
             lead = len(anchor) - len(anchor.lstrip())
@@ -227,7 +256,7 @@ def html_anchor_links(text: str) -> tuple[str, list[Link]]:
     return "".join(out), links
 
 
-def _json_links(value: object, text: str, where: str) -> tuple[Link, ...]:
+def _json_links(value: object, text: str, where: str, site: Site) -> tuple[Link, ...]:
     """An article's ``"links"``: ``[{"start", "end", "target"}]``, character offsets into ``text``."""
     if not isinstance(value, list):
         raise CorpusError(f'{where}: "links" must be a list of {{"start", "end", "target"}} objects')
@@ -242,13 +271,15 @@ def _json_links(value: object, text: str, where: str) -> tuple[Link, ...]:
                 f"{where}: links[{i}] spans characters {start}..{end}, outside the text's {len(text)} characters "
                 "(offsets count characters, not bytes; end is exclusive)"
             )
-        target = link_target(item["target"])
+        target = link_target(item["target"], site)
         if target and text[start:end].strip():
             links.append(Link(start, end, target))
     return tuple(links)
 
 
-def read_jsonl(path: Path, times: StageTimes | None = None, at: Callable[[int], None] | None = None) -> Iterator[Article]:
+def read_jsonl(
+    path: Path, times: StageTimes | None = None, at: Callable[[int], None] | None = None, site: Site = ENGLISH
+) -> Iterator[Article]:
     """``{"id", "title", "text"}`` per line, as WikiExtractor and most Wikipedia tools emit; optional ``"links"``
     (``[{"start", "end", "target"}]``), or WikiExtractor ``--links`` anchors in the text."""
     lineno = 0
@@ -269,20 +300,20 @@ def read_jsonl(path: Path, times: StageTimes | None = None, at: Callable[[int], 
                     obj.get("text"), str
                 ):
                     raise CorpusError(f'{path}:{lineno}: expected an object with string "title" and "text"')
-                title = normalize_title(obj["title"])
+                title = normalize_title(obj["title"], site.case)
                 if not title:
                     raise CorpusError(f"{path}:{lineno}: empty title")
                 text: str = obj["text"]
                 links: tuple[Link, ...] = ()
                 if "links" in obj:
-                    links = _json_links(obj["links"], text, f"{path}:{lineno}")
+                    links = _json_links(obj["links"], text, f"{path}:{lineno}", site)
                 elif "<a href=" in text:
-                    text, found = html_anchor_links(text)
+                    text, found = html_anchor_links(text, site)
                     links = tuple(found)
                 clock.pause()
-                yield Article(str(obj.get("id", lineno)), title, text, str(path), links=links)
+                yield Article(str(obj.get("id", lineno)), title, text, str(path), links=links, site=site)
                 clock.resume()
-    except (EOFError, zlib.error) as exc:
+    except (EOFError, zlib.error, lzma.LZMAError) as exc:
         where = f" after line {lineno}" if lineno else ""
         raise CorpusError(f"{path}: {_truncated(exc)}{where}") from exc
     except OSError as exc:
@@ -293,11 +324,11 @@ def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
-def _page_article(elem: ET.Element, path: Path, stats: CorpusStats) -> Article | None:
+def _page_article(elem: ET.Element, path: Path, stats: CorpusStats, site: Site) -> Article | None:
     """The article of one finished ``<page>`` element, or None (another namespace, a redirect: recorded in
-    ``stats.redirects``, a disambiguation or list page: counted)."""
+    ``stats.redirects``, a disambiguation or list page: counted), by the site's rules (`page_kind`)."""
     fields = {_local(c.tag): c for c in elem}
-    title = normalize_title(fields["title"].text or "") if "title" in fields else ""
+    title = normalize_title(fields["title"].text or "", site.case) if "title" in fields else ""
     ns = fields["ns"].text if "ns" in fields else "0"
     rev = fields.get("revision")
     text_el = None
@@ -307,46 +338,99 @@ def _page_article(elem: ET.Element, path: Path, stats: CorpusStats) -> Article |
     redirect = fields.get("redirect")
     if ns != "0" or not title:
         return None
-    if redirect is not None or wikitext.lstrip().lower().startswith("#redirect"):
+    kind = page_kind(title, wikitext, site, redirect is not None)
+    if kind == "redirect":
         target = redirect.get("title") if redirect is not None else None
         if target is None:
             m = re.search(r"\[\[([^\]|#]+)", wikitext)
             target = m.group(1) if m else None
         if target:
-            stats.redirects[title] = normalize_title(target)
+            stats.redirects[title] = normalize_title(target, site.case)
         return None
-    if title.endswith("(disambiguation)") or _DISAMBIG_TEMPLATES.search(wikitext) or _LIST_TITLE.match(title):
+    if kind is not None:
         stats.skipped_pages += 1
         return None
     page_id = fields["id"].text if "id" in fields else title
-    return Article(str(page_id), title, wikitext, str(path), markup="wikitext")
+    return Article(str(page_id), title, wikitext, str(path), markup="wikitext", site=site)
+
+
+def page_kind(title: str, wikitext: str, site: Site, redirect_element: bool = False) -> str | None:
+    """``redirect``, ``disambiguation`` or ``list`` for a page that is no article, by the site's language
+    (its magic words, disambiguation templates and title rules; English's hold everywhere), else None."""
+    if redirect_element or site.is_redirect(wikitext):
+        return "redirect"
+    if site.is_disambiguation(title, wikitext):
+        return "disambiguation"
+    if site.is_list(title):
+        return "list"
+    return None
+
+
+def read_siteinfo(path: Path, language: str | None = None) -> Site:
+    """The site of a dump: its ``<mediawiki xml:lang>``, ``<case>`` and namespaces (read up to ``</siteinfo>``).
+    ``language``, when given, must agree with the dump's."""
+    lang, case, namespaces = None, "first-letter", {}
+    try:
+        with _open(path) as f:
+            for event, elem in ET.iterparse(f, events=("start", "end")):
+                tag = _local(elem.tag)
+                if event == "start" and tag == "mediawiki":
+                    lang = elem.get("{http://www.w3.org/XML/1998/namespace}lang")
+                elif event == "end" and tag == "case" and elem.text:
+                    case = elem.text.strip()
+                elif event == "end" and tag == "namespace" and elem.get("key") is not None:
+                    namespaces[int(elem.get("key", "0"))] = (elem.text or "").strip()
+                elif (event == "end" and tag == "siteinfo") or (event == "start" and tag == "page"):
+                    break
+    except (ET.ParseError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
+        raise CorpusError(f"{path}: cannot read the dump's <siteinfo> ({exc})") from exc
+    if lang and language and check_language(lang) != check_language(language):
+        raise CorpusError(
+            f"{path}: the dump is in {lang!r} (its <mediawiki xml:lang>), --language says {language!r}; leave "
+            "--language out for a dump"
+        )
+    code = lang or language or "en"
+    try:
+        return Site(rules_for(code), case, namespaces)
+    except ValueError as exc:
+        raise CorpusError(f"{path}: {exc}") from exc
 
 
 def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
-    """Stream a ``pages-articles`` dump (plain, .bz2 or .gz); main namespace only.
+    """Stream a ``pages-articles`` dump (plain, .bz2, .gz or .xz); main namespace only.
 
     Redirects are recorded in ``stats.redirects`` (normalised source -> target) and skipped, as are
-    disambiguation pages and list pages.
+    disambiguation pages and list pages. A dump that ends inside a page (a truncated download) gives its whole
+    pages and a warning in ``stats.warnings``; the cut page is not read.
     """
+    site = stats.site(path)
     clock = _ParseClock(stats.times)
+    pages, last = 0, ""
     try:
         with _timed(path, stats.times, stats.reader(path)) as f:
-            root: ET.Element | None = None
-            for event, elem in ET.iterparse(f, events=("start", "end")):
-                if root is None:
-                    root = elem
-                if event != "end" or _local(elem.tag) != "page":
-                    continue
-                article = _page_article(elem, path, stats)
-                # Drop the finished page from the tree (clearing it alone would leave an empty element per page).
-                root.clear()
-                if article is not None:
-                    clock.pause()
-                    yield article
-                    clock.resume()
+            try:
+                root: ET.Element | None = None
+                for event, elem in ET.iterparse(f, events=("start", "end")):
+                    if root is None:
+                        root = elem
+                    if event != "end" or _local(elem.tag) != "page":
+                        continue
+                    article = _page_article(elem, path, stats, site)
+                    pages += 1
+                    last = next((c.text or "" for c in elem if _local(c.tag) == "title"), last)
+                    # Drop the finished page from the tree (clearing it alone would leave an empty element per page).
+                    root.clear()
+                    if article is not None:
+                        clock.pause()
+                        yield article
+                        clock.resume()
+            except (ET.ParseError, EOFError) as exc:
+                if not (f.at_end or isinstance(exc, EOFError)):
+                    raise
+                stats.truncated(path, pages, last, exc)
     except ET.ParseError as exc:
         raise CorpusError(f"{path}: malformed XML ({exc})") from exc
-    except (EOFError, zlib.error) as exc:
+    except (EOFError, zlib.error, lzma.LZMAError) as exc:
         raise CorpusError(f"{path}: {_truncated(exc)}") from exc
     except OSError as exc:
         raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
@@ -407,7 +491,7 @@ def read_stream_index(dump: Path, path: Path) -> StreamIndex:
                     raise CorpusError(f"{path}:{lineno}: not a multistream index line (offset:page_id:title)")
                 offset = int(head)
                 counts[offset] = counts.get(offset, 0) + 1
-    except (EOFError, zlib.error) as exc:
+    except (EOFError, zlib.error, lzma.LZMAError) as exc:
         raise CorpusError(f"{path}: {_truncated(exc)}") from exc
     except OSError as exc:
         raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
@@ -442,6 +526,7 @@ def _read_stream(f: IO[bytes], offset: int, times: StageTimes) -> bytes:
 def read_streams(index: StreamIndex, first: int, end: int, stats: CorpusStats) -> Iterator[Article]:
     """The articles of streams ``[first, end)`` of a multistream dump, decompressing only those streams."""
     path = index.dump
+    site = stats.site(path)
     k = first
     try:
         with open(path, "rb") as f:
@@ -463,7 +548,7 @@ def read_streams(index: StreamIndex, first: int, end: int, stats: CorpusStats) -
                         if _local(elem.tag) != "page":
                             continue
                         n += 1
-                        article = _page_article(elem, path, stats)
+                        article = _page_article(elem, path, stats, site)
                         elem.clear()
                         if article is not None:
                             pages.append(article)
@@ -471,7 +556,7 @@ def read_streams(index: StreamIndex, first: int, end: int, stats: CorpusStats) -
                 yield from pages
     except ET.ParseError as exc:
         raise CorpusError(f"{path}: malformed XML in the stream at byte {index.offsets[k]} ({exc})") from exc
-    except (EOFError, OSError, zlib.error) as exc:
+    except (EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
         raise CorpusError(
             f"{path}: the bz2 stream at byte {index.offsets[k]} cannot be read ({exc}); check that {index.path.name} "
             "is this dump's index, or download the dump again"
@@ -484,24 +569,23 @@ def read_corpora(paths: Iterable[Path], stats: CorpusStats) -> Iterator[Article]
         if not path.is_file():
             raise CorpusError(f"{path}: no such corpus file")
         if detect_format(path) == "jsonl":
-            yield from read_jsonl(path, stats.times, stats.reader(path))
+            yield from read_jsonl(path, stats.times, stats.reader(path), stats.site(path))
         else:
             yield from read_mediawiki_xml(path, stats)
 
 
-class SentenceSplitter:
-    """pysbd's rule-based splitter (abbreviations, decimals, initials), over each paragraph of an article."""
-
-    def __init__(self, language: str = "en"):
-        self._seg = pysbd.Segmenter(language=language, clean=False)
-
-    def split(self, text: str) -> list[str]:
-        out = []
-        for para in text.split("\n"):
-            if not para.strip():
-                continue
-            for s in self._seg.segment(para):
-                s = s.strip()
-                if s:
-                    out.append(s)
-        return out
+def corpus_language(paths: Iterable[Path], language: str | None = None) -> str:
+    """The one language of a build's corpus files: each dump's own (``xml:lang``, which ``language`` must match),
+    JSON lines ``language`` (else English). Files in different languages make no datastore: CorpusError."""
+    found: dict[str, str] = {}
+    for path in paths:
+        path = Path(path)
+        if detect_format(path) == "mediawiki-xml":
+            found[str(path)] = read_siteinfo(path, language).language
+        else:
+            found[str(path)] = check_language(language) if language else "en"
+    codes = sorted(set(found.values()))
+    if len(codes) > 1:
+        listed = ", ".join(f"{Path(p).name}: {c}" for p, c in found.items())
+        raise CorpusError(f"the corpus files are in different languages ({listed}); build one datastore per language")
+    return codes[0] if codes else check_language(language or "en")

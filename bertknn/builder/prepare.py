@@ -12,12 +12,14 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from bertknn.builder.corpus import Article, Link, SentenceSplitter
+from bertknn.builder.corpus import Article, Link
+from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, masked_ids
 from bertknn.builder.wikitext import sentence_problem
 from bertknn.core.encoder import ContextTokenizer, MaskedInput
 from bertknn.core.inputs import PackedInputs
+from bertknn.core.languages import LanguageRules
 from bertknn.core.words import WordEntry, WordTable, WordTableBuilder
 
 
@@ -157,7 +159,7 @@ class ShardPreparer:
         self.tokenizer = tokenizer
         self.inputs = ContextTokenizer(tokenizer, max_seq_len)
         self.selector = TargetSelector(tokenizer, stopwords, targets, words=self.inputs.words)
-        self.splitter = SentenceSplitter()
+        self._splitters: dict[str, SentenceSplitter] = {}
         self.min_sentence_chars = min_sentence_chars
 
     def prepare(self, index: int, articles: list[Article]) -> PreparedShard:
@@ -170,7 +172,7 @@ class ShardPreparer:
             t0 = time.perf_counter()
             text, links = art.text_links() if self.links else (art.text, [])  # wikitext -> text: in the worker
             t1 = time.perf_counter()
-            sents, sent_links = self._sentences(text, links, entity_ids, times)
+            sents, sent_links = self._sentences(self.splitter(art.site.rules), text, links, entity_ids, times)
             t2 = time.perf_counter()
             times.add("markup", t1 - t0, 1 if art.markup == "wikitext" else 0)
             times.add("split", t2 - t1, len(sents))
@@ -187,15 +189,21 @@ class ShardPreparer:
             list(entity_ids) if self.links else None,
         )  # fmt: skip
 
+    def splitter(self, rules: LanguageRules) -> SentenceSplitter:
+        """The sentence splitter of an article's language (made once per language)."""
+        if rules.code not in self._splitters:
+            self._splitters[rules.code] = SentenceSplitter(rules)
+        return self._splitters[rules.code]
+
     def _sentences(
-        self, text: str, links: list[Link], entity_ids: dict[str, int], times: StageTimes
+        self, splitter: SentenceSplitter, text: str, links: list[Link], entity_ids: dict[str, int], times: StageTimes
     ) -> tuple[list[str], list[list[tuple[int, int, int]]]]:
         """The article's kept sentences (long enough, no markup left: `sentence_problem`), each with the links
         inside it as (start, end, entity id) relative to the sentence; the others counted as dropped."""
         sents: list[str] = []
         sent_links: list[list[tuple[int, int, int]]] = []
         cursor = 0
-        for sent in self.splitter.split(text):
+        for sent in splitter.split(text):
             at = text.find(sent, cursor)
             cursor = at + len(sent) if at >= 0 else cursor
             problem = "short" if len(sent) < self.min_sentence_chars else sentence_problem(sent)

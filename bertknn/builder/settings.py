@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bertknn.builder.targets import TargetMode
 from bertknn.core.encoder import BackendName
 from bertknn.core.format.codec import CodecName, CodecSpec, Rotation
+from bertknn.core.languages import check_language
 from bertknn.core.runtime import DeviceName, DtypeName
 
 
@@ -79,7 +80,14 @@ class BuildSettings(CodecOptions, BaseSettings):
         "...-multistream-index.txt.bz2 beside it, when there); slices then read only their own streams",
     )
     multistream: bool = Field(True, description="use a multistream dump's index when there is one")
-    stopwords: Path | None = None
+    stopwords: Path | None = Field(
+        None, description="a stopword file (one word per line); default: the corpus language's list"
+    )
+    language: str | None = Field(
+        None,
+        description="the corpus's language (a Wikipedia code: en, de, ja, uk, vi...) for JSON lines; a dump names "
+        "its own (<mediawiki xml:lang>), which this must match. Default: the dump's, else en",
+    )
     min_sentence_chars: int = Field(10, ge=0)
     sparse_indexes: bool = Field(True, description="build BM25 (Lucene) and TF-IDF article indexes")
     bm25: bool = Field(
@@ -111,6 +119,11 @@ class BuildSettings(CodecOptions, BaseSettings):
         description="a trained codec to use instead of training one: a datastore or `train-codec` output directory "
         "(needed by sliced builds, which must share one codec)",
     )
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, value: str | None) -> str | None:
+        return None if value is None else check_language(value)
 
     @model_validator(mode="after")
     def _check(self) -> BuildSettings:

@@ -72,7 +72,9 @@ from bertknn.core.format import (
     save_npy,
 )
 from bertknn.core.format.sparse import (
+    ANSERINI_LANGUAGES,
     BM25_META,
+    PRETOKENIZED,
     SPARSE_FORMAT_VERSION,
     TFIDF_BUCKETS,
     TFIDF_FILES,
@@ -81,6 +83,7 @@ from bertknn.core.format.sparse import (
     NgramHasher,
     write_tfidf_arrays,
 )
+from bertknn.core.languages import rules_for
 from bertknn.core.lucene import ready_pyserini_env
 
 logger = logging.getLogger(__name__)
@@ -168,7 +171,15 @@ def sparse_indexes_current(root: Path, fingerprint: str, index_dir: str = INDEX_
     )
 
 
-def build_sparse_indexes(out: Path, manifest: Manifest, *, bm25: bool = True) -> dict[str, str]:
+def language_hasher(language: str, stopwords: frozenset[str] | None = None) -> NgramHasher:
+    """The TF-IDF features of a datastore's language: its stopwords (default: the language's list) and terms."""
+    words = load_stopwords(None, language) if stopwords is None else stopwords
+    return NgramHasher.for_language(language, words, rules_for(language).fold_accents)
+
+
+def build_sparse_indexes(
+    out: Path, manifest: Manifest, *, bm25: bool = True, stopwords: frozenset[str] | None = None
+) -> dict[str, str]:
     """Build ``index/bm25`` (unless ``bm25`` is off) and ``index/tfidf`` over a datastore's finished shards.
 
     Called by the build (and merge) after the shards are written and before the manifest; safe to re-run.
@@ -178,7 +189,10 @@ def build_sparse_indexes(out: Path, manifest: Manifest, *, bm25: bool = True) ->
     """
     datastore = Datastore(out, manifest)
     # The shard checksums identify the articles and their sentences; the model in compute_id is harmless extra.
-    return write_sparse_indexes(out, datastore.iter_article_texts(), content_id=manifest.compute_id(), bm25=bm25)
+    return write_sparse_indexes(
+        out, datastore.iter_article_texts(), content_id=manifest.compute_id(), bm25=bm25,
+        hasher=language_hasher(manifest.language, stopwords),
+    )  # fmt: skip
 
 
 def write_sparse_indexes(
@@ -241,16 +255,18 @@ def _write_indexes(
         with naming_write_errors(folder):
             docs_dir.mkdir()
             tfidf_tmp.mkdir()
-            collected = _collect(articles, hasher, docs_dir)
+            collected = _collect(articles, hasher, docs_dir, pretokenized=_analyzer(hasher.language) == PRETOKENIZED)
             fingerprint = _fingerprint(content_id or collected.content.hexdigest(), hasher)
             n_docs = len(collected.titles)
             t1 = time.perf_counter()
             if bm25:
-                _run_lucene_indexer(docs_dir, bm25_tmp, n_docs, threads or _indexing_threads())
+                analyzer = _analyzer(hasher.language)
+                _run_lucene_indexer(docs_dir, bm25_tmp, n_docs, threads or _indexing_threads(), analyzer)
                 atomic_write_json(
                     bm25_tmp / BM25_META,
                     {"format": "bertknn-bm25", "version": SPARSE_FORMAT_VERSION, "fingerprint": fingerprint,
-                     "documents": n_docs, "pyserini": _pyserini_version()},
+                     "documents": n_docs, "pyserini": _pyserini_version(),
+                     **({} if analyzer is None else {"analyzer": analyzer, **hasher.to_params()})},
                 )  # fmt: skip
             t2 = time.perf_counter()
             _write_tfidf(tfidf_tmp, collected, hasher, fingerprint)
@@ -294,7 +310,18 @@ class _RollingJsonl:
         self.close()
 
 
-def _collect(articles: Iterable[tuple[str, str]], hasher: NgramHasher, docs_dir: Path) -> _Collected:
+def _analyzer(language: str) -> str | None:
+    """Lucene's analysis of a language: None (Anserini's English default), Anserini's analyzer for it
+    (``-language ja``), or `PRETOKENIZED`: the TF-IDF terms, whitespace-separated, for a language it has none for."""
+    if language == "en":
+        return None
+    code = rules_for(language).bm25
+    return code if code in ANSERINI_LANGUAGES else PRETOKENIZED
+
+
+def _collect(
+    articles: Iterable[tuple[str, str]], hasher: NgramHasher, docs_dir: Path, *, pretokenized: bool = False
+) -> _Collected:
     """One pass over the articles: Lucene's JSONL input files, the TF-IDF counts, the titles, a content hash."""
     out = _Collected()
     seen: set[str] = set()
@@ -309,7 +336,8 @@ def _collect(articles: Iterable[tuple[str, str]], hasher: NgramHasher, docs_dir:
                 seen.add(title)
                 contents = f"{title}\n{text}"
                 texts.append(contents)
-                line = json.dumps({"id": title, "contents": contents}, ensure_ascii=False) + "\n"
+                indexed = " ".join(hasher.terms(contents)) if pretokenized else contents
+                line = json.dumps({"id": title, "contents": indexed}, ensure_ascii=False) + "\n"
                 docs.write(line)
                 out.content.update(line.encode("utf-8"))
                 out.titles.append(title)
@@ -344,7 +372,7 @@ def _write_tfidf(directory: Path, collected: _Collected, hasher: NgramHasher, fi
     )
 
 
-def _run_lucene_indexer(docs_dir: Path, index_dir: Path, n_docs: int, threads: int) -> None:
+def _run_lucene_indexer(docs_dir: Path, index_dir: Path, n_docs: int, threads: int, analyzer: str | None = None) -> None:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise SparseIndexError(
             "Lucene indexing needs a Java 17 runtime for pyserini 0.25 (Debian/Ubuntu: apt-get install "
@@ -360,6 +388,7 @@ def _run_lucene_indexer(docs_dir: Path, index_dir: Path, n_docs: int, threads: i
         "-threads", str(threads),
         "-memoryBuffer", "512",
         "-optimize",
+        *([] if analyzer is None else ["-pretokenized"] if analyzer == PRETOKENIZED else ["-language", analyzer]),
     ]  # fmt: skip
     env = dict(ready_pyserini_env(dict(os.environ)))
     logger.info("Lucene: indexing %d articles with %d threads", n_docs, threads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -11,7 +12,8 @@ from typing import Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from bertknn.core.text import is_punctuation
+from bertknn.core.languages import rules_for
+from bertknn.core.text import is_punctuation, is_word_break
 from bertknn.core.wordmodel import WordModel
 from bertknn.core.words import MAX_WORD_PIECES
 
@@ -25,8 +27,15 @@ TargetMode = Literal["single-piece", "whole-word"]
 TARGET_MODES: tuple[str, ...] = ("single-piece", "whole-word")
 
 
-def load_stopwords(path: Path | str | None = None) -> frozenset[str]:
-    """The stopword list: a file with one word per line (``#`` comments); the bundled English list if None."""
+def load_stopwords(path: Path | str | None = None, language: str = "en") -> frozenset[str]:
+    """The stopword list: a file with one word per line (``#`` comments); if None, the language's: the bundled
+    English list for ``en``, else the Stopwords ISO list (the ``stopwordsiso`` package), else none."""
+    if path is None and language != "en":
+        import stopwordsiso
+
+        base = language.split("-", 1)[0]
+        words = set(stopwordsiso.stopwords(base) if stopwordsiso.has_lang(base) else ()) | rules_for(language).stopwords
+        return frozenset(unicodedata.normalize("NFC", w).strip().lower() for w in words if w.strip())
     text = (
         Path(path).read_text(encoding="utf-8")
         if path is not None
@@ -102,7 +111,7 @@ class TargetSelector:
             targets = []
             for w in self.words.words(tok):
                 word = tok.text[w.start : w.end]
-                if is_punctuation(word) or word.lower() in self.stopwords:
+                if is_punctuation(word) or word.lower() in self.stopwords or _cut_punctuation(word):
                     continue
                 content = self.words.content(tok, w)
                 if self.mode == "whole-word":
@@ -149,6 +158,11 @@ class TargetSelector:
                 continue
             extra.append(Target(first, -1, start, end, pieces, entity))
         return sorted(out + extra, key=lambda t: (t.token_index, t.num_pieces))
+
+
+def _cut_punctuation(word: str) -> bool:
+    """A word whose token carries punctuation at an edge (SentencePiece's ``(до`` or ``また、``): no answer."""
+    return is_word_break(word[0]) or is_word_break(word[-1])
 
 
 def _content(anchor: str, stopwords: frozenset[str]) -> bool:

@@ -35,8 +35,9 @@ import torch
 
 from bertknn.builder.build import BUILD_STATE, check_corpus_files
 from bertknn.builder.coding import Coder
-from bertknn.builder.corpus import Article, CorpusStats, SentenceSplitter, detect_format, read_corpora
+from bertknn.builder.corpus import Article, CorpusStats, corpus_language, detect_format, read_corpora
 from bertknn.builder.embed import ShardOptions, Work, embed_shards
+from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
 from bertknn.builder.writer import write_table
@@ -134,7 +135,7 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
         min_chars = settings.min_sentence_chars
         if min_chars is None:
             min_chars = _recorded_min_sentence_chars(root)
-        plan = _classify(settings.corpus, datastore, min_chars)
+        plan = _classify(settings.corpus, datastore, min_chars, corpus_language(settings.corpus, old.language))
         if plan.total == 0:
             names = ", ".join(str(p) for p in settings.corpus)
             raise UpdateError(f"{names}: no articles found; nothing was added")
@@ -177,7 +178,7 @@ def _open_checked(root: Path, settings: AddSettings) -> tuple[Manifest, Datastor
     problems = validate_datastore(root, hashes=False)
     if problems:
         raise UpdateError(f"{root} failed validation, so nothing was added: {problems[0]}")
-    stopwords = load_stopwords(settings.stopwords)
+    stopwords = load_stopwords(settings.stopwords, old.language)
     if stopwords_sha256(stopwords) != old.stopwords_sha256:
         raise UpdateError(
             f"the stopword list {settings.stopwords or '(bundled)'} is not the one {root} was built with; "
@@ -228,11 +229,11 @@ def _commit_version(
     new.counts = _counts(updated, old.counts)
     new.indexes = {}
     if "bm25" in old.indexes or "tfidf" in old.indexes:
-        from bertknn.builder.sparse_index import write_sparse_indexes
+        from bertknn.builder.sparse_index import language_hasher, write_sparse_indexes
 
         new.indexes.update(  # the same sparse indexes as before: a TF-IDF-only datastore stays one (no Java)
             write_sparse_indexes(root, updated.iter_article_texts(), content_id=new.compute_id(), index_dir=index_dir,
-                                 bm25="bm25" in old.indexes)
+                                 bm25="bm25" in old.indexes, hasher=language_hasher(old.language))
         )  # fmt: skip
     if "ivfpq" in old.indexes:
         from bertknn.builder.ivfpq import extend_ivfpq
@@ -286,9 +287,10 @@ def stored_sentences(splitter: SentenceSplitter, article: Article, min_chars: in
     return [s for s in splitter.split(article.text) if len(s) >= min_chars]
 
 
-def _classify(corpus: list[Path], datastore: Datastore, min_chars: int) -> _Plan:
+def _classify(corpus: list[Path], datastore: Datastore, min_chars: int, language: str = "en") -> _Plan:
     plan = _Plan()
-    splitter = SentenceSplitter()
+    plan.stats.language = language
+    splitter = SentenceSplitter(language)
     seen: set[str] = set()
     for art in read_corpora(corpus, plan.stats):
         if art.title in seen:
@@ -314,7 +316,7 @@ def _chunks(corpus: list[Path], plan: _Plan, first: int, per_shard: int) -> Iter
 
     def wanted() -> Iterator[Article]:
         taken: set[str] = set()
-        for art in read_corpora(corpus, CorpusStats()):
+        for art in read_corpora(corpus, CorpusStats(language=plan.stats.language)):
             if art.title in plan.embed and art.title not in taken:
                 taken.add(art.title)
                 yield art

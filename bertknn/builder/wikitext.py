@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import re
+import unicodedata
 from dataclasses import dataclass
 
 import mwparserfromhell
 from mwparserfromhell.nodes import Template, Wikilink
 
+from bertknn.builder.site import ENGLISH, Site
+from bertknn.core.languages import unspaced_share
 from bertknn.core.titles import normalize_title
 
 # the version of these rules, recorded in a build's state: a resumed build must use the same
-TEXT_RULES = 2
-_HIDDEN_LINK = re.compile(r"^(file|image|media|category)\s*:", re.IGNORECASE)
+TEXT_RULES = 3  # 3: namespaces, back matter and sentence ends per language; file-link parameters are markup
 _INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
 _HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
 # (a pattern string: mwparserfromhell compiles it with re.IGNORECASE itself)
@@ -86,10 +88,10 @@ def render_template(tpl: Template) -> str | None:
     return None
 
 
-def _hidden_link(link: Wikilink) -> bool:
+def _hidden_link(link: Wikilink, site: Site) -> bool:
     """Files, categories and interlanguage links render as no text; strip_code would keep their titles."""
     title = str(link.title).strip()
-    return bool(_HIDDEN_LINK.match(title) or (link.text is None and _INTERLANGUAGE_LINK.match(title)))
+    return site.is_hidden_link(title) or bool(link.text is None and _INTERLANGUAGE_LINK.match(title))
 
 
 @dataclass(frozen=True)
@@ -108,33 +110,30 @@ _MARKS = re.compile("[\ue000-\ue002]")
 _MARKED = re.compile("\ue000(\\d+)\ue001([^\ue000-\ue002]*)\ue002")
 
 
-_NAMESPACES = frozenset({
-    "category", "file", "image", "media", "template", "wikipedia", "wp", "help", "portal", "user", "user talk", "talk",
-    "special", "draft", "module", "wikt", "wiktionary", "s", "wikisource", "commons", "meta", "mw", "w", "q",
-    "wikiquote", "n", "wikinews", "b", "wikibooks", "v", "wikiversity", "voy", "d", "wikidata", "species", "mos",
-})  # fmt: skip
 
 
-def link_target(title: str) -> str:
+def link_target(title: str, site: Site = ENGLISH) -> str:
     """The normalised article a wikilink's title points at; '' for a link that names no article: a section of the
-    same page (``#History``), another namespace or wiki (``:Category:X``, ``wikt:word``), another language."""
+    same page (``#History``), another namespace or wiki (``:Category:X``, ``wikt:word``, the site's own localised
+    namespace names: ``Kategorie:X``), another language."""
     title = title.strip().lstrip(":")
     page = title.split("#", 1)[0].strip()
-    prefix, colon, _ = page.partition(":")
-    if colon and (prefix.strip().lower() in _NAMESPACES or _INTERLANGUAGE_LINK.match(page)):
+    if site.is_other_namespace(page) or _INTERLANGUAGE_LINK.match(page):
         return ""
-    return normalize_title(page)
+    return normalize_title(page, site.case)
 
 
-def wikitext_to_text(wikitext: str) -> str:
+def wikitext_to_text(wikitext: str, site: Site = ENGLISH) -> str:
     """Article text of a page's wikitext (the module docstring lists the rules)."""
-    return wikitext_links(wikitext)[0]
+    return wikitext_links(wikitext, site)[0]
 
 
-def wikitext_links(wikitext: str) -> tuple[str, list[Link]]:
-    """Article text of a page's wikitext and the entity links in it (the module docstring lists the rules)."""
+def wikitext_links(wikitext: str, site: Site = ENGLISH) -> tuple[str, list[Link]]:
+    """Article text of a page's wikitext and the entity links in it (the module docstring lists the rules; the
+    site gives the namespace names and the back-matter headings of its language)."""
     code = mwparserfromhell.parse(_LIST_ITEM.sub("", _MARKS.sub("", wikitext)))
-    for section in code.get_sections(matches=BACK_MATTER, include_lead=False, include_headings=True):
+    back_matter = BACK_MATTER if site is ENGLISH else site.rules.back_matter_pattern()
+    for section in code.get_sections(matches=back_matter, include_lead=False, include_headings=True):
         with contextlib.suppress(ValueError):  # (a subsection of one already removed)
             code.remove(section)
     for tpl in code.filter_templates(recursive=True):
@@ -145,7 +144,7 @@ def wikitext_links(wikitext: str) -> tuple[str, list[Link]]:
             else:
                 code.replace(tpl, words)
     hidden = [
-        *(n for n in code.filter_wikilinks(recursive=True) if _hidden_link(n)),
+        *(n for n in code.filter_wikilinks(recursive=True) if _hidden_link(n, site)),
         *(n for n in code.filter_tags(recursive=True) if str(n.tag).lower() in _HIDDEN_TAGS),
         *code.filter_headings(recursive=True),
     ]
@@ -154,7 +153,7 @@ def wikitext_links(wikitext: str) -> tuple[str, list[Link]]:
             code.remove(node)
     targets: list[str] = []
     for link in code.filter_wikilinks(recursive=True):
-        target = link_target(str(link.title).strip())
+        target = link_target(str(link.title).strip(), site)
         anchor = str(link.text) if link.text is not None else str(link.title)
         if not target:
             continue
@@ -197,19 +196,25 @@ def _take_links(marked: str, targets: list[str]) -> tuple[str, list[Link]]:
 
 
 _WORD = re.compile(r"[^\W\d_]{2,}")
-_RESIDUE = re.compile(r"colspan|rowspan|align\s*=|style\s*=|\{\{|\}\}|\[\[|\]\]|<ref|</ref|^\s*[!|*#]")
+_RESIDUE = re.compile(r"colspan|rowspan|align\s*=|style\s*=|\{\{|\}\}|\[\[|\]\]|<ref|</ref|^\s*[!|*#]|\w\|\w")
 _HATNOTE = re.compile(r"^(see also|main articles?|further information|for other uses|not to be confused)\b", re.I)
 MIN_WORDS = 4
+MIN_UNSPACED_LETTERS = 6  # a sentence written without spaces (Japanese, Chinese, Thai): its letters, not words
 
 
 def sentence_problem(sentence: str) -> str | None:
     """Why a sentence is not kept as a context, or None: ``markup`` (table or template residue, a raw
-    reference), ``fragment`` (fewer than `MIN_WORDS` words of two letters or more: list items, bibliography
-    entries, captions, a lone "." or "ISBN ..."), ``hatnote`` ("See also ...", "Main article: ...")."""
+    reference, a file link's ``thumb|right|...`` parameters), ``fragment`` (fewer than `MIN_WORDS` words of two
+    letters or more: list items, bibliography entries, captions, a lone "." or "ISBN ..."; a sentence mostly in a
+    script without spaces: fewer than `MIN_UNSPACED_LETTERS` letters), ``hatnote`` ("See also ...", "Main
+    article: ...")."""
     if _RESIDUE.search(sentence):
         return "markup"
     if _HATNOTE.match(sentence):
         return "hatnote"
-    if len(_WORD.findall(sentence)) < MIN_WORDS:
+    if unspaced_share(sentence) > 0.5:
+        if sum(1 for ch in sentence if unicodedata.category(ch)[0] == "L") < MIN_UNSPACED_LETTERS:
+            return "fragment"
+    elif len(_WORD.findall(sentence)) < MIN_WORDS:
         return "fragment"
     return None

@@ -8,27 +8,41 @@ import unicodedata
 _SPACES = re.compile(r"[\s_]+")
 
 
-def normalize_title(title: str) -> str:
+def normalize_title(title: str, case: str = "first-letter") -> str:
     """Canonical article key, as Wikipedia stores titles.
 
-    Unicode NFC, underscores and runs of whitespace become one space, trimmed, and the first letter is
-    upper-cased (Wikipedia's ``$wgCapitalLinks``): ``"albert_einstein"`` -> ``"Albert einstein"``.
+    Unicode NFC, underscores and runs of whitespace become one space, trimmed, and, on a ``first-letter`` wiki
+    (every Wikipedia; a dump's ``<case>``), the first letter is upper-cased (``$wgCapitalLinks``):
+    ``"albert_einstein"`` -> ``"Albert einstein"``. A ``case-sensitive`` wiki (Wiktionary) keeps it.
     """
     t = _SPACES.sub(" ", unicodedata.normalize("NFC", title)).strip()
-    if not t:
+    if not t or case == "case-sensitive":
         return t
     return t[0].upper() + t[1:]
 
 
-def fold_title(title: str) -> str:
-    """Lookup key that ignores case and accents: ``"Émile Zola"`` and ``"emile zola"`` fold alike.
+def strip_latin_accents(text: str) -> str:
+    """Accents dropped from Latin letters only (``É`` -> ``E``); every other script's marks stay, because there
+    they make other letters (``が`` is not ``か``, ``й`` is not ``и``). NFC result."""
+    if text.isascii():
+        return text
+    out = []
+    for ch in unicodedata.normalize("NFKD", text):
+        if unicodedata.combining(ch) and out and "LATIN" in unicodedata.name(out[-1], ""):
+            continue
+        out.append(ch)
+    return unicodedata.normalize("NFC", "".join(out))
 
-    NFKD decomposition, combining marks dropped, ``casefold``, whitespace collapsed. Several titles may
-    share one folded key; :func:`pick_among_folded` decides between them.
+
+def fold_title(title: str) -> str:
+    """Lookup key that ignores case and Latin accents: ``"Émile Zola"`` and ``"emile zola"`` fold alike, while
+    ``"が"`` and ``"か"`` or ``"й"`` and ``"и"`` stay apart (`strip_latin_accents`).
+
+    ``casefold`` and whitespace collapsed, NFC. Several titles may share one folded key; :func:`pick_among_folded`
+    decides between them (an exact title always wins).
     """
-    decomposed = unicodedata.normalize("NFKD", normalize_title(title))
-    stripped = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
-    return _SPACES.sub(" ", stripped.casefold()).strip()
+    stripped = strip_latin_accents(normalize_title(title))
+    return _SPACES.sub(" ", unicodedata.normalize("NFC", stripped.casefold())).strip()
 
 
 def pick_among_folded(query: str, candidates: list[tuple[str, int]]) -> str | None:

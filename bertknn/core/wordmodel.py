@@ -30,11 +30,15 @@ from typing import Any
 import numpy as np
 
 from bertknn.core.errors import QueryError
+from bertknn.core.languages import is_unspaced_char, word_boundaries
 from bertknn.core.text import MASK_RE, is_punctuation, is_word_break
 
 # words a query's [MASK] may be replaced by before tokenising (its tokens then become the one mask): the first
-# that the tokenizer knows (no unknown or special token) is used
+# that the tokenizer knows (no unknown or special token) and whose tokens keep apart from the text around it
 _STAND_INS = ("something", "the", "and", "of", "a", "x", "e", "i", "o")
+# tried first where the mask touches its neighbours without a space ("18[MASK]中葉", "東京は[MASK]の"): a word of
+# an unspaced script keeps apart from digits and Latin letters, which the tokenizer would glue to a Latin stand-in
+_UNSPACED_STAND_INS = ("何", "某", "誰", "それ", "อะไร")
 
 
 def lowercases(tokenizer: Any) -> bool:
@@ -147,7 +151,9 @@ class WordModel:
 
     def decode_word(self, pieces: Sequence[int]) -> str:
         """The text of a word from its tokens (``kel ##va ##dorn`` and ``ĠPar is`` alike)."""
-        text = self.tokenizer.decode(list(pieces), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = self.tokenizer.decode(
+            list(pieces), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
         return self.key(str(text))
 
     # ---- sentences ----------------------------------------------------------------------------------------
@@ -162,7 +168,7 @@ class WordModel:
             Tokenized(
                 text,
                 tuple(int(t) for t in enc["input_ids"][b]),
-                tuple(_trim(text, int(s), int(e)) for s, e in enc["offset_mapping"][b]),
+                _space_tokens_empty([_trim(text, int(s), int(e)) for s, e in enc["offset_mapping"][b]]),
                 tuple(enc.word_ids(b)),
             )
             for b, text in enumerate(texts)
@@ -191,10 +197,19 @@ class WordModel:
                 continue
             if w != previous:
                 close()
+            if _unspaced(piece):
+                # a script without spaces (Japanese, Chinese, Thai): the tokenizer's pre-tokenizer sees a whole
+                # clause as one "word"; each of its tokens is a word (with a lone "▁" before it, if any)
+                if any(tok.offsets[j][1] > tok.offsets[j][0] for j in run):
+                    close()
+                run.append(i)
+                close()
+                previous = None
+                continue
             run.append(i)
             previous = w
         close()
-        return out
+        return _join_unspaced(tok.text, out)
 
     def content(self, tok: Tokenized, word: WordSpan) -> list[int]:
         """The word's token indices that hold characters (not SentencePiece's lone "▁")."""
@@ -218,21 +233,40 @@ class WordModel:
         head, tail = text[: mark.start()], text[mark.end() :]
         if not (head + tail).strip():
             raise QueryError("the text has nothing but [MASK]; give the words around it")
-        stand_in = self._stand_in
-        tok = self.tokenize([f"{head}{stand_in}{tail}"])[0]
-        start, end = len(head), len(head) + len(stand_in)
-        inside = [w for w in self.words(tok) if w.start < end and w.end > start]
-        if not inside:
+        if _unspaced(head.rstrip()[-1:]) and _unspaced(tail.lstrip()[:1]):
+            head, tail = head.rstrip(), tail.lstrip()  # unspaced text has no spaces: "は [MASK] の" as "は[MASK]の"
+        fallback: tuple[Tokenized, WordSpan] | None = None
+        for stand_in in self._stand_ins_for(head, tail):
+            tok = self.tokenize([f"{head}{stand_in}{tail}"])[0]
+            start, end = len(head), len(head) + len(stand_in)
+            inside = [w for w in self.words(tok) if w.start < end and w.end > start]
+            if not inside:
+                continue
+            span = WordSpan(inside[0].first, inside[-1].last, start, end)
+            if inside[0].start == start and inside[-1].end == end:  # no token glued it to its neighbours
+                return self.masked(tok, span)
+            fallback = fallback or (tok, span)
+        if fallback is None:
             raise QueryError("the text must tokenise to exactly one [MASK]; found 0")
-        return self.masked(tok, WordSpan(inside[0].first, inside[-1].last, start, end))
+        return self.masked(*fallback)
+
+    def _stand_ins_for(self, head: str, tail: str) -> list[str]:
+        """The stand-ins to try, in order: an unspaced script's first where the mask touches its neighbours
+        without a space (a Latin stand-in would be glued to digits or letters there)."""
+        touching = any(ch.strip() and not is_word_break(ch) for ch in (head[-1:], tail[:1]))
+        spaced, unspaced = self._known_stand_ins
+        return unspaced + spaced if touching else spaced + unspaced
 
     @cached_property
-    def _stand_in(self) -> str:
-        for word in _STAND_INS:
-            ids = self.pieces_of(word)
-            if ids and not self.special_ids.intersection(ids):
-                return word
-        raise ValueError("the tokenizer knows none of the plain words a query's mask is placed with")
+    def _known_stand_ins(self) -> tuple[list[str], list[str]]:
+        """The spaced and the unspaced stand-ins that the tokenizer knows (no unknown or special token)."""
+        spaced, unspaced = (
+            [w for w in words if (ids := self.pieces_of(w)) and not self.special_ids.intersection(ids)]
+            for words in (_STAND_INS, _UNSPACED_STAND_INS)
+        )
+        if not spaced:
+            raise ValueError("the tokenizer knows none of the plain words a query's mask is placed with")
+        return spaced, unspaced
 
     # ---- the vocabulary -----------------------------------------------------------------------------------
 
@@ -264,11 +298,18 @@ class WordModel:
             text = after[i].strip()
             if i in self.special_ids or not text or is_punctuation(text) or "\ufffd" in text:
                 continue
+            if is_word_break(text[0]) or is_word_break(text[-1]):
+                continue  # punctuation glued to a word (SentencePiece's "(the", "Paris."): no answer
             texts[i] = self.key(text)
             candidates.append(i)
         back = self.running_text_ids([after[i].strip() for i in candidates])
         bare_starts = self._bare_forms_start_words()
         for i, ids in zip(candidates, back, strict=True):
+            if bare_starts and not after[i][:1].isspace() and _unspaced(after[i]):
+                # unspaced text, where a word starts without a space (SentencePiece; never WordPiece's "##の"):
+                # each of its tokens can be a word (`words`)
+                word_of[i] = i
+                continue
             if len(ids) != 1 or ids[0] >= self.vocab_size:
                 continue
             own = ids[0]
@@ -295,6 +336,42 @@ class WordModel:
 
     def token_text(self, token_id: int) -> str:
         return self.vocab.texts[token_id] if 0 <= token_id < self.vocab_size else ""
+
+
+def _join_unspaced(text: str, words: list[WordSpan]) -> list[WordSpan]:
+    """One-token words of unspaced text joined into the words ICU's word breaker finds (``東`` + ``京`` ->
+    ``東京``): adjacent ones merge where ICU puts no boundary between them. Unchanged without ICU or such text."""
+    if not any(map(is_unspaced_char, text)):
+        return words
+    bounds = word_boundaries(text)
+    if bounds is None:
+        return words
+    out: list[WordSpan] = []
+    for w in words:
+        prev = out[-1] if out else None
+        if (
+            prev is not None and prev.end == w.start and prev.last + 1 == w.first and w.start not in bounds
+            and _unspaced(text[prev.end - 1]) and _unspaced(text[w.start])
+        ):  # fmt: skip
+            out[-1] = WordSpan(prev.first, w.last, prev.start, w.end)
+        else:
+            out.append(w)
+    return out
+
+
+def _unspaced(piece: str) -> bool:
+    """A token (or character) of a script written without spaces between words."""
+    return any(is_unspaced_char(ch) for ch in piece)
+
+
+def _space_tokens_empty(offsets: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """A token that starts where the next one starts holds no character of its own: SentencePiece's lone "▁" at a
+    text's start is reported over the first character (``(0, 1)`` beside ``(0, 3)``); it is made empty."""
+    for i in range(len(offsets) - 1):
+        (s, e), (s2, e2) = offsets[i], offsets[i + 1]
+        if s == s2 and e > s and e2 > s2:
+            offsets[i] = (s, s)
+    return tuple(offsets)
 
 
 def _trim(text: str, start: int, end: int) -> tuple[int, int]:

@@ -44,7 +44,25 @@ def build_parser() -> argparse.ArgumentParser:
     for flags in (_asked_flags, _method_flags, _grid_flags, _adaptive_flags, _report_flags):
         flags(la)
     _follow_parser(sub)
+    _self_probe_parser(sub)
     return p
+
+
+def _self_probe_parser(sub: Any) -> None:
+    """``self-probe``: stored sentences asked back; needs no labelled facts, so any language."""
+    sp = sub.add_parser(
+        "self-probe", help="ask stored sentences back with a word masked (no labels needed: any language)"
+    )
+    sp.add_argument("--datastore", type=Path, required=True)
+    sp.add_argument("--model", help="masked LM name or directory (default: the manifest's)")
+    sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    sp.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the CPU quota)")
+    sp.add_argument("--n", type=int, default=200, help="sentences to ask back")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--retriever", choices=["bm25", "tfidf", "none"], default="bm25",
+                    help="asks each question without its subject too: its article among the top --num-articles")  # fmt: skip
+    sp.add_argument("--num-articles", type=int, default=3)
+    sp.add_argument("--out", type=Path, help="write the JSON report here")
 
 
 def _asked_flags(la: argparse.ArgumentParser) -> None:
@@ -224,6 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return run_lama(args, stack)
             if args.command == "follow":
                 return follow(args, stack)
+            if args.command == "self-probe":
+                from bertknn.evaluation.selfprobe import run_self_probe
+
+                return run_self_probe(args, stack)
     except expected as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

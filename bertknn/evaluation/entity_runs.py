@@ -78,3 +78,4 @@ def follow(args: argparse.Namespace, stack: ExitStack) -> int:
     }  # fmt: skip
     write_report(args.out, report)
     return 0
+

@@ -44,6 +44,7 @@ SQUAD = "SQuAD"
 DATASETS: tuple[str, ...] = (GOOGLE_RE, TREX, SQUAD)
 
 RELATIONS_FILE = "relations.jsonl"
+MLAMA_TEMPLATES = "templates.jsonl"  # mLAMA (norakassner/mlama): <language>/templates.jsonl and <language>/P*.jsonl
 TREX_DIR = "TREx"
 TREX_FACTS_DIR = "TREx_facts_all41"
 GOOGLE_RE_DIR = "Google_RE"
@@ -161,8 +162,35 @@ def _pid_key(path: Path) -> tuple[int, str]:
     return (int(m.group(1)) if m else 1 << 30, path.stem)
 
 
-def discover_relations(data_dir: Path | str, *, trex: TrexSource = "all") -> list[Relation]:
-    """Every relation file under a LAMA directory, Google-RE first, then T-REx (by P number), then SQuAD.
+def mlama_folder(root: Path, language: str | None) -> Path | None:
+    """The folder of mLAMA's layout (``templates.jsonl`` beside ``P*.jsonl`` facts, one folder per language) that
+    ``root`` is or holds for ``language`` (``root/ja``, ``root/mlama1.1/ja``), or None."""
+    candidates = [root]
+    if language:
+        candidates += [root / language, root / "mlama1.1" / language]
+    for folder in candidates:
+        if (folder / MLAMA_TEMPLATES).is_file() and any(folder.glob("P*.jsonl")):
+            return folder
+    return None
+
+
+def _mlama_relations(folder: Path) -> list[Relation]:
+    """An mLAMA language folder: its templates (in its language) and its T-REx facts."""
+    templates = load_templates(folder / MLAMA_TEMPLATES)
+    out = []
+    for path in sorted(folder.glob("P*.jsonl"), key=_pid_key):
+        if path.stem not in templates:
+            raise LamaError(f"{path}: relation {path.stem} has no template in {folder / MLAMA_TEMPLATES}")
+        template, label = templates[path.stem]
+        out.append(Relation(path.stem, TREX, path, template, label))
+    return out
+
+
+def discover_relations(
+    data_dir: Path | str, *, trex: TrexSource = "all", language: str | None = None
+) -> list[Relation]:
+    """Every relation file under a LAMA directory, Google-RE first, then T-REx (by P number), then SQuAD; or, for
+    a directory in mLAMA's layout, the T-REx relations of ``language`` (the datastore's) with its templates.
 
     ``trex``: "evidence" reads ``TREx/`` only, "facts" reads ``TREx_facts_all41/`` only, "all" reads a relation
     from ``TREx/`` when it has a file there and from the fact-only directory otherwise.
@@ -172,6 +200,11 @@ def discover_relations(data_dir: Path | str, *, trex: TrexSource = "all") -> lis
         raise LamaError(
             f"{root}: no such directory; pass --data pointing at a LAMA probe (e.g. ../shared/data/lama)"
         )
+    mlama = mlama_folder(root, language)
+    if mlama is not None:
+        return _mlama_relations(mlama)
+    if language not in (None, "en") and not (root / RELATIONS_FILE).is_file():
+        raise LamaError(f"{root}: no mLAMA folder for {language!r} ({language}/templates.jsonl beside P*.jsonl)")
     relations: list[Relation] = []
 
     gre = root / GOOGLE_RE_DIR

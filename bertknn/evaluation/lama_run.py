@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bertknn.core.errors import EvaluationError
+from bertknn.core.errors import DatastoreError, EvaluationError
+from bertknn.core.format import read_manifest
 from bertknn.evaluation.base import Runner, RunSettings
 from bertknn.evaluation.common import (
     AVERAGES_NOTE,
@@ -288,6 +289,15 @@ class _Ran:
     restricted: bool  # ranked over a restricted vocabulary
 
 
+def _datastore_language(datastore: Path | None) -> str | None:
+    """The language of the datastore asked (its facts' templates are read in it); None when it cannot be read
+    here (the in-process target then says why)."""
+    try:
+        return read_manifest(datastore).language if datastore is not None else None
+    except DatastoreError:
+        return None
+
+
 def run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     """``bert-knn eval lama``: check the flags, open what is asked, plan the queries (grid, adaptive), run them,
     then report (table, JSON, predictions, plots)."""
@@ -295,7 +305,10 @@ def run_lama(args: argparse.Namespace, stack: ExitStack) -> int:
     check_flags(args)
     settings = run_settings(args)
     restrict = load_vocab_file(args.vocab) if args.vocab else None
-    relations = select_relations(discover_relations(args.data, trex=args.trex), args.relations, args.datasets)
+    language = _datastore_language(args.datastore)
+    relations = select_relations(
+        discover_relations(args.data, trex=args.trex, language=language), args.relations, args.datasets
+    )
     if args.answer == "entity":
         if args.plots:
             raise EvaluationError("--plots draws the word answers' report; drop it with --answer entity")

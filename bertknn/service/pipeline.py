@@ -17,7 +17,9 @@ from bertknn.core.calibration import AutoTemperature, temperature_for
 from bertknn.core.encoder import MaskedInput, MaskedLMEncoder, MlmHeadPolicy
 from bertknn.core.errors import DatastoreError, ModelLoadError, QueryError
 from bertknn.core.format import Datastore, validate_datastore
+from bertknn.core.languages import script_warning
 from bertknn.core.model_ref import locate_model, public_model_name
+from bertknn.core.text import MASK_RE
 from bertknn.service.answer import DEFAULT_RULE, Answerer, ContextReader, TokenAnswerer
 from bertknn.service.cache import Cache, InMemoryCache
 from bertknn.service.codec import QueryEncoding
@@ -267,6 +269,11 @@ class AnswerPipeline:
     def contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
         return self.reader.contexts(nbrs, ranks)
 
+    def language_warnings(self, text: str) -> list[str]:
+        """A question in another script than the datastore's language's (`script_warning`)."""
+        found = script_warning(MASK_RE.sub(" ", text), self.datastore.manifest.language)
+        return [found] if found else []
+
     def token(self, token_id: int) -> str:
         """The vocabulary's spelling of a token id."""
         return self.vocab[token_id]
@@ -358,7 +365,7 @@ class AnswerPipeline:
             skipped,
             status,
             query.temperature,
-            subject_warnings(query, status),
+            [*subject_warnings(query, status), *self.language_warnings(query.text)],
         )
 
     def _search(

@@ -264,6 +264,7 @@ class Counts(BaseModel):
     superseded_articles: int = 0
     superseded_sentences: int = 0
     superseded_contexts: int = 0
+    dropped_sentences: dict[str, int] = Field(default_factory=dict)  # by reason (fragment, markup, short, hatnote)
 
 
 class UpdateInfo(BaseModel):
@@ -312,6 +313,8 @@ class Manifest(BaseModel):
     codec: CodecInfo | None = None  # None: fp16 vectors
     distance_scale: DistanceScale | None = None  # None: not measured (temperature auto falls back to the paper's 6)
     links: LinkInfo | None = None  # None: no entity links (format version 3 and builds without links)
+    language: str = "en"  # the corpus's (a dump's xml:lang, or --language): its text, retrieval and warnings rules
+    warnings: list[str] = Field(default_factory=list)  # what the build saw go wrong (a truncated dump, few targets)
 
     def compute_id(self) -> str:
         """Content id: the model, the layer and every shard checksum (stable across identical builds)."""

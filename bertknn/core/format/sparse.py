@@ -6,6 +6,7 @@ The formats themselves are documented in ``bertknn.builder.sparse_index``, which
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,10 +18,16 @@ from sklearn.feature_extraction.text import HashingVectorizer
 from sklearn.utils import murmurhash3_32
 
 from bertknn.core.errors import SparseIndexError
+from bertknn.core.languages import is_unspaced_char
 from bertknn.core.text import fold_text, is_punctuation
+from bertknn.core.titles import strip_latin_accents
 
 SPARSE_FORMAT_VERSION = 2  # 2: TF-IDF postings and titles as plain arrays, memory-mapped by the reader
 BM25_META = "bertknn-bm25.json"
+# the languages Anserini 0.25 has an analyzer for (IndexCollection -language; LuceneSearcher.set_language)
+ANSERINI_LANGUAGES = frozenset({"ar", "bn", "da", "de", "es", "fa", "fi", "fr", "hi", "hu", "id", "it", "ja", "ko", "nl",
+                                "no", "pl", "pt", "ru", "sv", "te", "th", "tr", "uk", "zh"})  # fmt: skip
+PRETOKENIZED = "pretokenized"  # BM25 over the TF-IDF terms, whitespace-separated, for a language without one
 TFIDF_PARAMS = "params.json"
 TFIDF_TITLES = "titles.txt"  # UTF-8 titles, concatenated; title_offsets.npy holds their byte offsets
 TFIDF_TITLE_OFFSETS = "title_offsets.npy"
@@ -34,20 +41,55 @@ TFIDF_V1_POSTINGS = "postings.npz"  # version 1 (scipy's save_npz, loaded whole)
 N_FEATURES = 2**24
 TOKEN_PATTERN = r"\w+|[^\w\s]"
 FOLD = "NFKD, combining marks removed, casefold"
+# every language but English: accents stay (Latin ones dropped only where the language's rules say so), and a run
+# of an unspaced script (Japanese, Chinese, Thai) is cut into overlapping character bigrams, as Lucene's CJK analyzer
+FOLD_KEEP = "NFKC, casefold"
+FOLD_LATIN = "NFKC, accents of Latin letters removed, casefold"
+UNSPACED_TOKENS = "character bigrams of unspaced-script runs"
 _TOKEN = re.compile(TOKEN_PATTERN)
+_UNSPACED = "\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u31f0-\u31ff\uff66-\uff9f\u3005\u3006"
+_TOKEN_I18N = re.compile(f"[{_UNSPACED}]+|(?:(?![{_UNSPACED}])\\w)+|[^\\w\\s]")
+
+
+def language_terms(text: str, fold: str) -> list[str]:
+    """A non-English text's terms: folded words, each unspaced-script run as its character bigrams (a lone
+    character as itself), punctuation as its own tokens."""
+    folded = unicodedata.normalize("NFKC", strip_latin_accents(text) if fold == FOLD_LATIN else text).casefold()
+    out: list[str] = []
+    for tok in _TOKEN_I18N.findall(folded):
+        if is_unspaced_char(tok[0]):
+            out.extend([tok] if len(tok) == 1 else [tok[i : i + 2] for i in range(len(tok) - 1)])
+        else:
+            out.append(tok)
+    return out
 
 
 @dataclass(frozen=True)
 class NgramHasher:
-    """DrQA's n-gram features, hashed into ``n_features`` buckets: the one definition builder and service share."""
+    """DrQA's n-gram features, hashed into ``n_features`` buckets: the one definition builder and service share.
+    ``language``: English tokenises with `TOKEN_PATTERN` and `FOLD`; any other with `language_terms`."""
 
     stopwords: frozenset[str]
     ngram: int = 2
     n_features: int = N_FEATURES
+    language: str = "en"
+    fold: str = FOLD
+
+    @staticmethod
+    def for_language(language: str, stopwords: frozenset[str], fold_accents: bool) -> NgramHasher:
+        if language == "en":
+            return NgramHasher(stopwords)
+        return NgramHasher(stopwords, language=language, fold=FOLD_LATIN if fold_accents else FOLD_KEEP)
+
+    def terms(self, text: str) -> list[str]:
+        """The text's tokens as TF-IDF (and a pre-tokenised BM25) sees them."""
+        if self.language == "en":
+            return _TOKEN.findall(fold_text(text))
+        return language_terms(text, self.fold)
 
     def ngrams(self, text: str) -> list[str]:
         """Folded unigrams..``ngram``-grams of ``text``, without those made only of stopwords and punctuation."""
-        tokens = _TOKEN.findall(fold_text(text))
+        tokens = self.terms(text)
         skip = [t in self.stopwords or is_punctuation(t) for t in tokens]
         grams = [t for t, s in zip(tokens, skip, strict=True) if not s]
         for n in range(2, self.ngram + 1):
@@ -87,23 +129,30 @@ class NgramHasher:
         return found.astype(np.int64), counts.astype(np.float32)
 
     def to_params(self) -> dict[str, object]:
+        english = self.language == "en"
         return {
             "n_features": self.n_features,
             "ngram": self.ngram,
             "stopwords": sorted(self.stopwords),
-            "token_pattern": TOKEN_PATTERN,
-            "fold": FOLD,
+            "token_pattern": TOKEN_PATTERN if english else f"{_TOKEN_I18N.pattern}; {UNSPACED_TOKENS}",
+            "fold": self.fold,
+            **({} if english else {"language": self.language}),
         }
 
     @classmethod
     def from_params(cls, params: dict, where: Path) -> NgramHasher:
         """The hasher an index was built with; refuses an index whose text processing this code does not do."""
-        if params.get("token_pattern") != TOKEN_PATTERN or params.get("fold") != FOLD:
+        language = str(params.get("language", "en"))
+        english = language == "en"
+        pattern = TOKEN_PATTERN if english else f"{_TOKEN_I18N.pattern}; {UNSPACED_TOKENS}"
+        folds = (FOLD,) if english else (FOLD_KEEP, FOLD_LATIN)
+        if params.get("token_pattern") != pattern or params.get("fold") not in folds:
             raise SparseIndexError(
                 f"{where}: built with another tokenisation ({params.get('token_pattern')!r}, {params.get('fold')!r}); "
                 "rebuild the datastore's sparse indexes with this version of the builder"
             )
-        return cls(frozenset(params["stopwords"]), int(params["ngram"]), int(params["n_features"]))
+        return cls(frozenset(params["stopwords"]), int(params["ngram"]), int(params["n_features"]), language,
+                   str(params["fold"]))  # fmt: skip
 
 
 def write_tfidf_arrays(directory: Path, titles: list[str], postings: sp.csr_array) -> None:

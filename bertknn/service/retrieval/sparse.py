@@ -21,6 +21,7 @@ import numpy as np
 from bertknn.core.errors import RetrieverUnavailable, SparseIndexError
 from bertknn.core.format.sparse import (
     BM25_META,
+    PRETOKENIZED,
     SPARSE_FORMAT_VERSION,
     TFIDF_BUCKETS,
     TFIDF_DATA,
@@ -33,7 +34,7 @@ from bertknn.core.format.sparse import (
     NgramHasher,
 )
 from bertknn.core.lucene import ready_pyserini_env
-from bertknn.core.text import retrieval_text
+from bertknn.core.text import is_punctuation, retrieval_text
 
 logger = logging.getLogger(__name__)
 
@@ -132,13 +133,32 @@ class Bm25Retriever:
                 f"{meta.get('documents')}; rebuild the sparse indexes"
             )
         self._lock = threading.Lock()
+        self._terms = self._set_analyzer(meta)
         self._searcher.search("warm up", k=1)  # the first search loads Lucene's classes: not on a request
         logger.info("bm25: %s opened, %d articles", self.index_dir, self.num_docs)
+
+    def _set_analyzer(self, meta: dict) -> NgramHasher | None:
+        """Query analysis as the index was built: Anserini's analyzer for its language (``analyzer``: ``ja``),
+        or whitespace over the TF-IDF terms (`PRETOKENIZED`, whose hasher is returned); English by default."""
+        analyzer = meta.get("analyzer")
+        if analyzer is None:
+            return None
+        if analyzer != PRETOKENIZED:
+            self._searcher.set_language(str(analyzer))
+            return None
+        from jnius import autoclass
+
+        self._searcher.set_analyzer(autoclass("org.apache.lucene.analysis.core.WhitespaceAnalyzer")())
+        return NgramHasher.from_params(meta, self.index_dir / BM25_META)
 
     def top_articles(self, query: str, n: int) -> list[tuple[str, float]]:
         text = retrieval_text(query)
         if n <= 0 or not _WORD.search(text):
             return []
+        if self._terms is not None:
+            text = " ".join(t for t in self._terms.terms(text) if not is_punctuation(t))
+            if not text:
+                return []
         with self._lock:
             if self._searcher is None:
                 raise SparseIndexError(f"{self.index_dir}: this BM25 retriever was closed")

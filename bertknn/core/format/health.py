@@ -1,0 +1,47 @@
+"""Whether a datastore can answer in its language at all: the share of its contexts that are word answers, and the
+warnings a build records when that share, or the share of sentences it kept, says the corpus's rules did not fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.core.format.contract import Manifest
+
+# below these, a datastore mostly cannot answer: its language's rules (words, sentences) did not fit the corpus
+MIN_WORD_TARGET_SHARE = 0.10
+MAX_DROPPED_SHARE = 0.50
+
+
+def word_target_share(root: Path, manifest: Manifest) -> float | None:
+    """The share of stored contexts whose label is a word (not only an entity link's anchor); None without rows."""
+    from bertknn.core.format.reader import Datastore
+
+    shards = Datastore(root, manifest).shards
+    rows = sum(s.info.rows for s in shards)
+    if not rows:
+        return None
+    words = sum(int(np.count_nonzero(np.asarray(s.labels) >= 0)) for s in shards)
+    return words / rows
+
+
+def target_warning(share: float | None) -> str | None:
+    if share is None or share >= MIN_WORD_TARGET_SHARE:
+        return None
+    return (
+        f"only {share:.1%} of the stored contexts are word answers (the rest are entity links' anchors): the "
+        "model's tokenizer and the corpus's language do not fit (check --language, or use a model whose "
+        "tokenizer knows this language's words)"
+    )
+
+
+def dropped_warning(dropped: dict[str, int], kept: int) -> str | None:
+    total = sum(dropped.values()) + kept
+    if not total or sum(dropped.values()) / total <= MAX_DROPPED_SHARE:
+        return None
+    reasons = ", ".join(f"{n:,} {why}" for why, n in sorted(dropped.items(), key=lambda kv: -kv[1]))
+    return (
+        f"{sum(dropped.values()) / total:.0%} of the sentences were dropped ({reasons}); the corpus's language rules "
+        "may not fit it (check --language; a JSON lines corpus is read as English unless told)"
+    )

@@ -1,0 +1,143 @@
+"""Japanese, Ukrainian and Vietnamese Wikipedia, end to end: each real (truncated) dump in ../shared/data/wiki-i18n
+built with the defaults and no language flag, by a tiny XLM-R-style model whose tokenizer is trained on that dump's
+own text; then its stored text, targets, self-probe, retrieval and a served question checked against the targets
+of docs/languages.md."""
+
+from __future__ import annotations
+
+import html
+import lzma
+import re
+import unicodedata
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from bertknn.builder.build import build
+from bertknn.builder.corpus import CorpusStats, read_corpora
+from bertknn.builder.settings import BuildSettings
+from bertknn.core.format import validate_datastore
+from bertknn.core.format.reader import Datastore
+from bertknn.core.languages import unspaced_share
+from bertknn.core.text import is_word_break
+from bertknn.evaluation.common import open_pipeline
+from bertknn.evaluation.selfprobe import sample_items, self_probe
+from bertknn.service.pipeline import AnswerPipeline
+from tests.support.families import make_family_model, train_tokenizer
+
+DUMPS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "wiki-i18n"
+LANGUAGES = ("ja", "uk", "vi")
+RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\||<ref|</ref|^=+|=+$|\d+px\b|\b(thumb|mini|upright)\b|サムネイル")
+
+
+def dump(language: str) -> Path:
+    return DUMPS / f"{language}wiki-truncated-100k.xml.xz"
+
+
+@pytest.fixture(scope="module", params=LANGUAGES)
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    language = request.param
+    work = tmp_path_factory.mktemp(f"wiki-{language}")
+    texts = [a.text for _, a in zip(range(80), read_corpora([dump(language)], CorpusStats()))]
+    tokenizer = train_tokenizer("xlm-roberta", texts, vocab_size=3000)
+    model = make_family_model(work / "model", "xlm-roberta", texts, tokenizer=tokenizer, positions=256)
+    build(BuildSettings(corpus=[dump(language)], model=str(model), out=work / "ds"))  # no --language
+    yield language, work / "ds"
+
+
+@pytest.fixture(scope="module")
+def pipeline(built: tuple[str, Path]) -> Iterator[AnswerPipeline]:
+    pipe = open_pipeline(built[1], model=None, device="cpu", threads=1, cache_items=1 << 10)
+    yield pipe
+    pipe.close()
+
+
+def _other_pages(language: str) -> set[str]:
+    """Titles the raw XML marks as another namespace or a redirect (read here, not by the builder's reader)."""
+    text = lzma.decompress(dump(language).read_bytes()).decode("utf-8")
+    out = set()
+    for page in re.findall(r"<page>(.*?)</page>", text, re.S):
+        title, ns = re.search(r"<title>(.*?)</title>", page, re.S), re.search(r"<ns>(-?\d+)</ns>", page)
+        if title and ((ns and ns.group(1) != "0") or "<redirect" in page):
+            out.add(unicodedata.normalize("NFC", html.unescape(title.group(1))))
+    return out
+
+
+def _fragment(sentence: str) -> bool:
+    if unspaced_share(sentence) > 0.5:
+        return sum(unicodedata.category(ch)[0] == "L" for ch in sentence) < 6
+    return len(re.findall(r"[^\W\d_]+", sentence)) < 3
+
+
+def test_the_dump_builds_in_its_own_language_and_says_it_was_cut(built: tuple[str, Path]) -> None:
+    language, root = built
+    ds = Datastore(root)
+    manifest = ds.manifest
+    assert manifest.language == language and validate_datastore(root, hashes=False) == []
+    assert [w for w in manifest.warnings if "ends inside a page" in w] == manifest.warnings[:1]
+    assert len(manifest.warnings) == 1, manifest.warnings  # the cut end, and nothing else is wrong
+    titles = {a["title"] for s in ds.shards for a in s.articles()}
+    assert not titles & _other_pages(language)
+
+
+def test_stored_text_is_clean_and_its_contexts_are_words(built: tuple[str, Path]) -> None:
+    language, root = built
+    ds = Datastore(root)
+    sentences = [s.sentence(i) for s in ds.shards for i in range(len(s.sentence_offsets) - 1)]
+    assert sum(bool(RESIDUE.search(s)) for s in sentences) / len(sentences) < 0.005
+    assert sum(map(_fragment, sentences)) / len(sentences) < 0.02
+    dropped = sum(ds.manifest.counts.dropped_sentences.values())
+    assert dropped / (dropped + len(sentences)) <= 0.20
+    rows = words = glued = 0
+    for shard in ds.shards:
+        labels, spans, sids = np.asarray(shard.labels), np.asarray(shard.spans), np.asarray(shard.sentence_ids)
+        rows += len(labels)
+        for r in np.flatnonzero(labels >= 0)[:20000]:
+            words += 1
+            word = shard.sentence(int(sids[r]))[spans[r][0] : spans[r][1]]
+            glued += is_word_break(word[0]) or is_word_break(word[-1])
+    assert np.count_nonzero(np.concatenate([np.asarray(s.labels) for s in ds.shards]) >= 0) / rows >= 0.30
+    assert glued == 0
+    if language == "ja":  # sentences end at "。" (or a closing bracket after one), not mid-clause
+        assert sum(s.endswith(("。", "」", "）", "』")) for s in sentences) / len(sentences) > 0.8
+
+
+def test_self_probe_and_bm25_find_the_stored_sentences(pipeline: AnswerPipeline) -> None:
+    result = self_probe(pipeline, 100, retriever="bm25", num_articles=3)
+    assert result.knn_top1 >= 0.95, result.misses
+    assert result.retrieval_top is not None and result.retrieval_top >= 0.80
+
+
+def test_a_subject_in_another_case_or_unicode_form_finds_its_article(pipeline: AnswerPipeline) -> None:
+    from bertknn.service.results import Query
+
+    titles = [a["title"] for s in pipeline.datastore.shards for a in s.articles()]
+    forms = [(t, unicodedata.normalize("NFD", t[0].lower() + t[1:])) for t in titles[:40]]
+    forms = [(t, f) for t, f in forms if f != t]
+    assert forms
+    for title, form in forms:
+        hits, _ = pipeline.retrieve(Query(text="[MASK] .", subject=form, num_articles=1))
+        assert hits[0].title == title and hits[0].rule == "subject", (title, form)
+
+
+def test_a_question_is_served_in_the_datastore_s_language(built: tuple[str, Path], pipeline: AnswerPipeline) -> None:
+    from bertknn.service.main import create_app
+    from bertknn.service.settings import ServiceSettings
+
+    language, root = built
+    item = sample_items(pipeline.datastore, 1, seed=1)[0]
+    app = create_app(ServiceSettings(datastore=root, model={"device": "cpu"}))
+    with TestClient(app) as client:
+        r = client.post("/predict", json={"text": item.question, "subject": item.title, "top_k": 3})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["warnings"] == [] and body["predictions"]
+        assert body["articles"][0]["title"] == item.title
+        foreign = client.post("/predict", json={"text": "Paris is the capital of [MASK] ."} if language != "vi"
+                              else {"text": "東京は日本の[MASK]である。"})  # fmt: skip
+        assert foreign.status_code == 200 and "script" in " ".join(foreign.json()["warnings"])
+        page = client.get("/ui")
+        assert page.status_code == 200 and "<html" in page.text.lower()

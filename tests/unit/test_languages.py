@@ -1,0 +1,221 @@
+"""Language rules between a dump and a stored context: the dump's own site (namespaces, case, language), page
+kinds, sentences, fragments, stopwords, title folding, TF-IDF terms, script warnings; read from the real
+Japanese, Ukrainian and Vietnamese dumps in ../shared/data/wiki-i18n where a dump says it."""
+
+from __future__ import annotations
+
+import bz2
+import json
+import lzma
+import re
+from pathlib import Path
+
+import pytest
+
+from bertknn.builder.corpus import CorpusStats, corpus_language, page_kind, read_corpora, read_siteinfo
+from bertknn.builder.sentences import SentenceSplitter
+from bertknn.builder.site import ENGLISH, Site
+from bertknn.builder.targets import load_stopwords
+from bertknn.builder.wikitext import link_target, sentence_problem, wikitext_links
+from bertknn.core.errors import CorpusError
+from bertknn.core.format.sparse import NgramHasher
+from bertknn.core.languages import check_language, rules_for, script_warning, word_boundaries
+from bertknn.core.titles import fold_title, normalize_title
+
+DUMPS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "wiki-i18n"
+
+
+def dump(language: str) -> Path:
+    return DUMPS / f"{language}wiki-truncated-100k.xml.xz"
+
+
+@pytest.fixture(scope="module")
+def ja_site() -> Site:
+    return read_siteinfo(dump("ja"))
+
+
+# ---- the site a dump names ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("language", ["ja", "uk", "vi"])
+def test_a_dump_names_its_language_case_and_namespaces(language: str) -> None:
+    site = read_siteinfo(dump(language))
+    assert site.language == language and site.case == "first-letter"
+    assert site.namespaces[6] and site.namespaces[14]  # the localised File: and Category:
+    assert site.namespaces[6].casefold() in site.hidden_prefixes
+    assert site.namespaces[10].casefold() in site.other_prefixes  # Template:
+
+
+def test_language_given_must_agree_with_the_dump() -> None:
+    with pytest.raises(CorpusError, match="the dump is in 'ja'.*--language says 'de'"):
+        read_siteinfo(dump("ja"), "de")
+    assert read_siteinfo(dump("ja"), "JA").language == "ja"
+
+
+def test_corpus_files_in_two_languages_make_no_datastore(tmp_path: Path) -> None:
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text(json.dumps({"title": "Paris", "text": "Paris is a city in France."}) + "\n")
+    assert corpus_language([jsonl]) == "en" and corpus_language([jsonl], "de") == "de"
+    with pytest.raises(CorpusError, match="different languages"):
+        corpus_language([dump("ja"), jsonl])
+
+
+def test_language_codes_are_checked() -> None:
+    assert check_language("pt_BR") == "pt-br" and rules_for("pt-br").code == "pt-br"
+    assert rules_for("pt-br").redirect == rules_for("pt").redirect  # the base language's rules
+    assert not rules_for("xx").known and rules_for("xx").sentences is None
+    with pytest.raises(ValueError, match="Wikipedia language code"):
+        check_language("Japanese!")
+
+
+# ---- a truncated dump ---------------------------------------------------------------------------------------------
+
+
+def test_the_truncated_japanese_dump_reads_its_whole_pages_and_says_where_it_stopped() -> None:
+    stats = CorpusStats()
+    titles = [a.title for a in read_corpora([dump("ja")], stats)]
+    assert len(stats.warnings) == 1 and "ends inside a page" in stats.warnings[0]
+    assert "kept its 238 whole pages" in stats.warnings[0]  # what `grep -c '</page>'` counts in the dump
+    assert len(titles) == len(set(titles)) > 150
+    assert not any(t.startswith(("Wikipedia:", "Help:", "Template:", "ファイル:", "Category:")) for t in titles)
+    assert stats.redirects and stats.skipped_pages > 0
+
+
+def test_a_truncated_compressed_dump_keeps_the_pages_before_the_cut(tmp_path: Path) -> None:
+    xml = lzma.decompress(dump("uk").read_bytes())
+    cut = xml[: xml.index(b"</page>", len(xml) // 3) + 2000]  # inside the page after a whole one
+    whole = cut.count(b"</page>")
+    path = tmp_path / "ukwiki.xml.bz2"
+    path.write_bytes(bz2.compress(cut)[:-30])  # the compressed stream is cut too
+    stats = CorpusStats()
+    articles = list(read_corpora([path], stats))
+    assert articles and len(stats.warnings) == 1 and "ends inside a page" in stats.warnings[0]
+    kept = int(re.search(r"kept its ([\d,]+) whole pages", stats.warnings[0]).group(1).replace(",", ""))  # type: ignore[union-attr]
+    # bz2 decodes whole blocks: the pages of the cut block are lost with it, none half-read is kept
+    assert 0 < kept <= whole and len(articles) <= kept
+
+
+def test_xml_broken_in_the_middle_is_still_an_error(tmp_path: Path) -> None:
+    xml = lzma.decompress(dump("vi").read_bytes())
+    at = xml.index(b"<page>", len(xml) // 2)
+    path = tmp_path / "vi.xml"
+    path.write_bytes(xml[:at] + b"<page><title>x</title></oops>" + xml[at:])
+    with pytest.raises(CorpusError, match="malformed XML"):
+        list(read_corpora([path], CorpusStats()))
+
+
+# ---- page kinds, namespaces, sections -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("language", "title", "wikitext", "kind"),
+    [
+        ("ja", "東京", "#転送 [[東京都]]", "redirect"),
+        ("de", "Berlin", "#WEITERLEITUNG [[Berlin (Stadt)]]", "redirect"),
+        ("uk", "Київ", "#перенаправлення [[Київ (місто)]]", "redirect"),
+        ("en", "Paris", "#REDIRECT [[Paris, France]]", "redirect"),
+        ("ja", "メルクリウス", "'''メルクリウス'''\n{{aimai}}", "disambiguation"),
+        ("de", "Merkur", "'''Merkur''' steht für:\n{{Begriffsklärung}}", "disambiguation"),
+        ("vi", "Sao Thủy (định hướng)", "Sao Thủy có thể là", "disambiguation"),
+        ("ja", "日本の都市の一覧", "本文", "list"),
+        ("uk", "Список міст України", "Текст", "list"),
+        ("de", "Liste der Städte in Deutschland", "Text", "list"),
+        ("ja", "東京", "'''東京'''は日本の首都である。{{aimai2}}", None),
+        ("en", "Mercury", "{{disambiguation needed}} Mercury is a planet.", None),
+    ],
+)
+def test_page_kinds_in_any_language(language: str, title: str, wikitext: str, kind: str | None) -> None:
+    assert page_kind(title, wikitext, Site(rules_for(language))) == kind
+
+
+def test_localised_file_and_category_links_render_nothing(ja_site: Site) -> None:
+    wikitext = (
+        "'''東京'''は[[日本]]の首都である。[[ファイル:Tokyo.jpg|thumb|right|300px|[[新宿]]の夜景]]"
+        "[[画像:Old.png|サムネイル|古い地図]]\n[[カテゴリ:日本の都市]][[Category:首都]]\n"
+        "== 脚注 ==\n参考になる[[文献]]がある。\n== 関連項目 ==\n* [[大阪]]\n"
+    )
+    text, links = wikitext_links(wikitext, ja_site)
+    assert text == "東京は日本の首都である。"
+    assert [ln.target for ln in links] == ["日本"]
+    assert link_target("ファイル:Tokyo.jpg", ja_site) == "" and link_target("東京", ja_site) == "東京"
+    german = Site(rules_for("de"), namespaces={6: "Datei", 14: "Kategorie"})
+    assert link_target("Kategorie:Stadt", german) == "" and link_target("Bild:X.jpg", german) == ""
+    text, _ = wikitext_links("Berlin ist eine Stadt.[[Datei:B.jpg|mini|Das Tor]]\n== Einzelnachweise ==\nQuelle.", german)
+    assert text == "Berlin ist eine Stadt."
+
+
+def test_titles_keep_the_dump_s_case_rule() -> None:
+    assert normalize_title("über_uns") == "Über uns"
+    assert normalize_title("über_uns", "case-sensitive") == "über uns"
+
+
+# ---- sentences, fragments, stopwords ------------------------------------------------------------------------------
+
+
+def test_sentences_per_language() -> None:
+    assert SentenceSplitter("ja").split("東京は日本の首都である。大阪は「天下の台所」と呼ばれた。") == [
+        "東京は日本の首都である。", "大阪は「天下の台所」と呼ばれた。",
+    ]  # fmt: skip
+    uk = SentenceSplitter("uk")
+    assert uk.rule == "unicode"
+    assert uk.split("Населення у 2021 р. становило 2,9 млн осіб. Київ — столиця.") == [
+        "Населення у 2021 р. становило 2,9 млн осіб.", "Київ — столиця.",
+    ]  # fmt: skip
+    assert SentenceSplitter("vi").split("TP. Hồ Chí Minh là thành phố lớn nhất. Hà Nội là thủ đô.") == [
+        "TP. Hồ Chí Minh là thành phố lớn nhất.", "Hà Nội là thủ đô.",
+    ]  # fmt: skip
+    assert SentenceSplitter("de").split("Er kam am 3. Oktober z. B. mit dem Zug. Dann ging er.") == [
+        "Er kam am 3. Oktober z. B. mit dem Zug.", "Dann ging er.",
+    ]  # fmt: skip
+
+
+def test_fragments_count_letters_in_unspaced_scripts() -> None:
+    assert sentence_problem("東京は日本の首都である。") is None
+    assert sentence_problem("東京都。") == "fragment"
+    assert sentence_problem("Paris is the capital of France.") is None
+    assert sentence_problem("See the list.") == "fragment"
+    assert sentence_problem("Tokyo.jpg|thumb|right|A view at night with many lights") == "markup"
+
+
+def test_stopwords_per_language() -> None:
+    assert {"は", "の", "を"} <= load_stopwords(None, "ja")
+    assert {"в", "у", "і", "на", "та"} <= load_stopwords(None, "uk")
+    assert {"của", "và", "là"} <= load_stopwords(None, "vi")
+    assert "the" in load_stopwords(None, "en") and "der" not in load_stopwords(None, "en")
+    assert load_stopwords(None, "xx") == frozenset()
+
+
+# ---- folding, terms, scripts, words -------------------------------------------------------------------------------
+
+
+def test_folding_keeps_letters_that_differ() -> None:
+    assert fold_title("Émile Zola") == fold_title("emile zola")
+    assert fold_title("が") != fold_title("か") and fold_title("й") != fold_title("и")
+    assert fold_title("ガ") == fold_title("ｶﾞ")  # compatibility forms still fold (NFKC)
+
+
+def test_tfidf_terms_per_language() -> None:
+    ja = NgramHasher.for_language("ja", frozenset({"は"}), fold_accents=False)
+    assert ja.terms("東京は日本") == ["東京", "京は", "は日", "日本"]
+    assert NgramHasher.from_params(ja.to_params(), Path("x")) == ja
+    vi = NgramHasher.for_language("vi", frozenset(), fold_accents=False)
+    assert vi.terms("Hà Nội") == ["hà", "nội"]
+    assert NgramHasher(frozenset()).terms("Émile Zola") == ["emile", "zola"]  # English as before
+
+
+def test_a_question_in_another_script_is_warned() -> None:
+    assert "CJK" in (script_warning("東京は[MASK]の首都である。", "en") or "")
+    assert "Latin" in (script_warning("Paris is the capital of [MASK].", "uk") or "")
+    assert script_warning("Paris is the capital of [MASK].", "en") is None
+    assert script_warning("Київ — столиця [MASK].", "uk") is None
+    assert script_warning("anything", "xx") is None  # a language whose scripts are not known: no check
+
+
+def test_icu_breaks_japanese_into_words() -> None:
+    text = "東京は日本の首都である。"
+    bounds = word_boundaries(text)
+    assert bounds is not None and {2, 3, 5, 6, 8} <= bounds  # 東京|は|日本|の|首都|...
+
+
+def test_english_site_is_the_default() -> None:
+    assert ENGLISH.language == "en" and "category" in ENGLISH.hidden_prefixes and "wikt" in ENGLISH.other_prefixes
