@@ -163,12 +163,20 @@ def _merged_manifest(
     # By articles, every slice reads the whole corpus, so its corpus-wide counts are the same in each slice; by
     # streams, each slice counts what it read.
     own = [m for _, m in by_index] if first.slice is not None and first.slice.unit == "streams" else [first]
+    languages = sorted({m.language for m in manifests})
+    if len(languages) > 1:
+        raise MergeError(f"the slices were built from corpora in different languages ({', '.join(languages)})")
+    dropped: dict[str, int] = {}  # (each slice prepared only its own blocks' sentences)
+    for m in manifests:
+        for why, n in m.counts.dropped_sentences.items():
+            dropped[why] = dropped.get(why, 0) + n
     counts = Counts(
         articles=sum(m.counts.articles for m in manifests),
         sentences=sum(m.counts.sentences for m in manifests),
         contexts=sum(m.counts.contexts for m in manifests),
         skipped_duplicate_titles=sum(m.counts.skipped_duplicate_titles for m in own),
         skipped_pages=sum(m.counts.skipped_pages for m in own),
+        dropped_sentences=dict(sorted(dropped.items())),
     )
     return Manifest(
         model=first.model, layer=first.layer, dtype=first.dtype, max_seq_len=first.max_seq_len,
@@ -176,6 +184,7 @@ def _merged_manifest(
         stopwords_sha256=first.stopwords_sha256, counts=counts, sources=first.sources, shards=shards, slice=None,
         targets=first.targets, codec=first.codec,
         links=None if first.links is None else LinkInfo(),  # (counted again over all slices with the table)
+        language=first.language, warnings=list(dict.fromkeys(w for m in manifests for w in m.warnings)),
     )  # fmt: skip
 
 

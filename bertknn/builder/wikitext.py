@@ -196,7 +196,10 @@ def _take_links(marked: str, targets: list[str]) -> tuple[str, list[Link]]:
 
 
 _WORD = re.compile(r"[^\W\d_]{2,}")
-_RESIDUE = re.compile(r"colspan|rowspan|align\s*=|style\s*=|\{\{|\}\}|\[\[|\]\]|<ref|</ref|^\s*[!|*#]|\w\|\w")
+_RESIDUE = re.compile(
+    r"colspan|rowspan|align\s*=|style\s*=|\{\{|\}\}|\[\[|\]\]|<ref|</ref|^\s*[!|*#]|\w\|\w|''"
+    r"|\s\|\s[^|]*\s\|\s|\|\s*[\w-]+\s*="  # navigation-box rows ("A | B | C"), template parameters ("|name=")
+)
 _HATNOTE = re.compile(r"^(see also|main articles?|further information|for other uses|not to be confused)\b", re.I)
 MIN_WORDS = 4
 MIN_UNSPACED_LETTERS = 6  # a sentence written without spaces (Japanese, Chinese, Thai): its letters, not words
@@ -204,7 +207,8 @@ MIN_UNSPACED_LETTERS = 6  # a sentence written without spaces (Japanese, Chinese
 
 def sentence_problem(sentence: str) -> str | None:
     """Why a sentence is not kept as a context, or None: ``markup`` (table or template residue, a raw
-    reference, a file link's ``thumb|right|...`` parameters), ``fragment`` (fewer than `MIN_WORDS` words of two
+    reference, a file link's ``thumb|right|...`` parameters, a navigation box's ``A | B | C``, italics' ``''``),
+    ``fragment`` (fewer than `MIN_WORDS` words of two
     letters or more: list items, bibliography entries, captions, a lone "." or "ISBN ..."; a sentence mostly in a
     script without spaces: fewer than `MIN_UNSPACED_LETTERS` letters), ``hatnote`` ("See also ...", "Main
     article: ...")."""

@@ -26,7 +26,7 @@ def strip_latin_accents(text: str) -> str:
     they make other letters (``が`` is not ``か``, ``й`` is not ``и``). NFC result."""
     if text.isascii():
         return text
-    out = []
+    out: list[str] = []
     for ch in unicodedata.normalize("NFKD", text):
         if unicodedata.combining(ch) and out and "LATIN" in unicodedata.name(out[-1], ""):
             continue

@@ -110,7 +110,8 @@ def self_probe(
     items = sample_items(pipeline.datastore, n, seed)
     if not items:
         raise EvaluationError("the datastore has no word targets to probe (every row is an entity link's anchor)")
-    right, misses = 0, []
+    right = 0
+    misses: list[dict[str, str]] = []
     for i in range(0, len(items), batch_size):
         batch = items[i : i + batch_size]
         answers = pipeline.predict_batch([_knn_query(it) for it in batch])

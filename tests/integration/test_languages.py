@@ -11,7 +11,10 @@ import re
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -26,7 +29,9 @@ from bertknn.core.text import is_word_break
 from bertknn.evaluation.common import open_pipeline
 from bertknn.evaluation.selfprobe import sample_items, self_probe
 from bertknn.service.pipeline import AnswerPipeline
+from tests.support.browser import shot, wait
 from tests.support.families import make_family_model, train_tokenizer
+from tests.support.processes import service_process
 
 DUMPS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "wiki-i18n"
 LANGUAGES = ("ja", "uk", "vi")
@@ -41,7 +46,7 @@ def dump(language: str) -> Path:
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     language = request.param
     work = tmp_path_factory.mktemp(f"wiki-{language}")
-    texts = [a.text for _, a in zip(range(80), read_corpora([dump(language)], CorpusStats()))]
+    texts = [a.text for _, a in zip(range(80), read_corpora([dump(language)], CorpusStats()), strict=False)]
     tokenizer = train_tokenizer("xlm-roberta", texts, vocab_size=3000)
     model = make_family_model(work / "model", "xlm-roberta", texts, tokenizer=tokenizer, positions=256)
     build(BuildSettings(corpus=[dump(language)], model=str(model), out=work / "ds"))  # no --language
@@ -141,3 +146,21 @@ def test_a_question_is_served_in_the_datastore_s_language(built: tuple[str, Path
         assert foreign.status_code == 200 and "script" in " ".join(foreign.json()["warnings"])
         page = client.get("/ui")
         assert page.status_code == 200 and "<html" in page.text.lower()
+
+
+def test_the_playground_shows_the_answer_in_the_datastore_s_language(
+    built: tuple[str, Path], pipeline: AnswerPipeline, browser: Any
+) -> None:
+    """The playground in a real browser (`test_playground`'s), asked a stored sentence of this language."""
+    from selenium.webdriver.common.by import By
+
+    language, root = built
+    item = sample_items(pipeline.datastore, 1, seed=2)[0]
+    question = {"text": item.question, "subject": item.title}
+    with service_process(root, env={"BERTKNN_MODEL__DEVICE": "cpu"}) as svc:
+        api = httpx.post(f"{svc.url}/predict", json=question, timeout=60).json()
+        browser.get(f"{svc.url}/ui?{urlencode(question)}")
+        rows = wait(browser, "#answers .answer")
+        assert [r.get_attribute("data-token") for r in rows] == [p["token"] for p in api["predictions"]]
+        assert browser.find_element(By.CSS_SELECTOR, "#preview").text == item.question  # shown as asked
+        shot(browser, f"playground-{language}")

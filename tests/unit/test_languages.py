@@ -219,3 +219,35 @@ def test_icu_breaks_japanese_into_words() -> None:
 
 def test_english_site_is_the_default() -> None:
     assert ENGLISH.language == "en" and "category" in ENGLISH.hidden_prefixes and "wikt" in ENGLISH.other_prefixes
+
+
+# ---- evaluation in another language, and saying when a datastore cannot work ---------------------------------------
+
+
+def test_mlama_layout_is_read_in_the_datastore_s_language(tmp_path: Path) -> None:
+    from bertknn.evaluation.lama import discover_relations
+
+    ja = tmp_path / "mlama1.1" / "ja"
+    ja.mkdir(parents=True)
+    (ja / "templates.jsonl").write_text(
+        json.dumps({"relation": "P36", "template": "[X]の首都は[Y]です。", "label": "capital"}, ensure_ascii=False) + "\n",
+        encoding="utf-8",
+    )
+    (ja / "P36.jsonl").write_text(json.dumps({"sub_label": "日本", "obj_label": "東京", "uuid": "a"}) + "\n")
+    relations = discover_relations(tmp_path, language="ja")
+    assert [(r.id, r.template) for r in relations] == [("P36", "[X]の首都は[Y]です。")]
+    assert discover_relations(ja)[0].template == "[X]の首都は[Y]です。"  # the language folder itself
+    from bertknn.core.errors import LamaError
+
+    with pytest.raises(LamaError, match="no mLAMA folder for 'uk'"):
+        discover_relations(tmp_path, language="uk")
+
+
+def test_build_warnings_name_what_does_not_fit() -> None:
+    from bertknn.core.format.health import dropped_warning, target_warning
+
+    assert target_warning(0.5) is None and target_warning(None) is None
+    assert "2.0% of the stored contexts are word answers" in (target_warning(0.02) or "")
+    assert dropped_warning({"fragment": 10}, 90) is None
+    line = dropped_warning({"fragment": 700, "short": 100}, 200) or ""
+    assert line.startswith("80% of the sentences were dropped (700 fragment, 100 short)") and "--language" in line
