@@ -77,13 +77,13 @@ def make_model(language: str, work: Path, vocab: int) -> Path:
     return make_family_model(model, "xlm-roberta", texts, tokenizer=tokenizer, positions=256)
 
 
-def build(language: str, model: Path, out: Path, reuse: bool = False) -> tuple[Any, float]:
+def build(language: str, model: Path, out: Path, reuse: bool = False) -> tuple[Any, float | None]:
     from bertknn.builder.build import build as run_build
     from bertknn.builder.settings import BuildSettings
     from bertknn.core.format import read_manifest
 
     if reuse and (out / "manifest.json").is_file():
-        return read_manifest(out), float("nan")
+        return read_manifest(out), None
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     manifest = run_build(BuildSettings(corpus=[dump_of(language)], model=str(model), out=out))
@@ -169,7 +169,8 @@ def one_language(language: str, args: argparse.Namespace) -> dict[str, Any]:
     model = make_model(language, work, args.vocab)
     manifest, seconds = build(language, model, work / "datastore", args.reuse)
     row: dict[str, Any] = {
-        "language": manifest.language, "build_s": round(seconds, 1), "warnings": manifest.warnings,
+        "language": manifest.language, "build_s": None if seconds is None else round(seconds, 1),
+        "warnings": manifest.warnings,
         "truncation_warned": sum("ends inside a page" in w for w in manifest.warnings) == 1,
         **text_checks(work / "datastore", manifest, other_pages(dump_of(language))),
     }  # fmt: skip
@@ -200,7 +201,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     def cell(v: Any) -> str:
         if isinstance(v, float):
-            return f"{v:.1%}"
+            return f"{v:.2%}" if v < 0.01 else f"{v:.1%}"
         if isinstance(v, list):
             return str(len(v))
         return str(v)

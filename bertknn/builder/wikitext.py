@@ -216,7 +216,7 @@ def sentence_problem(sentence: str) -> str | None:
         return "markup"
     if _HATNOTE.match(sentence):
         return "hatnote"
-    if unspaced_share(sentence) > 0.5:
+    if not sentence.isascii() and unspaced_share(sentence) > 0.5:
         if sum(1 for ch in sentence if unicodedata.category(ch)[0] == "L") < MIN_UNSPACED_LETTERS:
             return "fragment"
     elif len(_WORD.findall(sentence)) < MIN_WORDS:

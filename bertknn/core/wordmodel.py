@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from bertknn.core.errors import QueryError
-from bertknn.core.languages import is_unspaced_char, word_boundaries
+from bertknn.core.languages import has_unspaced, word_boundaries
 from bertknn.core.text import MASK_RE, is_punctuation, is_word_break
 
 # words a query's [MASK] may be replaced by before tokenising (its tokens then become the one mask): the first
@@ -341,7 +341,7 @@ class WordModel:
 def _join_unspaced(text: str, words: list[WordSpan]) -> list[WordSpan]:
     """One-token words of unspaced text joined into the words ICU's word breaker finds (``東`` + ``京`` ->
     ``東京``): adjacent ones merge where ICU puts no boundary between them. Unchanged without ICU or such text."""
-    if not any(map(is_unspaced_char, text)):
+    if not has_unspaced(text):
         return words
     bounds = word_boundaries(text)
     if bounds is None:
@@ -361,7 +361,7 @@ def _join_unspaced(text: str, words: list[WordSpan]) -> list[WordSpan]:
 
 def _unspaced(piece: str) -> bool:
     """A token (or character) of a script written without spaces between words."""
-    return any(is_unspaced_char(ch) for ch in piece)
+    return has_unspaced(piece)
 
 
 def _space_tokens_empty(offsets: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
