@@ -163,22 +163,24 @@ def _pid_key(path: Path) -> tuple[int, str]:
 
 
 def mlama_folder(root: Path, language: str | None) -> Path | None:
-    """The folder of mLAMA's layout (``templates.jsonl`` beside ``P*.jsonl`` facts, one folder per language) that
-    ``root`` is or holds for ``language`` (``root/ja``, ``root/mlama1.1/ja``), or None."""
+    """The folder of mLAMA's layout (one folder per language: ``templates.jsonl`` beside one ``RELATION.jsonl``
+    of facts per relation, as ``norakassner/mlama``'s ``dataset/reader.py`` reads it) that ``root`` is or holds
+    for ``language`` (``root/ja``, ``root/mlama1.1/ja``), or None."""
     candidates = [root]
     if language:
         candidates += [root / language, root / "mlama1.1" / language]
     for folder in candidates:
-        if (folder / MLAMA_TEMPLATES).is_file() and any(folder.glob("P*.jsonl")):
+        if (folder / MLAMA_TEMPLATES).is_file() and len(list(folder.glob("*.jsonl"))) > 1:
             return folder
     return None
 
 
 def _mlama_relations(folder: Path) -> list[Relation]:
-    """An mLAMA language folder: its templates (in its language) and its T-REx facts."""
+    """An mLAMA language folder: its templates (in its language) and the facts of each relation (T-REx's ``P*``
+    and Google-RE's translated ones alike: ``sub_label``/``obj_label`` facts, scored as T-REx's)."""
     templates = load_templates(folder / MLAMA_TEMPLATES)
     out = []
-    for path in sorted(folder.glob("P*.jsonl"), key=_pid_key):
+    for path in sorted((p for p in folder.glob("*.jsonl") if p.name != MLAMA_TEMPLATES), key=_pid_key):
         if path.stem not in templates:
             raise LamaError(f"{path}: relation {path.stem} has no template in {folder / MLAMA_TEMPLATES}")
         template, label = templates[path.stem]
@@ -283,7 +285,7 @@ def read_facts(relation: Relation) -> list[Fact]:
     path = relation.path
     facts: list[Fact] = []
     for lineno, obj in _iter_jsonl(path):
-        uid = str(obj.get("uuid") or obj.get("id") or f"{relation.id}:{lineno}")
+        uid = str(obj.get("uuid") or obj.get("id") or obj.get("lineid") or f"{relation.id}:{lineno}")
         obj_label = obj.get("obj_label")
         if not isinstance(obj_label, str):
             raise LamaError(f'{path}:{lineno}: expected a string "obj_label"')

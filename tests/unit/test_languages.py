@@ -229,13 +229,17 @@ def test_mlama_layout_is_read_in_the_datastore_s_language(tmp_path: Path) -> Non
 
     ja = tmp_path / "mlama1.1" / "ja"
     ja.mkdir(parents=True)
-    (ja / "templates.jsonl").write_text(
-        json.dumps({"relation": "P36", "template": "[X]の首都は[Y]です。", "label": "capital"}, ensure_ascii=False) + "\n",
-        encoding="utf-8",
-    )
-    (ja / "P36.jsonl").write_text(json.dumps({"sub_label": "日本", "obj_label": "東京", "uuid": "a"}) + "\n")
+    templates = [{"relation": "P36", "template": "[X]の首都は[Y]です。", "label": "capital"},
+                 {"relation": "place_of_birth", "template": "[X]は[Y]で生まれた。"}]  # fmt: skip
+    (ja / "templates.jsonl").write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in templates), "utf-8")
+    (ja / "P36.jsonl").write_text(json.dumps({"sub_label": "日本", "obj_label": "東京", "lineid": 7}) + "\n")
+    (ja / "place_of_birth.jsonl").write_text(json.dumps({"sub_label": "夏目漱石", "obj_label": "東京"}) + "\n")
     relations = discover_relations(tmp_path, language="ja")
-    assert [(r.id, r.template) for r in relations] == [("P36", "[X]の首都は[Y]です。")]
+    assert [(r.id, r.template) for r in relations] == [("P36", "[X]の首都は[Y]です。"),
+                                                       ("place_of_birth", "[X]は[Y]で生まれた。")]  # fmt: skip
+    from bertknn.evaluation.lama import read_facts
+
+    assert [(f.uid, f.subject, f.obj) for f in read_facts(relations[0])] == [("7", "日本", "東京")]
     assert discover_relations(ja)[0].template == "[X]の首都は[Y]です。"  # the language folder itself
     from bertknn.core.errors import LamaError
 
