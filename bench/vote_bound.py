@@ -1,4 +1,4 @@
-"""How far a better vote can take BERT-kNN on real article text: the ceiling of vote changes::
+"""How far a better vote can take BERT-kNN on real article text: the best vote a search finds::
 
     python -m bench.vote_bound [--model DIR] [--others 300] [--searches 20000] [--restarts 3] [--probe heldout]
 
@@ -8,14 +8,15 @@ service's vote, the paper's vote or p_MLM ranks among the top ``--candidates`` i
 one forward pass and the searched articles' stored contexts give (`FEATURES`): the neighbours' vote at two
 temperatures and weighted by p_MLM, p_MLM and its rank, how near the word's nearest contexts lie, how many
 contexts it has, whether it is one of the subject's words, how many of the question's words its sentence shares;
-and, for the bound only, two that fit this benchmark and no general rule (`BENCHMARK_ONLY`): whether the word is
+and, for the best found only, two that fit this benchmark and no general rule (`BENCHMARK_ONLY`): whether the word is
 written in the article's first sentence, and whether it is a number (no object of these relations is).
 
 A vote here is a linear score over those features; the answer is the candidate that scores highest. Two figures:
 
-- **the bound**: the weights that score best on a split's facts, searched on those very facts (random search, then
-  local refinement). No reweighting of these features scores higher there, so a target above it cannot be reached
-  by a vote over these features with this model: it needs a better encoder or more than the vote can change.
+- **the best found** (``bound_*`` in the results, for their readers' sake): the weights that scored best on a
+  split's facts among those a random search, then local refinement, tried on those very facts. It is a floor under
+  the best linear vote over these features, not a ceiling: a vote that scores higher may exist that the search did
+  not try. (The true maximum is a mixed-integer program, one binary per fact; not computed here.)
 - **fitted on dev**: the weights that maximise the dev facts' likelihood (a softmax over each fact's candidates),
   scored on test: what a learned vote honestly gives.
 
@@ -329,7 +330,7 @@ def split_candidates(pipeline: Any, facts: list[Fact], splits: list[str], *, wit
 def print_row(split: str, setting: str, x: dict[str, Any]) -> None:
     fitted = "" if x["fitted_on_dev"] is None else f"  fitted on dev {x['fitted_on_dev']:5.1f}"
     print(f"{split:7s} {setting:16s} facts {x['facts']:4d}  default {x['default']:5.1f}  gold among candidates "
-          f"{x['gold_among_candidates']:5.1f}  bound: general features {x['bound_general']:5.1f}, all "
+          f"{x['gold_among_candidates']:5.1f}  best found: general features {x['bound_general']:5.1f}, all "
           f"{x['bound_all']:5.1f}{fitted}", flush=True)  # fmt: skip
 
 
