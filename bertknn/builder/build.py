@@ -38,7 +38,7 @@ from bertknn.core.format import (
     sha256_file,
     write_manifest,
 )
-from bertknn.core.format.health import dropped_warning, target_warning, word_target_share
+from bertknn.core.format.health import dropped_in, dropped_warning, target_warning, word_target_share
 from bertknn.core.model_ref import local_model_path
 from bertknn.core.runtime import cpu_quota_threads
 
@@ -269,7 +269,7 @@ class _BuildRun:
         counts.sentences = sum(i.sentences for i in infos)
         counts.contexts = sum(i.rows for i in infos)
         counts.skipped_pages = self.stats.skipped_pages
-        counts.dropped_sentences = dict(sorted(self.stats.times.dropped.items()))
+        counts.dropped_sentences = dropped_in(infos)
         atomic_write_json(self.out / REDIRECTS, dict(sorted(self.stats.redirects.items())))
         manifest = Manifest(
             model=ModelInfo(
@@ -301,7 +301,7 @@ class _BuildRun:
         found = [
             *self.stats.warnings,
             target_warning(word_target_share(self.out, manifest)),
-            dropped_warning(self.stats.times.dropped, manifest.counts.sentences),
+            dropped_warning(manifest.counts.dropped_sentences, manifest.counts.sentences),
         ]
         return [w for w in found if w]
 
@@ -322,7 +322,8 @@ class _BuildRun:
         }
         logger.info("build finished: %s", json.dumps(summary))
         for line in self.warnings:
-            logger.warning("%s", line)
+            if line not in self.stats.warnings:  # (the reader said those when it met them)
+                logger.warning("%s", line)
 
 
 def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> CodecInfo:

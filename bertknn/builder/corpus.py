@@ -425,8 +425,8 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
                         yield article
                         clock.resume()
             except (ET.ParseError, EOFError) as exc:
-                if not (f.at_end or isinstance(exc, EOFError)):
-                    raise
+                if pages == 0 or not (f.at_end or isinstance(exc, EOFError)):
+                    raise  # broken in the middle, or cut before its first whole page: nothing to keep
                 stats.truncated(path, pages, last, exc)
     except ET.ParseError as exc:
         raise CorpusError(f"{path}: malformed XML ({exc})") from exc

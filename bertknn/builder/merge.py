@@ -38,6 +38,7 @@ from bertknn.core.format import (
     validate_parts,
     write_manifest,
 )
+from bertknn.core.format.health import dropped_in
 
 logger = logging.getLogger(__name__)
 
@@ -166,17 +167,13 @@ def _merged_manifest(
     languages = sorted({m.language for m in manifests})
     if len(languages) > 1:
         raise MergeError(f"the slices were built from corpora in different languages ({', '.join(languages)})")
-    dropped: dict[str, int] = {}  # (each slice prepared only its own blocks' sentences)
-    for m in manifests:
-        for why, n in m.counts.dropped_sentences.items():
-            dropped[why] = dropped.get(why, 0) + n
     counts = Counts(
         articles=sum(m.counts.articles for m in manifests),
         sentences=sum(m.counts.sentences for m in manifests),
         contexts=sum(m.counts.contexts for m in manifests),
         skipped_duplicate_titles=sum(m.counts.skipped_duplicate_titles for m in own),
         skipped_pages=sum(m.counts.skipped_pages for m in own),
-        dropped_sentences=dict(sorted(dropped.items())),
+        dropped_sentences=dropped_in(shards),
     )
     return Manifest(
         model=first.model, layer=first.layer, dtype=first.dtype, max_seq_len=first.max_seq_len,

@@ -17,6 +17,7 @@ from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, masked_ids
 from bertknn.builder.wikitext import sentence_problem
+from bertknn.builder.writer import DROPPED
 from bertknn.core.encoder import ContextTokenizer, MaskedInput
 from bertknn.core.inputs import PackedInputs
 from bertknn.core.languages import LanguageRules
@@ -172,7 +173,8 @@ class ShardPreparer:
             t0 = time.perf_counter()
             text, links = art.text_links() if self.links else (art.text, [])  # wikitext -> text: in the worker
             t1 = time.perf_counter()
-            sents, sent_links = self._sentences(self.splitter(art.site.rules), text, links, entity_ids, times)
+            dropped: dict[str, int] = {}
+            sents, sent_links = self._sentences(self.splitter(art.site.rules), text, links, entity_ids, dropped)
             t2 = time.perf_counter()
             times.add("markup", t1 - t0, 1 if art.markup == "wikitext" else 0)
             times.add("split", t2 - t1, len(sents))
@@ -180,7 +182,10 @@ class ShardPreparer:
             self._targets(sents, sent_links if self.links else None, rows, words)
             times.add("targets", time.perf_counter() - t2, len(rows.labels) - row_start)
             metas.append({"title": art.title, "id": art.id, "source": Path(art.source).name, "row_start": row_start,
-                          "row_end": len(rows.labels), "sent_start": sent_start, "sent_end": len(rows.sentences)})  # fmt: skip
+                          "row_end": len(rows.labels), "sent_start": sent_start, "sent_end": len(rows.sentences),
+                          **({DROPPED: dropped} if dropped else {})})  # fmt: skip
+            for reason, n in dropped.items():
+                times.dropped[reason] = times.dropped.get(reason, 0) + n
         return PreparedShard(
             index, metas, rows.sentences, PackedInputs.of(rows.inputs), np.asarray(rows.labels, dtype=np.int32),
             np.asarray(rows.sent_ids, dtype=np.int32), np.asarray(rows.spans, dtype=np.int32).reshape(-1, 2),
@@ -196,10 +201,11 @@ class ShardPreparer:
         return self._splitters[rules.code]
 
     def _sentences(
-        self, splitter: SentenceSplitter, text: str, links: list[Link], entity_ids: dict[str, int], times: StageTimes
-    ) -> tuple[list[str], list[list[tuple[int, int, int]]]]:
+        self, splitter: SentenceSplitter, text: str, links: list[Link], entity_ids: dict[str, int],
+        dropped: dict[str, int],
+    ) -> tuple[list[str], list[list[tuple[int, int, int]]]]:  # fmt: skip
         """The article's kept sentences (long enough, no markup left: `sentence_problem`), each with the links
-        inside it as (start, end, entity id) relative to the sentence; the others counted as dropped."""
+        inside it as (start, end, entity id) relative to the sentence; the others counted in ``dropped``."""
         sents: list[str] = []
         sent_links: list[list[tuple[int, int, int]]] = []
         cursor = 0
@@ -208,7 +214,7 @@ class ShardPreparer:
             cursor = at + len(sent) if at >= 0 else cursor
             problem = "short" if len(sent) < self.min_sentence_chars else sentence_problem(sent)
             if problem is not None:
-                times.drop(problem)
+                dropped[problem] = dropped.get(problem, 0) + 1
                 continue
             sents.append(sent)
             inside = [] if at < 0 else [

@@ -45,6 +45,8 @@ from bertknn.core.format import (
 from bertknn.core.format.table import write_article_table
 from bertknn.core.words import WordTable
 
+DROPPED = "dropped"  # an article's sentences left out, by reason: counted into its part's ShardInfo, not stored
+
 
 @dataclass
 class ShardData:
@@ -57,6 +59,15 @@ class ShardData:
     words: WordTable | None = None  # whole-word datastores: what the labels index
     entity_labels: np.ndarray | None = None  # datastores with links: int32 [rows], index into entities, or -1
     entities: list[str] | None = None
+
+
+def _dropped(articles: list[dict]) -> dict[str, int]:
+    """The part's sentences left out, by reason, from its articles' counts (`DROPPED`)."""
+    out: dict[str, int] = {}
+    for meta in articles:
+        for reason, n in meta.get(DROPPED, {}).items():
+            out[reason] = out.get(reason, 0) + n
+    return dict(sorted(out.items()))
 
 
 def _fsync_save(path: Path, array: np.ndarray) -> None:
@@ -122,7 +133,8 @@ def _write_shard_files(tmp: Path, final: Path, index: int, part: int, last: bool
     _fsync_save(tmp / SPANS, data.spans.astype(np.int32, copy=False).reshape(-1, 2))
     _fsync_save(tmp / SENTENCE_OFFSETS, offsets)
     _fsync_write(tmp / SENTENCES, b"".join(encoded))
-    _fsync_write(tmp / ARTICLES, json.dumps(data.articles, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+    articles = [{k: v for k, v in a.items() if k != DROPPED} for a in data.articles]
+    _fsync_write(tmp / ARTICLES, json.dumps(articles, ensure_ascii=False, sort_keys=True).encode("utf-8"))
     names = tuple(CODES if coded and n == VECTORS else n for n in SHARD_FILES)
     if data.words is not None:
         _fsync_write(tmp / WORDS, data.words.to_json())
@@ -143,6 +155,7 @@ def _write_shard_files(tmp: Path, final: Path, index: int, part: int, last: bool
         rows=int(len(data.labels)),
         articles=len(data.articles),
         sentences=len(data.sentences),
+        dropped=_dropped(data.articles),
         files={
             name: FileInfo(bytes=(tmp / name).stat().st_size, sha256=sha256_file(tmp / name)) for name in names
         },

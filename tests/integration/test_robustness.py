@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import bz2
+import gzip
 import json
 import math
 import os
@@ -602,6 +603,22 @@ def test_broken_corpus_stops_with_one_clear_line(tmp_path: Path, model: Path, ca
     assert expected in error, error
     # Shards finished before the bad record are complete (and only reused by the same corpus: see below).
     assert_nothing_trusted(out)
+
+
+def test_a_dump_cut_inside_a_page_builds_its_whole_pages_with_one_warning(tmp_path: Path, model: Path) -> None:
+    """A truncated download: the pages before the cut are built, the cut one is not, one line says where."""
+    xml = wiki_xml(ARTICLES).encode()
+    cut = xml.index(b"</text>", xml.index(f"<title>{escape(ARTICLES[BAD]['title'])}</title>".encode()))
+    path = tmp_path / "pages-articles.xml.gz"
+    path.write_bytes(gzip.compress(xml[:cut]))
+    out = tmp_path / "ds"
+    done = run_builder(build_argv(path, model, out, indexes=False))
+    assert done.returncode == 0, done.stderr[-3000:]
+    warned = [line for line in done.stderr.splitlines() if "the dump ends inside a page" in line]
+    assert len(warned) == 1 and str(path) in warned[0] and f"kept its {BAD} whole pages" in warned[0], warned
+    manifest = read_manifest(out)
+    assert manifest.counts.articles == BAD and manifest.warnings[0] in warned[0]
+    assert validate_datastore(out) == []
 
 
 def test_shards_from_a_broken_corpus_are_not_reused_for_the_repaired_one(

@@ -188,6 +188,7 @@ class ShardInfo(BaseModel):
     files: dict[str, FileInfo]
     part: int = 0
     last: bool = True
+    dropped: dict[str, int] = Field(default_factory=dict)  # its articles' sentences left out, by reason
 
     @property
     def key(self) -> tuple[int, int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.core.format.contract import Manifest
+from bertknn.core.format.contract import Manifest, ShardInfo
 
 # below these, a datastore mostly cannot answer: its language's rules (words, sentences) did not fit the corpus
 MIN_WORD_TARGET_SHARE = 0.10
@@ -45,3 +45,13 @@ def dropped_warning(dropped: dict[str, int], kept: int) -> str | None:
         f"{sum(dropped.values()) / total:.0%} of the sentences were dropped ({reasons}); the corpus's language rules "
         "may not fit it (check --language; a JSON lines corpus is read as English unless told)"
     )
+
+
+def dropped_in(shards: list[ShardInfo]) -> dict[str, int]:
+    """The sentences the shards' articles left out, by reason (each part counts its own: a resumed or sliced
+    build sums the same as one run)."""
+    out: dict[str, int] = {}
+    for info in shards:
+        for reason, n in info.dropped.items():
+            out[reason] = out.get(reason, 0) + n
+    return dict(sorted(out.items()))
