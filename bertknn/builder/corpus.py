@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal, cast
 
-from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.site import ENGLISH, Site, site_for
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.wikitext import Link, link_target, wikitext_links
@@ -30,7 +29,6 @@ from bertknn.core.titles import normalize_title
 logger = logging.getLogger(__name__)
 
 CorpusFormat = Literal["jsonl", "mediawiki-xml"]
-__all__ = ["Article", "CorpusStats", "SentenceSplitter", "read_corpora"]  # (SentenceSplitter: builder.sentences)
 
 
 

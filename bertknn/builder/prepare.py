@@ -185,7 +185,7 @@ class ShardPreparer:
                           "row_end": len(rows.labels), "sent_start": sent_start, "sent_end": len(rows.sentences),
                           **({DROPPED: dropped} if dropped else {})})  # fmt: skip
             for reason, n in dropped.items():
-                times.dropped[reason] = times.dropped.get(reason, 0) + n
+                times.drop(reason, n)
         return PreparedShard(
             index, metas, rows.sentences, PackedInputs.of(rows.inputs), np.asarray(rows.labels, dtype=np.int32),
             np.asarray(rows.sent_ids, dtype=np.int32), np.asarray(rows.spans, dtype=np.int32).reshape(-1, 2),

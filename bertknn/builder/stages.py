@@ -41,8 +41,8 @@ class StageTimes:
         """The share of the forward's tokens that were padding (None before any batch)."""
         return round(1.0 - self.tokens / self.padded_tokens, 4) if self.padded_tokens else None
 
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
 
     def add(self, stage: str, seconds: float, items: float = 0) -> None:
         self.seconds[stage] += seconds

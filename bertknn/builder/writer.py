@@ -42,6 +42,7 @@ from bertknn.core.format import (
     sha256_file,
     shard_name,
 )
+from bertknn.core.format.health import summed
 from bertknn.core.format.table import write_article_table
 from bertknn.core.words import WordTable
 
@@ -59,15 +60,6 @@ class ShardData:
     words: WordTable | None = None  # whole-word datastores: what the labels index
     entity_labels: np.ndarray | None = None  # datastores with links: int32 [rows], index into entities, or -1
     entities: list[str] | None = None
-
-
-def _dropped(articles: list[dict]) -> dict[str, int]:
-    """The part's sentences left out, by reason, from its articles' counts (`DROPPED`)."""
-    out: dict[str, int] = {}
-    for meta in articles:
-        for reason, n in meta.get(DROPPED, {}).items():
-            out[reason] = out.get(reason, 0) + n
-    return dict(sorted(out.items()))
 
 
 def _fsync_save(path: Path, array: np.ndarray) -> None:
@@ -155,7 +147,7 @@ def _write_shard_files(tmp: Path, final: Path, index: int, part: int, last: bool
         rows=int(len(data.labels)),
         articles=len(data.articles),
         sentences=len(data.sentences),
-        dropped=_dropped(data.articles),
+        dropped=summed(a.get(DROPPED, {}) for a in data.articles),
         files={
             name: FileInfo(bytes=(tmp / name).stat().st_size, sha256=sha256_file(tmp / name)) for name in names
         },

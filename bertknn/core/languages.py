@@ -36,7 +36,9 @@ _UNSPACED_RANGES = (
 )
 
 
-_UNSPACED_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _UNSPACED_RANGES) + "々〆ー]")
+# the same, as the inside of a regular-expression character class (TF-IDF's terms use it too)
+UNSPACED_CLASS = "".join(f"{chr(a)}-{chr(b)}" for a, b in _UNSPACED_RANGES) + "々〆ー"
+_UNSPACED_RE = re.compile(f"[{UNSPACED_CLASS}]")
 
 
 def is_unspaced_char(ch: str) -> bool:

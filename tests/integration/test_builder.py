@@ -38,9 +38,10 @@ from transformers import (
 
 from bertknn.builder.__main__ import main
 from bertknn.builder.build import build
-from bertknn.builder.corpus import CorpusStats, SentenceSplitter, read_corpora
+from bertknn.builder.corpus import CorpusStats, read_corpora
 from bertknn.builder.embed import CARRIED
 from bertknn.builder.merge import merge_slices
+from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.settings import BuildSettings
 from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
 from bertknn.builder.wikitext import sentence_problem

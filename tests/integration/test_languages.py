@@ -5,9 +5,6 @@ of docs/languages.md."""
 
 from __future__ import annotations
 
-import html
-import lzma
-import re
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +16,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.languages import RESIDUE, is_fragment, other_pages
 from bertknn.builder.build import build
 from bertknn.builder.corpus import CorpusStats, read_corpora
 from bertknn.builder.settings import BuildSettings
 from bertknn.core.format import validate_datastore
 from bertknn.core.format.reader import Datastore
-from bertknn.core.languages import unspaced_share
 from bertknn.core.text import is_word_break
 from bertknn.evaluation.common import open_pipeline
 from bertknn.evaluation.selfprobe import sample_items, self_probe
@@ -35,7 +32,6 @@ from tests.support.processes import service_process
 
 DUMPS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "wiki-i18n"
 LANGUAGES = ("ja", "uk", "vi")
-RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\||<ref|</ref|^=+|=+$|\d+px\b|\b(thumb|mini|upright)\b|サムネイル")
 
 
 def dump(language: str) -> Path:
@@ -60,23 +56,6 @@ def pipeline(built: tuple[str, Path]) -> Iterator[AnswerPipeline]:
     pipe.close()
 
 
-def _other_pages(language: str) -> set[str]:
-    """Titles the raw XML marks as another namespace or a redirect (read here, not by the builder's reader)."""
-    text = lzma.decompress(dump(language).read_bytes()).decode("utf-8")
-    out = set()
-    for page in re.findall(r"<page>(.*?)</page>", text, re.S):
-        title, ns = re.search(r"<title>(.*?)</title>", page, re.S), re.search(r"<ns>(-?\d+)</ns>", page)
-        if title and ((ns and ns.group(1) != "0") or "<redirect" in page):
-            out.add(unicodedata.normalize("NFC", html.unescape(title.group(1))))
-    return out
-
-
-def _fragment(sentence: str) -> bool:
-    if unspaced_share(sentence) > 0.5:
-        return sum(unicodedata.category(ch)[0] == "L" for ch in sentence) < 6
-    return len(re.findall(r"[^\W\d_]+", sentence)) < 3
-
-
 def test_the_dump_builds_in_its_own_language_and_says_it_was_cut(built: tuple[str, Path]) -> None:
     language, root = built
     ds = Datastore(root)
@@ -85,7 +64,7 @@ def test_the_dump_builds_in_its_own_language_and_says_it_was_cut(built: tuple[st
     assert [w for w in manifest.warnings if "ends inside a page" in w] == manifest.warnings[:1]
     assert len(manifest.warnings) == 1, manifest.warnings  # the cut end, and nothing else is wrong
     titles = {a["title"] for s in ds.shards for a in s.articles()}
-    assert not titles & _other_pages(language)
+    assert not titles & other_pages(dump(language))
 
 
 def test_stored_text_is_clean_and_its_contexts_are_words(built: tuple[str, Path]) -> None:
@@ -93,7 +72,7 @@ def test_stored_text_is_clean_and_its_contexts_are_words(built: tuple[str, Path]
     ds = Datastore(root)
     sentences = [s.sentence(i) for s in ds.shards for i in range(len(s.sentence_offsets) - 1)]
     assert sum(bool(RESIDUE.search(s)) for s in sentences) / len(sentences) < 0.005
-    assert sum(map(_fragment, sentences)) / len(sentences) < 0.02
+    assert sum(map(is_fragment, sentences)) / len(sentences) < 0.02
     dropped = sum(ds.manifest.counts.dropped_sentences.values())
     assert dropped / (dropped + len(sentences)) <= 0.20
     rows = words = glued = 0

@@ -13,12 +13,12 @@ import pytest
 
 from bertknn.builder.corpus import (
     CorpusStats,
-    SentenceSplitter,
     detect_format,
     read_corpora,
     read_jsonl,
     read_mediawiki_xml,
 )
+from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.wikitext import wikitext_to_text
 from bertknn.core.errors import CorpusError
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bertknn.builder.corpus import CorpusStats, SentenceSplitter, read_corpora
+from bertknn.builder.corpus import CorpusStats, read_corpora
+from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.wikitext import sentence_problem, wikitext_to_text
 
 

@@ -3,6 +3,7 @@ warnings a build records when that share, or the share of sentences it kept, say
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +51,13 @@ def dropped_warning(dropped: dict[str, int], kept: int) -> str | None:
 def dropped_in(shards: list[ShardInfo]) -> dict[str, int]:
     """The sentences the shards' articles left out, by reason (each part counts its own: a resumed or sliced
     build sums the same as one run)."""
+    return summed(info.dropped for info in shards)
+
+
+def summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts by reason, added up, sorted by reason."""
     out: dict[str, int] = {}
-    for info in shards:
-        for reason, n in info.dropped.items():
+    for one in counts:
+        for reason, n in one.items():
             out[reason] = out.get(reason, 0) + n
     return dict(sorted(out.items()))

@@ -18,7 +18,7 @@ from sklearn.feature_extraction.text import HashingVectorizer
 from sklearn.utils import murmurhash3_32
 
 from bertknn.core.errors import SparseIndexError
-from bertknn.core.languages import is_unspaced_char
+from bertknn.core.languages import UNSPACED_CLASS, is_unspaced_char
 from bertknn.core.text import fold_text, is_punctuation
 from bertknn.core.titles import strip_latin_accents
 
@@ -47,7 +47,7 @@ FOLD_KEEP = "NFKC, casefold"
 FOLD_LATIN = "NFKC, accents of Latin letters removed, casefold"
 UNSPACED_TOKENS = "character bigrams of unspaced-script runs"
 _TOKEN = re.compile(TOKEN_PATTERN)
-_UNSPACED = "\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u31f0-\u31ff\uff66-\uff9f\u3005\u3006"
+_UNSPACED = UNSPACED_CLASS
 _TOKEN_I18N = re.compile(f"[{_UNSPACED}]+|(?:(?![{_UNSPACED}])\\w)+|[^\\w\\s]")
 
 
