@@ -1,0 +1,125 @@
+"""scripts/check_figures.py: every figure in README.md and docs/ is a value that a results file its passage cites holds,
+a ratio of two such figures, a setting's default, a published figure next to the paper's name, or an entry of the
+unverified list; a figure edited by hand fails."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("check_figures", REPO / "scripts" / "check_figures.py")
+assert _spec and _spec.loader
+cf = importlib.util.module_from_spec(_spec)
+sys.modules["check_figures"] = cf
+_spec.loader.exec_module(cf)
+
+
+def _doc(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "docs").mkdir(exist_ok=True)
+    (tmp_path / "README.md").write_text(text, encoding="utf-8")
+    return tmp_path
+
+
+def _absent(near: float, decimals: int, files: tuple[str, ...]) -> str:
+    """A number written with ``decimals`` that no cited file holds at any scale: what a careless hand edit writes."""
+    checker = cf.Checker()
+    values = checker.values(files) + checker.defaults
+    step = 10.0**-decimals
+    for i in range(1, 10_000):
+        candidate = near + i * step
+        fig = cf.Figure("x", "", candidate, decimals, "", "", files)
+        if not cf.supported(fig, values):
+            return f"{candidate:.{decimals}f}"
+    raise AssertionError("no absent value near the figure")
+
+
+def test_the_repository_s_docs_pass() -> None:
+    assert [f"{f.doc}: {f.text} ({f.context})" for f in cf.new_figures()] == []
+
+
+def test_the_unverified_list_has_no_stale_entries() -> None:
+    keys = {fig.key() for fig in cf.unsupported(cf.documents())}
+    assert [line for line in cf.read_unverified() if line not in keys] == []
+
+
+def test_a_headline_figure_edited_by_hand_fails(tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| **Real article text**"))
+    fig = next(f for f in cf._unit_figures("README.md", cf.plain(row), cf.cited_files(row), 0) if f.text == "34.0")
+    edited = _absent(fig.value, fig.decimals, fig.cited)
+    root = _doc(tmp_path, readme.replace(row, row.replace("34.0", edited, 1)))
+    failing = [f.text for f in cf.new_figures(root, listed=[])]
+    assert edited in failing
+    assert cf.new_figures(_doc(tmp_path, readme), listed=[]) == []
+
+
+def test_an_unverified_figure_edited_by_hand_fails(tmp_path: Path) -> None:
+    entries = [line.split("\t") for line in cf.read_unverified()]
+    doc, text, context = next(e for e in entries if e[2] in (REPO / e[0]).read_text(encoding="utf-8"))
+    original = (REPO / doc).read_text(encoding="utf-8")
+    number = re.match(r"[\d,.]+", text)
+    assert number
+    written = number.group(0).rstrip(".,")
+    other = written[:-1] + str((int(written[-1]) + 3) % 10)  # its last digit changed
+    edited_context = context.replace(written, other, 1)
+    (tmp_path / doc).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "README.md").write_text("", encoding="utf-8")
+    (tmp_path / doc).write_text(original.replace(context, edited_context, 1), encoding="utf-8")
+    assert doc in {f.doc for f in cf.new_figures(tmp_path)}
+    (tmp_path / doc).write_text(original, encoding="utf-8")
+    assert cf.new_figures(tmp_path) == []
+
+
+def test_a_figure_whose_passage_cites_no_command_fails(tmp_path: Path) -> None:
+    root = _doc(tmp_path, "# T\n\nThe service answers 1,234.5 requests a second.\n")
+    assert [f.text for f in cf.new_figures(root, listed=[])] == ["1,234.5"]
+
+
+def test_a_section_s_citation_covers_its_subsections(tmp_path: Path) -> None:
+    quality = json.loads((REPO / "bench/results/quality.json").read_text())
+    contexts = quality["datastore"]["contexts"]
+    text = f"# T\n\n`python -m bench.quality`\n\n## Sub\n\nIt stores {contexts:,} contexts.\n\n# Other\n\n{contexts:,}.\n"
+    failing = cf.new_figures(_doc(tmp_path, text), listed=[])
+    assert [(f.text, f.context) for f in failing] == [(f"{contexts:,}", f"{contexts:,}.")]
+
+
+def test_ratios_must_be_the_ratio_of_their_passage_s_figures(tmp_path: Path) -> None:
+    hostwork = json.loads((REPO / "bench/results/hostwork.json").read_text())
+    ms = hostwork["bare_forward_ms"]
+    onnx, eager = ms["onnx_p50"], ms["eager_p50"]
+    good = f"{eager / onnx:.2f}x"
+    wrong = f"{eager / onnx + 0.37:.2f}x"
+    line = "`python -m bench.hostwork`: eager {e:.2f} / ONNX Runtime {o:.2f} ms = {r}\n"
+    root = _doc(tmp_path, "# T\n\n" + line.format(e=eager, o=onnx, r=good))
+    assert cf.new_figures(root, listed=[]) == []
+    root = _doc(tmp_path, "# T\n\n" + line.format(e=eager, o=onnx, r=wrong))
+    assert [f.text for f in cf.new_figures(root, listed=[])] == [wrong]
+
+
+def test_published_figures_pass_only_next_to_the_paper_s_name(tmp_path: Path) -> None:
+    root = _doc(tmp_path, "# T\n\nThe paper reports 39.4 P@1.\n\nWe measured 39.4 P@1.\n")
+    failing = cf.new_figures(root, listed=[])
+    assert [f.context for f in failing] == ["We measured 39.4 P@1."]
+
+
+@pytest.mark.parametrize("text", ["torch 2.13 CPU", "pyserini 0.25", "Python 3.11", "`python -m x --limit 1.5`",
+                                  "[link](docs/a-1.5.md)", "on 2026-11-27", "lambda 0.3", "k=1.5"])
+def test_versions_code_links_dates_and_parameters_are_not_figures(tmp_path: Path, text: str) -> None:
+    assert cf.new_figures(_doc(tmp_path, f"# T\n\n{text}\n"), listed=[]) == []
+
+
+def test_prune_drops_only_stale_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    listed = tmp_path / "figures_unverified.tsv"
+    shutil.copy(cf.UNVERIFIED, listed)
+    with listed.open("a", encoding="utf-8") as f:
+        f.write("docs/gone.md\t1.5\tsomething that is no longer written 1.5\n")
+    monkeypatch.setattr(cf, "UNVERIFIED", listed)
+    assert cf.main(["--prune"]) == 0
+    assert cf.read_unverified(listed) == cf.read_unverified(REPO / "scripts" / "figures_unverified.tsv")
