@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import PROXY_MODEL, RESULTS, SHARED, machine
+from bench.common import PROXY_MODEL, RESULTS, SHARED, machine, process_wall_s
 from bertknn.builder.build import build
 from bertknn.builder.settings import BuildSettings
 from bertknn.core.encoder import EncoderOutput, MaskedInput, MaskedLMEncoder
@@ -247,10 +247,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec", default="fp16", help="codec(s) of the build, comma-separated (fp16,int8,pq): one set of "
                    "runs each")
     p.add_argument("--code-bytes", type=int, default=0, help="pq: bytes per code (0: auto)")
-    p.add_argument("--full-forward", action="store_true", help="also run each backend with the full forward (every "
-                   "layer; the encoder before it was cut at the stored layer), alternating: before/after in one run")
-    p.add_argument("--before-batch-tokens", type=int, help="with --full-forward: the full forward's runs use this "
-                   "token budget (the builder as it was: e.g. 16384) against --batch-tokens for the cut one")
     p.add_argument("--sdpa", type=sdpa_names, default="", help="attention kernels the forward may use, comma-separated (flash, "
                    "efficient, cudnn, math; default: torch's choice): on a GPU, whether one of them costs the build "
                    "per new batch shape")  # fmt: skip
@@ -261,8 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.before_batch_tokens is not None and not args.full_forward:
-        p.error("--before-batch-tokens sets the full forward's runs: add --full-forward")
     logging.basicConfig(level=logging.WARNING)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-corpus-"))
@@ -271,26 +265,19 @@ def main(argv: list[str] | None = None) -> int:
         corpus.write_text("".join(islice(f, args.articles)), encoding="utf-8")
     torch.set_num_threads(cpu_quota_threads())
     backends = [b for b in args.backend.split(",") if b]
-    if args.full_forward:  # "before": the same backends with the full forward (every layer), alternating
-        backends += [f"{b}+full" for b in backends]
-    encoders = {b: MaskedLMEncoder.load(str(args.model), device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len,
-                                        truncate=not b.endswith("+full"))
-                for b in backends}  # fmt: skip
+    encoders = {b: MaskedLMEncoder.load(str(args.model), device=args.device, dtype=args.dtype,
+                                        max_seq_len=args.max_seq_len) for b in backends}  # fmt: skip
     encoder = encoders[backends[0]]
     codecs = [c for c in args.codec.split(",") if c]
     budgets = [int(t) for t in args.batch_tokens.split(",") if t]
-    before = args.before_batch_tokens
-
-    def budget(b: str, t: int) -> int:
-        return before if before is not None and b.endswith("+full") else t
 
     with attention_kernels(args.sdpa):
-        runs = [one_run(encoders[b], corpus, args, b.removesuffix("+full"), c, budget(b, t)) for c in codecs
+        runs = [one_run(encoders[b], corpus, args, b, c, t) for c in codecs
                 for t in budgets for _ in range(args.runs) for b in backends]  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)
     result = _result(args, encoder, runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    args.out.write_text(json.dumps(result | {"wall_s": process_wall_s()}, indent=1) + "\n", encoding="utf-8")
     sys.stdout.write(
         f"builder: {args.model.name}, layer {encoder.layer}, {result['device']} {result['dtype']}, "
         f"{torch.get_num_threads()} threads, {result['corpus']}\n" + "\n".join(_table(result, runs))
@@ -300,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _result(args: argparse.Namespace, encoder: MaskedLMEncoder, runs: list[dict[str, object]]) -> dict[str, object]:
-    """The report: settings, machine, every run, the peak memory, and with --full-forward the cut forward's build
-    rate over the full one's per backend (from the same alternating runs)."""
+    """The report: settings, machine, every run, the peak memory."""
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result: dict[str, object] = {
         "benchmark": "builder",
@@ -325,16 +311,6 @@ def _result(args: argparse.Namespace, encoder: MaskedLMEncoder, runs: list[dict[
         # (RUSAGE_CHILDREN would report the parent's size, counted at fork before the worker's exec).
         "peak_rss_mib": round(rss_self / 1024, 1),
     }
-    if args.full_forward:
-        ratio: dict[str, float] = {}
-        for b in {r["backend"] for r in runs}:
-            def mean(forward_full: bool, b: object = b) -> float:
-                rates = [float(r["build_ctx_per_s"]) for r in runs  # type: ignore[arg-type]
-                         if r["backend"] == b and (r["forward"] == "full") == forward_full]  # fmt: skip
-                return sum(rates) / len(rates)
-
-            ratio[str(b)] = round(mean(False) / mean(True), 3)
-        result["cut_over_full_build_ctx_per_s"] = ratio
     return result
 
 
@@ -370,8 +346,6 @@ def _table(result: dict[str, object], runs: list[dict[str, object]]) -> list[str
         rate = next((v for k, v in st.items() if k.endswith("_per_s_per_process")), None)
         lines.append(f"  {name:12} {st['seconds']:>9.2f} s  ({rate} per s)")
     lines.append(f"  bound: {runs[0]['bound']}")
-    if "cut_over_full_build_ctx_per_s" in result:
-        lines.append(f"build contexts/s, cut at the layer / full forward: {result['cut_over_full_build_ctx_per_s']}")
     return lines
 
 

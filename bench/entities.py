@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import process_wall_s
 from bertknn.service.results import DEFAULT_BEAM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +138,8 @@ def _evaluate(args: argparse.Namespace, ds: Path, lama_dir: Path, bench_meta: di
             return code
         report = json.loads(out.read_text(encoding="utf-8"))
         report.setdefault("settings", {}).update({"bench": bench_meta})
-        out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        out.write_text(json.dumps(report | {"wall_s": process_wall_s()}, indent=1, ensure_ascii=False) + "\n",
+                       encoding="utf-8")
     return 0
 
 
