@@ -22,7 +22,7 @@ from bertknn.core.errors import ModelLoadError
 from bertknn.core.hashing import weights_sha256
 from bertknn.core.inputs import MaskedInput, PackedInputs
 from bertknn.core.runtime import DeviceName, DtypeName, attention_without_cudnn, resolve_device, resolve_dtype
-from bertknn.core.topk import top_entries
+from bertknn.core.topk import top_entries, top_set_torch
 from bertknn.core.truncate import TruncatedCore, mask_row_core, truncated_base
 from bertknn.core.wordmodel import WordModel
 
@@ -554,16 +554,16 @@ class MaskedLMEncoder:
 
     @torch.inference_mode()
     def encode_heads(self, items: Sequence[MaskedInput], n_top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """[MASK] embeddings and each row's ``n_top`` largest log p_MLM, picked with ``torch.topk`` where the eager
-        forward ran (ties at the boundary in its order), so that on a GPU the whole distribution never leaves it:
-        (embeddings [n, hidden], values [n, n_top], ids [n, n_top]), in no particular order within a row. The
-        service takes this path where `heads_on_device` says so."""
+        """[MASK] embeddings and each row's ``n_top`` largest log p_MLM, picked where the eager forward ran
+        (`top_set_torch`: the same entries as `top_set` on the host), so that on a GPU the whole distribution never
+        leaves it: (embeddings [n, hidden], values [n, n_top], ids [n, n_top] ascending per row). The service takes
+        this path where `heads_on_device` says so."""
         emb, log_p = self._eager_forward(items, with_mlm=True)
         assert log_p is not None
         if self.words.vocab.merge_layers:
             log_p = self.words.vocab.merge_log_probs(log_p)
-        top = torch.topk(log_p, min(n_top, self.vocab_size), dim=-1)
-        return emb.float().cpu().numpy(), top.values.float().cpu().numpy(), top.indices.cpu().numpy()
+        values, ids = top_set_torch(log_p, n_top)
+        return emb.float().cpu().numpy(), values.float().cpu().numpy(), ids.cpu().numpy()
 
     def _forward(self, items: Sequence[MaskedInput], with_mlm: bool) -> EncoderOutput:
         if not items:

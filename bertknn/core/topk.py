@@ -1,8 +1,15 @@
-"""The k largest entries of a vocabulary-sized row, exactly and without a full sort (p_MLM heads)."""
+"""The k largest entries of a row: the one top-k of the project, with one tie rule.
+
+The rule: largest first; among equal values the smaller id first, and at the boundary the smaller ids are the
+ones kept. `top_entries` ranks (answers, p_MLM heads), `top_set` keeps the same entries in id order (the cached
+p_MLM head), `top_set_torch` does what `top_set` does where a forward ran (a GPU), so that only the kept entries
+leave the device.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 def _candidates(row: np.ndarray, k: int) -> np.ndarray:
@@ -18,16 +25,19 @@ def _candidates(row: np.ndarray, k: int) -> np.ndarray:
 
 
 def top_entries(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` largest entries of one row: (values float32, ids int64), largest first, ties by smaller id.
+    """The ``k`` largest entries of one row: (values, ids int64), largest first, ties by smaller id. The values keep
+    the row's float dtype (float32 or float64), so that no two of them are made equal by a conversion.
 
     Exact, and faster than ``argpartition`` over the whole vocabulary: `_candidates` keeps about 1.5 ``k``
     candidates in id order, and a sort of those orders them.
     """
-    row = np.asarray(log_probs, dtype=np.float32)
+    row = np.asarray(log_probs)
+    if row.dtype.kind != "f":
+        row = row.astype(np.float32)
     n = len(row)
     k = min(k, n)
     if k <= 0:
-        return np.zeros(0, np.float32), np.zeros(0, np.int64)
+        return np.zeros(0, row.dtype), np.zeros(0, np.int64)
     cand = _candidates(row, k) if k < n else np.arange(n)
     values = row[cand]
     # numpy's default sort is several times faster than its stable sort (SIMD), but it leaves equal values in
@@ -70,3 +80,22 @@ def top_set(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return values, cand.astype(np.int64)
 
 
+
+
+def top_set_torch(log_probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`top_set` of each row of a 2-D tensor, on its device: (values [n, k], ids [n, k]), ids ascending per row.
+
+    ``torch.topk`` finds the k-th largest value; every entry above it is kept, and of the entries equal to it, the
+    smaller ids, as many as still fit (``torch.topk`` alone keeps ties at the boundary in an unspecified order).
+    """
+    n, vocab = log_probs.shape
+    k = min(k, vocab)
+    if k <= 0 or n == 0:
+        return log_probs.new_zeros((n, 0)), torch.zeros((n, 0), dtype=torch.int64, device=log_probs.device)
+    kth = torch.topk(log_probs, k, dim=-1).values[:, -1:]
+    above = log_probs > kth
+    tied = log_probs == kth
+    room = k - above.sum(dim=-1, keepdim=True)
+    keep = above | (tied & (torch.cumsum(tied, dim=-1) <= room))
+    ids = keep.nonzero()[:, 1].view(n, k)  # row-major: each row's kept ids, ascending
+    return log_probs.gather(1, ids), ids

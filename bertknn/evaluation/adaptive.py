@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from tqdm import tqdm
 
+from bertknn.core.topk import top_entries
 from bertknn.evaluation.base import RunSettings, gold_rank
 from bertknn.evaluation.lama import LamaQuery
 from bertknn.evaluation.metrics import KS, Precisions
@@ -102,7 +103,7 @@ def score_query(
         gold_id = int(np.searchsorted(allowed_ids, gold_id))
     top = min(CANDIDATES_FROM_MLM, len(p_mlm))
     cands = np.union1d(
-        np.union1d(np.argpartition(-p_mlm, top - 1)[:top], np.flatnonzero(p_knn)), [gold_id]
+        np.union1d(top_entries(p_mlm, top)[1], np.flatnonzero(p_knn)), [gold_id]
     ).astype(np.int64)
     rank = gold_rank(p_mlm, gold_id)
     mlm_hits = np.array([rank is not None and rank <= k for k in KS])

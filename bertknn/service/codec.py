@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertknn.core.errors import CorruptCacheValue
-from bertknn.core.topk import top_set
+from bertknn.core.topk import top_entries, top_set
 
 _ENC_MAGIC = b"BKE1"
 _ENC_HEADER = struct.Struct("<4sIII")  # magic, hidden, n_top, vocab
@@ -57,7 +57,8 @@ class QueryEncoding:
 
     def ranked_ids(self) -> np.ndarray:
         """The stored ids most probable first (ties by smaller id)."""
-        return self.top_ids[np.lexsort((self.top_ids, -self.top_probs.astype(np.float32)))]
+        _, order = top_entries(self.top_probs.astype(np.float32), len(self.top_ids))  # top_ids ascending
+        return self.top_ids[order]
 
     def p_mlm(self) -> np.ndarray:
         """The full distribution: stored entries exact, the remaining mass spread evenly over the rest.

@@ -12,6 +12,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bertknn.core.errors import AdaptiveRuleError
+from bertknn.core.topk import top_entries
 
 
 def article_offsets(
@@ -113,33 +114,24 @@ def interpolate(p_knn: np.ndarray, p_mlm: np.ndarray, lam: float) -> np.ndarray:
 
 
 def top_k(p: np.ndarray, k: int, *, nonzero: bool = False) -> list[tuple[int, float]]:
-    """The k most probable ids, most probable first (ties by lower id); ``nonzero`` drops zero entries."""
-    k = min(k, len(p))
-    if k <= 0:
-        return []
-    # every entry at or above the k-th largest value (argpartition alone would pick among ties at the boundary
-    # arbitrarily, not by lower id)
-    idx = np.flatnonzero(p >= np.partition(p, len(p) - k)[len(p) - k])
-    idx = idx[np.lexsort((idx, -p[idx]))][:k]
-    return [(int(i), float(p[i])) for i in idx if not nonzero or p[i] > 0]
+    """The k most probable ids, most probable first (ties by lower id: `bertknn.core.topk`); ``nonzero`` drops zero
+    entries."""
+    values, ids = top_entries(p, k)
+    return [(i, v) for i, v in zip(ids.tolist(), values.tolist(), strict=True) if not nonzero or v > 0]
 
 
 def top_k_among(ids: np.ndarray, values: np.ndarray, k: int, rest: float | None) -> list[tuple[int, float]] | None:
-    """`top_k` of a distribution known to equal ``values`` at ``ids`` and ``rest`` everywhere else.
+    """`top_k` of a distribution known to equal ``values`` at ``ids`` (ascending) and ``rest`` everywhere else.
 
     None when the answer could involve the other ids (fewer than k listed, or the k-th listed value is not
     above ``rest``): the caller then ranks the whole vocabulary. ``rest=None``: no other id counts (zero).
     """
     if k <= 0:
         return []
-    if len(values) > 4 * k:  # sort only the entries at or above the k-th largest value (ties included)
-        kth = np.partition(values, len(values) - k)[len(values) - k]
-        keep = np.flatnonzero(values >= kth)
-        ids, values = ids[keep], values[keep]
-    order = np.lexsort((ids, -values))[:k]
-    if rest is not None and (len(order) < k or not values[order[-1]] > rest):
+    top, order = top_entries(values, k)  # ids ascending: an index order is an id order, so ties go to lower ids
+    if rest is not None and (len(order) < k or not top[-1] > rest):
         return None
-    return list(zip(ids[order].tolist(), values[order].tolist(), strict=True))
+    return list(zip(ids[order].tolist(), top.tolist(), strict=True))
 
 
 class ValuesAt(Protocol):

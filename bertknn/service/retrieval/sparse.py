@@ -35,6 +35,7 @@ from bertknn.core.format.sparse import (
 )
 from bertknn.core.lucene import ready_pyserini_env
 from bertknn.core.text import is_punctuation, retrieval_text
+from bertknn.core.topk import top_entries
 
 logger = logging.getLogger(__name__)
 
@@ -260,8 +261,5 @@ class TfidfRetriever:
         ])  # fmt: skip
         docs, inverse = np.unique(docs_all, return_inverse=True)
         values = np.bincount(inverse, weights=vals_all, minlength=len(docs)).astype(np.float32)
-        if len(values) > n:
-            top = np.argpartition(-values, n - 1)[:n]
-            docs, values = docs[top], values[top]
-        order = np.lexsort((docs, -values))  # best first; ties by document order, so results are stable
-        return [(self.title(int(docs[i])), float(values[i])) for i in order]
+        top, order = top_entries(values, n)  # best first; ties by document order (docs ascending): stable results
+        return [(self.title(int(d)), float(v)) for d, v in zip(docs[order].tolist(), top.tolist(), strict=True)]
