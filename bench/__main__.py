@@ -66,11 +66,11 @@ def last_run_s(pattern: str) -> float | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             continue
+        stages = data.get("timings_s") or data.get("stage_seconds")
         if isinstance(data.get("wall_s"), int | float):
             times.append(float(data["wall_s"]))
-        elif isinstance(data.get("timings_s"), dict) or isinstance(data.get("stage_seconds"), dict):
-            stages = data.get("timings_s") or data.get("stage_seconds")
-            times.append(float(sum(v for v in stages.values() if isinstance(v, int | float))))
+        elif isinstance(stages, dict):
+            times.append(sum(float(v) for v in stages.values() if isinstance(v, int | float)))
     return max(times) if times else None
 
 
