@@ -34,8 +34,9 @@ import torch
 from bench.common import PROXY_MODEL, RESULTS, SHARED, machine, process_wall_s
 from bertknn.builder.build import build
 from bertknn.builder.settings import BuildSettings
-from bertknn.core.encoder import EncoderOutput, MaskedInput, MaskedLMEncoder
+from bertknn.core.encoder import EncoderOutput, MaskedLMEncoder
 from bertknn.core.format import read_manifest
+from bertknn.core.inputs import MaskedInput
 from bertknn.core.runtime import cpu_quota_threads
 
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"

@@ -18,8 +18,8 @@ from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, masked_ids
 from bertknn.builder.wikitext import sentence_problem
 from bertknn.builder.writer import DROPPED
-from bertknn.core.encoder import ContextTokenizer, MaskedInput
-from bertknn.core.inputs import PackedInputs
+from bertknn.core.context_tokenizer import ContextTokenizer
+from bertknn.core.inputs import MaskedInput, PackedInputs
 from bertknn.core.languages import LanguageRules
 from bertknn.core.words import WordEntry, WordTable, WordTableBuilder
 

@@ -94,3 +94,20 @@ class PackedInputs(Sequence[MaskedInput]):
         ids = np.full((n, width), pad_id, dtype=np.int64)
         ids[attn.astype(bool)] = self.ids  # row by row, each input's ids then its padding
         return ids, attn, np.arange(n, dtype=np.int64), self.mask_pos.astype(np.int64)
+
+
+def padded_arrays(items: Sequence[MaskedInput], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Padded ids, attention mask, batch rows and [MASK] positions of a batch: host int64 arrays.
+
+    numpy, not torch: on the service's path (batches of one or a few) building them as tensors costs several times more.
+    """
+    if isinstance(items, PackedInputs):  # the builder's batches: padded from the packed arrays at once
+        return items.padded(pad_id)
+    n = len(items)
+    width = max(len(x.input_ids) for x in items)
+    ids = np.full((n, width), pad_id, dtype=np.int64)
+    attn = np.zeros((n, width), dtype=np.int64)
+    for i, x in enumerate(items):
+        ids[i, : len(x.input_ids)] = x.input_ids
+        attn[i, : len(x.input_ids)] = 1
+    return ids, attn, np.arange(n, dtype=np.int64), np.fromiter((x.mask_pos for x in items), np.int64, n)

@@ -16,9 +16,12 @@ token (docs/decisions/mask-row-layer.md).
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any, cast
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 LAYER_LISTS = ("encoder.layer", "transformer.layer", "layers", "encoder.layers")
 
@@ -121,7 +124,7 @@ class MaskRowCore(torch.nn.Module):
     minimum, as the stock attention does).
 
     Without a head (the builder) it returns the top layer's rows; with one (the service) the rows at ``layer``
-    (below the top) and log p_MLM from the top layer's rows, as `_MaskCore` does."""
+    (below the top) and log p_MLM from the top layer's rows, as `MaskCore` does."""
 
     def __init__(self, below: torch.nn.Module, below_layers: int, top: Any, head: torch.nn.Module | None, layer: int):
         super().__init__()
@@ -158,3 +161,50 @@ class MaskRowCore(torch.nn.Module):
         context = torch.matmul(torch.softmax(scores, dim=-1), value).reshape(reads, self.heads * self.head_size)
         attended = top.attention.output(context, at_mask)
         return cast(torch.Tensor, top.output(top.intermediate(attended), attended))
+
+
+def same_rows(core: torch.nn.Module, reference: torch.nn.Module, tensors: tuple[torch.Tensor, ...], tol: float) -> bool:
+    """Whether ``core`` runs and gives ``reference``'s outputs on ``tensors`` (padded inputs), within ``tol`` of
+    their scale."""
+    try:
+        got = core.eval()(*tensors)
+    except Exception as exc:  # noqa: BLE001 - a family whose forward this cut does not fit: keep the other
+        logger.debug("%s does not run (%s)", type(core).__name__, exc)
+        return False
+    for g, w in zip(got, reference(*tensors), strict=True):
+        g, w = g.float(), w.float()
+        if g.shape != w.shape or not float((g - w).abs().max()) <= tol * max(1.0, float(w.abs().max())):
+            return False
+    return True
+
+
+@torch.inference_mode()
+def embedding_core(
+    base: torch.nn.Module, num_layers: int, layer: int, reference: torch.nn.Module, tensors: tuple[torch.Tensor, ...],
+    tol: float,
+) -> tuple[torch.nn.Module, str] | None:
+    """A cheaper embeddings-only forward with ``reference``'s rows, and how it is cut ("mask rows": the stored
+    layer at the [MASK] rows, BERT-shaped layers; "layers": the model cut at ``layer``); None: no known layer list,
+    nothing to cut, or rows that differ."""
+    base_cut = truncated_base(base, num_layers, layer)
+    mask_rows = mask_row_core(base, num_layers, layer)
+    candidates: list[tuple[torch.nn.Module, str]] = [(mask_rows, "mask rows")] if mask_rows is not None else []
+    if base_cut is not None:
+        candidates += [(TruncatedCore(base_cut, layer, True), "layers"), (TruncatedCore(base_cut, layer, False), "layers")]
+    for core, cut in candidates:
+        if same_rows(core, reference, tensors, tol):
+            return core, cut
+    if candidates:
+        logger.info("the model cut at layer %d differs from the full forward; it runs in full", layer)
+    return None
+
+
+@torch.inference_mode()
+def service_core(
+    base: torch.nn.Module, num_layers: int, layer: int, head: torch.nn.Module | None, reference: torch.nn.Module,
+    tensors: tuple[torch.Tensor, ...], tol: float,
+) -> torch.nn.Module | None:
+    """The service's forward (embeddings and log p_MLM) with its last layer at the [MASK] rows only (BERT-shaped
+    layers; `MaskRowCore`), once both outputs matched ``reference``'s; None otherwise."""
+    core = mask_row_core(base, num_layers, layer, head) if head is not None else None
+    return core if core is not None and same_rows(core, reference, tensors, tol) else None

@@ -66,7 +66,7 @@ class ContextReader:
         shown = iter(self.contexts(nbrs, [r for c in wanted for r in ranks.get(c, [])]))
         return {c: [next(shown) for _ in ranks.get(c, [])] for c in wanted}
 
-    def best(
+    def top_with_support(
         self, p: np.ndarray, query: Query, nbrs: Neighbours, labels: np.ndarray
     ) -> tuple[list[tuple[int, float]], dict[int, list[Context]]]:
         """The ``query.top_k`` most probable candidates under ``p`` (id, probability) and, when the query asks for

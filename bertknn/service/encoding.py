@@ -9,8 +9,9 @@ from typing import cast
 
 import numpy as np
 
-from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
+from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import CorruptCacheValue
+from bertknn.core.inputs import MaskedInput
 from bertknn.core.topk import top_set
 from bertknn.service.cache import Cache, InMemoryCache, cache_key, count_corrupt, count_hits
 from bertknn.service.codec import QueryEncoding
@@ -86,12 +87,14 @@ class QueryEncoder:
         inputs: Sequence[MaskedInput],
         *,
         defer_store: list[Callable[[], None]] | None = None,
-        select_heads: bool = True,
+        defer_heads: bool = False,
         keys: Sequence[str] | None = None,
         missed: bool = False,
     ) -> tuple[list[QueryEncoding | PendingEncoding], list[bool]]:
-        """`encode`; with ``select_heads=False`` the misses come back as `PendingEncoding`s, whose p_MLM heads
-        `complete` selects later, on another thread (the model's thread is then free for the next batch).
+        """`encode`; ``defer_heads`` lets the misses come back as `PendingEncoding`s, whose p_MLM heads `complete`
+        selects later, on another thread (the model's thread is then free for the next batch). Where the heads
+        are picked on the device (`MaskedLMEncoder.heads_on_device`) there is nothing to defer: every miss comes
+        back complete.
 
         ``keys``: the inputs' cache keys when the caller has them (`key`); ``missed``: the caller found none of
         them in this in-process cache just before (`local_encoding`), so they are not looked up again."""
@@ -115,9 +118,9 @@ class QueryEncoder:
             assert result.mlm_log_probs is not None
             rows = result.mlm_log_probs.numpy()
             pending = [PendingEncoding(keys[i], result.embeddings[j], rows[j]) for j, i in enumerate(todo)]
-            # with select_heads, the heads are kept here, on the calling (model) thread
+            # unless deferred, the heads are kept here, on the calling (model) thread
             fresh: Sequence[QueryEncoding | PendingEncoding] = (
-                self._complete_all(pending, defer_store) if select_heads else pending
+                pending if defer_heads else self._complete_all(pending, defer_store)
             )
             for i, enc in zip(todo, fresh, strict=True):
                 out[i] = enc
@@ -127,7 +130,7 @@ class QueryEncoder:
     def complete(
         self, pending: PendingEncoding, *, defer_store: list[Callable[[], None]] | None = None
     ) -> QueryEncoding:
-        """The `QueryEncoding` of a `forward(..., select_heads=False)` miss: the same one `encode` makes, and
+        """The `QueryEncoding` of a `forward(..., defer_heads=True)` miss: the same one `encode` makes, and
         into the cache it goes (``defer_store`` as in `encode`)."""
         return self._complete_all([pending], defer_store)[0]
 

@@ -113,7 +113,7 @@ class EntityAnswerer:
 
     def fill_names(self, requests: Sequence[tuple[str, Sequence[str]]], deadline: float | None = None) -> list[list[float]]:
         """p_MLM of entity names at the [MASK] of several questions, (question, titles) each, from one fill pass
-        for all of them (`WordAnswerer.fill_probs_many`); a name of one piece or of more than `MAX_NAME_PIECES`
+        for all of them (`WordAnswerer.one_pass_probs`); a name of one piece or of more than `MAX_NAME_PIECES`
         scores 0 here (one piece: the question's own forward pass has it)."""
         asked: list[tuple[str, list[tuple[int, ...]]]] = []
         where: list[list[int]] = []
@@ -122,7 +122,7 @@ class EntityAnswerer:
             keep = [i for i, p in enumerate(pieces) if 1 < len(p) <= MAX_NAME_PIECES]
             asked.append((text, [pieces[i] for i in keep]))
             where.append(keep)
-        filled = self.words.fill_probs_many(asked, deadline=deadline)
+        filled = self.words.one_pass_probs(asked, deadline=deadline)
         out = []
         for (_, titles), keep, probs in zip(requests, where, filled, strict=True):
             row = [0.0] * len(titles)
@@ -142,7 +142,7 @@ class EntityAnswerer:
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []
-        best, shown = self.reader.best(p, query, nbrs, labels)
+        best, shown = self.reader.top_with_support(p, query, nbrs, labels)
         for c, prob in best:
             e = entities[c]
             preds.append(

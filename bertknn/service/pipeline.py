@@ -14,19 +14,21 @@ from functools import cached_property
 from pathlib import Path
 
 from bertknn.core.calibration import AutoTemperature, temperature_for
-from bertknn.core.encoder import MaskedInput, MaskedLMEncoder, MlmHeadPolicy
+from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import DatastoreError, ModelLoadError, QueryError
 from bertknn.core.format import Datastore, validate_datastore
+from bertknn.core.inputs import MaskedInput
 from bertknn.core.languages import script_warning
+from bertknn.core.model_files import MlmHeadPolicy
 from bertknn.core.model_ref import locate_model, public_model_name
 from bertknn.core.text import MASK_RE
 from bertknn.service.answer import DEFAULT_RULE, Answerer, ContextReader, TokenAnswerer
 from bertknn.service.cache import Cache, InMemoryCache
 from bertknn.service.codec import QueryEncoding
-from bertknn.service.encoding import PendingEncoding, QueryEncoder
+from bertknn.service.encoding import QueryEncoder
 from bertknn.service.entities import EntityAnswerer, entity_of_words
 from bertknn.service.interpolate import knn_skipped
-from bertknn.service.results import Answer, ArticleHit, Assembled, Context, Query, Stage
+from bertknn.service.results import Answer, ArticleHit, Assembled, Query, Stage
 from bertknn.service.retrieval.articles import ArticleFinder, open_retrievers
 from bertknn.service.retrieval.knn import EMPTY, ArticleSearch, Neighbours, RestrictedKnn
 from bertknn.service.retrieval.neighbours import GlobalKnn, NeighbourFinder
@@ -173,32 +175,10 @@ class AnswerPipeline:
                 raise QueryError("answer 'entity' searches the retrieved articles' links: use retriever bm25 or tfidf")
         return self.encoder.query_input(query.text)
 
-    def encoding_key(self, inp: MaskedInput) -> str:
-        return self.queries.key(inp)
-
-    def local_encoding(self, key: str) -> QueryEncoding | None:
-        return self.queries.local_encoding(key)
-
     def encode(
         self, inputs: Sequence[MaskedInput], *, defer_store: list[Callable[[], None]] | None = None
     ) -> tuple[list[QueryEncoding], list[bool]]:
         return self.queries.encode(inputs, defer_store=defer_store)
-
-    def forward(
-        self,
-        inputs: Sequence[MaskedInput],
-        *,
-        defer_store: list[Callable[[], None]] | None = None,
-        select_heads: bool = True,
-        keys: Sequence[str] | None = None,
-        missed: bool = False,
-    ) -> tuple[list[QueryEncoding | PendingEncoding], list[bool]]:
-        return self.queries.forward(inputs, defer_store=defer_store, select_heads=select_heads, keys=keys, missed=missed)
-
-    def complete(
-        self, pending: PendingEncoding, *, defer_store: list[Callable[[], None]] | None = None
-    ) -> QueryEncoding:
-        return self.queries.complete(pending, defer_store=defer_store)
 
     def retrieve(self, query: Query) -> tuple[list[ArticleHit], str]:
         return self.articles.retrieve(query)
@@ -266,9 +246,6 @@ class AnswerPipeline:
             return {r: self.datastore.word_at(int(row)).text for r, row in enumerate(nbrs.rows.tolist())}
         return {r: self.vocab[label] for r, label in enumerate(nbrs.labels.tolist())}
 
-    def contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
-        return self.reader.contexts(nbrs, ranks)
-
     def language_warnings(self, text: str) -> list[str]:
         """A question in another script than the datastore's language's (`script_warning`)."""
         found = script_warning(MASK_RE.sub(" ", text), self.datastore.manifest.language)
@@ -313,14 +290,19 @@ class AnswerPipeline:
         for q, enc, hit in zip(queries, encs, hits, strict=True):
             stage = Stage()
             stage.add("embedding", embed_s / max(1, len(queries)))
-            answers.append(self.finish(q, enc, "hit" if hit else "miss", stage, with_distributions=with_distributions))
-        logger.debug("batch of %d answered in %.1f ms", len(queries), (time.perf_counter() - t0) * 1000)
+            answers.append(
+                self.answer_from_encoding(q, enc, "hit" if hit else "miss", stage, with_distributions=with_distributions)
+            )
+        total_ms = round((time.perf_counter() - t0) * 1000, 3)
+        for answer in answers:  # the batch's wall time, as the service's total is the request's
+            answer.timings_ms["total"] = total_ms
+        logger.debug("batch of %d answered in %.1f ms", len(queries), total_ms)
         return answers
 
     def predict(self, query: Query, *, with_distributions: bool = False) -> Answer:
         return self.predict_batch([query], with_distributions=with_distributions)[0]
 
-    def finish(
+    def answer_from_encoding(
         self,
         query: Query,
         enc: QueryEncoding,
@@ -331,8 +313,10 @@ class AnswerPipeline:
         search: ArticleSearch | None = None,
         with_distributions: bool = False,
     ) -> Answer:
-        """Everything after the forward pass (retrieval too, unless the caller already ran it; ``search``: the
-        articles' rows, when the caller prepared them with `prepare_search`).
+        """Everything after the forward pass: the retrieval (unless the caller already ran it: ``articles``), the
+        restricted kNN search (over ``search``, the articles' rows, when the caller prepared them with
+        `prepare_search`), the vote and the interpolation. ``stage.times`` gets each stage's seconds; the caller
+        adds ``total``, the wall time (stages may overlap).
 
         An adaptive query whose p_MLM is confident skips retrieval and kNN entirely (``articles`` is then
         ignored); its timings have no retrieval and no knn entry.
@@ -351,7 +335,6 @@ class AnswerPipeline:
         stage.add("interpolation", time.perf_counter() - t)
         for name in ("embedding", "interpolation") if skipped else ("retrieval", "embedding", "knn", "interpolation"):
             stage.times.setdefault(name, 0.0)
-        stage.times["total"] = sum(v for k, v in stage.times.items() if k != "total")
         return Answer(
             parts.predictions,
             parts.mlm,

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from bertknn.core.encoder import MaskedInput
+from bertknn.core.inputs import MaskedInput
 from bertknn.service.batching import MicroBatcher, deliver
 from bertknn.service.codec import QueryEncoding
 from bertknn.service.encoding import PendingEncoding
@@ -192,8 +192,8 @@ class AsyncAnswerer:
         for job in jobs:
             job.start_retrieval(self._retrieval_thread, prepare=idle)
         t = time.perf_counter()
-        encs, hits = self.pipeline.forward(
-            [j.inp for j in jobs], defer_store=self._deferred, select_heads=idle, keys=[j.key for j in jobs],
+        encs, hits = self.pipeline.queries.forward(
+            [j.inp for j in jobs], defer_store=self._deferred, defer_heads=not idle, keys=[j.key for j in jobs],
             missed=True,  # each was looked up in an in-process cache as it came in (`answer`)
         )
         now = time.perf_counter()
@@ -254,7 +254,7 @@ class AsyncAnswerer:
         A query is finished once: its retrieval's record and answer are made on the pass that finds it done."""
         pipe, query, stage = job.pipe, job.query, job.stage
         t = time.perf_counter()
-        full = pipe.complete(enc, defer_store=stores) if isinstance(enc, PendingEncoding) else enc
+        full = pipe.queries.complete(enc, defer_store=stores) if isinstance(enc, PendingEncoding) else enc
         stage.add("embedding", time.perf_counter() - t)
         articles, search = None, None
         if not pipe.skips_knn(query, full):
@@ -267,7 +267,7 @@ class AsyncAnswerer:
             retrieved = got.result()
             retrieved.record(stage)
             articles, search = retrieved.articles, retrieved.search
-        return pipe.finish(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)
+        return pipe.answer_from_encoding(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -288,10 +288,10 @@ class AsyncAnswerer:
         stage = Stage()
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
-        job = _Job(inp, pipe.encoding_key(inp), query, pipe, stage, t0, loop.create_future(), client=client_var.get())
+        job = _Job(inp, pipe.queries.key(inp), query, pipe, stage, t0, loop.create_future(), client=client_var.get())
         try:
             # A repeated query found in an in-process cache skips the batcher: it never waits behind a forward.
-            cached = pipe.local_encoding(job.key)
+            cached = pipe.queries.local_encoding(job.key)
             if cached is not None:
                 stage.add("embedding", time.perf_counter() - t0)
                 if query.interpolation != "adaptive":  # (an adaptive one may not need it: its p_MLM decides)

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
+from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import check_deadline
 from bertknn.core.format import Datastore
+from bertknn.core.inputs import MaskedInput
 from bertknn.core.text import is_punctuation
 from bertknn.core.words import WordEntry as Word
 from bertknn.service.answer import ContextReader, knn_offsets, lambda_for
@@ -162,13 +163,11 @@ class WordAnswerer:
         return out
 
     def fill_probs(
-        self, text: str, words: Sequence[tuple[int, ...]], *, parallel: bool = False, deadline: float | None = None
+        self, text: str, words: Sequence[tuple[int, ...]], *, deadline: float | None = None
     ) -> np.ndarray:
-        """p_MLM of multi-piece words at the [MASK] of ``text`` (cached): by sequential fill, or with
-        ``parallel`` from one pass (each length's masks read at once, see `_parallel_log_p`). ``deadline``: a
-        `time.monotonic` time after which no further forward pass starts (`DeadlineExceeded`)."""
-        if parallel:
-            return self.fill_probs_many([(text, words)], deadline=deadline)[0]
+        """p_MLM of multi-piece words at the [MASK] of ``text`` (cached), by sequential fill: one forward pass
+        per piece. ``deadline``: a `time.monotonic` time after which no further forward pass starts
+        (`DeadlineExceeded`). `one_pass_probs` is the other estimator."""
         inp = self.encoder.query_input(text)
         out, keys, todo = self._cached(inp, words, "fill")
         if todo:
@@ -177,11 +176,12 @@ class WordAnswerer:
             self._keep(out, keys, todo, _scores(groups, self._sequential_log_p(groups, missing, deadline)))
         return out
 
-    def fill_probs_many(
+    def one_pass_probs(
         self, requests: Sequence[tuple[str, Sequence[tuple[int, ...]]]], *, deadline: float | None = None
     ) -> list[np.ndarray]:
-        """`fill_probs` in its one-pass form for several questions (text, words) at once: every question's
-        lengths are rows of one forward pass (cached as `fill_probs` caches them)."""
+        """Another estimator than `fill_probs`: p_MLM of multi-piece words from one pass, every piece of a
+        length's masks read at once (`_parallel_log_p`), for several questions (text, words) together: every
+        question's lengths are rows of one forward pass (cached apart from `fill_probs`' values)."""
         outs: list[np.ndarray] = []
         parts: list[tuple[list[_Group], list[tuple[int, ...]]]] = []
         pending: list[tuple[int, list[str], list[int]]] = []  # request, cache keys, indexes to compute
@@ -346,7 +346,7 @@ class WordAnswerer:
         lam = lambda_for(query, p_mlm, p_knn, nbrs)
         p = interpolate(p_knn, p_mlm, lam)
         preds = []
-        best, shown = self.reader.best(p, query, nbrs, labels)
+        best, shown = self.reader.top_with_support(p, query, nbrs, labels)
         for c, prob in best:
             w = words[c]
             token_id = w.pieces[0] if not w.multi_piece else -1

@@ -503,13 +503,13 @@ def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
     model = make_tiny_bert(tmp_path / "m", corpus_words([{"title": "Ravel", "text": text}]))
     ds = build_tiny(tmp_path / "ds", [corpus], model)
     filled: list[int] = []
-    real = WordAnswerer.fill_probs_many  # entity names are read from one pass
+    real = WordAnswerer.one_pass_probs  # entity names are read from one pass
 
     def counting(self: WordAnswerer, requests: list, **kw: Any) -> list[np.ndarray]:
         filled.extend(len(words) for _, words in requests)
         return real(self, requests, **kw)
 
-    monkeypatch.setattr(WordAnswerer, "fill_probs_many", counting)
+    monkeypatch.setattr(WordAnswerer, "one_pass_probs", counting)
     with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
         body = c.post("/predict", json={"text": "ravel met [MASK] in the hall .", "subject": "Ravel",
                                         "answer": "entity", "top_k": 5}).json()  # fmt: skip
@@ -529,13 +529,13 @@ def _names_per_fill_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: 
     model = make_tiny_bert(tmp_path / "m", corpus_words([{"title": "Ravel", "text": text}]))
     ds = build_tiny(tmp_path / "ds", [corpus], model)
     passes: list[int] = []  # names scored by each fill pass
-    real = WordAnswerer.fill_probs_many
+    real = WordAnswerer.one_pass_probs
 
     def counting(self: WordAnswerer, requests: list, **kw: Any) -> list[np.ndarray]:
         passes.append(sum(len(words) for _, words in requests))
         return real(self, requests, **kw)
 
-    monkeypatch.setattr(WordAnswerer, "fill_probs_many", counting)
+    monkeypatch.setattr(WordAnswerer, "one_pass_probs", counting)
     with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
         out = c.post("/follow", json={"subject": "Ravel", "relations": ["[X] met [Y] in the hall ."] * 2, **body})
     assert out.status_code == 200, out.text
@@ -574,13 +574,13 @@ def test_an_entity_name_longer_than_max_name_pieces_is_left_to_its_neighbours(
     from bertknn.service.words import WordAnswerer
 
     sent: list[list[int]] = []
-    real = WordAnswerer.fill_probs_many
+    real = WordAnswerer.one_pass_probs
 
     def recording(self: WordAnswerer, requests: list, **kw: Any) -> list[np.ndarray]:
         sent.extend([len(p) for p in names] for _, names in requests)
         return real(self, requests, **kw)
 
-    monkeypatch.setattr(WordAnswerer, "fill_probs_many", recording)
+    monkeypatch.setattr(WordAnswerer, "one_pass_probs", recording)
     pipe = AnswerPipeline.open(ds, device="cpu")
     try:
         ea = pipe.entity_answerer

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
+from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import ClientOverloaded, Overloaded, TooCostly
+from bertknn.core.inputs import MaskedInput
 from bertknn.service import words as words_module
 from bertknn.service.cost import ENTITY_FILL_ROWS, CostCaps, CostGate
 from bertknn.service.main import create_app

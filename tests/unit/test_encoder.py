@@ -10,8 +10,9 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
-from bertknn.core.encoder import MaskedInput, MaskedLMEncoder
+from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import ModelLoadError, QueryError
+from bertknn.core.inputs import MaskedInput
 from bertknn.core.runtime import resolve_device
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
-from bertknn.core.encoder import ContextTokenizer
+from bertknn.core.context_tokenizer import ContextTokenizer
 from bertknn.service.api.schemas import PredictRequest
 from tests.conftest import SHARED_DATA
 

@@ -14,7 +14,7 @@ from bertknn.builder.targets import (
     masked_ids,
     stopwords_sha256,
 )
-from bertknn.core.encoder import ContextTokenizer
+from bertknn.core.context_tokenizer import ContextTokenizer
 from bertknn.core.text import is_punctuation
 
 

@@ -1,0 +1,72 @@
+"""A masked LM's tokenizer and weights from a hub name or a local directory, and what every model here must have."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from bertknn.core.errors import ModelLoadError
+
+# required: refuse a checkpoint without its MLM head; ignored: load it for its embeddings (the builder); knn-only:
+# serve it with a uniform p_MLM
+MlmHeadPolicy = Literal["required", "ignored", "knn-only"]
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def check_model(tokenizer: PreTrainedTokenizerBase, config: Any, name: str, max_seq_len: int) -> None:
+    """What every masked LM here needs: a mask token, a fast tokenizer, a sequence length it takes."""
+    if tokenizer.mask_token_id is None:
+        raise ModelLoadError(f"{name}: the tokenizer has no mask token; a masked LM is required")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(f"{name}: a fast (Rust) tokenizer is required for word alignment")
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    if max_seq_len > limit or max_seq_len < 8:
+        raise ModelLoadError(f"max_seq_len={max_seq_len} must be between 8 and the model's limit {limit}")
+
+
+def stored_layer(layer: int | None, num_layers: int, name: str) -> int:
+    """The hidden_states index kept: ``layer`` (negative counts from the end), by default the second-to-last."""
+    index = num_layers - 1 if layer is None else (layer if layer >= 0 else num_layers + 1 + layer)
+    if not 0 <= index <= num_layers:
+        raise ModelLoadError(f"{name}: layer {layer} is out of range; the model has hidden_states[0..{num_layers}]")
+    return index
+
+
+def from_pretrained(name_or_path: str) -> tuple[Any, Any, list[str]]:
+    """The tokenizer and masked LM of a hub name or local directory (float32, safetensors preferred), and the
+    head's weights the checkpoint lacks (sorted; none for a full masked LM)."""
+    where = Path(name_or_path).expanduser()
+    if (name_or_path.startswith((".", "/", "~")) or where.exists()) and not where.is_dir():
+        raise ModelLoadError(f"the model directory {name_or_path} does not exist; pass a masked LM's directory "
+                             "or its Hugging Face hub name")  # fmt: skip
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
+            model, info = AutoModelForMaskedLM.from_pretrained(
+                name_or_path, dtype=torch.float32, use_safetensors=None, output_loading_info=True
+            )
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load the masked LM {name_or_path!r}: {_first_line(exc)}. Pass a local model directory "
+            "(--model /path or BERTKNN_MODEL) where the Hugging Face hub is unreachable."
+        ) from exc
+    prefix = f"{model.base_model_prefix}."
+    return tokenizer, model, sorted(k for k in info.get("missing_keys", ()) if not k.startswith(prefix))
+
+
+def refuse_headless(name: str, missing: list[str], policy: MlmHeadPolicy) -> None:
+    """A checkpoint without its MLM head serves random p_MLM: refused unless the policy says what to do."""
+    if missing and policy == "required":
+        raise ModelLoadError(
+            f"{name}: the checkpoint has no MLM head ({len(missing)} head weights missing, e.g. "
+            f"{missing[0]}); p_MLM would be random. Use a checkpoint with its MLM head, or serve it kNN-only "
+            "(--model-knn-only / BERTKNN_MODEL__KNN_ONLY=true)"
+        )
