@@ -15,10 +15,10 @@ from bench.vote_bound import (
     Candidates,
     Question,
     Searched,
+    best_vote,
     candidates,
     fit_likelihood,
     macro_p1,
-    search_bound,
     votes,
 )
 from bertknn.service.interpolate import DEFAULT_MLM_PRIOR, knn_sparse, weigh_vote
@@ -139,22 +139,37 @@ def _told_by(kinds: list[str], relation: str = "P1") -> list[Candidates]:
 
 
 @pytest.mark.parametrize(("plus", "minus"), [(40, 20), (20, 40)])
-def test_the_search_finds_the_known_best_vote_and_no_better(plus: int, minus: int) -> None:
+def test_the_solver_finds_the_known_best_vote_and_no_better(plus: int, minus: int) -> None:
     cands = _told_by(["+cosine"] * plus + ["-cosine"] * minus)
     assert macro_p1(cands) == 0.0  # the default (first) candidate is never the gold
-    best, w = search_bound(cands, len(FEATURES), 200)
-    assert best == pytest.approx(round(100 * max(plus, minus) / (plus + minus), 1))  # 66.7: the known optimum
-    assert np.sign(w[FEATURES.index("cosine")]) == (1 if plus > minus else -1)  # the larger kind's side
+    best = best_vote(cands, len(FEATURES))
+    assert best.p1 == pytest.approx(round(100 * max(plus, minus) / (plus + minus), 1))  # 66.7: the known optimum
+    assert best.optimal and best.upper_bound == best.p1  # proven: no vote scores more
+    assert np.sign(best.weights[FEATURES.index("cosine")]) == (1 if plus > minus else -1)  # the larger kind's side
+
+
+def test_the_solver_weighs_facts_by_their_relation_s_size() -> None:
+    # P1: 30 "+cosine" facts; P2: 10 "-cosine" facts. Per fact, P2's count three times as much, but a relation is
+    # a relation: either side wins one of two relations, 50.0 macro
+    best = best_vote(_told_by(["+cosine"] * 30) + _told_by(["-cosine"] * 10, relation="P2"), len(FEATURES))
+    assert best.p1 == 50.0 and best.upper_bound == 50.0
+
+
+def test_ties_count_where_the_gold_comes_first() -> None:
+    tied = [Candidates(_fact(10), np.array([10, 11]), np.zeros((2, len(ALL_FEATURES))), 0)]
+    assert best_vote(tied, len(FEATURES)).p1 == 100.0  # gold first: argmax's tie goes to it
+    second = [Candidates(_fact(11), np.array([10, 11]), np.zeros((2, len(ALL_FEATURES))), 0)]
+    assert best_vote(second, len(FEATURES)).p1 == 0.0 and best_vote(second, len(FEATURES)).upper_bound == 0.0
 
 
 def test_the_best_over_all_features_reads_the_benchmark_only_ones() -> None:
     from bench.vote_bound import score_setting
 
-    held = score_setting({"heldout": _told_by(["+cosine"] * 30 + ["+number"] * 10)}, searches=100, restarts=2)
+    held = score_setting({"heldout": _told_by(["+cosine"] * 30 + ["+number"] * 10)}, time_limit=30)
     x = held["heldout"]
     assert (x["default"], x["gold_among_candidates"]) == (0.0, 100.0)
-    assert x["bound_general"] == 75.0  # "number" is no general feature: its 10 facts stay ties
-    assert x["bound_all"] == 100.0
+    assert x["best_general"] == 75.0 and x["upper_bound_general"] == 75.0  # "number" is no general feature
+    assert x["best_all"] == 100.0
     assert held["fitted_on_dev"] is None and x["fitted_on_dev"] is None  # no dev split, no fitted vote
 
 
@@ -168,11 +183,11 @@ def test_the_likelihood_fit_puts_its_weight_on_the_telling_feature() -> None:
 def test_a_vote_fitted_on_dev_is_scored_on_test() -> None:
     from bench.vote_bound import score_setting
 
-    both = score_setting({"dev": _synthetic(40), "test": _synthetic(40, seed=3)}, searches=50, restarts=1)
+    both = score_setting({"dev": _synthetic(40), "test": _synthetic(40, seed=3)}, time_limit=30)
     assert set(both["fitted_on_dev"]) == set(FEATURES) and both["test"]["fitted_on_dev"] == 100.0
     flipped = _told_by(["-cosine"] * 20)  # a test split where the dev split's telling feature points the other way
-    other = score_setting({"dev": _synthetic(40), "test": flipped}, searches=50, restarts=1)
-    assert other["test"]["fitted_on_dev"] == 0.0 and other["test"]["bound_general"] == 100.0
+    other = score_setting({"dev": _synthetic(40), "test": flipped}, time_limit=30)
+    assert other["test"]["fitted_on_dev"] == 0.0 and other["test"]["best_general"] == 100.0
 
 
 def test_the_searched_rows_are_the_rows_the_services_knn_reads(tiny_datastore: Any) -> None:
@@ -200,3 +215,29 @@ def test_the_searched_rows_are_the_rows_the_services_knn_reads(tiny_datastore: A
             assert rows.first_sentence[mine].any()
     finally:
         ds.close()
+
+
+def test_the_default_answer_it_starts_from_is_the_service_s(tiny_datastore: Any) -> None:
+    """bench.vote_bound reads its default answer off its own arrays (every searched row's distance, the whole
+    p_MLM); the service answers from `RestrictedKnn` and its cached float16 head of p_MLM. On the same questions
+    both pick the same word with the same probability, with the subject named and without it."""
+    from bench.vote_bound import split_candidates
+    from bertknn.service.pipeline import AnswerPipeline
+    from bertknn.service.results import Query
+
+    questions = [("Zorblat", "zorblat was born in [MASK] ."), ("Frelle Dax", "frelle dax was born in [MASK] ."),
+                 ("Plonk", "the bridge of [MASK] is red ."), ("Vostok", "vostok has long winters and deep [MASK] ."),
+                 ("Quimby", "quimby is known for [MASK] and boats ."), ("Émile Grusk", "émile grusk plays the [MASK] .")]  # fmt: skip
+    facts = [Fact("P0", subject, "x", text, 0, "dev") for subject, text in questions]
+    pipeline = AnswerPipeline.open(tiny_datastore, device="cpu")
+    try:
+        for with_subject in (True, False):
+            cands = split_candidates(pipeline, facts, ["dev"], with_subject=with_subject, top=20)["dev"]
+            for fact, c in zip(facts, cands, strict=True):
+                query = Query(text=fact.text, subject=fact.subject if with_subject else None, top_k=1,
+                              return_contexts=False)  # fmt: skip
+                served = pipeline.predict(query).predictions[0]
+                assert pipeline.token(int(c.words[c.default])) == served.token, (fact.text, with_subject)
+                assert c.default_p == pytest.approx(served.prob, rel=2e-3)  # the service's p_MLM head is float16
+    finally:
+        pipeline.close()
