@@ -44,6 +44,7 @@ BENCHMARKS = (
     Benchmark("entities", "entities-*.json", "quality"),
     Benchmark("languages", "languages*.json", "quality"),
     Benchmark("vote_bound", "vote_bound*.json", "quality"),
+    Benchmark("defaults", "defaults*.json", "quality"),
     Benchmark("plots", "", "docs"),
 )
 
