@@ -241,3 +241,16 @@ def test_the_default_answer_it_starts_from_is_the_service_s(tiny_datastore: Any)
                 assert c.default_p == pytest.approx(served.prob, rel=2e-3)  # the service's p_MLM head is float16
     finally:
         pipeline.close()
+
+
+def test_a_vote_over_more_features_is_never_reported_below_one_over_fewer() -> None:
+    from bench.vote_bound import BestVote, at_least
+
+    cands = _told_by(["+cosine"] * 30 + ["-cosine"] * 10)
+    w = np.zeros(len(FEATURES))
+    w[FEATURES.index("cosine")] = 1.0
+    stopped = BestVote(0.0, 100.0, False, np.zeros(len(ALL_FEATURES)))  # what a solver cut short might return
+    got = at_least(stopped, cands, w, len(ALL_FEATURES))
+    assert got.p1 == 75.0 and got.upper_bound == 100.0 and len(got.weights) == len(ALL_FEATURES)
+    better = BestVote(100.0, 100.0, True, np.ones(len(ALL_FEATURES)))
+    assert at_least(better, cands, w, len(ALL_FEATURES)) is better
