@@ -438,7 +438,7 @@ def test_the_service_reads_the_articles_rows_on_the_retrieval_thread_once(tiny_d
 def test_queries_batched_behind_a_busy_model_get_the_same_answers_wherever_they_are_finished(
     tiny_datastore: Path, cache_kind: str, finisher: str, request: pytest.FixtureRequest
 ) -> None:
-    """Queries that queue while the model is busy go in one batch; their p_MLM heads (`AnswerPipeline.complete`)
+    """Queries that queue while the model is busy go in one batch; their p_MLM heads (`QueryEncoder.complete`)
     and answers are made on the model's thread while its forward per query is the cheaper part, and handed to the
     finisher thread when it is the slower one (`Pace`). Either way, answers and cached encodings equal the
     synchronous pipeline's, with the in-process cache and with Redis (written after the answer)."""
@@ -458,8 +458,8 @@ def test_queries_batched_behind_a_busy_model_get_the_same_answers_wherever_they_
     cache = RedisCache(request.getfixturevalue("redis_server").url) if cache_kind == "redis" else InMemoryCache()
     pipe = AnswerPipeline.open(tiny_datastore, device="cpu", cache=cache, key_prefix=f"pool-{cache_kind}")
     completed, batches = [], []
-    complete = pipe.complete
-    pipe.complete = lambda p, **kw: (completed.append(threading.current_thread().name), complete(p, **kw))[1]  # type: ignore[method-assign]
+    complete = pipe.queries.complete
+    pipe.queries.complete = lambda p, **kw: (completed.append(threading.current_thread().name), complete(p, **kw))[1]  # type: ignore[method-assign]
 
     async def main() -> list:
         answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), Metrics())
