@@ -315,7 +315,7 @@ def at_least(found: BestVote, cands: list[Candidates], fewer: np.ndarray, n_feat
     """``found``, or the vote over fewer features (padded with zero weights) where that scores more: a vote over
     fewer features is one over more, so a solver stopped by its time limit never reports less for more."""
     padded = np.pad(fewer, (0, n_features - len(fewer)))
-    p1 = macro_p1(cands, padded)
+    p1 = macro_p1(cands, fewer)  # the same vote, scored over its own features: no rounding of the padded product
     return found if found.p1 >= p1 else BestVote(p1, found.upper_bound, False, padded)
 
 
