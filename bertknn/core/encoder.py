@@ -103,7 +103,7 @@ class MaskedLMEncoder:
         mask = self.tokenizer.mask_token
         check = self._tensors([self.query_input(t) for t in (f"{mask} x y .", f"a b c d e f {mask} g h i j k l .")])
         tol = 1e-4 if self.dtype == torch.float32 else 1e-2
-        found = embedding_core(self.base, self.num_layers, self.layer, self._cores[False], check, tol)
+        found = embedding_core(self.base, self.num_layers, self.layer, self._cores[False], check, tol, self.name)
         if found is not None:
             self._cores[False], self.cut = found
             self.truncated = True

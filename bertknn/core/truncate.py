@@ -181,7 +181,7 @@ def same_rows(core: torch.nn.Module, reference: torch.nn.Module, tensors: tuple[
 @torch.inference_mode()
 def embedding_core(
     base: torch.nn.Module, num_layers: int, layer: int, reference: torch.nn.Module, tensors: tuple[torch.Tensor, ...],
-    tol: float,
+    tol: float, name: str = "model",
 ) -> tuple[torch.nn.Module, str] | None:
     """A cheaper embeddings-only forward with ``reference``'s rows, and how it is cut ("mask rows": the stored
     layer at the [MASK] rows, BERT-shaped layers; "layers": the model cut at ``layer``); None: no known layer list,
@@ -195,7 +195,7 @@ def embedding_core(
         if same_rows(core, reference, tensors, tol):
             return core, cut
     if candidates:
-        logger.info("the model cut at layer %d differs from the full forward; it runs in full", layer)
+        logger.info("%s: the model cut at layer %d differs from the full forward; it runs in full", name, layer)
     return None
 
 
