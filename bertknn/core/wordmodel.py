@@ -280,55 +280,8 @@ class WordModel:
 
     @cached_property
     def vocab(self) -> VocabWords:
-        """Every vocabulary row's shown text and token word (computed once, on first use)."""
-        tok = self.tokenizer
-        n_tok = min(len(tok), self.vocab_size)
-        # A token's text as it reads after a word: decode(word, token) minus decode(word). A word-initial token
-        # reads " Paris", an inner piece "s"; the space is what tells them apart.
-        anchor = tok(" a", add_special_tokens=False)["input_ids"] or [0]
-        base = str(tok.decode(anchor, clean_up_tokenization_spaces=False))
-        pairs = [[*anchor, i] for i in range(n_tok)]
-        decoded = tok.batch_decode(pairs, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        after = [str(d)[len(base) :] if str(d).startswith(base) else str(d) for d in decoded]
-        raw = tok.convert_ids_to_tokens(list(range(n_tok)))
-        texts = [str(t) if t is not None else "" for t in raw] + [""] * (self.vocab_size - n_tok)
-        word_of = np.full(self.vocab_size, -1, dtype=np.int64)
-        candidates = []
-        for i in range(n_tok):
-            text = after[i].strip()
-            if i in self.special_ids or not text or is_punctuation(text) or "\ufffd" in text:
-                continue
-            if is_word_break(text[0]) or is_word_break(text[-1]):
-                continue  # punctuation glued to a word (SentencePiece's "(the", "Paris."): no answer
-            texts[i] = self.key(text)
-            candidates.append(i)
-        back = self.running_text_ids([after[i].strip() for i in candidates])
-        bare_starts = self._bare_forms_start_words()
-        for i, ids in zip(candidates, back, strict=True):
-            if bare_starts and not after[i][:1].isspace() and _unspaced(after[i]):
-                # unspaced text, where a word starts without a space (SentencePiece; never WordPiece's "##の"):
-                # each of its tokens can be a word (`words`)
-                word_of[i] = i
-                continue
-            if len(ids) != 1 or ids[0] >= self.vocab_size:
-                continue
-            own = ids[0]
-            if own == i:
-                word_of[i] = i
-            elif bare_starts and not after[i][:1].isspace() and texts[own] == texts[i]:
-                word_of[i] = own  # a bare form (``Paris`` at a text's start) of the running-text word
-        return VocabWords(texts, word_of)
-
-    def _bare_forms_start_words(self) -> bool:
-        """Whether a word can start with a token other than its running-text form: byte-level BPE at a text's
-        start, SentencePiece after punctuation; never WordPiece, whose inner pieces stay inside words."""
-        for probe in ("the", "(the", "paris", "(paris", "new", "(new"):
-            tok = self.tokenize([probe])[0]
-            for w in self.words(tok):
-                ref = self.pieces_of(tok.text[w.start : w.end])
-                if tuple(tok.ids[w.first : w.last + 1]) != ref:
-                    return True
-        return False
+        """Every vocabulary row's shown text and token word (computed once, on first use: `read_vocab_words`)."""
+        return read_vocab_words(self)
 
     def token_word(self, token_id: int) -> int:
         """The label id of the one-token word ``token_id`` spells, or -1 (inner pieces, specials, punctuation)."""
@@ -336,6 +289,60 @@ class WordModel:
 
     def token_text(self, token_id: int) -> str:
         return self.vocab.texts[token_id] if 0 <= token_id < self.vocab_size else ""
+
+
+def read_vocab_words(model: WordModel) -> VocabWords:
+    """Every vocabulary row's shown text and the one-token word it stands for (`VocabWords`): one decode of
+    every row after a word, then each candidate word tokenised back as running text."""
+    tok = model.tokenizer
+    n_tok = min(len(tok), model.vocab_size)
+    # A token's text as it reads after a word: decode(word, token) minus decode(word). A word-initial token
+    # reads " Paris", an inner piece "s"; the space is what tells them apart.
+    anchor = tok(" a", add_special_tokens=False)["input_ids"] or [0]
+    base = str(tok.decode(anchor, clean_up_tokenization_spaces=False))
+    pairs = [[*anchor, i] for i in range(n_tok)]
+    decoded = tok.batch_decode(pairs, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    after = [str(d)[len(base) :] if str(d).startswith(base) else str(d) for d in decoded]
+    raw = tok.convert_ids_to_tokens(list(range(n_tok)))
+    texts = [str(t) if t is not None else "" for t in raw] + [""] * (model.vocab_size - n_tok)
+    word_of = np.full(model.vocab_size, -1, dtype=np.int64)
+    candidates = []
+    for i in range(n_tok):
+        text = after[i].strip()
+        if i in model.special_ids or not text or is_punctuation(text) or "\ufffd" in text:
+            continue
+        if is_word_break(text[0]) or is_word_break(text[-1]):
+            continue  # punctuation glued to a word (SentencePiece's "(the", "Paris."): no answer
+        texts[i] = model.key(text)
+        candidates.append(i)
+    back = model.running_text_ids([after[i].strip() for i in candidates])
+    bare_starts = _bare_forms_start_words(model)
+    for i, ids in zip(candidates, back, strict=True):
+        if bare_starts and not after[i][:1].isspace() and _unspaced(after[i]):
+            # unspaced text, where a word starts without a space (SentencePiece; never WordPiece's "##の"):
+            # each of its tokens can be a word (`words`)
+            word_of[i] = i
+            continue
+        if len(ids) != 1 or ids[0] >= model.vocab_size:
+            continue
+        own = ids[0]
+        if own == i:
+            word_of[i] = i
+        elif bare_starts and not after[i][:1].isspace() and texts[own] == texts[i]:
+            word_of[i] = own  # a bare form (``Paris`` at a text's start) of the running-text word
+    return VocabWords(texts, word_of)
+
+
+def _bare_forms_start_words(model: WordModel) -> bool:
+    """Whether a word can start with a token other than its running-text form: byte-level BPE at a text's
+    start, SentencePiece after punctuation; never WordPiece, whose inner pieces stay inside words."""
+    for probe in ("the", "(the", "paris", "(paris", "new", "(new"):
+        tok = model.tokenize([probe])[0]
+        for w in model.words(tok):
+            ref = model.pieces_of(tok.text[w.start : w.end])
+            if tuple(tok.ids[w.first : w.last + 1]) != ref:
+                return True
+    return False
 
 
 def _join_unspaced(text: str, words: list[WordSpan]) -> list[WordSpan]:

@@ -228,7 +228,7 @@ def two_hop(
 def popularity_of(pipeline: AnswerPipeline, subject: str) -> int:
     """Inbound links of the subject's entity (its article's title, through redirects); 0 when none link to it."""
     title = pipeline.articles.subjects.resolve(subject) or normalize_title(subject)
-    ref = pipeline.datastore.entity(title)
+    ref = pipeline.datastore.links.entity(title)
     return ref.popularity if ref is not None else 0
 
 

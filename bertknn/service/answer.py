@@ -50,11 +50,11 @@ class ContextReader:
     def contexts(self, nbrs: Neighbours, ranks: list[int]) -> list[Context]:
         """The stored sentences of the neighbours at these ranks (0-based), the word in ``**bold**``."""
         out = []
-        refs = self.datastore.contexts([int(nbrs.rows[r]) for r in ranks])
-        for rank, ref in zip(ranks, refs, strict=True):
+        refs = self.datastore.contexts(nbrs.rows[ranks].tolist())
+        for rank, ref, distance in zip(ranks, refs, nbrs.distances[ranks].tolist(), strict=True):
             a, b = ref.span
             marked = f"{ref.sentence[:a]}**{ref.sentence[a:b]}**{ref.sentence[b:]}"
-            out.append(Context(ref.article, marked, float(nbrs.distances[rank]), int(rank) + 1))
+            out.append(Context(ref.article, marked, distance, int(rank) + 1))
         return out
 
     def by_label(self, nbrs: Neighbours, labels: np.ndarray, wanted: list[int], limit: int) -> dict[int, list[Context]]:

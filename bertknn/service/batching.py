@@ -27,7 +27,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def deliver(pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+def deliver(pairs: Sequence[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
     """On the event loop: hand each waiter its result (skipping those that gave up, e.g. a client gone)."""
     for fut, result, error in pairs:
         if fut.done():
@@ -36,6 +36,35 @@ def deliver(pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) 
             fut.set_exception(error)
         else:
             fut.set_result(result)
+
+
+Delivery = tuple[asyncio.Future[Any], Any, BaseException | None]
+
+
+class Outbox:
+    """Results handed from worker threads to the event loop, one loop wake-up for all that arrive before it runs.
+
+    Each ``call_soon_threadsafe`` writes to the loop's wake-up pipe and makes the loop thread take the GIL from
+    the worker: a batch finished answer by answer would pay that once per answer. Here an answer goes out as soon
+    as it is made, but while a hand-over is still pending, later answers join it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[Delivery] = []
+
+    def put(self, pairs: Sequence[Delivery]) -> None:
+        """Hand ``pairs`` to their waiters. `RuntimeError`: the loop is closed (nobody waits any more)."""
+        with self._lock:
+            first = not self._pending
+            self._pending.extend(pairs)
+        if first:
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            pairs, self._pending = self._pending, []
+        deliver(pairs)
 
 
 class MicroBatcher(Generic[T, R]):

@@ -76,7 +76,7 @@ class EntityAnswerer:
         found: list[EntityRef] = []
         index: dict[str, int] = {}
         labels = np.empty(len(nbrs), dtype=np.int64)
-        wheres = self.datastore.entity_indexes(nbrs.rows.tolist())
+        wheres = self.datastore.links.entity_indexes(nbrs.rows.tolist())
         assert None not in wheres, "entity answers search linked rows only"
         refs = _refs(self.datastore, wheres)
         for n, where in enumerate(wheres):
@@ -167,7 +167,7 @@ def entity_of_words(
     votes: dict[str, dict[str, tuple[float, EntityRef]]] = {}
     wanted = set(words)
     ranks = [r for r in range(len(nbrs)) if word_at.get(r) in wanted]
-    found = datastore.entity_indexes([int(nbrs.rows[r]) for r in ranks])
+    found = datastore.links.entity_indexes([int(nbrs.rows[r]) for r in ranks])
     refs = _refs(datastore, found)
     d0 = float(nbrs.distances[0]) if len(nbrs) else 0.0
     for rank, where in zip(ranks, found, strict=True):
@@ -186,7 +186,7 @@ def entity_of_words(
 def _refs(datastore: Datastore, wheres: Sequence[tuple[int, int] | None]) -> dict[tuple[int, int], EntityRef]:
     """The entity of each distinct link among ``wheres`` (None: no link), looked up together."""
     distinct = list(dict.fromkeys(w for w in wheres if w is not None))
-    return dict(zip(distinct, datastore.entities_of(distinct), strict=True))
+    return dict(zip(distinct, datastore.links.entities_of(distinct), strict=True))
 
 
 # the answer words an entity lookup folds are the same few thousand again and again
@@ -197,11 +197,11 @@ _normalized = functools.lru_cache(maxsize=65536)(normalize_title)
 def _titled(datastore: Datastore, words: Sequence[str]) -> list[EntityRef | None]:
     """The entity titled like each word (exactly, else ignoring case and accents: the first such article's), or
     None: four table queries for all the words."""
-    out = datastore.entities_named([_normalized(w) for w in words])
+    out = datastore.links.entities_named([_normalized(w) for w in words])
     folded = {i: _folded(words[i]) for i, ref in enumerate(out) if ref is None}
     if folded:
         first = datastore.articles.first_folded(list(folded.values()))
         found = [(i, first[key]) for i, key in folded.items() if key in first]
-        for (i, _), ref in zip(found, datastore.entities_named([title for _, title in found]), strict=True):
+        for (i, _), ref in zip(found, datastore.links.entities_named([title for _, title in found]), strict=True):
             out[i] = ref
     return out

@@ -147,6 +147,11 @@ class AnswerPipeline:
         )
 
     def identity(self) -> dict[str, dict[str, object]]:
+        """The model and datastore this pipeline answers with (every response carries it): made once."""
+        return dict(self._identity)
+
+    @cached_property
+    def _identity(self) -> dict[str, dict[str, object]]:
         man = self.datastore.manifest
         return {
             "model": {
@@ -169,7 +174,7 @@ class AnswerPipeline:
     def check_query(self, query: Query) -> MaskedInput:
         """Tokenise and check one query; `QueryError` says what to fix."""
         if query.answer == "entity":
-            if not self.datastore.has_entities:
+            if not self.datastore.links.has_entities:
                 raise QueryError(f"answer 'entity' needs entity links, and {NO_LINKS}; or ask for answer 'word'")
             if query.retriever == "none":
                 raise QueryError("answer 'entity' searches the retrieved articles' links: use retriever bm25 or tfidf")
@@ -237,7 +242,7 @@ class AnswerPipeline:
         if not subject or not self.datastore.linked:
             return 0
         title = self.articles.subjects.resolve(subject) or subject
-        ref = self.datastore.entity(title)
+        ref = self.datastore.links.entity(title)
         return ref.popularity if ref is not None else 0
 
     def _neighbour_words(self, nbrs: Neighbours) -> dict[int, str]:

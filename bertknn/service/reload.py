@@ -105,7 +105,7 @@ class DatastoreReloader:
             answerer.pipeline = new  # the swap: new requests lease the new version from here on
             self.resources.pipeline = new
             seconds = time.perf_counter() - t0
-            draining = answerer.in_flight(old)
+            draining = answerer.leases.in_flight(old)
             task = asyncio.create_task(self._retire(old))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -118,7 +118,7 @@ class DatastoreReloader:
 
     async def _retire(self, old: AnswerPipeline) -> None:
         answerer = self.resources.answerer
-        if answerer is not None and not await answerer.drained(old, self.drain_timeout_s):
+        if answerer is not None and not await answerer.leases.drained(old, self.drain_timeout_s):
             logger.warning(
                 "requests still hold datastore version %s after %.0f s; its indexes stay open",
                 old.datastore.version, self.drain_timeout_s,

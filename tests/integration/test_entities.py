@@ -99,7 +99,7 @@ def test_the_builder_keeps_links_as_rows_and_an_entity_table(ds: Path, model: Pa
     (row,) = rows.tolist()
     ref = store.context(row)
     assert ref.sentence[ref.span[0] : ref.span[1]] == "Kingdom of Zembla"  # the whole anchor is the row's span
-    assert store.entity_at(row) is not None and store.entity_at(row).title == "Kingdom of Zembla"  # type: ignore[union-attr]
+    assert store.links.entity_at(row) is not None and store.links.entity_at(row).title == "Kingdom of Zembla"  # type: ignore[union-attr]
     # word answers never see an anchor-only row
     _, word_labels, word_rows = store.article_rows(["New Quellport"])
     assert row not in word_rows.tolist() and (word_labels >= 0).all()
@@ -156,7 +156,7 @@ def test_answer_words_find_the_entity_titled_like_them_all_at_once(ds: Path) -> 
 
     def one(word: str) -> EntityRef | None:
         folded = store.articles.folded(fold_title(word))
-        return store.entity(normalize_title(word)) or (store.entity(folded[0].title) if folded else None)
+        return store.links.entity(normalize_title(word)) or (store.links.entity(folded[0].title) if folded else None)
 
     words = ["New Quellport", "new quellport", "KINGDOM OF ZEMBLA", "Kingdom_of_Zembla", "Orvin Tasker",
              "Quellport", "New Quellport", "port ambrel"]  # fmt: skip
@@ -244,11 +244,11 @@ def test_a_dump_s_wikilinks_resolve_through_its_redirects(model: Path, tmp_path:
     assert _entities(out) == {"New Quellport": 3, "Kingdom of Zembla": 1}
     store = Datastore(out)
     _, _, rows = store.article_rows(["Orvin Tasker"], "entity")
-    assert [store.entity_at(r).title for r in rows.tolist()] == ["New Quellport"]  # type: ignore[union-attr]
+    assert [store.links.entity_at(r).title for r in rows.tolist()] == ["New Quellport"]  # type: ignore[union-attr]
     # every link's entity looked up together: through the redirect, with the popularity
-    wheres = [w for w in store.entity_indexes(list(range(store.manifest.counts.contexts))) if w is not None]
+    wheres = [w for w in store.links.entity_indexes(list(range(store.manifest.counts.contexts))) if w is not None]
     assert "Quellport" in {store.shards[pos].entity_title(local) for pos, local in wheres}
-    assert {(r.title, r.popularity) for r in store.entities_of(wheres)} == {("New Quellport", 3), ("Kingdom of Zembla", 1)}
+    assert {(r.title, r.popularity) for r in store.links.entities_of(wheres)} == {("New Quellport", 3), ("Kingdom of Zembla", 1)}
     assert store.table.entities(["Nowhere", "Quellport", "Nowhere"]) == [
         EntityRef("Nowhere", 0), EntityRef("New Quellport", 3), EntityRef("Nowhere", 0)
     ]
@@ -453,7 +453,7 @@ def test_a_datastore_without_links_refuses_entity_answers_and_follow_saying_how_
     tiny_datastore: Path,
 ) -> None:
     """The quick start's kind of datastore: built with links kept, from a corpus that has none."""
-    assert not Datastore(tiny_datastore).has_entities
+    assert not Datastore(tiny_datastore).links.has_entities
     with TestClient(create_app(ServiceSettings(datastore=tiny_datastore, model={"device": "cpu"}))) as c:
         r = c.post("/predict", json={"text": "zorblat was born in [MASK] .", "subject": "Zorblat", "answer": "entity"})
         assert r.status_code == 422 and "no entity links" in r.json()["error"]["message"], r.text

@@ -465,8 +465,8 @@ def test_queries_batched_behind_a_busy_model_get_the_same_answers_wherever_they_
         answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), Metrics())
         answerer.batcher._on_batch = lambda n, s: batches.append(n)
         # as measured on earlier batches: the forward per query cheaper than finishing one, or dearer
-        answerer.pace.forward_s, answerer.pace.finish_s = (0.001, 0.002) if finisher == "model" else (0.005, 0.001)
-        answerer.pace.weight = 0.0  # (kept so for this test's one batch)
+        answerer.finisher.pace.forward_s, answerer.finisher.pace.finish_s = (0.001, 0.002) if finisher == "model" else (0.005, 0.001)
+        answerer.finisher.pace.weight = 0.0  # (kept so for this test's one batch)
         answerer.start()
         try:
             gate, busy = threading.Event(), threading.Event()

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from bertknn.core.errors import Overloaded
-from bertknn.service.batching import MicroBatcher
+from bertknn.service.batching import MicroBatcher, Outbox
 
 
 def test_concurrent_items_share_one_call():
@@ -233,3 +233,44 @@ def test_a_batch_takes_the_waiting_items_round_robin_over_clients():
 
     asyncio.run(main())
     assert batches == [["x0"], ["a0", "a1", "b0", "b1"], ["a2", "a3", "a4", "a5"]]
+
+
+def test_the_outbox_hands_every_result_over_and_wakes_the_loop_once_while_a_hand_over_is_pending():
+    async def main() -> tuple[list[object], int]:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        real = loop.call_soon_threadsafe
+
+        def counted(*args):  # type: ignore[no-untyped-def]
+            nonlocal wakes
+            wakes += 1
+            return real(*args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        box = Outbox(loop)
+        futures = [loop.create_future() for _ in range(200)]
+        futures[7].cancel()  # a waiter that gave up is skipped
+        gate = threading.Event()
+
+        def worker(part: list[asyncio.Future[object]]) -> None:
+            gate.wait()
+            for i, f in enumerate(part):
+                box.put([(f, i, None) if i % 50 else (f, None, ValueError(str(i)))])
+
+        threads = [threading.Thread(target=worker, args=(futures[k::4],)) for k in range(4)]
+        for t in threads:
+            t.start()
+        gate.set()
+        for t in threads:  # the loop is held here: every put while one hand-over is pending joins it
+            t.join()
+        got = await asyncio.gather(*futures, return_exceptions=True)
+        return got, wakes
+
+    got, wakes = asyncio.run(main())
+    assert wakes == 1
+    assert isinstance(got[7], asyncio.CancelledError)
+    for k in range(4):
+        for i, value in enumerate(got[k::4]):
+            if k == 3 and i == 1:
+                continue  # futures[7]
+            assert (isinstance(value, ValueError) and str(value) == str(i)) if i % 50 == 0 else value == i

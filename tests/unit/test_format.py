@@ -174,3 +174,7 @@ def test_contexts_of_rows_from_several_articles_in_any_order(built: Path, tiny_m
         word = ref.sentence[ref.span[0] : ref.span[1]]
         assert tokenizer(word, add_special_tokens=False)["input_ids"] == [label_of[row]]
     assert store.contexts([]) == []
+    np.testing.assert_array_equal(store.labels_at(np.asarray(rows)), [label_of[r] for r in rows])
+    assert [store.locate(r) for r in rows] == [
+        (pos, int(local)) for r in rows for pos, (at, locals_) in store._by_shard([r]).items() for local in locals_
+    ]

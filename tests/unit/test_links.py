@@ -147,6 +147,7 @@ class _Linked:
 
     def __init__(self, rows: dict[int, EntityRef | None]):
         self.rows = rows
+        self.links = self  # the look-ups of `Datastore.links`
 
     def entity_indexes(self, rows: list[int]) -> list[tuple[int, int] | None]:
         return [None if self.rows[r] is None else (0, r) for r in rows]

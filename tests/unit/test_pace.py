@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bertknn.service.serving import Pace
+from bertknn.service.finishing import Pace
 
 
 def test_a_batch_is_finished_on_the_model_thread_until_its_forward_is_the_slower_part() -> None:

@@ -104,11 +104,11 @@ def test_drained_waits_for_the_last_lease_and_times_out_while_held():
     async def scenario() -> None:
         pipe = FakePipeline(Path("."), "a", 1)
         answerer = AsyncAnswerer(pipe, BatchingSettings(), Metrics())  # type: ignore[arg-type]
-        assert await answerer.drained(pipe, 0.01)  # nobody holds it
+        assert await answerer.leases.drained(pipe, 0.01)  # nobody holds it
         with answerer.lease(), answerer.lease():
-            assert answerer.in_flight(pipe) == 2
-            assert not await answerer.drained(pipe, 0.01)
-        assert answerer.in_flight(pipe) == 0 and await answerer.drained(pipe, 0.01)
+            assert answerer.leases.in_flight(pipe) == 2
+            assert not await answerer.leases.drained(pipe, 0.01)
+        assert answerer.leases.in_flight(pipe) == 0 and await answerer.leases.drained(pipe, 0.01)
         await answerer.stop()
 
     asyncio.run(scenario())

@@ -12,7 +12,9 @@ from bertknn.core.format.files import (
     save_npy,
     write_manifest,
 )
-from bertknn.core.format.reader import ArticleEntry, ContextRef, Datastore, RowSlice, Shard
+from bertknn.core.format.links import EntityLinks
+from bertknn.core.format.reader import ContextRef, Datastore, RowSlice, Shard
+from bertknn.core.format.table import ArticleEntry
 from bertknn.core.format.validate import check_shard_files, validate_datastore, validate_parts
 from bertknn.core.hashing import sha256_file
 
@@ -22,6 +24,7 @@ __all__ = [
     "ArticleEntry",
     "ContextRef",
     "Datastore",
+    "EntityLinks",
     "RowSlice",
     "Shard",
     "atomic_write_bytes",

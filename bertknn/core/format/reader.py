@@ -37,7 +37,8 @@ from bertknn.core.format.contract import (
     ShardInfo,
 )
 from bertknn.core.format.files import read_manifest
-from bertknn.core.format.table import ArticleEntry, ArticleTable, EntityRef, RedirectTable
+from bertknn.core.format.links import EntityLinks
+from bertknn.core.format.table import ArticleTable, RedirectTable
 from bertknn.core.words import WordEntry, WordTable, read_word_table
 
 
@@ -251,10 +252,8 @@ class Datastore:
         self.table = ArticleTable(self.root / self.manifest.article_table)
         self.articles: ArticleTable = self.table
         self.redirects: RedirectTable = self.table.redirects
-
-    @property
-    def superseded(self) -> list[ArticleEntry]:
-        return self.table.superseded()
+        links = self.manifest.links
+        self.links = EntityLinks(None if links is None else links.entities, self.shards, self.table, self._by_shard)
 
     def close(self) -> None:
         """Close the table's connections (a reload closes the version it replaced)."""
@@ -272,7 +271,7 @@ class Datastore:
     def superseded_rows(self) -> np.ndarray:
         """Sorted global row ids of the articles a later shard replaced: a whole-datastore search skips them."""
         parts = [np.zeros(0, np.int64)]
-        for e in self.superseded:
+        for e in self.table.superseded():
             base = self.shard_offsets[e.shard]
             parts.append(np.arange(base + e.row_start, base + e.row_end, dtype=np.int64))
         return np.sort(np.concatenate(parts))
@@ -294,11 +293,6 @@ class Datastore:
     def linked(self) -> bool:
         """Whether the rows carry entity links (``manifest.links``)."""
         return self.manifest.links is not None
-
-    @property
-    def has_entities(self) -> bool:
-        """Whether any row is linked to an entity (a build that kept links over a corpus without any has none)."""
-        return self.manifest.links is not None and self.manifest.links.entities > 0
 
     def article_rows(
         self, titles: Iterable[str], answer: str = "word"
@@ -360,14 +354,23 @@ class Datastore:
         shard = self.shards[entry.shard]
         return [shard.sentence(i) for i in range(entry.sent_start, entry.sent_end)]
 
-    def article_text(self, title: str) -> str:
-        return " ".join(self.article_sentences(title))
-
     def locate(self, global_row: int) -> tuple[int, int]:
         """(position in ``shards``, row in that shard) of a global row id."""
         global_row = int(global_row)
         pos = bisect.bisect_right(self._offsets, global_row) - 1
         return pos, global_row - self._offsets[pos]
+
+    def _by_shard(self, global_rows: Sequence[int] | np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """`locate` of many rows at once: for each shard position, (the indexes into ``global_rows``, the rows in
+        that shard), in the order given."""
+        rows = np.asarray(global_rows, dtype=np.int64)
+        starts = np.asarray(self.shard_offsets, dtype=np.int64)
+        pos = np.searchsorted(starts, rows, side="right") - 1
+        out = {}
+        for p in np.unique(pos).tolist():
+            at = np.flatnonzero(pos == p)
+            out[p] = (at, rows[at] - starts[p])
+        return out
 
     @property
     def whole_words(self) -> bool:
@@ -379,52 +382,10 @@ class Datastore:
         shard = self.shards[pos]
         return shard.words[int(shard.labels[row])]
 
-    def entity_at(self, global_row: int) -> EntityRef | None:
-        """The entity a row links to (its title after redirects, its popularity), or None (no link)."""
-        if not self.linked:
-            return None
-        (found,) = self.entity_indexes([global_row])
-        return None if found is None else self.entity_of(*found)
-
-    def entity_indexes(self, global_rows: Sequence[int]) -> list[tuple[int, int] | None]:
-        """For each row, (shard position, its link's index in that shard's entities), or None (no link): one
-        read of each shard's ``entity_labels`` for all of them."""
-        out: list[tuple[int, int] | None] = [None] * len(global_rows)
-        if not self.linked:
-            return out
-        by_shard: dict[int, list[tuple[int, int]]] = {}
-        for i, g in enumerate(global_rows):
-            pos, row = self.locate(g)
-            by_shard.setdefault(pos, []).append((i, row))
-        for pos, items in by_shard.items():
-            rows = np.fromiter((r for _, r in items), dtype=np.int64, count=len(items))
-            for (i, _), local in zip(items, self.shards[pos].entity_labels[rows].tolist(), strict=True):
-                if local >= 0:
-                    out[i] = (pos, int(local))
-        return out
-
-    def entity_of(self, pos: int, local: int) -> EntityRef:
-        """The entity of link ``local`` of shard position ``pos`` (see `entity_indexes`)."""
-        return self.entities_of([(pos, local)])[0]
-
-    def entities_of(self, where: Sequence[tuple[int, int]]) -> list[EntityRef]:
-        """`entity_of` for several links at once (two table queries in all)."""
-        shards = {pos: self.shards[pos] for pos in dict.fromkeys(pos for pos, _ in where)}  # each shard looked up once
-        return self.table.entities([shards[pos].entity_title(local) for pos, local in where])
-
-    def entity(self, title: str) -> EntityRef | None:
-        """An entity by (normalised) title, through a redirect: its popularity; None when nothing links to it."""
-        return self.table.entity(title) if self.linked else None
-
-    def entities_named(self, titles: Sequence[str]) -> list[EntityRef | None]:
-        """`entity` of several titles at once (two table queries in all)."""
-        return self.table.entities_named(titles) if self.linked else [None] * len(titles)
-
     def labels_at(self, global_rows: np.ndarray) -> np.ndarray:
         out = np.empty(len(global_rows), dtype=np.int32)
-        for i, g in enumerate(global_rows):
-            pos, row = self.locate(int(g))
-            out[i] = self.shards[pos].labels[row]
+        for pos, (at, rows) in self._by_shard(global_rows).items():
+            out[at] = self.shards[pos].labels[rows]
         return out
 
     def context(self, global_row: int) -> ContextRef:
@@ -435,19 +396,15 @@ class Datastore:
         """`context` of several rows, reading each shard's arrays once for all of them (one answer shows up
         to a few dozen: row by row, the small reads from the memory-mapped arrays cost most of the time)."""
         out: list[ContextRef | None] = [None] * len(global_rows)
-        by_shard: dict[int, list[tuple[int, int]]] = {}
-        for i, g in enumerate(global_rows):
-            pos, row = self.locate(g)
-            by_shard.setdefault(pos, []).append((i, row))
-        for pos, items in by_shard.items():
+        if not len(global_rows):
+            return []
+        for pos, (at, rows) in self._by_shard(global_rows).items():
             shard = self.shards[pos]
-            rows = np.fromiter((r for _, r in items), dtype=np.int64, count=len(items))
             spans = shard.spans[rows].tolist()
             sids = shard.sentence_ids[rows].astype(np.int64)
             begin, end = shard.sentence_offsets[sids].tolist(), shard.sentence_offsets[sids + 1].tolist()
-            text = shard._sentences
-            titles = self.table.titles_at(pos, [r for _, r in items])
-            for (i, _), (a, b), s0, s1, title in zip(items, spans, begin, end, titles, strict=True):
-                sentence = text[s0:s1].tobytes().decode("utf-8")
-                out[i] = ContextRef(title, sentence, (a, b))
+            text = shard._sentences.data  # a memoryview: its slices decode without a copy into numpy
+            titles = self.table.titles_at(pos, rows.tolist())
+            for i, (a, b), s0, s1, title in zip(at.tolist(), spans, begin, end, titles, strict=True):
+                out[i] = ContextRef(title, str(text[s0:s1], "utf-8"), (a, b))
         return cast(list[ContextRef], out)

@@ -58,7 +58,7 @@ def resolve_subject(pipe: AnswerPipeline, subject: str) -> str:
     title = SubjectResolver(pipe.datastore).resolve(subject)
     if title is not None:
         return title
-    ref = pipe.datastore.entity(normalize_title(subject))
+    ref = pipe.datastore.links.entity(normalize_title(subject))
     if ref is not None:
         return ref.title
     raise UnknownSubject(
@@ -86,7 +86,7 @@ async def follow_route(
     base = replace(base_query(body, resources.settings), deadline=monotonic_deadline(seconds))
     t0 = time.perf_counter()
     with answerer.lease() as pipe:  # one datastore version for every hop
-        if not pipe.datastore.has_entities:
+        if not pipe.datastore.links.has_entities:
             raise QueryError(f"/follow follows entity links, and {NO_LINKS}")
         subject = resolve_subject(pipe, body.subject)
 

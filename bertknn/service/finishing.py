@@ -1,0 +1,192 @@
+"""After a query's forward pass: p_MLM's head, its articles, the kNN and the answer, handed to its request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from bertknn.core.inputs import MaskedInput
+from bertknn.service.batching import Outbox
+from bertknn.service.codec import QueryEncoding
+from bertknn.service.encoding import PendingEncoding
+from bertknn.service.fair import FairExecutor
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Answer, ArticleHit, Query, Stage
+from bertknn.service.retrieval.knn import ArticleSearch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """A query's articles and their rows, made ready on the retrieval thread while the forward pass runs."""
+
+    articles: tuple[list[ArticleHit], str]  # (articles, cache state), as `AnswerPipeline.retrieve` returns them
+    seconds: float  # the retrieval's
+    search: ArticleSearch | None  # their rows, read and indexed for the kNN (`AnswerPipeline.prepare_search`)
+    search_seconds: float
+
+    def record(self, stage: Stage) -> None:
+        stage.add("retrieval", self.seconds)
+        stage.add("knn", self.search_seconds)  # reading the rows is the kNN's work, done ahead of it
+
+
+@dataclass
+class Job:
+    """One query on its way through the batcher to the model thread."""
+
+    inp: MaskedInput
+    key: str  # its encoding's cache key (`AnswerPipeline.encoding_key`)
+    query: Query
+    pipe: AnswerPipeline  # the datastore version the request holds
+    stage: Stage
+    submitted: float
+    answered: asyncio.Future[Answer]  # on the event loop: the answer, from the model thread or the finisher
+    # started on arrival when the model is busy, else by the model thread as the forward pass starts
+    retrieval: Future[Retrieved] | None = None
+    client: str = "-"  # who asked (the fair queues' turns)
+
+    def start_retrieval(self, executor: FairExecutor, *, prepare: bool = False) -> Future[Retrieved]:
+        """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also read and index their rows
+        for the kNN there. Only for a query that is the model's only one: it is answered right after its forward
+        pass, while a queued query's rows (megabytes for long articles) would sit in memory until its turn."""
+        if self.retrieval is None:
+            pipe, query = self.pipe, self.query
+
+            def retrieve() -> Retrieved:
+                t0 = time.perf_counter()
+                articles = pipe.retrieve(query)
+                t1 = time.perf_counter()
+                search = pipe.prepare_search(query, articles[0]) if prepare else None
+                return Retrieved(articles, t1 - t0, search, time.perf_counter() - t1)
+
+            self.retrieval = executor.submit(retrieve, client=self.client)
+        return self.retrieval
+
+
+Work = tuple[Job, QueryEncoding | PendingEncoding, bool]  # a query after its forward pass (or cache hit)
+
+
+def _quietly(fn: Callable[[], None]) -> None:
+    """Run work nobody waits for (a cache write); a failure is logged, never raised."""
+    try:
+        fn()
+    except Exception:
+        logger.exception("deferred work failed")
+
+
+def fills(job: Job) -> bool:
+    """Whether the query runs forward passes of its own after its first (whole words, entity names)."""
+    return job.pipe.words is not None or job.query.answer == "entity"
+
+
+class Pace:
+    """Where a batch's queries are finished after their forward pass: on the model thread itself, or handed to
+    the finisher pool so that the next forward overlaps them.
+
+    A hand-off costs both threads the GIL (measured: more CPU per query than the finishing itself on a machine
+    whose forward is cheap), and it gains only where the forward takes longer than what it would overlap. So the
+    model thread finishes a batch itself unless its forward per query takes more than ``margin`` times as long as
+    finishing one (bert-base on a CPU: about 20 times), and then hands it off. The margin keeps the choice from
+    locking itself in: handed-off batches stay small, and a small batch's forward costs more per query.
+    Both are running means of this process's own batches (docs/decisions/serving-processes.md).
+    """
+
+    def __init__(self, weight: float = 0.1, margin: float = 2.0):
+        self.weight = weight
+        self.margin = margin
+        self.forward_s: float | None = None  # per query of a batch
+        self.finish_s: float | None = None  # per query
+
+    def _mean(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.weight * (new - old)
+
+    def forward(self, seconds: float, queries: int) -> None:
+        self.forward_s = self._mean(self.forward_s, seconds / max(1, queries))
+
+    def finished(self, seconds: float, queries: int) -> None:
+        if queries:
+            self.finish_s = self._mean(self.finish_s, seconds / queries)
+
+    def finish_here(self) -> bool:
+        if self.forward_s is None or self.finish_s is None:
+            return True  # measured on the first batches
+        return self.forward_s <= self.margin * self.finish_s
+
+
+class Finisher:
+    """Finishes queries after their forward pass (or an in-process cache hit), where `Pace` says: on the model
+    thread that ran it, or in one hand-off per batch to ``pool``. A query whose retrieval has not ended is put
+    back on ``pool`` when it ends; nobody waits behind it. Each answer goes to its request as soon as it is made
+    (`Outbox`: one wake-up of the event loop for the answers made meanwhile)."""
+
+    def __init__(self, retrieval: FairExecutor, pool: FairExecutor):
+        self.retrieval = retrieval
+        self.pool = pool
+        self.pace = Pace()
+        self._outbox: Outbox | None = None  # answers to the event loop (`start`)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._outbox = Outbox(loop)
+
+    def submit(self, work: Sequence[Work], client: str = "-") -> None:
+        """`finish_all` on the pool (a whole batch in one hand-off)."""
+        self.pool.submit(self.finish_all, work, client=client)
+
+    def finish_all(self, work: Sequence[Work], stores: list[Callable[[], None]] | None = None) -> None:
+        """On the finisher (or the model thread, `Pace`): each query's rest (`_finish_one`), its answer handed to
+        its request at once. ``stores``: where a remote cache's writes go (default: made at the end, here)."""
+        assert self._outbox is not None, "start() first"
+        later = stores is not None
+        stores = stores if stores is not None else []
+        t, made = time.perf_counter(), 0
+        for job, enc, hit in work:
+            if job.answered.done():  # the request gave up (its deadline, the client gone): nothing to do
+                continue
+            try:
+                answer = self._finish_one(job, enc, hit, stores)
+                if answer is None:
+                    continue  # back when its retrieval ends
+                made += 1
+                result: tuple[asyncio.Future[Any], Any, BaseException | None] = (job.answered, answer, None)
+            except Exception as exc:  # that request's error, not its batch's
+                result = (job.answered, None, exc)
+            try:
+                self._outbox.put([result])
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+        self.pace.finished(time.perf_counter() - t, made)
+        if not later:
+            for store in stores:  # a remote cache's writes, after the answers (nobody waits for them)
+                _quietly(store)
+
+    def _finish_one(
+        self, job: Job, enc: QueryEncoding | PendingEncoding, hit: bool, stores: list[Callable[[], None]]
+    ) -> Answer | None:
+        """A query after its forward pass: p_MLM's head (unless kept already), its articles (unless an
+        adaptive query's p_MLM is confident enough to skip them), the kNN and the answer. None: its retrieval has
+        not ended on the retrieval thread; the query comes back here when it does (the finisher never waits for
+        one, so nobody waits behind a slow retrieval).
+
+        A query is finished once: its retrieval's record and answer are made on the pass that finds it done."""
+        pipe, query, stage = job.pipe, job.query, job.stage
+        t = time.perf_counter()
+        full = pipe.queries.complete(enc, defer_store=stores) if isinstance(enc, PendingEncoding) else enc
+        stage.add("embedding", time.perf_counter() - t)
+        articles, search = None, None
+        if not pipe.skips_knn(query, full):
+            got = job.start_retrieval(self.retrieval)
+            if not got.done():  # back here when it ends
+                got.add_done_callback(
+                    lambda _: self.submit([(job, full, hit)], client=job.client)
+                )
+                return None
+            retrieved = got.result()
+            retrieved.record(stage)
+            articles, search = retrieved.articles, retrieved.search
+        return pipe.answer_from_encoding(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)
