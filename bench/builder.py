@@ -114,7 +114,7 @@ def one_run(
         build_s, summary = _timed_build(_settings(corpus, out, args, backend, codec, batch_tokens), recorder)
         forward_s = _bare_forward(encoder, recorder.batches)
         record = {"backend": encoder.backend,
-                  "forward": f"cut at layer {encoder.layer} ({encoder.cut})" if encoder.truncated else "full",
+                  "forward": f"cut at layer {encoder.layer} ({encoder.eager.cut})" if encoder.eager.truncated else "full",
                   "batch_tokens": batch_tokens, **_padding(recorder.batches)}  # fmt: skip
         return record | _rates(out, recorder, build_s, forward_s, setup_s) | {
             # per stage: seconds, items, items/s per process, and the stage that bounds the build

@@ -103,7 +103,7 @@ def compare_vectors(model: Path, corpus: Path, n: int = 256) -> dict[str, object
         got = np.concatenate([o.embeddings for o in outs])
         top = np.concatenate([o.mlm_log_probs.argmax(-1).cpu().numpy() for o in outs if o.mlm_log_probs is not None])
         rel = np.linalg.norm(got - want.embeddings, axis=1) / np.linalg.norm(want.embeddings, axis=1)
-        out[dtype] = {"forward": enc.cut if enc.truncated else "full", "rel_error_median": float(np.median(rel)),
+        out[dtype] = {"forward": enc.eager.cut if enc.eager.truncated else "full", "rel_error_median": float(np.median(rel)),
                       "rel_error_max": float(rel.max()), "top1_agrees": float((top == want_top).mean())}  # fmt: skip
         del enc
     return out
@@ -120,9 +120,9 @@ def time_new_shapes(model: Path, shapes: int = 48, budget: int = 16_384, seed: i
     from bertknn.core.encoder import MaskedLMEncoder
 
     enc = MaskedLMEncoder.load(str(model), device="cuda", dtype="bfloat16")
-    core = enc._cores[False]
+    core = enc.eager.cores[False]
     rng = np.random.default_rng(seed)
-    out: dict[str, object] = {"forward": enc.cut, "budget_tokens": budget, "shapes": shapes}
+    out: dict[str, object] = {"forward": enc.eager.cut, "budget_tokens": budget, "shapes": shapes}
     used: set[tuple[int, int]] = set()
     for kernels in ("cudnn,flash,efficient,math", "flash,efficient,math", ""):
         first: list[float] = []

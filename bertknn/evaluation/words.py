@@ -154,7 +154,7 @@ def word_result(pipeline: AnswerPipeline, q: LamaQuery, answer: Answer) -> Query
     if gold is None:  # not a candidate: score it, p_kNN = 0
         pieces = q.obj_pieces or (q.obj_id,)
         if len(pieces) > 1:
-            g_mlm = float(pipeline.words.fill_probs(q.text, [pieces])[0])
+            g_mlm = float(pipeline.words.fill.fill_probs(q.text, [pieces])[0])
         else:
             assert d.token_p_mlm is not None
             g_mlm = float(d.token_p_mlm[pieces[0]])

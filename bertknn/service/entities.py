@@ -122,7 +122,7 @@ class EntityAnswerer:
             keep = [i for i, p in enumerate(pieces) if 1 < len(p) <= MAX_NAME_PIECES]
             asked.append((text, [pieces[i] for i in keep]))
             where.append(keep)
-        filled = self.words.one_pass_probs(asked, deadline=deadline)
+        filled = self.words.fill.one_pass_probs(asked, deadline=deadline)
         out = []
         for (_, titles), keep, probs in zip(requests, where, filled, strict=True):
             row = [0.0] * len(titles)

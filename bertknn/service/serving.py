@@ -73,8 +73,8 @@ class AsyncAnswerer:
         # which the batcher's loop occupies, so they go through it.
         self._pipeline = pipeline
         for words in pipeline.fill_answerers():
-            words.run_model = lambda fn: self.batcher.call(fn).result()
-            words.others_waiting = lambda: self.batcher.depth > 0
+            words.fill.run_model = lambda fn: self.batcher.call(fn).result()
+            words.fill.others_waiting = lambda: self.batcher.depth > 0
 
     def _encode_batch(self, jobs: Sequence[Job]) -> list[None]:
         # Retrieval (Lucene, its own thread) runs during this batch's forward pass. For a query that found the

@@ -493,7 +493,7 @@ def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
 ) -> None:
     """Thirty linked names of two pieces around the neighbours: one fill pass scores at most FILL_CANDIDATES."""
     from bertknn.service.entities import FILL_CANDIDATES
-    from bertknn.service.words import WordAnswerer
+    from bertknn.service.fill import WordFill
 
     first = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
     second = ["north", "south", "east", "west", "hill"]
@@ -503,13 +503,13 @@ def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
     model = make_tiny_bert(tmp_path / "m", corpus_words([{"title": "Ravel", "text": text}]))
     ds = build_tiny(tmp_path / "ds", [corpus], model)
     filled: list[int] = []
-    real = WordAnswerer.one_pass_probs  # entity names are read from one pass
+    real = WordFill.one_pass_probs  # entity names are read from one pass
 
-    def counting(self: WordAnswerer, requests: list, **kw: Any) -> list[np.ndarray]:
+    def counting(self: WordFill, requests: list, **kw: Any) -> list[np.ndarray]:
         filled.extend(len(words) for _, words in requests)
         return real(self, requests, **kw)
 
-    monkeypatch.setattr(WordAnswerer, "one_pass_probs", counting)
+    monkeypatch.setattr(WordFill, "one_pass_probs", counting)
     with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
         body = c.post("/predict", json={"text": "ravel met [MASK] in the hall .", "subject": "Ravel",
                                         "answer": "entity", "top_k": 5}).json()  # fmt: skip
@@ -519,7 +519,7 @@ def test_entity_answers_fill_only_the_entities_the_neighbours_weigh_most(
 
 def _names_per_fill_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: dict) -> tuple[list[int], dict]:
     """Thirty linked names of two pieces in one article: a /follow over it, and the names each fill pass scored."""
-    from bertknn.service.words import WordAnswerer
+    from bertknn.service.fill import WordFill
 
     first = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
     second = ["north", "south", "east", "west", "hill"]
@@ -529,13 +529,13 @@ def _names_per_fill_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: 
     model = make_tiny_bert(tmp_path / "m", corpus_words([{"title": "Ravel", "text": text}]))
     ds = build_tiny(tmp_path / "ds", [corpus], model)
     passes: list[int] = []  # names scored by each fill pass
-    real = WordAnswerer.one_pass_probs
+    real = WordFill.one_pass_probs
 
-    def counting(self: WordAnswerer, requests: list, **kw: Any) -> list[np.ndarray]:
+    def counting(self: WordFill, requests: list, **kw: Any) -> list[np.ndarray]:
         passes.append(sum(len(words) for _, words in requests))
         return real(self, requests, **kw)
 
-    monkeypatch.setattr(WordAnswerer, "one_pass_probs", counting)
+    monkeypatch.setattr(WordFill, "one_pass_probs", counting)
     with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
         out = c.post("/follow", json={"subject": "Ravel", "relations": ["[X] met [Y] in the hall ."] * 2, **body})
     assert out.status_code == 200, out.text
@@ -570,17 +570,17 @@ def test_an_entity_name_longer_than_max_name_pieces_is_left_to_its_neighbours(
 ) -> None:
     """The fill pass scores names of 2 to MAX_NAME_PIECES pieces; a longer name is not sent to it and scores 0."""
     from bertknn.service.entities import MAX_NAME_PIECES
+    from bertknn.service.fill import WordFill
     from bertknn.service.pipeline import AnswerPipeline
-    from bertknn.service.words import WordAnswerer
 
     sent: list[list[int]] = []
-    real = WordAnswerer.one_pass_probs
+    real = WordFill.one_pass_probs
 
-    def recording(self: WordAnswerer, requests: list, **kw: Any) -> list[np.ndarray]:
+    def recording(self: WordFill, requests: list, **kw: Any) -> list[np.ndarray]:
         sent.extend([len(p) for p in names] for _, names in requests)
         return real(self, requests, **kw)
 
-    monkeypatch.setattr(WordAnswerer, "one_pass_probs", recording)
+    monkeypatch.setattr(WordFill, "one_pass_probs", recording)
     pipe = AnswerPipeline.open(ds, device="cpu")
     try:
         ea = pipe.entity_answerer

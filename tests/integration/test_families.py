@@ -233,17 +233,17 @@ def test_the_builder_s_forward_stops_at_the_stored_layer_with_the_same_vectors(f
 
     enc = MaskedLMEncoder.load(str(family[1]), device="cpu", max_seq_len=64, layer=1)
     assert enc.num_layers > 1 and enc.layer == 1
-    assert enc.truncated, f"{family[0]}: the cut model should be in use"
-    core = enc._cores[False]
+    assert enc.eager.truncated, f"{family[0]}: the cut model should be in use"
+    core = enc.eager.cores[False]
     if family[0] in MASK_ROW_FAMILIES:  # BERT's layers: layer 1 runs at the mask rows, over the embeddings alone
-        assert enc.cut == "mask rows" and len(core.below.get_submodule(_layer_list(core.below))) == 0
+        assert enc.eager.cut == "mask rows" and len(core.below.get_submodule(_layer_list(core.below))) == 0
     else:
-        assert enc.cut == "layers" and len(core.base.get_submodule(_layer_list(core.base))) == 1  # not all of them
-        assert not enc.last_layer_at_mask
+        assert enc.eager.cut == "layers" and len(core.base.get_submodule(_layer_list(core.base))) == 1  # not all of them
+        assert not enc.eager.last_layer_at_mask
     queries = [enc.query_input("Zorblat was born in [MASK]."), enc.query_input("[MASK] is a small town near the sea.")]
     got = enc.encode(queries).embeddings
     full = AutoModelForMaskedLM.from_pretrained(str(family[1])).eval()
-    ids, attn, rows, pos = enc._tensors(queries)
+    ids, attn, rows, pos = enc.eager.tensors(queries)
     with torch.no_grad():
         want = full.base_model(input_ids=ids, attention_mask=attn, output_hidden_states=True).hidden_states[1][rows, pos]
     np.testing.assert_allclose(got, want.numpy(), atol=1e-4)
@@ -264,11 +264,11 @@ def test_the_stored_layer_at_the_mask_rows_gives_every_layer_s_rows(name: str, t
     texts = ["[MASK] is a small town near the sea.", "Zorblat was born in [MASK].", "Frelle is a [MASK] of mountains."]
     for layer in (1, 2, 3):
         enc = MaskedLMEncoder.load(str(model), device="cpu", max_seq_len=64, layer=layer)
-        assert enc.cut == "mask rows"
-        core = enc._cores[False]
+        assert enc.eager.cut == "mask rows"
+        core = enc.eager.cores[False]
         assert len(core.below.get_submodule(_layer_list(core.below))) == layer - 1
         queries = [enc.query_input(t) for t in texts]
-        ids, attn, rows, pos = enc._tensors(queries)
+        ids, attn, rows, pos = enc.eager.tensors(queries)
         assert int(attn.sum(dim=1).min()) < attn.shape[1]  # padded
         with torch.no_grad():
             want = full.base_model(input_ids=ids, attention_mask=attn, output_hidden_states=True).hidden_states[layer]
@@ -276,13 +276,13 @@ def test_the_stored_layer_at_the_mask_rows_gives_every_layer_s_rows(name: str, t
         assert enc.set_backend("onnx", with_mlm=False) == "onnx"
         np.testing.assert_allclose(enc.encode(queries).embeddings, want[rows, pos].numpy(), atol=1e-4)
         # the service's forward: the rows at ``layer`` and log p_MLM, the last layer at the mask rows only
-        assert enc.last_layer_at_mask == (layer < 3)  # the stored layer must lie below the last one
+        assert enc.eager.last_layer_at_mask == (layer < 3)  # the stored layer must lie below the last one
         if layer == 3:
             continue
         # the reference: the full forward (every layer at every position), p_MLM as the encoder reads it
         reference = MaskedLMEncoder.load(str(model), device="cpu", max_seq_len=64, layer=layer, truncate=False)
         want_p = reference.encode(queries, with_mlm=True).mlm_log_probs
-        assert not reference.last_layer_at_mask and want_p is not None
+        assert not reference.eager.last_layer_at_mask and want_p is not None
         for backend in ("eager", "onnx"):
             assert enc.set_backend(backend) == backend
             out = enc.encode(queries, with_mlm=True)

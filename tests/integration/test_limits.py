@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import ClientOverloaded, Overloaded, TooCostly
 from bertknn.core.inputs import MaskedInput
-from bertknn.service import words as words_module
+from bertknn.service import fill as fill_module
 from bertknn.service.cost import ENTITY_FILL_ROWS, CostCaps, CostGate
 from bertknn.service.main import create_app
 from bertknn.service.settings import ServiceSettings
@@ -80,7 +80,7 @@ def test_past_its_deadline_a_request_is_a_504_in_time_and_the_next_one_is_served
     """Each fill pass made slow: a whole-word question needs several, the deadline allows two."""
     passes: list[float] = []
     slow_down = [True]
-    real = words_module._encode_by
+    real = fill_module._encode_by
 
     def slow(encoder: MaskedLMEncoder, items: Sequence[MaskedInput], deadline: float | None) -> Any:
         out = real(encoder, items, deadline)
@@ -89,8 +89,8 @@ def test_past_its_deadline_a_request_is_a_504_in_time_and_the_next_one_is_served
             time.sleep(0.3)
         return out
 
-    monkeypatch.setattr(words_module, "_encode_by", slow)
-    monkeypatch.setattr(words_module, "FILL_BATCH", 1)  # one row per pass: several passes
+    monkeypatch.setattr(fill_module, "_encode_by", slow)
+    monkeypatch.setattr(fill_module, "FILL_BATCH", 1)  # one row per pass: several passes
     with _client(whole_ds) as c:
         t0 = time.monotonic()
         r = c.post("/predict", json={**QUESTION, "deadline_ms": 400})
@@ -110,14 +110,14 @@ def test_past_its_deadline_a_request_is_a_504_in_time_and_the_next_one_is_served
 
 
 def test_the_server_deadline_caps_a_request_s_own(whole_ds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = words_module._encode_by
+    real = fill_module._encode_by
 
     def slow(encoder: MaskedLMEncoder, items: Sequence[MaskedInput], deadline: float | None) -> Any:
         time.sleep(0.3)
         return real(encoder, items, deadline)
 
-    monkeypatch.setattr(words_module, "_encode_by", slow)
-    monkeypatch.setattr(words_module, "FILL_BATCH", 1)
+    monkeypatch.setattr(fill_module, "_encode_by", slow)
+    monkeypatch.setattr(fill_module, "FILL_BATCH", 1)
     with _client(whole_ds, deadline_ms=300) as c:
         r = c.post("/predict", json={**QUESTION, "deadline_ms": 60_000})
     assert r.status_code == 504 and "deadline of 300 ms" in r.json()["error"]["message"]
@@ -143,13 +143,13 @@ def test_one_client_s_second_costly_request_is_a_429_while_others_are_served(
     """Clients named by a header (limits.client_header): the same name's second entity answer waits for none,
     and another client is served while the first client's request is still held."""
     gate_open = threading.Event()
-    real = words_module._log_probs_by
+    real = fill_module._log_probs_by
 
     def held(encoder: MaskedLMEncoder, sequences: Any, reads: Any, deadline: float | None) -> Any:
         gate_open.wait(5)
         return real(encoder, sequences, reads, deadline)
 
-    monkeypatch.setattr(words_module, "_log_probs_by", held)
+    monkeypatch.setattr(fill_module, "_log_probs_by", held)
     entity = {**ASK, "answer": "entity"}
     with _client(linked_ds, max_client_cost=1 + ENTITY_FILL_ROWS, client_header="X-Client") as c:
         results: dict[str, Any] = {}

@@ -100,7 +100,7 @@ def test_add_embeds_new_and_changed_articles_and_supersedes_old_rows(ds: Path, u
     assert man.version == 2 and man.updates[-1].shards == ["shard-00003"] and man.datastore_id != before.id
     d = Datastore(ds)
     assert d.articles["Zorblat"].shard == 3 and d.articles["Quimby"] == before.articles["Quimby"]
-    assert [e.title for e in d.superseded] == ["Zorblat"]
+    assert [e.title for e in d.table.superseded()] == ["Zorblat"]
     assert set(d.superseded_rows.tolist()) == old_rows
     assert man.counts.articles == len(d.articles) == 7
     assert man.counts.contexts == sum(e.rows for e in d.articles.values())
@@ -177,7 +177,7 @@ def test_a_crash_before_the_manifest_write_leaves_the_old_version(
     assert (ds / MANIFEST).read_bytes() == manifest_before
     assert validate_datastore(ds) == []
     old = Datastore(ds)
-    assert old.version == 1 and "Brindle Pax" not in old.articles and not old.superseded
+    assert old.version == 1 and "Brindle Pax" not in old.articles and not old.table.superseded()
     pipe = AnswerPipeline.open(ds, device="cpu")  # the old version is served as before
     assert _top(pipe, ZORBLAT) == "quimby"
     pipe.close()

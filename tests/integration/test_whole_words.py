@@ -253,14 +253,14 @@ def test_sequential_fill_is_the_product_of_left_to_right_piece_probabilities(
 
         text = QUESTION["text"]
         words = [PIECES, ["kel", "##va"], ["plonk", "##s"], ["kel", "##dorn"]]  # shared prefixes share passes
-        got = pipe.words.fill_probs(text, [ids(w) for w in words])
+        got = pipe.words.fill.fill_probs(text, [ids(w) for w in words])
         want = [_manual_fill(model_dir, text, w) for w in words]
         np.testing.assert_allclose(got, want, rtol=1e-4)
-        alone = pipe.words.fill_probs(text, [ids(PIECES)])
+        alone = pipe.words.fill.fill_probs(text, [ids(PIECES)])
         np.testing.assert_allclose(alone, got[:1], rtol=1e-5)
         # the one-pass form: each piece at its own mask with every mask in place; differs from sequential fill
         words.append(["kel", "##va", "##dorn"])  # a third length in the same pass
-        one_pass = pipe.words.one_pass_probs([(text, [ids(w) for w in words])])[0]
+        one_pass = pipe.words.fill.one_pass_probs([(text, [ids(w) for w in words])])[0]
         np.testing.assert_allclose(one_pass, [_manual_fill(model_dir, text, w, parallel=True) for w in words], rtol=1e-4)
         assert not np.allclose(one_pass[:4], got, rtol=1e-5)  # (the tiny random model barely conditions on a prefix)
         # one-piece candidates from the MLM: whole words only, never a continuation piece or a special token

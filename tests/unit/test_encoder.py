@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
+from bertknn.core.backend import CompiledBackend
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import ModelLoadError, QueryError
 from bertknn.core.inputs import MaskedInput
@@ -213,7 +214,7 @@ def test_backend_choice(tiny_model_dir: Path) -> None:
     enc = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32)
     assert enc.backend == "eager"  # until asked
     assert enc.set_backend("auto") == "onnx"  # the CPU default
-    assert enc.set_backend("eager") == "eager" and enc._fast is None
+    assert enc.set_backend("eager") == "eager" and enc.compiled.fast is None
     with pytest.raises(ValueError, match="auto, eager or onnx"):
         enc.set_backend("torchscript")
     bf16 = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="bfloat16", max_seq_len=32)
@@ -223,18 +224,18 @@ def test_backend_choice(tiny_model_dir: Path) -> None:
 def test_asking_again_for_the_backend_in_use_keeps_it(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     enc = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32)
     builds: list[str] = []
-    real = MaskedLMEncoder._build_onnx
+    real = CompiledBackend._build_onnx
 
-    def counted(self: MaskedLMEncoder) -> object:
+    def counted(self: CompiledBackend) -> object:
         builds.append("onnx")
         return real(self)
 
-    monkeypatch.setattr(MaskedLMEncoder, "_build_onnx", counted)
+    monkeypatch.setattr(CompiledBackend, "_build_onnx", counted)
     assert enc.set_backend("onnx", with_mlm=False) == "onnx" and len(builds) == 1
-    fast = enc._fast
-    assert enc.set_backend("onnx", with_mlm=False) == "onnx" and len(builds) == 1 and enc._fast is fast
+    fast = enc.compiled.fast
+    assert enc.set_backend("onnx", with_mlm=False) == "onnx" and len(builds) == 1 and enc.compiled.fast is fast
     assert enc.set_backend("onnx") == "onnx" and len(builds) == 2  # the other call: built for it
-    assert enc.set_backend("eager") == "eager" and enc._fast is None
+    assert enc.set_backend("eager") == "eager" and enc.compiled.fast is None
     assert enc.set_backend("onnx") == "onnx" and len(builds) == 3  # not kept once another backend was set
 
 
@@ -254,11 +255,11 @@ def test_an_export_that_fails_or_differs_leaves_the_eager_forward(
     assert enc.set_backend("auto") == "eager"
     monkeypatch.undo()
 
-    def wrong(self: MaskedLMEncoder) -> object:
+    def wrong(self: CompiledBackend) -> object:
         return lambda *arrays: (np.zeros((len(arrays[2]), enc.hidden_size), np.float32),
                                 torch.zeros(len(arrays[2]), enc.vocab_size))
 
-    monkeypatch.setattr(MaskedLMEncoder, "_build_onnx", wrong)
+    monkeypatch.setattr(CompiledBackend, "_build_onnx", wrong)
     assert enc.set_backend("onnx") == "eager"
     assert "onnx differs from the eager forward" in caplog.text
     got = enc.encode([item], with_mlm=True)
@@ -289,16 +290,16 @@ def test_cache_keys_carry_the_forwards_dtype_and_backend(encoder: MaskedLMEncode
 
     inp = encoder.query_input("zorblat was born in [MASK] .")
     queries = QueryEncoder(encoder, InMemoryCache(), key_prefix="t", mlm_top_entries=8)
-    was = (encoder.dtype, encoder.backend)
+    was = (encoder.dtype, encoder.compiled.name)
     try:
-        encoder.backend = "eager"
+        encoder.compiled.name = "eager"
         eager_key = queries.key(inp)
-        encoder.backend = "onnx"
+        encoder.compiled.name = "onnx"
         onnx_key = queries.key(inp)
         encoder.dtype = torch.bfloat16
         bf16_key = queries.key(inp)
     finally:
-        encoder.dtype, encoder.backend = was
+        encoder.dtype, encoder.compiled.name = was
     assert len({eager_key, onnx_key, bf16_key}) == 3
     assert encoder.numerics == f"{str(was[0]).removeprefix('torch.')}/{was[1]}"
 

@@ -1,0 +1,79 @@
+"""The model's forward in PyTorch: padded inputs on the model's device, the [MASK] rows' embedding and log p_MLM."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import cast
+
+import numpy as np
+import torch
+
+from bertknn.core.heads import MaskCore
+from bertknn.core.inputs import MaskedInput, padded_arrays
+from bertknn.core.truncate import embedding_core, service_core
+
+
+class EagerForward:
+    """The eager forward of one loaded masked LM, two ways (`MaskCore`): with p_MLM (the service) and embeddings
+    only (the builder), the one place it is written. `cut` swaps each for a cheaper one with the same outputs.
+
+    ``head``: the family's LM head, applied at the mask's row only; None: the full forward's logits (a family
+    without one head module)."""
+
+    def __init__(self, model: torch.nn.Module, head: torch.nn.Module | None, layer: int, pad_id: int,
+                 device: torch.device, dtype: torch.dtype):  # fmt: skip
+        self.model, self.head, self.layer, self.pad_id, self.device, self.dtype = model, head, layer, pad_id, device, dtype
+        self.base: torch.nn.Module = cast(torch.nn.Module, model.base_model)
+        self.cores: dict[bool, torch.nn.Module] = {
+            with_mlm: MaskCore(self.base, head if with_mlm else None, layer).eval() for with_mlm in (True, False)
+        }
+        self.cut = "none"  # how the embeddings-only forward is cut: none, layers, or mask rows
+        self.truncated = self.last_layer_at_mask = False
+
+    def cut_forwards(self, query_input: Callable[[str], MaskedInput], mask: str, num_layers: int, name: str) -> None:
+        """Swap each forward for a cheaper one with the same outputs on a padded batch of two questions
+        (`bertknn.core.truncate`): the builder's runs no layer above the stored one, the service's runs its last
+        layer at the [MASK] rows."""
+        batch = self.tensors([query_input(t) for t in (f"{mask} x y .", f"a b c d e f {mask} g h i j k l .")])
+        tol = 1e-4 if self.dtype == torch.float32 else 1e-2
+        found = embedding_core(self.base, num_layers, self.layer, self.cores[False], batch, tol, name)
+        if found is not None:
+            self.cores[False], self.cut = found
+            self.truncated = True
+        core = service_core(self.base, num_layers, self.layer, self.head, self.cores[True], batch, tol)
+        if core is not None:
+            self.cores[True], self.last_layer_at_mask = core, True
+
+    def arrays(self, items: Sequence[MaskedInput]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return padded_arrays(items, self.pad_id)
+
+    def to_device(self, arrays: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+        host = [torch.from_numpy(a) for a in arrays]
+        if self.device.type != "cuda":
+            return tuple(host)
+        # pinned host memory makes the copies of the (large) ids and mask asynchronous
+        return tuple((t.pin_memory() if t.dim() == 2 else t).to(self.device, non_blocking=True) for t in host)
+
+    def tensors(self, items: Sequence[MaskedInput]) -> tuple[torch.Tensor, ...]:
+        """`arrays` as tensors on the model's device."""
+        return self.to_device(self.arrays(items))
+
+    def run(self, items: Sequence[MaskedInput], with_mlm: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The [MASK] embeddings and log p_MLM, left on the model's device."""
+        ids, attn, rows, mask_pos = self.tensors(items)
+        if with_mlm and self.head is None:  # no single head module: the full model's logits, at the mask rows
+            out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+            emb, logits = out.hidden_states[self.layer][rows, mask_pos], out.logits[rows, mask_pos]
+            return emb, torch.log_softmax(logits.float(), dim=-1)
+        out = self.cores[with_mlm](ids, attn, rows, mask_pos)
+        return out[0], out[1] if with_mlm else None
+
+    def log_probs_at(self, ids: np.ndarray, attn: np.ndarray, rows: np.ndarray, pos: np.ndarray) -> torch.Tensor:
+        """log p_MLM at (row, position) pairs of padded sequences, on the host."""
+        if self.head is None:
+            t_ids, t_attn, t_rows, t_pos = self.to_device([ids, attn, rows, pos])
+            logits = self.model(input_ids=t_ids, attention_mask=t_attn).logits[t_rows, t_pos]
+            return torch.log_softmax(logits.float(), dim=-1).cpu()
+        log_p = self.cores[True](*self.to_device([ids, attn, rows, pos]))[1]
+        assert log_p is not None
+        return log_p.cpu()
