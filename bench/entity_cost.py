@@ -96,7 +96,7 @@ class _Round:
         return times
 
 
-STAGES = ("encode", "fill_names", "retrieve", "neighbours", "answer")  # the pipeline's methods timed by --stages
+STAGES = ("encode", "fill_names", "retrieve", "neighbours", "answer")  # the pipeline's stages timed by --stages
 
 
 def stage_times(pipe: Any, one: _Round, subjects: list[str], beam: int = DEFAULT_BEAM) -> dict[str, dict[str, float]]:
@@ -117,8 +117,10 @@ def stage_times(pipe: Any, one: _Round, subjects: list[str], beam: int = DEFAULT
 
         return call
 
+    owners = {"encode": pipe.queries, "fill_names": pipe, "retrieve": pipe.articles, "neighbours": pipe.neighbours_of,
+              "answer": pipe.assembler}  # fmt: skip
     for name in STAGES:
-        setattr(pipe, name, timed(name, getattr(pipe, name)))
+        setattr(owners[name], name, timed(name, getattr(owners[name], name)))
     try:
         out = {}
         questions = [Query(text=one.question(t, s), subject=s, top_k=one.args.top_k)

@@ -155,7 +155,7 @@ def subject_forms(pipeline: Any, titles: list[str], n: int = 50, seed: int = 0) 
         return None
     found = 0
     for title, form in variants:
-        hits, _ = pipeline.retrieve(Query(text="[MASK] .", subject=form, retriever="bm25", num_articles=1))
+        hits, _ = pipeline.articles.retrieve(Query(text="[MASK] .", subject=form, retriever="bm25", num_articles=1))
         found += bool(hits) and hits[0].title == title and hits[0].rule == "subject"
     return found / len(variants)
 

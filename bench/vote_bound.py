@@ -284,7 +284,7 @@ def ask(pipeline: Any, fact: Fact, *, with_subject: bool, stopwords: frozenset[s
     query = Query(
         text=fact.text, subject=fact.subject if with_subject else None, top_k=1, return_contexts=False
     )
-    hits, _ = pipeline.retrieve(query)
+    hits, _ = pipeline.articles.retrieve(query)
     enc = pipeline.encoder
     out = enc.encode([enc.query_input(fact.text)], with_mlm=True)
     assert out.mlm_log_probs is not None
@@ -350,7 +350,7 @@ def split_candidates(pipeline: Any, facts: list[Fact], splits: list[str], *, wit
     defaults = Query(text="[MASK] .")
     stopwords = load_stopwords()
     vocab = [pipeline.token(i) for i in range(pipeline.encoder.vocab_size)]
-    kw = {"k": defaults.k, "lam": defaults.lambda_, "top": top, "temperature_of": pipeline.auto_temperature.of,
+    kw = {"k": defaults.k, "lam": defaults.lambda_, "top": top, "temperature_of": pipeline.assembler.auto_temperature.of,
           "vocab": vocab, "non_words": pipeline.encoder.words.vocab.non_words, "stopwords": stopwords}  # fmt: skip
     return {
         split: [candidates(ask(pipeline, f, with_subject=with_subject, stopwords=stopwords), **kw) for f in facts

@@ -167,7 +167,7 @@ def search_ms(datastore, title_sets: list[list[str]], queries: list, *, k: int =
 def _auto(pipeline) -> dict:  # noqa: ANN001
     """What temperature auto stands for with a pipeline's datastore: the factor of each query's median neighbour
     distance (None: one l for every query) and the l at the builder's sample's median."""
-    auto = pipeline.auto_temperature
+    auto = pipeline.assembler.auto_temperature
     return {"factor": auto.factor, "typical": auto.typical}
 
 
@@ -225,7 +225,7 @@ def _search_sets(pipeline, queries: list) -> dict[str, tuple[list[list[str]], li
         sizes["subject"][0].append([entry.title])
         sizes["subject"][1].append(vec)
         for name, n in (("bm25-3", 3), ("bm25-30", 30)):
-            hits, _ = pipeline.retrieve(Query(text=q.text, retriever="bm25", num_articles=n))
+            hits, _ = pipeline.articles.retrieve(Query(text=q.text, retriever="bm25", num_articles=n))
             sizes[name][0].append([h.title for h in hits])
             sizes[name][1].append(vec)
     return sizes

@@ -152,7 +152,7 @@ def collect(
             for q, ans in zip(batch, answers, strict=True):
                 d = ans.distributions
                 assert d is not None
-                pop = pipeline.subject_popularity(q.subject) if popularity else 0
+                pop = pipeline.assembler.subject_popularity(q.subject) if popularity else 0
                 out.append(score_query(q.relation, d.p_mlm, d.p_knn, q.obj_id, measures, allowed_ids, pop))
             bar.update(len(batch))
     finally:

@@ -135,7 +135,7 @@ def grid_search(
                       return_contexts=False, any_token=True, mlm_prior=mlm_prior, article_sharpness=article_sharpness)
                 for q in batch
             ]  # fmt: skip
-            encs, _ = pipeline.encode([pipeline.check_query(b) for b in base])
+            encs, _ = pipeline.queries.encode([pipeline.check_query(b) for b in base])
             for q, query, enc in zip(batch, base, encs, strict=True):
                 grid.score(q, query, enc)
             bar.update(len(batch))
@@ -167,12 +167,12 @@ class _Grid:
     def neighbours(self, query: Query, enc: QueryEncoding) -> tuple[dict[int | None, Neighbours], list[ArticleHit]]:
         """The neighbours at each N (the first N of the retrieved articles; one search without retrieval)."""
         if self.retriever == "none":
-            return {None: self.pipeline.neighbours(query, enc, [])}, []
-        articles, _ = self.pipeline.retrieve(query)
+            return {None: self.pipeline.neighbours_of.neighbours(query, enc, [])}, []
+        articles, _ = self.pipeline.articles.retrieve(query)
         by_n: dict[int | None, Neighbours] = {}
         for n in self.ns:
             assert n is not None
-            by_n[n] = self.pipeline.neighbours(query, enc, articles[:n])
+            by_n[n] = self.pipeline.neighbours_of.neighbours(query, enc, articles[:n])
         return by_n, articles
 
     def score(self, q: LamaQuery, query: Query, enc: QueryEncoding) -> None:

@@ -82,7 +82,7 @@ class PipelineRunner:
                     top = (self._top1(d.p_mlm), self._top1(d.p_knn), self._top1(d.p))
                     adaptive: dict[str, object] = {}
                     if self.adaptive is not None:
-                        pop = self.pipeline.subject_popularity(q.subject) if self.adaptive.popularity_weight else None
+                        pop = self.pipeline.assembler.subject_popularity(q.subject) if self.adaptive.popularity_weight else None
                         lam = adaptive_lambda(self.adaptive, d.p_mlm, d.p_knn, pop)
                         p_a = interpolate(d.p_knn, d.p_mlm, lam)
                         adaptive = {

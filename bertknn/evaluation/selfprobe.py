@@ -140,7 +140,7 @@ def _knn_query(item: ProbeItem) -> Query:
 def _retrieved(pipeline: AnswerPipeline, item: ProbeItem, retriever: str, num_articles: int) -> bool:
     """The sentence's article among the retrieved, or an article that stores the very same sentence (pages of a
     series, such as years, repeat whole sentences: no retriever can tell which of them a copy came from)."""
-    hits, _ = pipeline.retrieve(Query(text=item.question, retriever=retriever, num_articles=num_articles))  # type: ignore[arg-type]
+    hits, _ = pipeline.articles.retrieve(Query(text=item.question, retriever=retriever, num_articles=num_articles))  # type: ignore[arg-type]
     return any(
         h.title == item.title or item.sentence in pipeline.datastore.article_sentences(h.title) for h in hits
     )

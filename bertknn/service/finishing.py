@@ -26,9 +26,9 @@ logger = logging.getLogger(__name__)
 class Retrieved:
     """A query's articles and their rows, made ready on the retrieval thread while the forward pass runs."""
 
-    articles: tuple[list[ArticleHit], str]  # (articles, cache state), as `AnswerPipeline.retrieve` returns them
+    articles: tuple[list[ArticleHit], str]  # (articles, cache state), as `ArticleFinder.retrieve` returns them
     seconds: float  # the retrieval's
-    search: ArticleSearch | None  # their rows, read and indexed for the kNN (`AnswerPipeline.prepare_search`)
+    search: ArticleSearch | None  # their rows, read and indexed for the kNN (`NeighbourFinder.prepare_search`)
     search_seconds: float
 
     def record(self, stage: Stage) -> None:
@@ -41,7 +41,7 @@ class Job:
     """One query on its way through the batcher to the model thread."""
 
     inp: MaskedInput
-    key: str  # its encoding's cache key (`AnswerPipeline.encoding_key`)
+    key: str  # its encoding's cache key (`QueryEncoder.key`)
     query: Query
     pipe: AnswerPipeline  # the datastore version the request holds
     stage: Stage
@@ -60,9 +60,9 @@ class Job:
 
             def retrieve() -> Retrieved:
                 t0 = time.perf_counter()
-                articles = pipe.retrieve(query)
+                articles = pipe.articles.retrieve(query)
                 t1 = time.perf_counter()
-                search = pipe.prepare_search(query, articles[0]) if prepare else None
+                search = pipe.neighbours_of.prepare_search(query, articles[0]) if prepare else None
                 return Retrieved(articles, t1 - t0, search, time.perf_counter() - t1)
 
             self.retrieval = executor.submit(retrieve, client=self.client)
@@ -179,7 +179,7 @@ class Finisher:
         full = pipe.queries.complete(enc, defer_store=stores) if isinstance(enc, PendingEncoding) else enc
         stage.add("embedding", time.perf_counter() - t)
         articles, search = None, None
-        if not pipe.skips_knn(query, full):
+        if not pipe.assembler.skips_knn(query, full):
             got = job.start_retrieval(self.retrieval)
             if not got.done():  # back here when it ends
                 got.add_done_callback(
@@ -189,4 +189,4 @@ class Finisher:
             retrieved = got.result()
             retrieved.record(stage)
             articles, search = retrieved.articles, retrieved.search
-        return pipe.answer_from_encoding(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)
+        return pipe.assembler.answer_from_encoding(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)

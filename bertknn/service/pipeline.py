@@ -9,28 +9,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
-from bertknn.core.calibration import AutoTemperature, temperature_for
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import DatastoreError, ModelLoadError, QueryError
 from bertknn.core.format import Datastore, validate_datastore
 from bertknn.core.inputs import MaskedInput
-from bertknn.core.languages import script_warning
 from bertknn.core.model_files import MlmHeadPolicy
 from bertknn.core.model_ref import locate_model, public_model_name
-from bertknn.core.text import MASK_RE
-from bertknn.service.answer import DEFAULT_RULE, Answerer, ContextReader, TokenAnswerer
+from bertknn.service.answer import Answerer, ContextReader, TokenAnswerer
+from bertknn.service.assemble import AnswerAssembler
 from bertknn.service.cache import Cache, InMemoryCache
-from bertknn.service.codec import QueryEncoding
 from bertknn.service.encoding import QueryEncoder
-from bertknn.service.entities import EntityAnswerer, entity_of_words
-from bertknn.service.interpolate import knn_skipped
-from bertknn.service.results import Answer, ArticleHit, Assembled, Query, Stage
+from bertknn.service.entities import EntityAnswerer
+from bertknn.service.results import Answer, Query, Stage
 from bertknn.service.retrieval.articles import ArticleFinder, open_retrievers
-from bertknn.service.retrieval.knn import EMPTY, ArticleSearch, Neighbours, RestrictedKnn
 from bertknn.service.retrieval.neighbours import GlobalKnn, NeighbourFinder
 from bertknn.service.retrieval.sparse import Retriever
 from bertknn.service.retrieval.subject import SubjectResolver
@@ -42,14 +36,6 @@ NO_LINKS = (
     "this datastore has no entity links (its corpus had none): build one from a corpus with links, a Wikipedia "
     "dump or JSON lines with a \"links\" list (docs/entities.md)"
 )
-
-
-def subject_warnings(query: Query, status: str | None) -> list[str]:
-    """What a response must say when its subject found no article: the answer came from other articles."""
-    if status != "not_found":
-        return []
-    how = "the whole datastore was searched" if query.retriever == "none" else f"{query.retriever} ranked the articles"
-    return [f"subject {query.subject!r} has no article in this datastore; {how} instead"]
 
 
 def vocabulary(encoder: MaskedLMEncoder) -> list[str]:
@@ -102,6 +88,9 @@ class AnswerPipeline:
         if datastore.linked:
             words = self.words or WordAnswerer(encoder, datastore, self.queries, self.reader)
             self.entity_answerer = EntityAnswerer(datastore, words, self.reader)
+        self.assembler = AnswerAssembler(
+            datastore, self.articles, self.neighbours_of, self.answerer, self.entity_answerer, self.vocab
+        )
 
     @classmethod
     def open(
@@ -180,90 +169,15 @@ class AnswerPipeline:
                 raise QueryError("answer 'entity' searches the retrieved articles' links: use retriever bm25 or tfidf")
         return self.encoder.query_input(query.text)
 
-    def encode(
-        self, inputs: Sequence[MaskedInput], *, defer_store: list[Callable[[], None]] | None = None
-    ) -> tuple[list[QueryEncoding], list[bool]]:
-        return self.queries.encode(inputs, defer_store=defer_store)
-
-    def retrieve(self, query: Query) -> tuple[list[ArticleHit], str]:
-        return self.articles.retrieve(query)
-
-    def prepare_search(self, query: Query, articles: list[ArticleHit]) -> ArticleSearch | None:
-        return self.neighbours_of.prepare_search(query, articles)
-
-    def neighbours(
-        self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], search: ArticleSearch | None = None
-    ) -> Neighbours:
-        return self.neighbours_of.neighbours(query, enc, articles, search)
-
-    def skips_knn(self, query: Query, enc: QueryEncoding) -> bool:
-        """Adaptive queries whose p_MLM is confident enough skip retrieval and kNN (decided from p_MLM alone)."""
-        return query.interpolation == "adaptive" and knn_skipped(query.rule or DEFAULT_RULE, enc.p_mlm())
-
-    @cached_property
-    def auto_temperature(self) -> AutoTemperature:
-        """What temperature ``auto`` stands for with this datastore (measured by its builder; else the paper's)."""
-        return temperature_for(self.datastore.manifest.distance_scale)
-
-    def resolve_temperature(self, query: Query, nbrs: Neighbours) -> Query:
-        """``query`` with its temperature: its own, or for auto (None) the datastore's for these neighbours."""
-        if query.temperature is not None:
-            return query
-        return replace(query, temperature=self.auto_temperature.of(nbrs.distances))
-
-    def answer(
-        self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *,
-        with_distributions: bool = False,
-    ) -> Assembled:  # fmt: skip
-        query = self.resolve_temperature(query, nbrs)
-        if query.interpolation == "adaptive" and (query.rule or DEFAULT_RULE).popularity_weight and query.popularity is None:
-            query = replace(query, popularity=self.subject_popularity(query.subject))
-        if query.answer == "entity":
-            assert self.entity_answerer is not None, "check_query refuses entity answers without links"
-            return self.entity_answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
-        parts = self.answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
-        if not self.datastore.linked or not parts.predictions:
-            return parts
-        assert query.temperature is not None
-        refs = entity_of_words(
-            self.datastore, nbrs, [p.token for p in parts.predictions], self._neighbour_words(nbrs), query.temperature
-        )
-        preds = [replace(p, entity=ref) for p, ref in zip(parts.predictions, refs, strict=True)]
-        return replace(parts, predictions=preds)
-
     def fill_names(self, requests: Sequence[tuple[str, Sequence[str]]], deadline: float | None = None) -> list[list[float]]:
         """p_MLM of several questions' entity names from one fill pass (`EntityAnswerer.fill_names`)."""
         if self.entity_answerer is None:
             raise QueryError(f"entity names are scored on datastores with entity links, and {NO_LINKS}")
         return self.entity_answerer.fill_names(requests, deadline)
 
-    def subject_popularity(self, subject: str | None) -> int:
-        """The inbound links of the subject's entity (0: no subject, no links, or none link to it)."""
-        if not subject or not self.datastore.linked:
-            return 0
-        title = self.articles.subjects.resolve(subject) or subject
-        ref = self.datastore.links.entity(title)
-        return ref.popularity if ref is not None else 0
-
-    def _neighbour_words(self, nbrs: Neighbours) -> dict[int, str]:
-        """The word stored at each neighbour rank, spelt as the answers spell it."""
-        if self.datastore.whole_words:
-            return {r: self.datastore.word_at(int(row)).text for r, row in enumerate(nbrs.rows.tolist())}
-        return {r: self.vocab[label] for r, label in enumerate(nbrs.labels.tolist())}
-
-    def language_warnings(self, text: str) -> list[str]:
-        """A question in another script than the datastore's language's (`script_warning`)."""
-        found = script_warning(MASK_RE.sub(" ", text), self.datastore.manifest.language)
-        return [found] if found else []
-
     def token(self, token_id: int) -> str:
         """The vocabulary's spelling of a token id."""
         return self.vocab[token_id]
-
-    @property
-    def knn(self) -> RestrictedKnn:
-        """The kNN restricted to articles' rows."""
-        return self.neighbours_of.knn
 
     @property
     def words(self) -> WordAnswerer | None:
@@ -289,14 +203,14 @@ class AnswerPipeline:
                     raise
                 raise QueryError(f"query {i}: {exc}") from None
         t1 = time.perf_counter()
-        encs, hits = self.encode(inputs)
+        encs, hits = self.queries.encode(inputs)
         embed_s = time.perf_counter() - t1
         answers = []
         for q, enc, hit in zip(queries, encs, hits, strict=True):
             stage = Stage()
             stage.add("embedding", embed_s / max(1, len(queries)))
             answers.append(
-                self.answer_from_encoding(q, enc, "hit" if hit else "miss", stage, with_distributions=with_distributions)
+                self.assembler.answer_from_encoding(q, enc, "hit" if hit else "miss", stage, with_distributions=with_distributions)
             )
         total_ms = round((time.perf_counter() - t0) * 1000, 3)
         for answer in answers:  # the batch's wall time, as the service's total is the request's
@@ -306,71 +220,6 @@ class AnswerPipeline:
 
     def predict(self, query: Query, *, with_distributions: bool = False) -> Answer:
         return self.predict_batch([query], with_distributions=with_distributions)[0]
-
-    def answer_from_encoding(
-        self,
-        query: Query,
-        enc: QueryEncoding,
-        enc_cache: str,
-        stage: Stage,
-        *,
-        articles: tuple[list[ArticleHit], str] | None = None,
-        search: ArticleSearch | None = None,
-        with_distributions: bool = False,
-    ) -> Answer:
-        """Everything after the forward pass: the retrieval (unless the caller already ran it: ``articles``), the
-        restricted kNN search (over ``search``, the articles' rows, when the caller prepared them with
-        `prepare_search`), the vote and the interpolation. ``stage.times`` gets each stage's seconds; the caller
-        adds ``total``, the wall time (stages may overlap).
-
-        An adaptive query whose p_MLM is confident skips retrieval and kNN entirely (``articles`` is then
-        ignored); its timings have no retrieval and no knn entry.
-        """
-        skipped = self.skips_knn(query, enc)  # before any retrieval or kNN work
-        hits: list[ArticleHit]
-        if skipped:
-            hits, ret_cache, nbrs = [], "none", EMPTY
-        else:
-            hits, ret_cache, nbrs = self._search(query, enc, stage, articles, search)
-        t = time.perf_counter()
-        query = self.resolve_temperature(query, nbrs)
-        assert query.temperature is not None
-        parts = self.answer(query, enc, hits, nbrs, with_distributions=with_distributions)
-        status = self.articles.subject_status(query)
-        stage.add("interpolation", time.perf_counter() - t)
-        for name in ("embedding", "interpolation") if skipped else ("retrieval", "embedding", "knn", "interpolation"):
-            stage.times.setdefault(name, 0.0)
-        return Answer(
-            parts.predictions,
-            parts.mlm,
-            parts.knn,
-            parts.articles,
-            parts.lambda_used,
-            {k: round(v, 3) for k, v in stage.times.items()},
-            {"encoding": enc_cache, "retrieval": ret_cache},
-            parts.distributions,
-            query.interpolation,
-            skipped,
-            status,
-            query.temperature,
-            [*subject_warnings(query, status), *self.language_warnings(query.text)],
-        )
-
-    def _search(
-        self, query: Query, enc: QueryEncoding, stage: Stage, articles: tuple[list[ArticleHit], str] | None,
-        search: ArticleSearch | None,
-    ) -> tuple[list[ArticleHit], str, Neighbours]:
-        """`finish`'s retrieval (unless the caller ran it) and kNN, each timed into ``stage``: the articles, how
-        the retrieval cache answered, the neighbours."""
-        t = time.perf_counter()
-        if articles is None:
-            articles = self.retrieve(query)
-            stage.add("retrieval", time.perf_counter() - t)
-        hits, ret_cache = articles
-        t = time.perf_counter()
-        nbrs = self.neighbours(query, enc, hits, search)
-        stage.add("knn", time.perf_counter() - t)
-        return hits, ret_cache, nbrs
 
     def release(self) -> None:
         """Close what belongs to this datastore version (its retrievers), not the shared model or cache."""

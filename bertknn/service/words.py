@@ -9,7 +9,7 @@ p_MLM(w): a one-piece word takes the ordinary p_MLM at the query's single [MASK]
 has); a word of m >= 2 wordpieces is scored by sequential fill (`bertknn.service.fill`).
 
 Answers are ranked by p(w) = lambda * p_kNN(w) + (1 - lambda) * p_MLM(w) over the candidates (ties: candidate
-order). Single-piece datastores never come here: their path is the one forward pass of `AnswerPipeline.answer`.
+order). Single-piece datastores never come here: their path is the one forward pass of `AnswerAssembler.answer`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class WordDistributions(Distributions):
 
 
 class WordAnswerer:
-    """The whole-word counterpart of `AnswerPipeline.answer` (see the module docstring for the method)."""
+    """The whole-word counterpart of `AnswerAssembler.answer` (see the module docstring for the method)."""
 
     def __init__(self, encoder: MaskedLMEncoder, datastore: Datastore, queries: QueryEncoder, reader: ContextReader):
         self.encoder = encoder

@@ -27,7 +27,7 @@ SKIP_TEXT = {"text": "[MASK] is a small town near the sea ."}  # the MLM's top-1
 def rule(tiny_datastore: Path) -> AdaptiveRule:
     pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
     try:
-        encs, _ = pipe.encode([pipe.check_query(Query(t["text"])) for t in (KNN_TEXT, SKIP_TEXT)])
+        encs, _ = pipe.queries.encode([pipe.check_query(Query(t["text"])) for t in (KNN_TEXT, SKIP_TEXT)])
     finally:
         pipe.close()
     c_knn, c_skip = (confidence(e.p_mlm(), "top1") for e in encs)
@@ -52,7 +52,7 @@ def served(tiny_datastore: Path, rule: AdaptiveRule):
 
     def factory(settings: ServiceSettings) -> AnswerPipeline:
         pipe = open_pipeline(settings)
-        retrieve, neighbours = pipe.retrieve, pipe.neighbours
+        retrieve, neighbours = pipe.articles.retrieve, pipe.neighbours_of.neighbours
 
         def counted_retrieve(query):  # type: ignore[no-untyped-def]
             spy.retrievals += 1
@@ -63,7 +63,7 @@ def served(tiny_datastore: Path, rule: AdaptiveRule):
             spy.searches += 1
             return neighbours(*args)
 
-        pipe.retrieve, pipe.neighbours = counted_retrieve, counted_neighbours  # type: ignore[method-assign]
+        pipe.articles.retrieve, pipe.neighbours_of.neighbours = counted_retrieve, counted_neighbours  # type: ignore[method-assign]
         return pipe
 
     # this server answers adaptively unless a request says otherwise
@@ -164,8 +164,8 @@ def test_request_options_and_their_errors(served):
 def test_sync_pipeline_skips_before_retrieval(tiny_datastore, rule):
     pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
     calls: list[str] = []
-    retrieve = pipe.retrieve
-    pipe.retrieve = lambda q: (calls.append(q.text), retrieve(q))[1]  # type: ignore[method-assign]
+    retrieve = pipe.articles.retrieve
+    pipe.articles.retrieve = lambda q: (calls.append(q.text), retrieve(q))[1]  # type: ignore[method-assign]
     try:
         skip, knn, fixed = pipe.predict_batch(
             [

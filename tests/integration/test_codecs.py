@@ -320,8 +320,8 @@ def test_the_service_searches_codes_and_applies_auto_temperature(pq_store: Path,
     pipe = AnswerPipeline.open(tmp, device="cpu")
     try:
         query = Query(text=body["text"], subject=title, top_k=3)
-        encs, _ = pipe.encode([pipe.check_query(query)])
-        nbrs = pipe.neighbours(query, encs[0], pipe.retrieve(query)[0])
+        encs, _ = pipe.queries.encode([pipe.check_query(query)])
+        nbrs = pipe.neighbours_of.neighbours(query, encs[0], pipe.articles.retrieve(query)[0])
         assert len(nbrs) > 2
         want = auto.value * float(np.median(nbrs.distances))
     finally:

@@ -280,7 +280,7 @@ def test_adaptive_rule_is_fitted_on_dev_and_reported_against_fixed_on_test(
     pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
     try:
         rows = [json.loads(line) for line in preds.read_text().splitlines()]
-        encs, _ = pipe.encode([pipe.check_query(Query(r["text"])) for r in rows])
+        encs, _ = pipe.queries.encode([pipe.check_query(Query(r["text"])) for r in rows])
         tops = sorted(float(e.top_probs.max()) for e in encs)
         skipping = rule.model_copy(update={"skip_threshold": tops[len(tops) // 2], "fitted": None})
         skipping.save(rule_path)

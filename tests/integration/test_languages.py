@@ -103,7 +103,7 @@ def test_a_subject_in_another_case_or_unicode_form_finds_its_article(pipeline: A
     forms = [(t, f) for t, f in forms if f != t]
     assert forms
     for title, form in forms:
-        hits, _ = pipeline.retrieve(Query(text="[MASK] .", subject=form, num_articles=1))
+        hits, _ = pipeline.articles.retrieve(Query(text="[MASK] .", subject=form, num_articles=1))
         assert hits[0].title == title and hits[0].rule == "subject", (title, form)
 
 

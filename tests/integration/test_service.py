@@ -339,9 +339,9 @@ def test_contexts_are_each_answers_nearest_neighbours_in_rank_order(tiny_datasto
         for text, limit in (("[MASK] is a large city with a famous bridge .", 2), ("zorblat wrote many [MASK] .", 1)):
             q = Query(text, num_articles=6, k=40, top_k=8, contexts_per_answer=limit)
             inp = pipe.check_query(q)
-            (enc,), _ = pipe.encode([inp])
-            articles, _ = pipe.retrieve(q)
-            nbrs = pipe.neighbours(q, enc, articles)
+            (enc,), _ = pipe.queries.encode([inp])
+            articles, _ = pipe.articles.retrieve(q)
+            nbrs = pipe.neighbours_of.neighbours(q, enc, articles)
             answer = pipe.predict(q)
             assert any(p.contexts for p in answer.predictions)
             for pred in answer.predictions:
@@ -360,12 +360,12 @@ def test_a_prepared_article_search_finds_what_the_exact_search_finds(tiny_datast
     pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
     try:
         q = Query("[MASK] is a large city with a famous bridge .", num_articles=4, k=10)
-        (enc,), _ = pipe.encode([pipe.check_query(q)])
-        articles, _ = pipe.retrieve(q)
+        (enc,), _ = pipe.queries.encode([pipe.check_query(q)])
+        articles, _ = pipe.articles.retrieve(q)
         assert len(articles) >= 2
-        search = pipe.prepare_search(q, articles)
+        search = pipe.neighbours_of.prepare_search(q, articles)
         assert search is not None and search.titles == tuple(a.title for a in articles)
-        got = pipe.neighbours(q, enc, articles, search)
+        got = pipe.neighbours_of.neighbours(q, enc, articles, search)
         vectors, labels, rows = pipe.datastore.article_rows([a.title for a in articles])
         exact = ((vectors.astype(np.float32) - enc.embedding.astype(np.float32)) ** 2).sum(axis=1)
         assert len(got) == 10 and len(rows) > 10
@@ -373,17 +373,17 @@ def test_a_prepared_article_search_finds_what_the_exact_search_finds(tiny_datast
         at = {int(r): i for i, r in enumerate(rows)}
         for row, dist, label in zip(got.rows.tolist(), got.distances, got.labels, strict=True):
             assert dist == pytest.approx(exact[at[row]], rel=1e-4, abs=1e-4) and label == labels[at[row]]
-        assert np.array_equal(got.rows, pipe.neighbours(q, enc, articles).rows)  # prepared or not: the same
-        stale = pipe.prepare_search(q, articles[:1])
-        assert np.array_equal(pipe.neighbours(q, enc, articles, stale).rows, got.rows)  # not used for others
-        assert pipe.prepare_search(q, []) is None
-        assert pipe.prepare_search(Query(q.text, retriever="none"), articles) is None
-        nobody = pipe.knn.prepare(["no such article"])
+        assert np.array_equal(got.rows, pipe.neighbours_of.neighbours(q, enc, articles).rows)  # prepared or not: the same
+        stale = pipe.neighbours_of.prepare_search(q, articles[:1])
+        assert np.array_equal(pipe.neighbours_of.neighbours(q, enc, articles, stale).rows, got.rows)  # not used for others
+        assert pipe.neighbours_of.prepare_search(q, []) is None
+        assert pipe.neighbours_of.prepare_search(Query(q.text, retriever="none"), articles) is None
+        nobody = pipe.neighbours_of.knn.prepare(["no such article"])
         assert len(nobody.search(enc.embedding, 5)) == 0
         threads = torch.get_num_threads()
         torch.set_num_threads(2)
         try:  # FAISS's one search thread is not left as torch's (they share OpenMP's setting)
-            pipe.knn.prepare([a.title for a in articles]).search(enc.embedding, 5)
+            pipe.neighbours_of.knn.prepare([a.title for a in articles]).search(enc.embedding, 5)
             assert torch.get_num_threads() == 2
         finally:
             torch.set_num_threads(threads)
@@ -398,7 +398,7 @@ def test_the_service_reads_the_articles_rows_on_the_retrieval_thread_once(tiny_d
     from concurrent.futures import ThreadPoolExecutor
 
     with TestClient(create_app(_settings(tiny_datastore))) as c:
-        knn = c.app.state.resources.pipeline.knn
+        knn = c.app.state.resources.pipeline.neighbours_of.knn
         threads: list[str] = []
         prepare = knn.prepare
 

@@ -199,10 +199,10 @@ def test_the_subject_rule_wins_over_the_ranker(
         str(tiny_model_dir), layer=datastore.manifest.layer, device="cpu", max_seq_len=64
     )
     pipeline = AnswerPipeline(encoder, datastore, retrievers={"bm25": bm25})
-    hits, _ = pipeline.retrieve(Query(text=text, subject="frelle dax", retriever="bm25", num_articles=2))
+    hits, _ = pipeline.articles.retrieve(Query(text=text, subject="frelle dax", retriever="bm25", num_articles=2))
     # the subject's own article alone (the paper's rule), although BM25 ranks another article first
     assert [(h.title, h.rule) for h in hits] == [("Frelle Dax", "subject")]
-    unknown, _ = pipeline.retrieve(Query(text=text, subject="nobody", retriever="bm25", num_articles=2))
+    unknown, _ = pipeline.articles.retrieve(Query(text=text, subject="nobody", retriever="bm25", num_articles=2))
     assert [h.rule for h in unknown] == ["bm25", "bm25"] and unknown[0].title == "Zorblat"
 
 
@@ -255,10 +255,10 @@ def test_a_build_without_bm25_needs_no_java_and_the_service_names_the_index_it_h
     assert not (root / BM25_DIR).exists() and validate_datastore(root) == []
     encoder = MaskedLMEncoder.load(str(tiny_model_dir), layer=datastore.manifest.layer, device="cpu", max_seq_len=64)
     pipeline = AnswerPipeline(encoder, datastore, retrievers=open_retrievers(datastore))
-    hits, _ = pipeline.retrieve(Query(text="The bridge of [MASK] is red .", retriever="tfidf", num_articles=1))
+    hits, _ = pipeline.articles.retrieve(Query(text="The bridge of [MASK] is red .", retriever="tfidf", num_articles=1))
     assert [(h.title, h.rule) for h in hits] == [("Plonk", "tfidf")]
     with pytest.raises(RetrieverUnavailable, match=r"'bm25' has no index in this datastore \(it has: tfidf\)"):
-        pipeline.retrieve(Query(text="The bridge of [MASK] is red .", retriever="bm25", num_articles=1))
+        pipeline.articles.retrieve(Query(text="The bridge of [MASK] is red .", retriever="bm25", num_articles=1))
     # served with the default retriever (bm25), the service says at start-up which setting fixes it
     import logging
 

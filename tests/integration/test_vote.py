@@ -58,7 +58,7 @@ def test_lower_ranked_articles_count_less_by_their_score(pipe: AnswerPipeline) -
     assert len(plain.articles) >= 2 and all(a.rule == "bm25" and a.score for a in plain.articles)
     top = max(a.score or 0.0 for a in plain.articles)
     assert min(a.score or 0.0 for a in plain.articles) < top  # the test needs articles that score differently
-    nbrs = pipe.neighbours(NO_SUBJECT, pipe.encode([pipe.check_query(NO_SUBJECT)])[0][0], plain.articles)
+    nbrs = pipe.neighbours_of.neighbours(NO_SUBJECT, pipe.queries.encode([pipe.check_query(NO_SUBJECT)])[0][0], plain.articles)
     score_of = {a.title: a.score for a in plain.articles}
     article = [ref.article for ref in pipe.datastore.contexts(nbrs.rows.tolist())]
     for sharpness in (2.0, 10.0):
