@@ -46,6 +46,7 @@ BENCHMARKS = (
     Benchmark("vote_bound", "vote_bound*.json", "quality"),
     Benchmark("defaults", "defaults*.json", "quality"),
     Benchmark("plots", "", "docs"),
+    Benchmark("capacity", "capacity.json", "docs"),
 )
 
 

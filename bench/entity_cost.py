@@ -138,7 +138,7 @@ def stage_times(pipe: Any, one: _Round, subjects: list[str], beam: int = DEFAULT
         return out
     finally:
         for name in STAGES:
-            delattr(pipe, name)  # the class's methods again
+            delattr(owners[name], name)  # the classes' methods again
 
 
 def report(pipe: Any, args: argparse.Namespace, rounds: list[dict[str, list[float]]]) -> dict[str, Any]:

@@ -491,7 +491,7 @@ def test_queries_batched_behind_a_busy_model_get_the_same_answers_wherever_they_
             assert [(p.token, p.prob, p.p_mlm, p.p_knn) for p in got.predictions] == [
                 (p.token, p.prob, p.p_mlm, p.p_knn) for p in want.predictions]
             inp = pipe.check_query(q)
-            fresh, key = reference.encode([inp])[0][0], pipe.queries.key(inp)
+            fresh, key = reference.queries.encode([inp])[0][0], pipe.queries.key(inp)
             deadline = time.monotonic() + 5  # (Redis: written after the answer, by the pool)
             while pipe.queries._lookup([key])[0] is None and time.monotonic() < deadline:
                 time.sleep(0.005)

@@ -1,0 +1,107 @@
+"""The arithmetic of a full-Wikipedia build, from the measured rates: GPU hours, wall time and disk. ::
+
+    python -m bench.capacity [--contexts 1e9] [--pods 8,16,32,64] [--gpu bench/results/gpu.json]
+
+Nothing is measured here: every input is read from a results file that a benchmark wrote (the GPU build's
+contexts/s, its bare forward's, its bytes per context: ``python -m bench.gpu``), quoted from the paper
+(``bench/results/published.json``) or named as an assumption in the output (GPU classes no lease has measured).
+GPU hours = contexts / rate / 3600; wall time = GPU hours / pods (one GPU each). It prints the tables that
+docs/deployment.md quotes and writes them, as printed, to ``bench/results/capacity.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench.common import RESULTS, write_result
+
+# contexts/s per GPU of classes no lease measured: 30-35 % of the fp16 peak over bert-base's 6.1 GFLOP per context
+ASSUMED = (("L4/T4 class, assumed", 4000.0), ("A100, assumed", 12000.0))
+
+
+def shown(hours: float) -> str:
+    """A duration as the docs write it: whole minutes under an hour, hours with one decimal under 100, else whole."""
+    if hours < 1:
+        return f"{max(1, round(hours * 60))} min"
+    return f"{hours:.1f} h" if hours < 100 else f"{hours:.0f} h"
+
+
+def terabytes(n_bytes: float) -> str:
+    return f"{n_bytes / 1e12:.2f} TB ({n_bytes / 2**40:.2f} TiB)"
+
+
+def measured_build(gpu_file: Path) -> dict:
+    """The GPU build's rates and sizes (`python -m bench.gpu`'s builder stage)."""
+    data = json.loads(gpu_file.read_text(encoding="utf-8"))
+    stage = data.get("builder_bfloat16") or {}
+    runs = stage.get("runs") or []
+    if not runs:
+        raise SystemExit(f"{gpu_file}: no builder_bfloat16 run; run `python -m bench.gpu` on a GPU first")
+    run = runs[0]
+    return {"device": data.get("device", "?"), "build_ctx_per_s": float(run["embed_span_ctx_per_s"]),
+            "bare_forward_ctx_per_s": float(run["bare_forward_ctx_per_s"]),
+            "bytes_per_context": float(run["bytes_per_context_dir"])}  # fmt: skip
+
+
+def rates(build: dict, paper: dict) -> list[tuple[str, float]]:
+    return [
+        ("the paper", float(paper["contexts_per_s_per_gpu"])),
+        *ASSUMED,
+        (f"{build['device']}, the measured build", build["build_ctx_per_s"]),
+        (f"{build['device']}, the measured bare forward", build["bare_forward_ctx_per_s"]),
+    ]
+
+
+def hours_table(contexts: float, pods: list[int], by_rate: list[tuple[str, float]]) -> list[dict]:
+    rows = []
+    for label, rate in by_rate:
+        gpu_hours = contexts / rate / 3600
+        rows.append({"rate": label, "contexts_per_s": round(rate), "gpu_hours": shown(gpu_hours).removesuffix(" h"),
+                     "wall": {str(n): shown(gpu_hours / n) for n in pods}})  # fmt: skip
+    return rows
+
+
+def markdown(result: dict) -> str:
+    pods = result["pods"]
+    lines = [f"| contexts/s per GPU | GPU hours | {' | '.join(f'N = {n}' for n in pods)} |",
+             "|---|---|" + "---|" * len(pods)]  # fmt: skip
+    for row in result["hours"]:
+        walls = " | ".join(row["wall"][str(n)] for n in pods)
+        lines.append(f"| {row['contexts_per_s']:,} ({row['rate']}) | {row['gpu_hours']} | {walls} |")
+    disk = result["disk"]
+    lines += ["", f"shards: {disk['bytes_per_context']:,} B per context x {result['contexts']:.3g} = {disk['shards']}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--contexts", type=float, default=1e9, help="contexts to build (default 1e9)")
+    p.add_argument("--pods", default="8,16,32,64", help="comma-separated GPU counts")
+    p.add_argument("--gpu", type=Path, default=RESULTS / "gpu.json", help="the GPU run to read the rates from")
+    args = p.parse_args(argv)
+    try:
+        pods = [int(x) for x in args.pods.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--pods takes comma-separated whole numbers, got {args.pods!r}")
+    if not pods or min(pods) < 1 or args.contexts < 1:
+        p.error("--pods takes numbers of at least 1, and --contexts must be at least 1")
+    if not args.gpu.is_file():
+        p.error(f"--gpu {args.gpu}: no such results file; run `python -m bench.gpu` on a GPU first")
+    build = measured_build(args.gpu)
+    paper = json.loads((RESULTS / "published.json").read_text(encoding="utf-8"))["figures"]
+    result = {
+        "contexts": args.contexts, "pods": pods, "inputs": {**build, "gpu_file": args.gpu.name, "assumed": dict(ASSUMED),
+                                                             "paper_ctx_per_s": paper["contexts_per_s_per_gpu"]},
+        "hours": hours_table(args.contexts, pods, rates(build, paper)),
+        "disk": {"bytes_per_context": round(build["bytes_per_context"], 1),
+                 "shards": terabytes(args.contexts * build["bytes_per_context"])},
+    }  # fmt: skip
+    print(markdown(result))
+    print(f"wrote {write_result('capacity', result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
