@@ -37,6 +37,7 @@ BENCHMARKS = (
     Benchmark("families", "families*.json", "speed"),
     Benchmark("entity_cost", "entity-cost*.json", "speed"),
     Benchmark("numerics", "numerics*.json", "speed"),
+    Benchmark("heap", "heap.json", "speed"),
     Benchmark("gpu", "gpu.json", "speed"),
     Benchmark("quality", "quality.json", "quality"),
     Benchmark("realtext", "realtext*.json", "quality"),

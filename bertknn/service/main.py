@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bertknn.core import runtime
 from bertknn.core.errors import BertKnnError
+from bertknn.service import heap
 from bertknn.service.api.admin import router as admin_router
 from bertknn.service.api.docs import install_docs
 from bertknn.service.api.errors import (
@@ -290,6 +291,8 @@ async def _start(
         reloader.join_peers(pipeline.identity()["datastore"])
         watches += [reloader.follow_peers(), _sync_metrics(resources.metrics)]
     watch = asyncio.create_task(_all(watches)) if watches else None
+    frozen = heap.settle()  # what start-up loaded, out of the collector's full passes
+    logger.debug("heap: %d objects frozen", frozen)
     resources.ready = True
     resources.metrics.ready.set(1.0)
     logger.info("ready: %s", pipeline.identity())
@@ -323,4 +326,5 @@ async def _stop(resources: Resources, pipeline: AnswerPipeline, watch: asyncio.T
     steps["answerer"], t = time.perf_counter() - t, time.perf_counter()
     (resources.pipeline or pipeline).close()  # the version serving last (a reload may have swapped it)
     steps["pipeline"] = time.perf_counter() - t
+    heap.thaw()  # an app in a longer-lived process (tests, an embedding app) gives its objects back
     logger.info("stopped (%s)", ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()))

@@ -26,6 +26,7 @@ from typing import Literal
 
 from bertknn.core.errors import DatastoreError, ModelLoadError, ReloadError
 from bertknn.core.format import MANIFEST, read_manifest
+from bertknn.service import heap
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.processes import live_slots
 from bertknn.service.resources import Resources
@@ -125,6 +126,8 @@ class DatastoreReloader:
             )  # fmt: skip
             return
         await asyncio.to_thread(old.release)
+        del old  # this task's reference: the old version's cycles are collectable once the requests let go too
+        await asyncio.to_thread(heap.resettle)
 
     def _stamp(self) -> tuple[int, int, int] | None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,16 +43,20 @@ def service_process(
     timeout_s: float = 300,
     args: tuple[str, ...] = (),
     cwd: Path = REPO,
+    as_pid1: bool = False,
 ) -> Iterator[ServiceProcess]:
     """Start ``python -m service`` on a free loopback port and wait until /readyz answers 200; stop it after.
 
-    ``cwd``: the source tree to serve from (another commit's worktree, for a before/after benchmark)."""
+    ``cwd``: the source tree to serve from (another commit's worktree, for a before/after benchmark). ``as_pid1``:
+    SIGTERM's default action ignored, as the kernel does for a container's PID 1, so that the signal uvicorn
+    re-raises after its shutdown does not end the process and the interpreter exits normally."""
     import httpx
 
     port = free_port()
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     cmd = [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=cwd)
+    preexec = (lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN)) if as_pid1 else None  # inherited by exec
+    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=cwd, preexec_fn=preexec)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s

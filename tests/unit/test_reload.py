@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,6 +12,7 @@ import pytest
 
 from bertknn.core.errors import ModelLoadError, ReloadError
 from bertknn.core.format import Manifest, ModelInfo, write_manifest
+from bertknn.service import heap
 from bertknn.service.api.deps import Resources
 from bertknn.service.metrics import Metrics
 from bertknn.service.reload import DatastoreReloader
@@ -112,3 +115,36 @@ def test_drained_waits_for_the_last_lease_and_times_out_while_held():
         await answerer.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_retired_version_is_collected_though_start_up_froze_it(tmp_path: Path):
+    """Start-up freezes the heap (`heap.settle`); a reload thaws it once the old version is released, so the old
+    version's reference cycles are collected rather than kept for the process's life."""
+    released: list[str] = []
+
+    class CyclicPipeline(FakePipeline):
+        def release(self) -> None:
+            released.append(self.datastore.id)
+
+    async def scenario() -> None:
+        new = FakePipeline(tmp_path.resolve(), "b", 2)
+        old = CyclicPipeline(tmp_path.resolve(), "a", 1, next_pipeline=new)
+        old.cycle = [old]  # type: ignore[attr-defined]  # only the cyclic collector can free it
+        gone = weakref.ref(old)
+        resources, answerer, reloader = _setup(tmp_path, old)
+        _manifest(tmp_path, "b", 2)
+        heap.settle()
+        assert gc.get_freeze_count() > 0
+        del old
+        assert (await reloader.reload()).status == "reloaded"
+        for _ in range(300):
+            if released and gone() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert released == ["a"] and gone() is None
+        await answerer.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        heap.thaw()
