@@ -1,6 +1,6 @@
-"""The served heap and the garbage collector: a full collection's pause and the exit after SIGTERM as PID 1. ::
+"""The served heap and the garbage collector: collections under load, a full one's pause, the exit as PID 1. ::
 
-    python -m bench.heap [--baseline REV] [--stops 5] [--questions 200]
+    python -m bench.heap [--baseline REV] [--requests 3000] [--stops 5] [--questions 200]
 
 Two measures, on the datastore and the model of ``bench.hostwork`` (bert-base-uncased's shape and vocabulary at
 hidden size 64; the heap is the vocabulary's, the tokenizer's and the indexes', not the weights').
@@ -8,9 +8,13 @@ hidden size 64; the heap is the vocabulary's, the tokenizer's and the indexes', 
 - In this process: the app served through its lifespan, ``--questions`` answered, then a full collection timed
   with the heap given back to the collector and again with it frozen as start-up leaves it
   (`bertknn.service.heap`): the pause a request waits for when a full collection runs in the middle of it.
+- Under load: ``--requests`` distinct uncached questions from 64 raw keep-alive clients (`bench.hostwork`'s
+  load), with every collection in the service timed by a ``gc.callbacks`` hook that this benchmark puts on the
+  service's path (a ``sitecustomize`` module): collections and milliseconds per generation, GC milliseconds per
+  request, beside req/s and server CPU per request.
 - In service processes: the seconds from SIGTERM to the process's end with SIGTERM's default action ignored, as
   for a container's PID 1 (uvicorn re-raises the signal after its shutdown; ignored there, the interpreter
-  finalizes). ``--baseline REV`` times another commit the same way in the same run, turn about.
+  finalizes). ``--baseline REV`` measures another commit the same way in the same run, turn about.
 """
 
 from __future__ import annotations
@@ -20,13 +24,28 @@ import gc
 import signal
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 from bench.bert_base import make
 from bench.common import REPO, RUNS, build_datastore, lama_queries, machine, write_result
-from bench.hostwork import CORPUS, TINY, baseline_tree
+from bench.hostwork import CORPUS, TINY, baseline_tree, measure
 from tests.support.processes import service_process
+
+# Put on a service's path: every collection's generation and wall time, appended to $BENCH_GC_LOG.PID.
+GC_HOOK = """
+import gc, os, time
+_log, _start = os.environ.get("BENCH_GC_LOG"), {}
+def _timed(phase, info):
+    if phase == "start":
+        _start[info["generation"]] = time.perf_counter()
+    elif info["generation"] in _start:
+        with open(f"{_log}.{os.getpid()}", "a") as f:
+            f.write(f"{info['generation']} {time.perf_counter() - _start.pop(info['generation'])}\\n")
+if _log:
+    gc.callbacks.append(_timed)
+"""
 
 
 def collection_us(repeats: int = 5) -> float:
@@ -62,6 +81,26 @@ def pauses(ds: Path, questions: list[str]) -> dict[str, float]:
             "thawed_over_frozen": round(thawed / frozen)}  # fmt: skip
 
 
+def under_load(ds: Path, tree: Path, payloads: list[dict], hook: Path) -> dict:
+    """req/s, server CPU and every collection's time in a service served from ``tree`` at 64 clients."""
+    log = hook / f"gc-{tree.name}"
+    env = {"BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_MODEL__THREADS": "1", "PYTHONPATH": f"{hook}:{tree}",
+           "BENCH_GC_LOG": str(log)}  # fmt: skip
+    with service_process(ds, env=env, cwd=tree) as svc:
+        for old in hook.glob(f"{log.name}.*"):
+            old.unlink()  # start-up's collections are not the load's
+        row = measure(svc.url, svc.proc.pid, payloads, 64)
+    per_gen: dict[str, list[float]] = {}
+    for part in hook.glob(f"{log.name}.*"):
+        for line in part.read_text().splitlines():
+            gen, secs = line.split()
+            per_gen.setdefault(gen, []).append(float(secs) * 1000)
+        part.unlink()
+    row["gc"] = {g: {"collections": len(v), "ms": round(sum(v), 1)} for g, v in sorted(per_gen.items())}
+    row["gc_ms_per_request"] = round(sum(sum(v) for v in per_gen.values()) / max(1, row["requests"]), 3)
+    return row
+
+
 def stop_s(ds: Path, tree: Path, questions: list[str]) -> float:
     """Seconds from SIGTERM to the end of a service process served from ``tree``, as PID 1 would see it."""
     import httpx
@@ -82,9 +121,16 @@ def stop_s(ds: Path, tree: Path, questions: list[str]) -> float:
     return took
 
 
+def _medians(rows: list[dict]) -> dict[str, float]:
+    keys = ("requests_per_s", "server_cpu_ms_per_request", "gc_ms_per_request")
+    return {k: round(statistics.median(r[k] for r in rows), 3) for k in keys}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", default=None, help="a commit whose exit after SIGTERM is timed beside this tree's")
+    p.add_argument("--requests", type=int, default=3000, help="distinct questions of the load, per tree and round")
+    p.add_argument("--rounds", type=int, default=2, help="load runs per tree, turn about")
     p.add_argument("--stops", type=int, default=5, help="service processes started and stopped per tree")
     p.add_argument("--questions", type=int, default=200, help="questions answered before measuring")
     p.add_argument("--articles", type=int, default=40, help="articles of the sample corpus in the datastore")
@@ -95,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.stops < 1 or args.questions < 1:
-        p.error("--stops and --questions take numbers of at least 1")
+    if min(args.stops, args.questions, args.rounds) < 1 or args.requests < 100:
+        p.error("--stops, --questions and --rounds take numbers of at least 1, --requests at least 100")
     model = make(args.work / "bert-base-h64", shape=TINY)
     ds = build_datastore([CORPUS], args.work / f"ds-{args.articles}", model, limit=args.articles, bm25=False)
     questions = [t for t, _ in lama_queries(args.questions, seed=11)]
@@ -105,6 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     result["pause"] = pauses(ds, questions)
     print(f"full collection of the served heap: {result['pause']}", flush=True)
     trees = {"this tree": REPO, **({f"baseline {args.baseline}": baseline_tree(args.baseline)} if args.baseline else {})}
+    pool = [{"text": t} for t, _ in lama_queries((args.requests + 64) * args.rounds * len(trees), seed=12)]
+    result["load"] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        hook = Path(tmp)
+        (hook / "sitecustomize.py").write_text(GC_HOOK)
+        for r in range(args.rounds):
+            for name, tree in trees.items():
+                take, pool = pool[: args.requests + 64], pool[args.requests + 64 :]
+                row = {"tree": name, "round": r, **under_load(ds, tree, take, hook)}
+                result["load"].append(row)
+                print(f"{name:>20}: {row['requests_per_s']} req/s, server CPU {row['server_cpu_ms_per_request']} "
+                      f"ms/request, GC {row['gc_ms_per_request']} ms/request {row['gc']}", flush=True)
+    result["load_median"] = {name: _medians([r for r in result["load"] if r["tree"] == name]) for name in trees}
     times: dict[str, list[float]] = {name: [] for name in trees}
     for _ in range(args.stops):
         for name, tree in trees.items():  # turn about: both see the same machine
