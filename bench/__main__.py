@@ -31,6 +31,7 @@ BENCHMARKS = (
     Benchmark("hostwork", "hostwork*.json", "speed"),
     Benchmark("builder", "builder*.json", "speed"),
     Benchmark("build_memory", "build_memory*.json", "speed"),
+    Benchmark("preprocess", "preprocess.json", "speed"),
     Benchmark("retrieval", "retrieval*.json", "speed"),
     Benchmark("load", "load*.json", "speed"),
     Benchmark("scale", "scale*.json", "speed"),

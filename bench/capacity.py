@@ -1,12 +1,15 @@
 """The arithmetic of a full-Wikipedia build, from the measured rates: GPU hours, wall time and disk. ::
 
     python -m bench.capacity [--contexts 1e9] [--pods 8,16,32,64] [--gpu bench/results/gpu.json]
+                             [--preprocess bench/results/preprocess.json] [--workers-per-gpu 6]
 
 Nothing is measured here: every input is read from a results file that a benchmark wrote (the GPU build's
-contexts/s, its bare forward's, its bytes per context: ``python -m bench.gpu``), quoted from the paper
-(``bench/results/published.json``) or named as an assumption in the output (GPU classes no lease has measured).
-GPU hours = contexts / rate / 3600; wall time = GPU hours / pods (one GPU each). It prints the tables that
-docs/deployment.md quotes and writes them, as printed, to ``bench/results/capacity.json``.
+contexts/s, its bare forward's, its bytes per context: ``python -m bench.gpu``; the CPU stages' rates per core on
+real enwiki pages: ``python -m bench.preprocess``), quoted from the paper (``bench/results/published.json``),
+stated about the dump (`ENWIKI`) or named as an assumption in the output (GPU classes no lease has measured).
+GPU hours = contexts / rate / 3600; wall time = GPU hours / pods (one GPU each); a CPU stage's core-hours = its
+work (bytes of XML, or contexts) / its rate per core / 3600. It prints the tables that docs/deployment.md and
+docs/building.md quote and writes them, as printed, to ``bench/results/capacity.json``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from bench.common import RESULTS, write_result
 
 # contexts/s per GPU of classes no lease measured: 30-35 % of the fp16 peak over bert-base's 6.1 GFLOP per context
 ASSUMED = (("L4/T4 class, assumed", 4000.0), ("A100, assumed", 12000.0))
+# enwiki's pages-articles dump, as dumps.wikimedia.org lists it (stated, not measured): XML bytes out of bz2
+ENWIKI = {"bz2_bytes": 22e9, "xml_bytes": 90e9, "articles": 6.9e6, "redirects": 11e6}
 
 
 def shown(hours: float) -> str:
@@ -63,6 +68,46 @@ def hours_table(contexts: float, pods: list[int], by_rate: list[tuple[str, float
     return rows
 
 
+def stage_hours(contexts: float, pre: dict, bytes_per_context: float) -> dict[str, float]:
+    """Core-hours of each CPU stage for the whole dump and ``contexts`` contexts, from the rates per core."""
+    r = pre["per_core"]
+    work = {"decompress": ENWIKI["xml_bytes"] / r["decompress_bytes_per_s"],
+            "parse": ENWIKI["xml_bytes"] / r["parse_bytes_per_s"],
+            "markup": ENWIKI["xml_bytes"] / r["markup_bytes_per_s"],
+            "split": contexts / r["split_contexts_per_s"],
+            "targets": contexts / r["targets_contexts_per_s"],
+            "write": contexts * bytes_per_context / r["write_bytes_per_s"]}  # fmt: skip
+    return {stage: seconds / 3600 for stage, seconds in work.items()}
+
+
+def building(contexts: float, pods: list[int], pre: dict, build: dict, workers_per_gpu: int) -> dict:
+    """docs/building.md's two tables: each stage's cost, and the wall time of a build on N GPUs."""
+    core_h = stage_hours(contexts, pre, build["bytes_per_context"])
+    gpu_h = contexts / build["build_ctx_per_s"] / 3600
+    workers_h = sum(core_h[s] for s in ("markup", "split", "targets"))
+    reading_h = core_h["decompress"] + core_h["parse"]
+    return {
+        "core_hours": {k: round(v, 1) for k, v in core_h.items()},
+        "forward_gpu_hours": round(gpu_h, 1),
+        "forward_gpu_hours_bare": round(contexts / build["bare_forward_ctx_per_s"] / 3600, 1),
+        "workers_core_hours": round(workers_h, 1),
+        "wall": {str(n): {"embedding": shown(gpu_h / n), "preprocessing": shown(workers_h / workers_per_gpu / n),
+                          "reading_multistream": shown(reading_h / n), "reading_whole_dump": shown(reading_h)}
+                 for n in pods},
+    }  # fmt: skip
+
+
+def building_markdown(result: dict) -> str:
+    b = result["building"]
+    lines = ["| stage | core-hours (CPU) or GPU-hours |", "|---|---:|"]
+    lines += [f"| {stage} | {hours} core-h |" for stage, hours in b["core_hours"].items()]
+    lines += [f"| forward | {b['forward_gpu_hours']} GPU-h ({b['forward_gpu_hours_bare']} at the bare forward) |", "",
+              "| GPUs | embedding | preprocessing | reading, multistream | reading, whole dump |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {n} | {w['embedding']} | {w['preprocessing']} | {w['reading_multistream']} | {w['reading_whole_dump']} |"
+              for n, w in b["wall"].items()]  # fmt: skip
+    return "\n".join(lines)
+
+
 def markdown(result: dict) -> str:
     pods = result["pods"]
     lines = [f"| contexts/s per GPU | GPU hours | {' | '.join(f'N = {n}' for n in pods)} |",
@@ -80,15 +125,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contexts", type=float, default=1e9, help="contexts to build (default 1e9)")
     p.add_argument("--pods", default="8,16,32,64", help="comma-separated GPU counts")
     p.add_argument("--gpu", type=Path, default=RESULTS / "gpu.json", help="the GPU run to read the rates from")
+    p.add_argument("--preprocess", type=Path, default=RESULTS / "preprocess.json",
+                   help="the CPU stages' rates per core (python -m bench.preprocess)")
+    p.add_argument("--workers-per-gpu", type=int, default=6, help="tokenising workers per GPU (the build Job's --workers)")
     args = p.parse_args(argv)
     try:
         pods = [int(x) for x in args.pods.split(",") if x.strip()]
     except ValueError:
         p.error(f"--pods takes comma-separated whole numbers, got {args.pods!r}")
-    if not pods or min(pods) < 1 or args.contexts < 1:
-        p.error("--pods takes numbers of at least 1, and --contexts must be at least 1")
+    if not pods or min(pods) < 1 or args.contexts < 1 or args.workers_per_gpu < 1:
+        p.error("--pods and --workers-per-gpu take numbers of at least 1, and --contexts must be at least 1")
     if not args.gpu.is_file():
         p.error(f"--gpu {args.gpu}: no such results file; run `python -m bench.gpu` on a GPU first")
+    if not args.preprocess.is_file():
+        p.error(f"--preprocess {args.preprocess}: no such results file; run `python -m bench.preprocess` first")
+    pre = json.loads(args.preprocess.read_text(encoding="utf-8"))
     build = measured_build(args.gpu)
     paper = json.loads((RESULTS / "published.json").read_text(encoding="utf-8"))["figures"]
     result = {
@@ -97,8 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         "hours": hours_table(args.contexts, pods, rates(build, paper)),
         "disk": {"bytes_per_context": round(build["bytes_per_context"], 1),
                  "shards": terabytes(args.contexts * build["bytes_per_context"])},
+        "dump": {**ENWIKI, "stated": "enwiki pages-articles, dumps.wikimedia.org"},
+        "preprocess": {"file": args.preprocess.name, "per_core": pre["per_core"], "workers_per_gpu": args.workers_per_gpu},
+        "building": building(args.contexts, pods, pre, build, args.workers_per_gpu),
     }  # fmt: skip
     print(markdown(result))
+    print(building_markdown(result))
     print(f"wrote {write_result('capacity', result)}")
     return 0
 
