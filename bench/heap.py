@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.bert_base import make
 from bench.common import REPO, RUNS, build_datastore, lama_queries, machine, write_result
@@ -89,7 +90,7 @@ def under_load(ds: Path, tree: Path, payloads: list[dict], hook: Path) -> dict:
     with service_process(ds, env=env, cwd=tree) as svc:
         for old in hook.glob(f"{log.name}.*"):
             old.unlink()  # start-up's collections are not the load's
-        row = measure(svc.url, svc.proc.pid, payloads, 64)
+        row: dict[str, Any] = dict(measure(svc.url, svc.proc.pid, payloads, 64))
     per_gen: dict[str, list[float]] = {}
     for part in hook.glob(f"{log.name}.*"):
         for line in part.read_text().splitlines():
