@@ -23,7 +23,8 @@ from bench.common import RESULTS, write_result
 # contexts/s per GPU of classes no lease measured: 30-35 % of the fp16 peak over bert-base's 6.1 GFLOP per context
 ASSUMED = (("L4/T4 class, assumed", 4000.0), ("A100, assumed", 12000.0))
 # enwiki's pages-articles dump, as dumps.wikimedia.org lists it (stated, not measured): XML bytes out of bz2
-ENWIKI = {"bz2_bytes": 22e9, "xml_bytes": 90e9, "articles": 6.9e6, "redirects": 11e6}
+ENWIKI = {"bz2_gb": 22, "xml_gb": 90, "articles_millions": 6.9, "redirects_millions": 11}
+XML_BYTES = ENWIKI["xml_gb"] * 1e9
 
 
 def shown(hours: float) -> str:
@@ -71,9 +72,9 @@ def hours_table(contexts: float, pods: list[int], by_rate: list[tuple[str, float
 def stage_hours(contexts: float, pre: dict, bytes_per_context: float) -> dict[str, float]:
     """Core-hours of each CPU stage for the whole dump and ``contexts`` contexts, from the rates per core."""
     r = pre["per_core"]
-    work = {"decompress": ENWIKI["xml_bytes"] / r["decompress_bytes_per_s"],
-            "parse": ENWIKI["xml_bytes"] / r["parse_bytes_per_s"],
-            "markup": ENWIKI["xml_bytes"] / r["markup_bytes_per_s"],
+    work = {"decompress": XML_BYTES / r["decompress_bytes_per_s"],
+            "parse": XML_BYTES / r["parse_bytes_per_s"],
+            "markup": XML_BYTES / r["markup_bytes_per_s"],
             "split": contexts / r["split_contexts_per_s"],
             "targets": contexts / r["targets_contexts_per_s"],
             "write": contexts * bytes_per_context / r["write_bytes_per_s"]}  # fmt: skip

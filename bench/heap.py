@@ -130,7 +130,7 @@ def _medians(rows: list[dict]) -> dict[str, float]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", default=None, help="a commit whose exit after SIGTERM is timed beside this tree's")
-    p.add_argument("--requests", type=int, default=3000, help="distinct questions of the load, per tree and round")
+    p.add_argument("--requests", type=int, default=3000, help="distinct questions of the load (the same in every round)")
     p.add_argument("--rounds", type=int, default=2, help="load runs per tree, turn about")
     p.add_argument("--stops", type=int, default=5, help="service processes started and stopped per tree")
     p.add_argument("--questions", type=int, default=200, help="questions answered before measuring")
@@ -152,15 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     result["pause"] = pauses(ds, questions)
     print(f"full collection of the served heap: {result['pause']}", flush=True)
     trees = {"this tree": REPO, **({f"baseline {args.baseline}": baseline_tree(args.baseline)} if args.baseline else {})}
-    pool = [{"text": t} for t, _ in lama_queries((args.requests + 64) * args.rounds * len(trees), seed=12)]
+    # the same questions in every service process (each starts with an empty cache): both trees see the same load
+    pool = [{"text": t} for t, _ in lama_queries(args.requests + 64, seed=12)]
+    if len(pool) < args.requests + 64:
+        p.error(f"--requests: the LAMA templates give {len(pool) - 64} distinct questions at most")
     result["load"] = []
     with tempfile.TemporaryDirectory() as tmp:
         hook = Path(tmp)
         (hook / "sitecustomize.py").write_text(GC_HOOK)
         for r in range(args.rounds):
             for name, tree in trees.items():
-                take, pool = pool[: args.requests + 64], pool[args.requests + 64 :]
-                row = {"tree": name, "round": r, **under_load(ds, tree, take, hook)}
+                row = {"tree": name, "round": r, **under_load(ds, tree, pool, hook)}
                 result["load"].append(row)
                 print(f"{name:>20}: {row['requests_per_s']} req/s, server CPU {row['server_cpu_ms_per_request']} "
                       f"ms/request, GC {row['gc_ms_per_request']} ms/request {row['gc']}", flush=True)

@@ -180,8 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     ds = build_datastore([CORPUS], args.work / ds_name, model, limit=args.articles, bm25=False)
     trees = {"this tree": REPO, **({f"baseline {args.baseline}": baseline_tree(args.baseline)} if args.baseline else {})}
     env = {"BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_MODEL__THREADS": "1"}
-    need = (args.requests + 64) * len(clients) * len(workers) * len(trees) + args.compare
+    # distinct within a service process (its cache lives as long as it does); every process starts from the first
+    need = sum(args.requests + max(c, 20) for c in clients) + args.compare
     pool = [{"text": t} for t, _ in lama_queries(need, seed=5)]
+    if len(pool) < need:
+        p.error(f"--requests and --compare ask for {need} distinct questions; the LAMA templates give {len(pool)}")
     model_name = "bert-base-uncased's shape at hidden size 64" if args.model is None else Path(args.model).name
     result: dict = {"model": model_name, "machine": machine(), "articles": args.articles, "retriever": "tfidf",
                     "runs": []}  # fmt: skip
@@ -190,12 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     asked = pool[-args.compare :] if args.compare else []  # the same questions for every tree, never in the load
     pool = pool[: len(pool) - len(asked)]
     said: dict[str, list] = {}
-    at = 0
     for n in workers:
         for name, tree in trees.items():
             extra = ("--workers", str(n)) if n != 1 else ()
             if tree != REPO and n != 1:
                 continue  # the baseline serves one process
+            at = 0
             with service_process(ds, env={**env, "PYTHONPATH": str(tree)}, args=extra, cwd=tree) as svc:
                 if asked and name not in said:
                     said[name] = answers(svc.url, asked)

@@ -61,6 +61,7 @@ def per_core(summary: dict) -> dict:
         "xml_bytes": xml_bytes, "articles": summary["articles"], "sentences": summary["sentences"],
         "contexts": contexts, "contexts_per_xml_byte": contexts / xml_bytes,
         "per_core": {k: round(v, 1) for k, v in rates.items()},
+        "xml_mb_per_s": {s: round(rates[f"{s}_bytes_per_s"] / 1e6, 2) for s in ("decompress", "parse", "markup")},
         "workers_contexts_per_s": round(contexts / cpu, 1),
         "workers_share": {s: round(st[s]["seconds"] / cpu, 3) for s in CPU_STAGES},
         "bytes_per_context": summary["bytes_per_context"],

@@ -50,10 +50,10 @@ def test_the_tables_follow_from_the_measured_rates(tmp_path: Path, monkeypatch: 
     assert b["core_hours"] == {"decompress": 1.0, "parse": 0.5, "markup": 5.0, "split": 5.6, "targets": 55.6,
                                "write": 0.9}  # fmt: skip
     assert (b["forward_gpu_hours"], b["forward_gpu_hours_bare"], b["workers_core_hours"]) == (15.4, 7.7, 66.1)
-    # the workers' 66.1 core-h over 7 workers per GPU; reading: 1.5 core-h per slice, or the whole dump in each
-    assert b["wall"]["1"] == {"embedding": "15.4 h", "preprocessing": "9.4 h", "reading_multistream": "1.5 h",
+    # the workers' 66.1 core-h over the Job's 6 workers per GPU; reading: 1.5 core-h per slice, or the whole dump in each
+    assert b["wall"]["1"] == {"embedding": "15.4 h", "preprocessing": "11.0 h", "reading_multistream": "1.5 h",
                               "reading_whole_dump": "1.5 h"}  # fmt: skip
-    assert b["wall"]["8"] == {"embedding": "1.9 h", "preprocessing": "1.2 h", "reading_multistream": "11 min",
+    assert b["wall"]["8"] == {"embedding": "1.9 h", "preprocessing": "1.4 h", "reading_multistream": "11 min",
                               "reading_whole_dump": "1.5 h"}  # fmt: skip
 
 

@@ -16,6 +16,7 @@ def test_rates_per_core_come_from_the_stage_times() -> None:
         "markup_articles_per_s": 2.0, "split_contexts_per_s": 10_000.0, "targets_contexts_per_s": 10_000.0,
         "write_bytes_per_s": 150_000_000.0,
     }  # fmt: skip
+    assert out["xml_mb_per_s"] == {"decompress": 20.0, "parse": 100.0, "markup": 2.5}
     # the workers' stages: 8 s for 20,000 contexts; markup half of it
     assert out["workers_contexts_per_s"] == 2_500.0
     assert out["workers_share"] == {"markup": 0.5, "split": 0.25, "targets": 0.25}
