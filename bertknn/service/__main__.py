@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import logging
 import os
@@ -18,7 +17,6 @@ from bertknn.core.errors import BertKnnError
 from bertknn.core.format import read_manifest
 from bertknn.core.model_ref import locate_model
 from bertknn.core.settings_cli import add_settings_flags, flag_for, settings_overrides
-from bertknn.service import heap
 from bertknn.service.processes import ARGV_ENV, default_workers, make_run_dir, remove_run_dir, worker_env
 from bertknn.service.settings import ServiceSettings
 
@@ -87,7 +85,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
         if app.state.startup_error:
             return 2  # explained in one line: a datastore or model problem the user fixes
         raise
-    heap.before_exit()  # as PID 1 the re-raised SIGTERM is ignored: the interpreter finalizes, and fast
     return 0
 
 
@@ -136,7 +133,6 @@ def worker_app() -> FastAPI:
     # A spawned process's multiprocessing locks are registered with the parent's resource tracker, which warns of
     # them as leaked when the worker stops; tqdm (the model loader's progress bar) makes one unless given its own.
     tqdm.set_lock(threading.RLock())
-    atexit.register(heap.before_exit)  # uvicorn's worker returns into multiprocessing, which exits normally
     args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
     settings = settings_from_args(args)
     logging.basicConfig(

@@ -15,6 +15,7 @@ the requests in flight for nothing.
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 YOUNG_THRESHOLD = 10_000
@@ -46,5 +47,10 @@ def resettle() -> int:
 
 
 def before_exit() -> None:
-    """The process is ending: freeze everything, so that finalization's collections skip it."""
+    """The process is ending (an ``atexit`` hook, run before the interpreter finalizes its modules): freeze
+    everything, so that finalization's collections skip it. As a container's PID 1 the signal uvicorn re-raises
+    after SIGTERM is ignored, and every server process, `--workers`' too, exits this way."""
     gc.freeze()
+
+
+atexit.register(before_exit)  # any process that serves: `python -m service`, each `--workers` process
