@@ -10,6 +10,8 @@ leaves the others' figures:
 - ``new_shapes``: the builder's forward (bfloat16) on batch shapes it has not seen against the same shapes again,
   with cuDNN's attention kernel allowed, without it, and as the encoder leaves it (without, on CUDA): what a new
   (rows, width) shape costs (docs/decisions/cuda-attention-kernels.md);
+- ``cuda_graphs``: the service's forward (bfloat16, with p_MLM) eager against its CUDA graphs, at 1 to 64
+  questions per batch: p50 ms of each and the largest difference of their outputs (docs/decisions/cuda-graphs.md);
 - ``builder_bfloat16`` / ``builder_float16``: the builder's contexts/s on bert-base-uncased's shape with the cut
   forward, the token budget per batch swept (in bfloat16; float16 at one budget), its padding fraction and the
   stage that bounds the build: the GPU's forward, or the CPU workers preparing contexts (`bench.builder
@@ -44,7 +46,7 @@ from typing import Any
 from bench.common import REPO, RESULTS, RUNS, SHARED, machine
 
 NO_DEVICE = 3
-STAGES = ("vectors", "new_shapes", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving", "ivfpq_training")
+STAGES = ("vectors", "new_shapes", "cuda_graphs", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -152,6 +154,49 @@ def time_new_shapes(model: Path, shapes: int = 48, budget: int = 16_384, seed: i
     return out
 
 
+def time_graphs(model: Path, rows: tuple[int, ...] = (1, 8, 32, 64), calls: int = 50, *, device: str = "cuda",
+                dtype: str = "bfloat16", capture: Any = None) -> dict[str, object]:  # fmt: skip
+    """The service's forward (with p_MLM) on batches of real questions, eager against its CUDA graphs
+    (`EagerForward.use_graphs`), in alternating calls from host inputs as the service makes them: p50 ms of each per
+    batch size, and the largest difference of their outputs relative to the eager one's scale. ``device``,
+    ``dtype``, ``capture``: a rehearsal on the CPU (tests/unit/test_bench_models.py)."""
+    import numpy as np
+    import torch
+
+    from bench.common import lama_queries
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.core.graphs import cuda_capture
+
+    enc = MaskedLMEncoder.load(str(model), device=device, dtype=dtype)
+    eager = enc.eager.cores[True]
+    captured = enc.eager.use_graphs(enc.query_input, enc.tokenizer.mask_token, max_rows=max(rows),
+                                    max_width=enc.max_seq_len, capture=capture or cuda_capture)  # fmt: skip
+    questions = [enc.query_input(t) for t, _ in lama_queries(max(rows) * 4)]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out: dict[str, object] = {"captured": captured, "forward": type(eager).__name__}
+    for n in rows:
+        batch = questions[:n]
+        runs = {"eager": lambda b=batch: eager(*enc.eager.tensors(b)),
+                "graphs": lambda b=batch: enc.eager.run(b, with_mlm=True)}  # fmt: skip
+        times: dict[str, list[float]] = {"eager": [], "graphs": []}
+        with torch.inference_mode():
+            for _ in range(calls):
+                for name, run in runs.items():
+                    sync()
+                    t = time.perf_counter()
+                    run()
+                    sync()
+                    times[name].append(1000 * (time.perf_counter() - t))
+            diff = max(float((g.float() - e.float()).abs().max() / max(1.0, float(e.float().abs().max())))
+                       for g, e in zip(runs["graphs"](), runs["eager"](), strict=True))  # fmt: skip
+        eager_ms, graphs_ms = float(np.median(times["eager"])), float(np.median(times["graphs"]))
+        out[f"rows_{n}"] = {"eager_ms_p50": round(eager_ms, 3), "graphs_ms_p50": round(graphs_ms, 3),
+                            "graphs_over_eager": round(graphs_ms / eager_ms, 3), "max_relative_difference": diff}  # fmt: skip
+    graphs = enc.eager.graphs
+    out["buckets_captured"] = {f"{r}x{w}": not b.failed for (r, w), b in (graphs.buckets.items() if graphs else [])}
+    return out
+
+
 def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     py, model = sys.executable, str(args.model)
     builder = [py, "-m", "bench.builder", "--model", model, "--device", "cuda", "--articles", str(args.articles),
@@ -162,6 +207,7 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     return {
         "vectors": [py, "-m", "bench.gpu", "--stage", "vectors", "--model", model],
         "new_shapes": [py, "-m", "bench.gpu", "--stage", "shapes", "--model", model],
+        "cuda_graphs": [py, "-m", "bench.gpu", "--stage", "graphs", "--model", model],
         "builder_bfloat16": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens,
                              "--out", str(_report("builder_bfloat16"))],
         "builder_float16": [*builder, "--dtype", "float16", "--batch-tokens", args.batch_tokens.split(",")[-1],
@@ -223,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-timeout-s", type=float, default=600, help="a stage running longer is stopped and "
                    "recorded as failed")  # fmt: skip
     p.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
-    p.add_argument("--stage", choices=["vectors", "shapes", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
+    p.add_argument("--stage", choices=["vectors", "shapes", "graphs", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
     return p
 
 
@@ -245,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage == "shapes":
         _report("new_shapes").write_text(json.dumps(time_new_shapes(args.model), indent=1) + "\n")
+        return 0
+    if args.stage == "graphs":
+        _report("cuda_graphs").write_text(json.dumps(time_graphs(args.model), indent=1) + "\n")
         return 0
     if args.stage == "ivfpq":
         _report("ivfpq_training").write_text(json.dumps(time_ivfpq_training(args.ivfpq_rows, 768)) + "\n")
@@ -296,6 +345,12 @@ def gpu_table(out: dict[str, Any]) -> str:
             rows.append(f"| builder forward on a new batch shape / the same shape again, {kernels} (median ms, "
                         f"{shapes['shapes']} shapes of {shapes['budget_tokens']:,} tokens) | {r['first_ms_median']} / "
                         f"{r['second_ms_median']} ms |")  # fmt: skip
+    graphs = out.get("cuda_graphs", {})
+    for key, r in graphs.items() if isinstance(graphs, dict) else ():
+        if key.startswith("rows_") and isinstance(r, dict):
+            rows.append(f"| service forward of {key[5:]} questions, eager / CUDA graphs (p50 ms; largest output "
+                        f"difference) | {r['eager_ms_p50']} / {r['graphs_ms_p50']} ms = {r['graphs_over_eager']}x; "
+                        f"{r['max_relative_difference']:.1e} |")  # fmt: skip
     serving = out.get("serving", {})
     for client, r in (serving.get("clients", {}) if isinstance(serving, dict) else {}).items():
         if "uncached_ms" in r:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import cast
 
 import numpy as np
 import torch
 
+from bertknn.core.graphs import Capture, GraphedForward, capturable, cuda_capture
 from bertknn.core.heads import MaskCore
 from bertknn.core.inputs import MaskedInput, padded_arrays
 from bertknn.core.truncate import embedding_core, service_core
+
+logger = logging.getLogger(__name__)
 
 
 class EagerForward:
@@ -29,6 +33,7 @@ class EagerForward:
         }
         self.cut = "none"  # how the embeddings-only forward is cut: none, layers, or mask rows
         self.truncated = self.last_layer_at_mask = False
+        self.graphs: GraphedForward | None = None  # the p_MLM forward as CUDA graphs (`use_graphs`)
 
     def cut_forwards(self, query_input: Callable[[str], MaskedInput], mask: str, num_layers: int, name: str) -> None:
         """Swap each forward for a cheaper one with the same outputs on a padded batch of two questions
@@ -43,6 +48,22 @@ class EagerForward:
         core = service_core(self.base, num_layers, self.layer, self.head, self.cores[True], batch, tol)
         if core is not None:
             self.cores[True], self.last_layer_at_mask = core, True
+
+    def use_graphs(self, query_input: Callable[[str], MaskedInput], mask: str, *, max_rows: int, max_width: int,
+                   capture: Capture = cuda_capture, name: str = "model") -> bool:  # fmt: skip
+        """Run the forward with p_MLM (the service's) as CUDA graphs from now on (`GraphedForward`), where it can be
+        captured: False, and eager as before, where it cannot (`capturable`). ``capture``: see `GraphedForward`."""
+        batch = self.tensors([query_input(t) for t in (f"{mask} x y .", f"a b c d e f {mask} g h i j k l .")])
+        tol = 1e-4 if self.dtype == torch.float32 else 2e-2
+        core = capturable(self.cores[True], batch, tol)
+        if core is None:
+            logger.warning("%s: its forward reads device values on the host, so no CUDA graph: eager", name)
+            return False
+        self.graphs = GraphedForward(core, pad_id=self.pad_id, device=self.device, max_rows=max_rows,
+                                     max_width=max_width, tol=tol, capture=capture, name=name)  # fmt: skip
+        with torch.inference_mode():  # one question's bucket captured now, not on the first request
+            self.graphs(*self.tensors([query_input(f"{mask} x y .")]))
+        return True
 
     def arrays(self, items: Sequence[MaskedInput]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return padded_arrays(items, self.pad_id)
@@ -65,7 +86,8 @@ class EagerForward:
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
             emb, logits = out.hidden_states[self.layer][rows, mask_pos], out.logits[rows, mask_pos]
             return emb, torch.log_softmax(logits.float(), dim=-1)
-        out = self.cores[with_mlm](ids, attn, rows, mask_pos)
+        graphed = self.graphs(ids, attn, rows, mask_pos) if with_mlm and self.graphs is not None else None
+        out = graphed or self.cores[with_mlm](ids, attn, rows, mask_pos)
         return out[0], out[1] if with_mlm else None
 
     def log_probs_at(self, ids: np.ndarray, attn: np.ndarray, rows: np.ndarray, pos: np.ndarray) -> torch.Tensor:

@@ -52,6 +52,14 @@ def mlm_head(model: Any) -> torch.nn.Module | None:
     return heads[0] if len(heads) == 1 else None
 
 
+def additive_mask(attn: torch.Tensor, like: torch.nn.Module) -> torch.Tensor:
+    """A 2D padding mask as the 4D additive mask attention adds ([rows, 1, 1, width]: 0 where kept, the model's
+    dtype's minimum at padding, as the stock attention builds it). A model given it uses it as it is, with no look
+    at its values on the host, which a CUDA graph cannot capture (`bertknn.core.graphs`)."""
+    dtype = next(like.parameters()).dtype
+    return (1.0 - attn[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
 class MaskCore(torch.nn.Module):
     """The forward as one module: the mask's row at ``layer`` and, with a head, log p_MLM there (that row only).
 
@@ -63,11 +71,13 @@ class MaskCore(torch.nn.Module):
     def __init__(self, base: torch.nn.Module, head: torch.nn.Module | None, layer: int):
         super().__init__()
         self.base, self.head, self.layer = base, head, layer
+        self.mask_4d = False  # the base model given `additive_mask` instead of the 2D mask (`bertknn.core.graphs`)
 
     def forward(
         self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        out = self.base(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+        mask = additive_mask(attn, self.base) if self.mask_4d else attn
+        out = self.base(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         emb = out.hidden_states[self.layer][rows, pos]
         if self.head is None:
             return (emb,)

@@ -21,6 +21,8 @@ from typing import Any, cast
 
 import torch
 
+from bertknn.core.heads import additive_mask
+
 logger = logging.getLogger(__name__)
 
 LAYER_LISTS = ("encoder.layer", "transformer.layer", "layers", "encoder.layers")
@@ -132,17 +134,19 @@ class MaskRowCore(torch.nn.Module):
         self.below_layers = below_layers  # how many layers ``below`` runs
         attention = top.attention.self
         self.heads, self.head_size = int(attention.num_attention_heads), int(attention.attention_head_size)
+        self.mask_4d = False  # ``below`` given `additive_mask` instead of the 2D mask (`bertknn.core.graphs`)
 
     def forward(
         self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
+        mask = additive_mask(attn, self.below) if self.mask_4d else attn
         if self.head is None:
             # hidden_states[layer - 1] (the embeddings' output when layer is 1: no layer below runs)
-            hidden = self.below(input_ids=ids, attention_mask=attn).last_hidden_state
+            hidden = self.below(input_ids=ids, attention_mask=mask).last_hidden_state
             return (self._top_at(hidden, attn, rows, pos),)
         # the stored layer is the last one below the top (the default: no hidden states kept) or a lower one
         below_top = self.layer == self.below_layers
-        out = self.below(input_ids=ids, attention_mask=attn, output_hidden_states=not below_top)
+        out = self.below(input_ids=ids, attention_mask=mask, output_hidden_states=not below_top)
         stored = out.last_hidden_state if below_top else out.hidden_states[self.layer]
         last = self._top_at(out.last_hidden_state, attn, rows, pos)
         return stored[rows, pos], torch.log_softmax(self.head(last).float(), dim=-1)

@@ -84,7 +84,12 @@ def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
         verify_checksums=settings.verify_checksums,
         mlm_head="knn-only" if settings.model.knn_only else "required",
     )
-    backend = pipeline.encoder.set_backend(settings.model.backend)
+    enc = pipeline.encoder
+    backend = enc.set_backend(settings.model.backend)
+    if settings.model.cuda_graphs and enc.device.type == "cuda" and enc.compiled.fast is None:
+        graphs = enc.eager.use_graphs(enc.query_input, enc.tokenizer.mask_token, max_rows=settings.batching.max_batch_size,
+                                      max_width=enc.max_seq_len, name=enc.name)  # fmt: skip
+        backend += " with CUDA graphs" if graphs else ""
     logger.info("model backend: %s, %d torch threads", backend, torch.get_num_threads())
     return pipeline
 

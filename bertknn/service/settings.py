@@ -37,6 +37,10 @@ class ModelSettings(BaseModel):
         "on a GPU). onnx is checked against the eager forward at start-up "
         "and falls back when it cannot be built or differs"
     )
+    cuda_graphs: bool = Field(
+        True, description="on a GPU with the eager backend: the forward replayed as CUDA graphs, one per (rows, "
+        "width) bucket, each used once it gave the eager forward's outputs; eager where capture fails or differs"
+    )
     knn_only: bool = Field(
         False, description="serve a checkpoint without its MLM head: p_MLM is uniform and the answers are the "
         "neighbours' alone (without this, such a checkpoint is refused at start-up)"

@@ -129,3 +129,24 @@ def test_bench_reports_name_the_host_cpu_and_its_interpreter_speed() -> None:
     assert m["cpu_model"] is None or (isinstance(m["cpu_model"], str) and m["cpu_model"])
     assert isinstance(m["python_loop_ms"], float) and m["python_loop_ms"] > 0
     assert python_loop_ms(20_000) < python_loop_ms(400_000)  # it measures the work, not a constant
+
+
+def test_bench_gpu_times_the_cuda_graphs_stage_in_a_cpu_rehearsal(tiny_model_dir: Path) -> None:
+    """The ``cuda_graphs`` stage end to end on the CPU, with a capture that replays by running the forward: every
+    batch size timed both ways, outputs equal, its buckets listed, and its rows in the table."""
+    from bench.gpu import gpu_table, time_graphs
+    from tests.unit.test_graphs import replaying_capture
+
+    calls: list[int] = []
+    got = time_graphs(tiny_model_dir, rows=(1, 3), calls=3, device="cpu", dtype="float32",
+                      capture=replaying_capture(calls))  # fmt: skip
+    assert got["captured"] is True and got["buckets_captured"] == {"1x16": True, "3x16": True}  # the largest bucket is max_rows
+    for n in (1, 3):
+        r = got[f"rows_{n}"]
+        assert isinstance(r, dict) and r["eager_ms_p50"] > 0 and r["graphs_ms_p50"] > 0 and r["max_relative_difference"] < 1e-4
+    import json
+
+    from bench.common import RESULTS
+
+    table = gpu_table({**json.loads((RESULTS / "gpu.json").read_text()), "cuda_graphs": got})
+    assert sum("eager / CUDA graphs" in row for row in table.splitlines()) == 2
