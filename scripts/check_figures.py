@@ -34,7 +34,8 @@ PUBLISHED = RESULTS / "published.json"
 CITE = re.compile(r"python -m bench\.([a-z_]+)|bench/results/([\w.-]+\.json)")
 UNIT = r"x\b|%|ms\b|µs\b|s\b|req/s|contexts/s|/s|MiB|GiB|MB|GB|TB|KiB|bytes|points|core-h|h\b|min\b"
 FIGURE = re.compile(
-    r"(?<![\w.,/=^@-])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+)(?![\w.,]*\d)(?:\s*(" + UNIT + r"))?"
+    r"(?<![\w.,/=^@-])(\d+(?:\.\d+)?e[-+]?\d+|\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+)(?![\w.,]*\d)(?:\s*(" + UNIT
+    + r"))?"
 )
 # Versions, and numbers that name things rather than measure them.
 NOT_A_FIGURE = re.compile(
@@ -131,11 +132,12 @@ def _unit_figures(rel: str, body: str, cited: set[str], unit_id: int) -> Iterato
             continue
         for m in FIGURE.finditer(line):
             number, unit = m.group(1), m.group(2)
-            if "." not in number and "," not in number and not unit:
+            if not any(c in number for c in ".,e") and not unit:
                 continue
             if NOT_A_FIGURE.search(line[: m.start()]) or re.match(r"\d+-\d", line[m.start():]):
                 continue
-            decimals = len(number.split(".")[1]) if "." in number else 0
+            mantissa, _, exponent = number.partition("e")  # 9.5e-7: rounded at the 8th decimal
+            decimals = (len(mantissa.split(".")[1]) if "." in mantissa else 0) - int(exponent or 0)
             context = line[max(0, m.start() - CONTEXT): m.end() + CONTEXT].strip()
             yield Figure(rel, m.group(0).strip(), float(number.replace(",", "")), decimals, unit or "", context,
                          tuple(sorted(cited)), unit_id)

@@ -103,6 +103,19 @@ def test_ratios_must_be_the_ratio_of_their_passage_s_figures(tmp_path: Path) -> 
     assert [f.text for f in cf.new_figures(root, listed=[])] == [wrong]
 
 
+def test_a_figure_in_scientific_notation_is_checked_whole(tmp_path: Path) -> None:
+    """``9.5e-7`` is one figure, rounded at its own exponent: not ``9.5`` (which a file may hold by chance)."""
+    numerics = json.loads((REPO / "bench/results/numerics.json").read_text())
+    tiny = min(v for v in cf.numbers(numerics) if 0 < v < 1e-3)
+    mantissa, exponent = f"{tiny:.1e}".split("e")
+    written = f"{mantissa}e{int(exponent)}"
+    root = _doc(tmp_path, f"# T\n\n`python -m bench.numerics`: a difference of {written}.\n")
+    assert cf.new_figures(root, listed=[]) == []
+    off = f"{float(mantissa) + 0.3:.1f}e{int(exponent)}"
+    root = _doc(tmp_path, f"# T\n\n`python -m bench.numerics`: a difference of {off}.\n")
+    assert [f.text for f in cf.new_figures(root, listed=[])] == [off]
+
+
 def test_published_figures_pass_only_next_to_the_paper_s_name(tmp_path: Path) -> None:
     root = _doc(tmp_path, "# T\n\nThe paper reports 39.4 P@1.\n\nWe measured 39.4 P@1.\n")
     failing = cf.new_figures(root, listed=[])
