@@ -39,7 +39,7 @@ FIGURE = re.compile(
 )
 # Versions, and numbers that name things rather than measure them.
 NOT_A_FIGURE = re.compile(
-    r"(?:python|torch|pyserini|java|jdk|faiss(?:-gpu|-cpu)?|cuda|onnx(?:runtime)?|version|v|p|top|rank|step|"
+    r"\b(?:python|torch|pyserini|java|jdk|faiss(?:-gpu|-cpu)?|cuda|onnx(?:runtime)?|version|v|p|top|rank|step|"
     r"lambda|k|n|l|hop|beam|limit|layer|layers|stage|issue|#)\s*$",
     re.IGNORECASE,
 )
