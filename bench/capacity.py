@@ -38,17 +38,45 @@ def terabytes(n_bytes: float) -> str:
     return f"{n_bytes / 1e12:.2f} TB ({n_bytes / 2**40:.2f} TiB)"
 
 
+PER_CORE = ("decompress_bytes_per_s", "parse_bytes_per_s", "markup_bytes_per_s", "split_contexts_per_s",
+            "targets_contexts_per_s", "write_bytes_per_s")  # what `python -m bench.preprocess` measures
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"{path}: not a readable JSON results file ({exc})") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"{path}: not a results file (a JSON object was expected)")
+    return data
+
+
 def measured_build(gpu_file: Path) -> dict:
     """The GPU build's rates and sizes (`python -m bench.gpu`'s builder stage)."""
-    data = json.loads(gpu_file.read_text(encoding="utf-8"))
+    data = _json(gpu_file)
     stage = data.get("builder_bfloat16") or {}
-    runs = stage.get("runs") or []
-    if not runs:
+    runs = stage.get("runs") if isinstance(stage, dict) else None
+    if not runs or not isinstance(runs[0], dict):
         raise SystemExit(f"{gpu_file}: no builder_bfloat16 run; run `python -m bench.gpu` on a GPU first")
     run = runs[0]
-    return {"device": data.get("device", "?"), "build_ctx_per_s": float(run["embed_span_ctx_per_s"]),
-            "bare_forward_ctx_per_s": float(run["bare_forward_ctx_per_s"]),
-            "bytes_per_context": float(run["bytes_per_context_dir"])}  # fmt: skip
+    try:
+        return {"device": data.get("device", "?"), "build_ctx_per_s": float(run["embed_span_ctx_per_s"]),
+                "bare_forward_ctx_per_s": float(run["bare_forward_ctx_per_s"]),
+                "bytes_per_context": float(run["bytes_per_context_dir"])}  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SystemExit(f"{gpu_file}: its builder_bfloat16 run lacks {exc}; run `python -m bench.gpu` again") from None
+
+
+def preprocess_rates(path: Path) -> dict:
+    """`python -m bench.preprocess`'s results, checked: every stage's rate per core, a positive number."""
+    data = _json(path)
+    per_core = data.get("per_core")
+    bad = [k for k in PER_CORE if not isinstance(per_core, dict) or not isinstance(per_core.get(k), int | float)
+           or per_core[k] <= 0]  # fmt: skip
+    if bad:
+        raise SystemExit(f"{path}: per_core lacks a positive {', '.join(bad)}; run `python -m bench.preprocess` again")
+    return data
 
 
 def rates(build: dict, paper: dict) -> list[tuple[str, float]]:
@@ -140,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--gpu {args.gpu}: no such results file; run `python -m bench.gpu` on a GPU first")
     if not args.preprocess.is_file():
         p.error(f"--preprocess {args.preprocess}: no such results file; run `python -m bench.preprocess` first")
-    pre = json.loads(args.preprocess.read_text(encoding="utf-8"))
+    pre = preprocess_rates(args.preprocess)
     build = measured_build(args.gpu)
     paper = json.loads((RESULTS / "published.json").read_text(encoding="utf-8"))["figures"]
     result = {

@@ -71,3 +71,27 @@ def test_a_missing_or_empty_gpu_run_is_named(tmp_path: Path, capsys: pytest.Capt
     with pytest.raises(SystemExit):
         capacity.main(["--gpu", str(gpu), "--preprocess", str(tmp_path / "none.json")])
     assert "run `python -m bench.preprocess` first" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("gpu", "pre", "says"),
+    [
+        ("{}", None, "no builder_bfloat16 run"),
+        ('{"builder_bfloat16": {"runs": [{"embed_span_ctx_per_s": 1}]}}', None, "lacks 'bare_forward_ctx_per_s'"),
+        ("not json", None, "not a readable JSON results file"),
+        (None, '{"per_core": {"split_contexts_per_s": 1}}', "per_core lacks a positive decompress_bytes_per_s"),
+        (None, '{"per_core": {"markup_bytes_per_s": 0}}', "markup_bytes_per_s"),
+        (None, "[1, 2]", "a JSON object was expected"),
+    ],
+)
+def test_a_malformed_results_file_gets_one_line_naming_what_is_missing(tmp_path: Path, gpu: str | None,
+                                                                        pre: str | None, says: str) -> None:
+    """A GPU or preprocess file without what the tables need stops with a message, not a traceback."""
+    gpu_path = _gpu_file(tmp_path, build=36_000.0, bare=72_000.0, per_context=1_600.0)
+    pre_path = _pre_file(tmp_path)
+    if gpu is not None:
+        gpu_path.write_text(gpu)
+    if pre is not None:
+        pre_path.write_text(pre)
+    with pytest.raises(SystemExit, match=says):
+        capacity.main(["--gpu", str(gpu_path), "--preprocess", str(pre_path)])
