@@ -150,3 +150,24 @@ def test_bench_gpu_times_the_cuda_graphs_stage_in_a_cpu_rehearsal(tiny_model_dir
 
     table = gpu_table({**json.loads((RESULTS / "gpu.json").read_text()), "cuda_graphs": got})
     assert sum("eager / CUDA graphs" in row for row in table.splitlines()) == 2
+
+
+def test_the_lease_script_runs_bench_gpu_and_keeps_its_log(tmp_path: Path) -> None:
+    """scripts/gpu_lease.sh as a lease runs it, the install left out (the carried wheels are for the device's
+    Python): bench.gpu runs with the arguments given, its log lands in $OUT, and without CUDA it exits 3."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "GPU_LEASE_INSTALL": "0", "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    run = subprocess.run(["bash", "scripts/gpu_lease.sh", "--only", "cuda_graphs"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    log = (tmp_path / "bench-gpu.log").read_text()
+    if torch.cuda.is_available():
+        assert run.returncode == 0 and (tmp_path / "gpu.json").is_file(), run.stdout[-2000:]
+    else:
+        assert run.returncode == 3 and "no CUDA device on this machine" in log
+    assert f"bench.gpu exited {run.returncode}; results in {tmp_path}" in run.stdout

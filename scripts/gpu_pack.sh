@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# What one GPU lease carries, made here: the wheels the device's image lacks and the slice of ../shared that
+# `python -m bench.gpu` reads, into .gpu/ (git-ignored through .git/info/exclude). The lease then runs
+# `bash scripts/gpu_lease.sh` with `.gpu` carried (docs/performance.md, "GPU"). A call carries at most 64 MiB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED=${SHARED:-../shared}
+PACK=.gpu
+grep -qx "/$PACK/" .git/info/exclude 2>/dev/null || echo "/$PACK/" >>.git/info/exclude
+rm -rf "$PACK" && mkdir -p "$PACK/whl" "$PACK/shared/data/wiki" "$PACK/shared/data/lama/TREx"
+
+# The image has torch, transformers, numpy, scipy, onnxruntime, httpx, uvloop...; not these (pinned as the lock pins them).
+lock() { grep -i "^$1==" requirements.lock | head -1; }
+WHEELS=(faiss-cpu fastapi starlette pydantic pydantic_core pydantic-settings annotated-types typing-inspection uvicorn
+        httptools websockets watchfiles python-dotenv sniffio redis mwparserfromhell pysbd stopwordsiso swagger-ui-py)
+specs=()
+for w in "${WHEELS[@]}"; do
+  s=$(lock "$w") || { echo "gpu_pack: $w is not in requirements.lock" >&2; exit 1; }
+  specs+=("$s")
+done
+platforms=()
+for n in 17 27 28 31 34 35; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${platforms[@]}" --platform manylinux2014_x86_64 --platform any -d "$PACK/whl" "${specs[@]}"
+
+# ../shared, as much as bench.gpu reads: the tokenizer, the vital articles, LAMA's templates and each T-REx file's
+# first 400 facts (bench.common.lama_queries reads no more).
+cp -r "$SHARED/data/tokenizer" "$PACK/shared/data/"
+cp "$SHARED/data/wiki/vital_articles.jsonl" "$PACK/shared/data/wiki/"
+cp "$SHARED/data/lama/relations.jsonl" "$PACK/shared/data/lama/"
+for f in "$SHARED"/data/lama/TREx/P*.jsonl; do head -n 400 "$f" >"$PACK/shared/data/lama/TREx/$(basename "$f")"; done
+
+total=$(( $(du -sb "$PACK" | cut -f1) + $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) ))
+echo "gpu_pack: $(ls "$PACK/whl" | wc -l) wheels; the call carries $((total / 1048576)) MiB with the tracked tree (limit 64)"
+[ "$total" -lt $((64 * 1048576)) ] || { echo "gpu_pack: over the 64 MiB a call carries" >&2; exit 1; }
