@@ -12,6 +12,8 @@ leaves the others' figures:
   (rows, width) shape costs (docs/decisions/cuda-attention-kernels.md);
 - ``cuda_graphs``: the service's forward (bfloat16, with p_MLM) eager against its CUDA graphs, at 1 to 64
   questions per batch: p50 ms of each and the largest difference of their outputs (docs/decisions/cuda-graphs.md);
+- ``device_knn``: a batch's restricted kNN on the device (`batch_knn`: the rows copied there, one batched product)
+  against the service's FAISS search of each query's rows on the host, at 1 and 32 queries of 500 and 3,000 rows;
 - ``builder_bfloat16`` / ``builder_float16``: the builder's contexts/s on bert-base-uncased's shape with the cut
   forward, the token budget per batch swept (in bfloat16; float16 at one budget), its padding fraction and the
   stage that bounds the build: the GPU's forward, or the CPU workers preparing contexts (`bench.builder
@@ -46,7 +48,7 @@ from typing import Any
 from bench.common import REPO, RESULTS, RUNS, SHARED, machine
 
 NO_DEVICE = 3
-STAGES = ("vectors", "new_shapes", "cuda_graphs", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving", "ivfpq_training")
+STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -197,6 +199,44 @@ def time_graphs(model: Path, rows: tuple[int, ...] = (1, 8, 32, 64), calls: int 
     return out
 
 
+def time_device_knn(rows: tuple[int, ...] = (500, 3000), batches: tuple[int, ...] = (1, 32), hidden: int = 768,
+                    k: int = 128, calls: int = 20, *, device: str = "cuda", seed: int = 0) -> dict[str, object]:  # fmt: skip
+    """A batch's restricted kNN two ways, in alternating calls: `batch_knn` on the device (the rows copied there,
+    one batched product) against the service's search, FAISS over each query's float16 rows on the host, one
+    query after another (1 FAISS thread). Random float16 rows of ``hidden`` dimensions per query: p50 ms per
+    batch of each, and whether their neighbours agree."""
+    import numpy as np
+    import torch
+
+    from bertknn.core.runtime import faiss_threads
+    from bertknn.service.retrieval.device_knn import batch_knn
+    from bertknn.service.retrieval.knn import fp16_search
+
+    rng = np.random.default_rng(seed)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out: dict[str, object] = {"hidden": hidden, "k": k, "device": device}
+    for n in rows:
+        for b in batches:
+            sets = [rng.normal(size=(n, hidden)).astype(np.float16) for _ in range(b)]
+            queries = rng.normal(size=(b, hidden)).astype(np.float32)
+            on_device = torch.from_numpy(queries).to(device)
+            times: dict[str, list[float]] = {"device": [], "host": []}
+            with faiss_threads(1):
+                for _ in range(calls):
+                    sync()
+                    t = time.perf_counter()
+                    got = batch_knn(on_device, sets, k)
+                    times["device"].append(1000 * (time.perf_counter() - t))
+                    t = time.perf_counter()
+                    want = [fp16_search(r, q, k) for r, q in zip(sets, queries, strict=True)]
+                    times["host"].append(1000 * (time.perf_counter() - t))
+            agree = all(np.array_equal(g[1], w[1]) for g, w in zip(got, want, strict=True))
+            dev_ms, host_ms = float(np.median(times["device"])), float(np.median(times["host"]))
+            out[f"rows_{n}_batch_{b}"] = {"device_ms_p50": round(dev_ms, 3), "host_ms_p50": round(host_ms, 3),
+                                          "device_over_host": round(dev_ms / host_ms, 3), "same_neighbours": agree}  # fmt: skip
+    return out
+
+
 def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     py, model = sys.executable, str(args.model)
     builder = [py, "-m", "bench.builder", "--model", model, "--device", "cuda", "--articles", str(args.articles),
@@ -208,6 +248,7 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
         "vectors": [py, "-m", "bench.gpu", "--stage", "vectors", "--model", model],
         "new_shapes": [py, "-m", "bench.gpu", "--stage", "shapes", "--model", model],
         "cuda_graphs": [py, "-m", "bench.gpu", "--stage", "graphs", "--model", model],
+        "device_knn": [py, "-m", "bench.gpu", "--stage", "knn"],
         "builder_bfloat16": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens,
                              "--out", str(_report("builder_bfloat16"))],
         "builder_float16": [*builder, "--dtype", "float16", "--batch-tokens", args.batch_tokens.split(",")[-1],
@@ -269,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-timeout-s", type=float, default=600, help="a stage running longer is stopped and "
                    "recorded as failed")  # fmt: skip
     p.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
-    p.add_argument("--stage", choices=["vectors", "shapes", "graphs", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
+    p.add_argument("--stage", choices=["vectors", "shapes", "graphs", "knn", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
     return p
 
 
@@ -294,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage == "graphs":
         _report("cuda_graphs").write_text(json.dumps(time_graphs(args.model), indent=1) + "\n")
+        return 0
+    if args.stage == "knn":
+        _report("device_knn").write_text(json.dumps(time_device_knn(), indent=1) + "\n")
         return 0
     if args.stage == "ivfpq":
         _report("ivfpq_training").write_text(json.dumps(time_ivfpq_training(args.ivfpq_rows, 768)) + "\n")
@@ -351,6 +395,13 @@ def gpu_table(out: dict[str, Any]) -> str:
             rows.append(f"| service forward of {key[5:]} questions, eager / CUDA graphs (p50 ms; largest output "
                         f"difference) | {r['eager_ms_p50']} / {r['graphs_ms_p50']} ms = {r['graphs_over_eager']}x; "
                         f"{r['max_relative_difference']:.1e} |")  # fmt: skip
+    knn = out.get("device_knn", {})
+    for key, r in knn.items() if isinstance(knn, dict) else ():
+        if key.startswith("rows_") and isinstance(r, dict):
+            n, b = key[5:].split("_batch_")
+            rows.append(f"| restricted kNN of {b} queries x {n} rows, on the device / FAISS on the host, one by one (p50 "
+                        f"ms; same neighbours) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = {r['device_over_host']}x; "
+                        f"{r['same_neighbours']} |")  # fmt: skip
     serving = out.get("serving", {})
     for client, r in (serving.get("clients", {}) if isinstance(serving, dict) else {}).items():
         if "uncached_ms" in r:

@@ -122,7 +122,9 @@ class GraphedForward:
         self.row_buckets = [r for r in ROW_BUCKETS if r < max_rows] + [max_rows]
         self.max_width = max_width
         self.buckets: dict[tuple[int, int], _Bucket] = {}
-        self.pool: object = None  # one memory pool shared by every graph (they never run at once)
+        # One memory pool shared by every graph. PyTorch allows it where graphs never run at once and no graph's
+        # static outputs are read after another graph replays: each replay's outputs are cloned at once.
+        self.pool: object = None
 
     def bucket_of(self, rows: int, width: int) -> tuple[int, int] | None:
         """The (rows, width) a batch is padded to; None: larger than every bucket (eager)."""

@@ -171,3 +171,21 @@ def test_the_lease_script_runs_bench_gpu_and_keeps_its_log(tmp_path: Path) -> No
     else:
         assert run.returncode == 3 and "no CUDA device on this machine" in log
     assert f"bench.gpu exited {run.returncode}; results in {tmp_path}" in run.stdout
+
+
+def test_bench_gpu_times_the_device_knn_stage_in_a_cpu_rehearsal() -> None:
+    """The ``device_knn`` stage end to end on the CPU: both ways timed per batch, the same neighbours, its rows in
+    the table."""
+    import json
+
+    from bench.common import RESULTS
+    from bench.gpu import gpu_table, time_device_knn
+
+    got = time_device_knn(rows=(40, 300), batches=(1, 3), hidden=32, k=16, calls=2, device="cpu")
+    keys = [k for k in got if k.startswith("rows_")]
+    assert keys == ["rows_40_batch_1", "rows_40_batch_3", "rows_300_batch_1", "rows_300_batch_3"]
+    for key in keys:
+        r = got[key]
+        assert isinstance(r, dict) and r["same_neighbours"] is True and r["device_ms_p50"] > 0 and r["host_ms_p50"] > 0
+    table = gpu_table({**json.loads((RESULTS / "gpu.json").read_text()), "device_knn": got})
+    assert sum("restricted kNN of" in row for row in table.splitlines()) == 4
