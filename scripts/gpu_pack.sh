@@ -9,10 +9,12 @@ PACK=.gpu
 grep -qx "/$PACK/" .git/info/exclude 2>/dev/null || echo "/$PACK/" >>.git/info/exclude
 rm -rf "$PACK" && mkdir -p "$PACK/whl" "$PACK/shared/data/wiki" "$PACK/shared/data/lama/TREx"
 
-# The image has torch, transformers, numpy, scipy, onnxruntime, httpx, uvloop...; not these (pinned as the lock pins them).
+# The image has torch, transformers, numpy, scipy, onnxruntime, httpx, uvloop...; not these (pinned as the lock pins
+# them; typing_extensions too, as new as pydantic_core needs).
 lock() { grep -i "^$1==" requirements.lock | head -1; }
 WHEELS=(faiss-cpu fastapi starlette pydantic pydantic_core pydantic-settings annotated-types typing-inspection uvicorn
-        httptools websockets watchfiles python-dotenv sniffio redis mwparserfromhell pysbd stopwordsiso swagger-ui-py)
+        httptools websockets watchfiles python-dotenv sniffio redis mwparserfromhell pysbd stopwordsiso swagger-ui-py
+        typing_extensions opentelemetry-api)
 specs=()
 for w in "${WHEELS[@]}"; do
   s=$(lock "$w") || { echo "gpu_pack: $w is not in requirements.lock" >&2; exit 1; }
