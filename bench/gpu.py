@@ -42,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,7 @@ def time_graphs(model: Path, rows: tuple[int, ...] = (1, 8, 32, 64), calls: int 
     captured = enc.eager.use_graphs(enc.query_input, enc.tokenizer.mask_token, max_rows=max(rows),
                                     max_width=enc.max_seq_len, capture=capture or cuda_capture)  # fmt: skip
     questions = [enc.query_input(t) for t, _ in lama_queries(max(rows) * 4)]
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync = _sync(device)
     out: dict[str, object] = {"captured": captured, "forward": type(eager).__name__}
     for n in rows:
         batch = questions[:n]
@@ -213,7 +214,7 @@ def time_device_knn(rows: tuple[int, ...] = (500, 3000), batches: tuple[int, ...
     from bertknn.service.retrieval.knn import fp16_search
 
     rng = np.random.default_rng(seed)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync = _sync(device)
     out: dict[str, object] = {"hidden": hidden, "k": k, "device": device}
     for n in rows:
         for b in batches:
@@ -367,6 +368,20 @@ def _count(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.0f}"
 
 
+def _measured(out: dict[str, Any], stage: str) -> list[tuple[str, dict]]:
+    """A timing stage's measurements (its ``rows_...`` entries), the prefix cut: nothing where it failed."""
+    got = out.get(stage, {})
+    items = got.items() if isinstance(got, dict) else ()
+    return [(k[5:], r) for k, r in items if k.startswith("rows_") and isinstance(r, dict)]
+
+
+def _sync(device: str) -> Callable[[], None]:
+    """Waits for the device's queued work (on CUDA), so that a timer reads the work's end."""
+    import torch
+
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
 def gpu_table(out: dict[str, Any]) -> str:
     """The markdown table of the figures that docs/performance.md's GPU section holds."""
     rows = [f"{out['device']}, driver {out['driver']}, torch {out['machine']['torch']} (CUDA {out['torch_cuda']}), "
@@ -389,19 +404,15 @@ def gpu_table(out: dict[str, Any]) -> str:
             rows.append(f"| builder forward on a new batch shape / the same shape again, {kernels} (median ms, "
                         f"{shapes['shapes']} shapes of {shapes['budget_tokens']:,} tokens) | {r['first_ms_median']} / "
                         f"{r['second_ms_median']} ms |")  # fmt: skip
-    graphs = out.get("cuda_graphs", {})
-    for key, r in graphs.items() if isinstance(graphs, dict) else ():
-        if key.startswith("rows_") and isinstance(r, dict):
-            rows.append(f"| service forward of {key[5:]} questions, eager / CUDA graphs (p50 ms; largest output "
-                        f"difference) | {r['eager_ms_p50']} / {r['graphs_ms_p50']} ms = {r['graphs_over_eager']}x; "
-                        f"{r['max_relative_difference']:.1e} |")  # fmt: skip
-    knn = out.get("device_knn", {})
-    for key, r in knn.items() if isinstance(knn, dict) else ():
-        if key.startswith("rows_") and isinstance(r, dict):
-            n, b = key[5:].split("_batch_")
-            rows.append(f"| restricted kNN of {b} queries x {n} rows, on the device / FAISS on the host, one by one (p50 "
-                        f"ms; same neighbours) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = {r['device_over_host']}x; "
-                        f"{r['same_neighbours']} |")  # fmt: skip
+    for key, r in _measured(out, "cuda_graphs"):
+        rows.append(f"| service forward of {key} questions, eager / CUDA graphs (p50 ms; largest output "
+                    f"difference) | {r['eager_ms_p50']} / {r['graphs_ms_p50']} ms = {r['graphs_over_eager']}x; "
+                    f"{r['max_relative_difference']:.1e} |")  # fmt: skip
+    for key, r in _measured(out, "device_knn"):
+        n, b = key.split("_batch_")
+        rows.append(f"| restricted kNN of {b} queries x {n} rows, on the device / FAISS on the host, one by one (p50 "
+                    f"ms; same neighbours) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = {r['device_over_host']}x; "
+                    f"{r['same_neighbours']} |")  # fmt: skip
     serving = out.get("serving", {})
     for client, r in (serving.get("clients", {}) if isinstance(serving, dict) else {}).items():
         if "uncached_ms" in r:

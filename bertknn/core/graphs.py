@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bertknn.core.truncate import outputs_close, same_rows
+
 logger = logging.getLogger(__name__)
 
 Outputs = tuple[torch.Tensor, ...]
@@ -64,22 +66,10 @@ def capturable(core: torch.nn.Module, example: Sequence[torch.Tensor], tol: floa
         return None
     four = copy.copy(core)  # the same modules and weights; only the flag differs
     setattr(four, "mask_4d", True)  # noqa: B010 - a plain attribute, not a submodule
-    try:
-        if host_syncs(four, *example) or not _close(four(*example), core(*example), tol):
-            return None
-    except Exception as exc:  # noqa: BLE001 - a family whose model refuses a 4D mask stays eager
-        logger.info("4D attention mask not taken (%s): the forward stays eager", exc)
+    # same_rows first: a family whose model refuses a 4D mask fails there, and stays eager
+    if not same_rows(four, core, tuple(example), tol) or host_syncs(four, *example):
         return None
     return four
-
-
-def _close(got: Outputs, want: Outputs, tol: float) -> bool:
-    """Whether each output is within ``tol`` of the reference's scale (`bertknn.core.truncate.same_rows`'s test)."""
-    for g, w in zip(got, want, strict=True):
-        g, w = g.float(), w.float()
-        if g.shape != w.shape or not float((g - w).abs().max()) <= tol * max(1.0, float(w.abs().max())):
-            return False
-    return True
 
 
 def cuda_capture(run: Callable[[], Outputs], pool: object) -> tuple[Outputs, Callable[[], None], object]:
@@ -183,7 +173,7 @@ class GraphedForward:
             logger.warning("%s: CUDA graph for %d rows x %d tokens not captured (%s): eager", self.name, *key, exc)
             b.failed = True
             return None
-        if not _close(got, self.core(*batch), self.tol):
+        if not outputs_close(got, self.core(*batch), self.tol):
             logger.warning("%s: CUDA graph for %d rows x %d tokens differs from the eager forward: eager", self.name, *key)
             b.failed = True
             return None

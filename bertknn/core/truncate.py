@@ -175,7 +175,12 @@ def same_rows(core: torch.nn.Module, reference: torch.nn.Module, tensors: tuple[
     except Exception as exc:  # noqa: BLE001 - a family whose forward this cut does not fit: keep the other
         logger.debug("%s does not run (%s)", type(core).__name__, exc)
         return False
-    for g, w in zip(got, reference(*tensors), strict=True):
+    return outputs_close(got, reference(*tensors), tol)
+
+
+def outputs_close(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...], tol: float) -> bool:
+    """Whether each output has the reference's shape and lies within ``tol`` of its scale."""
+    for g, w in zip(got, want, strict=True):
         g, w = g.float(), w.float()
         if g.shape != w.shape or not float((g - w).abs().max()) <= tol * max(1.0, float(w.abs().max())):
             return False
