@@ -120,8 +120,11 @@ def lama_queries(n: int, *, seed: int = 0, lama: Path | None = None) -> list[tup
     files = sorted((lama / "TREx").glob("P*.jsonl"))
     per_file = [[json.loads(line) for line in f.read_text().splitlines()[:400]] for f in files]
     rng = np.random.default_rng(seed)
+    # how many distinct questions there are: asked for more, it stops there (drawing on would find nothing new)
+    possible = len({fill_template(templates[f.stem], fact["sub_label"], lowercase=True)
+                    for f, facts in zip(files, per_file, strict=True) if templates.get(f.stem) for fact in facts})  # fmt: skip
     attempts = 0
-    while len(out) < n and attempts < 100 * n:
+    while len(out) < min(n, possible) and attempts < 100 * n:
         attempts += 1
         i = int(rng.integers(len(files)))
         facts = per_file[i]

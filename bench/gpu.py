@@ -20,8 +20,9 @@ leaves the others' figures:
   --device cuda`);
 - ``builder_cudnn``: the bfloat16 build at the first budget with cuDNN's attention kernel allowed again (`bench.builder
   --sdpa cudnn,flash,efficient,math`): the build as it was before the encoder left that kernel out;
-- ``serving``: uncached ``/predict`` p50 and throughput at 1 and 64 clients, the service on the GPU
-  (`bench.serving --device cuda`);
+- ``serving``: uncached ``/predict`` p50 and throughput at 1 and 64 clients, the service on the GPU with its
+  default processes (`bench.serving --device cuda`; each level warmed at its own concurrency first);
+- ``serving_one_process``: the same with one service process (``--workers 1``): what the processes add;
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
   synthetic vectors; on the GPU when the installed faiss has GPU support, docs/retrieval.md); 0 skips it.
 
@@ -49,7 +50,8 @@ from typing import Any
 from bench.common import REPO, RESULTS, RUNS, SHARED, machine
 
 NO_DEVICE = 3
-STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving", "ivfpq_training")
+STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving",
+          "serving_one_process", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -245,6 +247,9 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
                "--articles-per-shard", "400"]  # fmt: skip
     bm25_runs = importlib.util.find_spec("pyserini") is not None and shutil.which("java") is not None
     retriever = args.retriever if args.retriever != "auto" else "bm25" if bm25_runs else "tfidf"
+    serving = [py, "-m", "bench.serving", "--model", model, "--device", "cuda", "--articles", "40",
+               "--work", str(RUNS / "bench-serving-gpu"), "--scale", "", "--concurrency", "1,64",
+               "--per-client", "48", "--retriever", retriever]  # fmt: skip
     return {
         "vectors": [py, "-m", "bench.gpu", "--stage", "vectors", "--model", model],
         "new_shapes": [py, "-m", "bench.gpu", "--stage", "shapes", "--model", model],
@@ -257,9 +262,8 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
         # the same bf16 build with cuDNN's attention allowed again (the encoder leaves it out on CUDA)
         "builder_cudnn": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens.split(",")[0],
                           "--sdpa", "cudnn,flash,efficient,math", "--out", str(_report("builder_cudnn"))],
-        "serving": [py, "-m", "bench.serving", "--model", model, "--device", "cuda", "--articles", "40",
-                    "--work", str(RUNS / "bench-serving-gpu"), "--scale", "", "--concurrency", "1,64",
-                    "--retriever", retriever],
+        "serving": serving,
+        "serving_one_process": [*serving, "--workers", "1"],
         "ivfpq_training": [py, "-m", "bench.gpu", "--stage", "ivfpq", "--ivfpq-rows", str(args.ivfpq_rows)],
     }  # fmt: skip
 
@@ -269,12 +273,19 @@ def _report(stage: str) -> Path:
     return RESULTS / f"gpu-{stage.replace('_', '-')}.json"
 
 
-def _stage_result(name: str, model: Path) -> object:
-    """What a finished stage wrote: its JSON, read back."""
-    path = _report(name)
-    if name == "serving":  # serving-cuda-MODEL.json, or serving-cuda:0-MODEL.json: the device as torch names it
-        path = max(RESULTS.glob(f"serving-cuda*-{model.name}.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(path.read_text())
+def _stage_result(name: str, model: Path, since: float) -> object:
+    """What a finished stage wrote (at or after ``since``, a `time.time()`): its JSON, read back; ValueError
+    when it wrote none, so that an older run's file is never taken for this one's."""
+    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-1w]-MODEL.json: the device as torch names it
+        one = name == "serving_one_process"
+        found = [p for p in RESULTS.glob(f"serving-cuda*-{model.name}.json")
+                 if p.name.endswith(f"-1w-{model.name}.json") == one]  # fmt: skip
+    else:
+        found = [_report(name)]
+    fresh = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
+    if not fresh:
+        raise ValueError(f"the stage wrote no result file in {RESULTS}")
+    return json.loads(max(fresh, key=lambda p: p.stat().st_mtime).read_text())
 
 
 def run_stages(args: argparse.Namespace, out: dict[str, Any]) -> None:
@@ -284,10 +295,10 @@ def run_stages(args: argparse.Namespace, out: dict[str, Any]) -> None:
         if name == "ivfpq_training" and args.ivfpq_rows == 0 or args.only and name not in args.only.split(","):
             continue
         print(f"bench.gpu: {name}: {' '.join(cmd[1:])}", flush=True)
-        t = time.perf_counter()
+        t, since = time.perf_counter(), time.time() - 1  # (file times may be rounded down to the second)
         try:
             subprocess.run(cmd, check=True, cwd=REPO, timeout=args.stage_timeout_s)
-            out[name] = _stage_result(name, args.model)
+            out[name] = _stage_result(name, args.model, since)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, ValueError) as exc:
             out[name] = {"error": str(exc).splitlines()[0]}
         out.setdefault("stage_seconds", {})[name] = round(time.perf_counter() - t, 1)
@@ -413,25 +424,38 @@ def gpu_table(out: dict[str, Any]) -> str:
         rows.append(f"| restricted kNN of {b} queries x {n} rows, on the device / FAISS on the host, one by one (p50 "
                     f"ms; same neighbours) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = {r['device_over_host']}x; "
                     f"{r['same_neighbours']} |")  # fmt: skip
-    serving = out.get("serving", {})
-    for client, r in (serving.get("clients", {}) if isinstance(serving, dict) else {}).items():
-        if "uncached_ms" in r:
-            rows.append(f"| /predict uncached p50 / p99, {client} client, {serving['dtype']} (bare forward p50) | "
-                        f"{r['uncached_ms']['p50']:.1f} / {r['uncached_ms']['p99']:.1f} ms "
-                        f"({r['bare_forward_ms']['p50']:.1f} ms) |")  # fmt: skip
-        for level, t in r.get("throughput", {}).items():
-            rows.append(f"| /predict throughput, {level} {client} clients (bare batched forward) | "
-                        f"{t['requests_per_s']:,.0f}/s ({t['bare_batched_per_s']:,.0f}/s), {t['errors']} errors |")  # fmt: skip
-            if t.get("stage_ms_mean"):
-                stages = ", ".join(f"{k} {v}" for k, v in t["stage_ms_mean"].items())
-                rows.append(f"| - mean ms per request by stage, rows per batch ({level} {client} clients) | {stages} |")
-            rows.append(f"| - server CPU per request ({level} {client} clients) | {t['server_cpu_ms_per_request']:.1f} ms |")
+    for stage in ("serving", "serving_one_process"):
+        rows += _serving_rows(out.get(stage, {}), "one process" if stage == "serving_one_process" else None)
     ivf = out.get("ivfpq_training")
     if isinstance(ivf, dict) and "train_s" in ivf:
         rows.append(f"| IVF-PQ training, {ivf['rows']:,} rows' plan (nlist {ivf['nlist']}, {ivf['train_rows']:,} "
                     f"sample) on the {ivf['on'].upper()} | {ivf['train_s']} s |")  # fmt: skip
     errors = [f"- {k}: {v['error']}" for k, v in out.items() if isinstance(v, dict) and "error" in v]
     return "\n".join(rows + ([""] + errors if errors else [])) + "\n"
+
+
+def _serving_rows(serving: object, processes: str | None) -> list[str]:
+    """A serving stage's rows: latency per load client, then each throughput level; ``processes`` names the
+    service's processes where they are not its default (older reports do not say)."""
+    if not isinstance(serving, dict):
+        return []
+    how = f"{processes}, " if processes else f"{serving['workers']} processes, " if "workers" in serving else ""
+    rows = []
+    for client, r in serving.get("clients", {}).items():
+        if "uncached_ms" in r:
+            rows.append(f"| /predict uncached p50 / p99, {how}{client} client, {serving['dtype']} (bare forward "
+                        f"p50) | {r['uncached_ms']['p50']:.1f} / {r['uncached_ms']['p99']:.1f} ms "
+                        f"({r['bare_forward_ms']['p50']:.1f} ms) |")  # fmt: skip
+        for level, t in r.get("throughput", {}).items():
+            rows.append(f"| /predict throughput, {how}{level} {client} clients (bare batched forward) | "
+                        f"{t['requests_per_s']:,.0f}/s ({t['bare_batched_per_s']:,.0f}/s), {t['errors']} errors |")  # fmt: skip
+            if t.get("stage_ms_mean"):
+                stages = ", ".join(f"{k} {v}" for k, v in t["stage_ms_mean"].items())
+                rows.append(f"| - mean ms per request by stage, rows per batch ({how}{level} {client} clients) | "
+                            f"{stages} |")  # fmt: skip
+            rows.append(f"| - server CPU per request ({how}{level} {client} clients) | "
+                        f"{t['server_cpu_ms_per_request']:.1f} ms |")  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

@@ -207,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--articles", type=int, default=150)
     p.add_argument("--queries", type=int, default=80, help="distinct queries for the latency runs")
     p.add_argument("--concurrency", type=int_list(1), default="1,8,32", help="concurrent clients per throughput run")
+    p.add_argument("--per-client", type=int, default=24, help="measured requests per simulated client at each "
+                   "throughput level (at least 96 a level); each level is warmed first with 4 per client, unmeasured")
     p.add_argument("--scale", type=int_list(2), default="10,100", help="datastore size factors ('' to skip)")
     p.add_argument("--work", type=Path, default=RUNS / "bench-serving")
     p.add_argument("--threads", type=int, default=0, help="torch threads for the bare forward and the service (0 = "
@@ -280,13 +282,27 @@ def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return out
 
 
+WARM_PER_CLIENT = 4  # unmeasured requests per simulated client before each throughput level
+
+
+def level_sizes(levels: list[int], per_client: int) -> dict[int, int]:
+    """Measured requests per concurrency level: ``per_client`` per simulated client, at least 96."""
+    return {c: max(96, per_client * c) for c in levels}
+
+
 def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: dict[int, int], rest: list,
                 result: dict) -> None:  # fmt: skip
     """Each concurrency level, every load client back to back, each against the bare batched forward measured
-    right before and after its run (averaged: the host's drift during the run falls on both sides)."""
+    right before and after its run (averaged: the host's drift during the run falls on both sides).
+
+    Each run is warmed first at its own concurrency with distinct questions, unmeasured: the batch shapes it
+    brings (a GPU's CUDA graphs are captured at a shape's first batch, in every process) and its connections."""
     offset = 0
     for c in levels:
         for client in LOAD_CLIENTS:
+            warm = WARM_PER_CLIENT * c
+            run_async(_load(svc.url, rest[offset : offset + warm], c, client))
+            offset += warm
             qs = rest[offset : offset + per_level[c]]
             offset += per_level[c]
             bare_before = sum(bare_forward(enc, [t for t, _ in qs], batch=c))
@@ -351,8 +367,20 @@ def _report(result: dict, backend: str, threads: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.queries < 10 or args.articles < 1 or args.threads < 0 or not 0 <= args.workers <= 64:
-        p.error("--queries must be at least 10, --articles at least 1, --threads at least 0, --workers 0 to 64")
+    if args.queries < 10 or args.articles < 1 or args.threads < 0 or not 0 <= args.workers <= 64 or args.per_client < 1:
+        p.error("--queries must be at least 10, --articles at least 1, --threads at least 0, --workers 0 to 64, "
+                "--per-client at least 1")
+
+    levels: list[int] = args.concurrency
+    per_level = level_sizes(levels, args.per_client)
+    loads = len(LOAD_CLIENTS) * sum(n + WARM_PER_CLIENT * c for c, n in per_level.items())
+    need = 3 * args.queries + loads  # latency (two load clients), scale, throughput
+    pool = lama_queries(need, seed=1)
+    if len(pool) < need:
+        p.error(f"--concurrency, --per-client and --queries ask for {need} distinct questions (every request "
+                f"uncached); the LAMA templates give {len(pool)}: ask for fewer")
+    lat_q = {"raw": pool[: args.queries], "httpx": pool[args.queries : 2 * args.queries]}
+    scale_q, rest = pool[2 * args.queries : 3 * args.queries], pool[3 * args.queries :]
 
     from bertknn.service.main import default_threads
 
@@ -363,11 +391,6 @@ def main(argv: list[str] | None = None) -> int:
     ds = build_datastore([args.corpus], args.work / ("ds" if args.retriever == "bm25" else "ds-tfidf"), args.model, limit=args.articles,
                          bm25=args.retriever == "bm25")  # fmt: skip
     man = Datastore(ds).manifest
-    levels: list[int] = args.concurrency
-    per_level = {c: max(96, 24 * c) for c in levels}  # a few seconds of load per level and client
-    pool = lama_queries(args.queries * 4 + len(LOAD_CLIENTS) * sum(per_level.values()) + max(per_level.values()) + 64, seed=1)
-    lat_q = {"raw": pool[: args.queries], "httpx": pool[args.queries : 2 * args.queries]}
-    scale_q, rest = pool[2 * args.queries : 3 * args.queries], pool[3 * args.queries :]
 
     # the service's device and dtype (its defaults: auto for both), so that both sides run the same forward
     enc = MaskedLMEncoder.load(args.model, layer=man.layer, device=args.device, dtype="auto", max_seq_len=man.max_seq_len)

@@ -189,3 +189,52 @@ def test_bench_gpu_times_the_device_knn_stage_in_a_cpu_rehearsal() -> None:
         assert isinstance(r, dict) and r["same_neighbours"] is True and r["device_ms_p50"] > 0 and r["host_ms_p50"] > 0
     table = gpu_table({**json.loads((RESULTS / "gpu.json").read_text()), "device_knn": got})
     assert sum("restricted kNN of" in row for row in table.splitlines()) == 4
+
+
+def test_bench_gpu_reads_back_only_what_the_stage_itself_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serving stage's file is told from the one-process stage's by name, and an older run's file (one written
+    before the stage started) is never read back as this run's: the stage is then recorded as failed."""
+    import json
+    import os
+    import time
+
+    import bench.gpu as gpu
+
+    monkeypatch.setattr(gpu, "RESULTS", tmp_path)
+    model = Path("runs/bert-base-shaped")
+    default, one = tmp_path / "serving-cuda-bert-base-shaped.json", tmp_path / "serving-cuda-1w-bert-base-shaped.json"
+    default.write_text(json.dumps({"workers": "auto"}))
+    one.write_text(json.dumps({"workers": 1}))
+    since = time.time() - 1
+    assert gpu._stage_result("serving", model, since) == {"workers": "auto"}
+    assert gpu._stage_result("serving_one_process", model, since) == {"workers": 1}
+    os.utime(one, (since - 3600, since - 3600))  # left by an earlier lease: this run's one-process stage wrote nothing
+    with pytest.raises(ValueError, match="wrote no result"):
+        gpu._stage_result("serving_one_process", model, since)
+    assert gpu._stage_result("serving", model, since) == {"workers": "auto"}
+    with pytest.raises(ValueError, match="wrote no result"):
+        gpu._stage_result("cuda_graphs", model, since)
+
+
+def test_bench_gpu_tabulates_each_serving_stage_under_its_processes() -> None:
+    import json
+
+    from bench.common import RESULTS
+    from bench.gpu import gpu_table
+
+    report = json.loads((RESULTS / "gpu.json").read_text())
+    serving = {**report["serving"], "workers": "auto"}
+    table = gpu_table({**report, "serving": serving, "serving_one_process": {**serving, "workers": 1}})
+    clients = len(serving["clients"])
+    assert sum("/predict uncached p50 / p99, auto processes," in row for row in table.splitlines()) == clients
+    assert sum("/predict uncached p50 / p99, one process," in row for row in table.splitlines()) == clients
+
+
+def test_bench_serving_refuses_more_distinct_questions_than_lama_has() -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "bench.serving", "--concurrency", "64", "--per-client", "500"],
+                         capture_output=True, text=True, timeout=120, cwd=repo)  # fmt: skip
+    assert run.returncode == 2 and "distinct questions" in run.stderr and "ask for fewer" in run.stderr
