@@ -7,6 +7,8 @@ favour one, so what each process serves is read from what each records in the ru
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -94,6 +96,108 @@ def test_workers_answer_count_and_survive_sigkill_as_one_service(ds: Path):
         # the dead process's requests still count; its readiness no longer does
         assert metric(svc.url, 'bertknn_requests_total{path="/predict",status="200"}') == 50
         assert metric(svc.url, "bertknn_ready") == 2
+
+
+def socket_owners(pids: list[int], port: int) -> dict[int, int]:
+    """Each established connection to the service's ``port``, by its client's port: the process that holds it
+    (its socket among that process's open files, /proc/net/tcp giving the socket's ports)."""
+    inode_pid = {}
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inode_pid[int(link[8:-1])] = pid
+    owners = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        local, remote, state, inode = f[1], f[2], f[3], int(f[9])
+        if state == "01" and int(local.split(":")[1], 16) == port and inode in inode_pid:  # 01: established
+            owners[int(remote.split(":")[1], 16)] = inode_pid[inode]
+    return owners
+
+
+class Conn:
+    """One keep-alive connection that asks the same question over and over (reconnecting after a failure)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        body = json.dumps({"text": "zorblat was born in [MASK] ."}).encode()
+        self.request = (f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def ask(self) -> tuple[int, int | str]:
+        """(this connection's client port, the status or the error's name); a failed connection is closed."""
+        if self.streams is None:
+            self.streams = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.streams
+        me = writer.get_extra_info("sockname")[1]
+        try:
+            writer.write(self.request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+            await reader.readexactly(length)
+            return me, int(head.split(b" ")[1])
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            writer.close()
+            self.streams = None
+            return me, type(exc).__name__
+
+    def close(self) -> None:
+        if self.streams is not None:
+            self.streams[1].close()
+            self.streams = None
+
+
+async def spread_connections(url: str, n: int, pids: list[int]) -> tuple[list[Conn], dict[int, int]]:
+    """``n`` connections, each answered once, held by both processes (the kernel gives a new connection to
+    whichever process accepts first, so all of them may land on one: then they are made again)."""
+    host, port = url.removeprefix("http://").split(":")
+    for _ in range(20):
+        conns = [Conn(host, int(port)) for _ in range(n)]
+        assert {status for _, status in await asyncio.gather(*(c.ask() for c in conns))} == {200}
+        owners = socket_owners(pids, int(port))
+        if len({owners[c.streams[1].get_extra_info("sockname")[1]] for c in conns if c.streams}) == 2:
+            return conns, owners
+        for c in conns:
+            c.close()
+    raise AssertionError("20 tries, and every time one process accepted all the connections")
+
+
+def test_a_worker_killed_under_load_fails_only_its_own_in_flight_requests(ds: Path):
+    """SIGKILL to one of two busy processes: only requests on the connections it held fail, at most one each (the
+    one in flight), and every client of the other process is answered throughout; its replacement comes up."""
+    clients, per_client = 12, 40
+    with service_process(ds, env=ENV, args=("--workers", "2")) as svc:
+        pids = wait_for_workers(svc, 2)
+
+        async def scenario() -> tuple[list[tuple[int, int | str]], dict[int, int], int]:
+            conns, owners = await spread_connections(svc.url, clients, pids)
+            victim = pids[0]
+            out: list[tuple[int, int | str]] = []
+
+            async def keep_asking(c: Conn) -> None:
+                for _ in range(per_client):
+                    out.append(await c.ask())
+
+            load = asyncio.gather(*(keep_asking(c) for c in conns))
+            await asyncio.sleep(0.05)  # requests in flight on both processes
+            os.kill(victim, signal.SIGKILL)
+            await load
+            return out, owners, victim
+
+        out, owners, victim = asyncio.run(scenario())
+        failed = [(me, what) for me, what in out if what != 200]
+        assert failed, "the killed process had requests in flight; none failed, so the kill came too late"
+        assert all(owners.get(me) == victim for me, _ in failed), (failed, owners)  # only its connections
+        assert len({me for me, _ in failed}) == len(failed)  # one failure per connection at most
+        survivors = {me for me, pid in owners.items() if pid != victim}
+        answered = [what for me, what in out if me in survivors]
+        assert answered and set(answered) == {200}  # the other process's clients: every request answered
+        assert sum(what == 200 for _, what in out) == clients * per_client - len(failed)
+        replaced = wait_for_workers(svc, 2)
+        assert victim not in replaced
 
 
 def test_reload_switches_every_worker(ds: Path, tmp_path: Path):
