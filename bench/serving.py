@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queries", type=int, default=80, help="distinct queries for the latency runs")
     p.add_argument("--concurrency", type=int_list(1), default="1,8,32", help="concurrent clients per throughput run")
     p.add_argument("--per-client", type=int, default=24, help="measured requests per simulated client at each "
-                   "throughput level (at least 96 a level); each level is warmed first with 4 per client, unmeasured")
+                   "throughput level (at least 96 a level); each level is warmed first with 8 per client, unmeasured")
     p.add_argument("--scale", type=int_list(2), default="10,100", help="datastore size factors ('' to skip)")
     p.add_argument("--work", type=Path, default=RUNS / "bench-serving")
     p.add_argument("--threads", type=int, default=0, help="torch threads for the bare forward and the service (0 = "
@@ -282,7 +282,7 @@ def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return out
 
 
-WARM_PER_CLIENT = 4  # unmeasured requests per simulated client before each throughput level
+WARM_PER_CLIENT = 8  # unmeasured requests per simulated client before each throughput level
 
 
 def level_sizes(levels: list[int], per_client: int) -> dict[int, int]:
