@@ -11,7 +11,8 @@ leaves the others' figures:
   with cuDNN's attention kernel allowed, without it, and as the encoder leaves it (without, on CUDA): what a new
   (rows, width) shape costs (docs/decisions/cuda-attention-kernels.md);
 - ``cuda_graphs``: the service's forward (bfloat16, with p_MLM) eager against its CUDA graphs, at 1 to 64
-  questions per batch: p50 ms of each and the largest difference of their outputs (docs/decisions/cuda-graphs.md);
+  questions per batch: p50 ms of each and the largest difference of their outputs, and how long capturing them at
+  start-up took (docs/decisions/cuda-graphs.md);
 - ``device_knn``: a batch's restricted kNN on the device (`batch_knn`: the rows copied there, one batched product)
   against the service's FAISS search of each query's rows on the host, at 1 and 32 queries of 500 and 3,000 rows;
 - ``builder_bfloat16`` / ``builder_float16``: the builder's contexts/s on bert-base-uncased's shape with the cut
@@ -174,11 +175,13 @@ def time_graphs(model: Path, rows: tuple[int, ...] = (1, 8, 32, 64), calls: int 
 
     enc = MaskedLMEncoder.load(str(model), device=device, dtype=dtype)
     eager = enc.eager.cores[True]
+    t = time.perf_counter()
     captured = enc.eager.use_graphs(enc.query_input, enc.tokenizer.mask_token, max_rows=max(rows),
                                     max_width=enc.max_seq_len, capture=capture or cuda_capture)  # fmt: skip
+    start_up_s = time.perf_counter() - t
     questions = [enc.query_input(t) for t, _ in lama_queries(max(rows) * 4)]
     sync = _sync(device)
-    out: dict[str, object] = {"captured": captured, "forward": type(eager).__name__}
+    out: dict[str, object] = {"captured": captured, "forward": type(eager).__name__, "start_up_s": round(start_up_s, 3)}
     for n in rows:
         batch = questions[:n]
         runs = {"eager": lambda b=batch: eager(*enc.eager.tensors(b)),
@@ -415,6 +418,11 @@ def gpu_table(out: dict[str, Any]) -> str:
             rows.append(f"| builder forward on a new batch shape / the same shape again, {kernels} (median ms, "
                         f"{shapes['shapes']} shapes of {shapes['budget_tokens']:,} tokens) | {r['first_ms_median']} / "
                         f"{r['second_ms_median']} ms |")  # fmt: skip
+    graphs = out.get("cuda_graphs")
+    if isinstance(graphs, dict) and "start_up_s" in graphs:
+        most = max((int(k) for k, _ in _measured(out, "cuda_graphs")), default=0)
+        rows.append(f"| the service's CUDA graphs captured at start-up (every row bucket up to {most} questions, "
+                    f"16 and 32 tokens) | {graphs['start_up_s']} s |")  # fmt: skip
     for key, r in _measured(out, "cuda_graphs"):
         rows.append(f"| service forward of {key} questions, eager / CUDA graphs (p50 ms; largest output "
                     f"difference) | {r['eager_ms_p50']} / {r['graphs_ms_p50']} ms = {r['graphs_over_eager']}x; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -61,8 +62,17 @@ class EagerForward:
             return False
         self.graphs = GraphedForward(core, pad_id=self.pad_id, device=self.device, max_rows=max_rows,
                                      max_width=max_width, tol=tol, capture=capture, name=name)  # fmt: skip
-        with torch.inference_mode():  # one question's bucket captured now, not on the first request
-            self.graphs(*self.tensors([query_input(f"{mask} x y .")]))
+        t = time.perf_counter()
+        # Every row bucket of short and medium questions (up to 16 and 32 tokens) captured now, before the service
+        # is ready, not on the first requests of each batch size, in every process.
+        warm = [query_input(f"{mask} x y ."), query_input(" ".join(["a"] * 20) + f" {mask} .")]
+        with torch.inference_mode():
+            for item in warm:
+                for rows in self.graphs.row_buckets:
+                    self.graphs(*self.tensors([item] * rows))
+        used = sum(b.replay is not None for b in self.graphs.buckets.values())
+        logger.info("%s: %d of %d CUDA graphs captured at start-up in %.1f s", name, used, len(self.graphs.buckets),
+                    time.perf_counter() - t)  # fmt: skip
         return True
 
     def arrays(self, items: Sequence[MaskedInput]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

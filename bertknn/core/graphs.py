@@ -178,5 +178,5 @@ class GraphedForward:
             b.failed = True
             return None
         b.replay = replay
-        logger.info("%s: CUDA graph captured for %d rows x %d tokens", self.name, *key)
+        logger.debug("%s: CUDA graph captured for %d rows x %d tokens", self.name, *key)
         return got

@@ -39,7 +39,8 @@ class ModelSettings(BaseModel):
     )
     cuda_graphs: bool = Field(
         True, description="on a GPU with the eager backend: the forward replayed as CUDA graphs, one per (rows, "
-        "width) bucket, each used once it gave the eager forward's outputs; eager where capture fails or differs"
+        "width) bucket, each used once it gave the eager forward's outputs; eager where capture fails or differs. "
+        "Short and medium questions' buckets are captured at start-up, others when first needed"
     )
     knn_only: bool = Field(
         False, description="serve a checkpoint without its MLM head: p_MLM is uniform and the answers are the "

@@ -140,7 +140,9 @@ def test_bench_gpu_times_the_cuda_graphs_stage_in_a_cpu_rehearsal(tiny_model_dir
     calls: list[int] = []
     got = time_graphs(tiny_model_dir, rows=(1, 3), calls=3, device="cpu", dtype="float32",
                       capture=replaying_capture(calls))  # fmt: skip
-    assert got["captured"] is True and got["buckets_captured"] == {"1x16": True, "3x16": True}  # the largest bucket is max_rows
+    # every row bucket (the largest is max_rows) at the two widths use_graphs warms, before any timed call
+    assert got["captured"] is True and got["buckets_captured"] == {f"{r}x{w}": True for r in (1, 2, 3) for w in (16, 32)}
+    assert isinstance(got["start_up_s"], float) and got["start_up_s"] > 0
     for n in (1, 3):
         r = got[f"rows_{n}"]
         assert isinstance(r, dict) and r["eager_ms_p50"] > 0 and r["graphs_ms_p50"] > 0 and r["max_relative_difference"] < 1e-4
@@ -150,6 +152,7 @@ def test_bench_gpu_times_the_cuda_graphs_stage_in_a_cpu_rehearsal(tiny_model_dir
 
     table = gpu_table({**json.loads((RESULTS / "gpu.json").read_text()), "cuda_graphs": got})
     assert sum("eager / CUDA graphs" in row for row in table.splitlines()) == 2
+    assert f"captured at start-up (every row bucket up to 3 questions, 16 and 32 tokens) | {got['start_up_s']} s" in table
 
 
 def test_the_lease_script_runs_bench_gpu_and_keeps_its_log(tmp_path: Path) -> None:
