@@ -62,6 +62,17 @@ class AsyncRawClient:
         status, length = _parse_head(head[:-4])
         return status, await self._reader.readexactly(length)
 
+    @property
+    def local_port(self) -> int | None:
+        """This connection's own port (None before it is opened): how the server side tells it apart."""
+        return None if self._writer is None else int(self._writer.get_extra_info("sockname")[1])
+
+    def abort(self) -> None:
+        """Drop a connection the server broke, without waiting on it; the next ``post_json`` opens a new one."""
+        if self._writer is not None:
+            self._writer.transport.abort()
+            self._writer = None
+
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.close()

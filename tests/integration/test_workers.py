@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.rawhttp import AsyncRawClient
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.update import add_articles
 from tests.conftest import TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
@@ -117,51 +118,30 @@ def socket_owners(pids: list[int], port: int) -> dict[int, int]:
     return owners
 
 
-class Conn:
-    """One keep-alive connection that asks the same question over and over (reconnecting after a failure)."""
-
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
-        body = json.dumps({"text": "zorblat was born in [MASK] ."}).encode()
-        self.request = (f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                        f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
-        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-
-    async def ask(self) -> tuple[int, int | str]:
-        """(this connection's client port, the status or the error's name); a failed connection is closed."""
-        if self.streams is None:
-            self.streams = await asyncio.open_connection(self.host, self.port)
-        reader, writer = self.streams
-        me = writer.get_extra_info("sockname")[1]
-        try:
-            writer.write(self.request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-            await reader.readexactly(length)
-            return me, int(head.split(b" ")[1])
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            writer.close()
-            self.streams = None
-            return me, type(exc).__name__
-
-    def close(self) -> None:
-        if self.streams is not None:
-            self.streams[1].close()
-            self.streams = None
+async def ask_once(client: AsyncRawClient) -> tuple[int | None, int | str]:
+    """One question on ``client``'s connection: (its client port, the status or the error's name). A connection
+    the server broke is dropped; the next question opens a new one."""
+    try:
+        status, _ = await client.post_json("/predict", {"text": "zorblat was born in [MASK] ."})
+        return client.local_port, status
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        port = client.local_port
+        client.abort()
+        return port, type(exc).__name__
 
 
-async def spread_connections(url: str, n: int, pids: list[int]) -> tuple[list[Conn], dict[int, int]]:
+async def spread_connections(url: str, n: int, pids: list[int]) -> tuple[list[AsyncRawClient], dict[int, int]]:
     """``n`` connections, each answered once, held by both processes (the kernel gives a new connection to
     whichever process accepts first, so all of them may land on one: then they are made again)."""
     host, port = url.removeprefix("http://").split(":")
     for _ in range(20):
-        conns = [Conn(host, int(port)) for _ in range(n)]
-        assert {status for _, status in await asyncio.gather(*(c.ask() for c in conns))} == {200}
+        clients = [AsyncRawClient(host, int(port)) for _ in range(n)]
+        assert {status for _, status in await asyncio.gather(*(ask_once(c) for c in clients))} == {200}
         owners = socket_owners(pids, int(port))
-        if len({owners[c.streams[1].get_extra_info("sockname")[1]] for c in conns if c.streams}) == 2:
-            return conns, owners
-        for c in conns:
-            c.close()
+        if len({owners[c.local_port] for c in clients if c.local_port is not None}) == 2:
+            return clients, owners
+        for c in clients:
+            c.abort()
     raise AssertionError("20 tries, and every time one process accepted all the connections")
 
 
@@ -172,14 +152,14 @@ def test_a_worker_killed_under_load_fails_only_its_own_in_flight_requests(ds: Pa
     with service_process(ds, env=ENV, args=("--workers", "2")) as svc:
         pids = wait_for_workers(svc, 2)
 
-        async def scenario() -> tuple[list[tuple[int, int | str]], dict[int, int], int]:
+        async def scenario() -> tuple[list[tuple[int | None, int | str]], dict[int, int], int]:
             conns, owners = await spread_connections(svc.url, clients, pids)
             victim = pids[0]
-            out: list[tuple[int, int | str]] = []
+            out: list[tuple[int | None, int | str]] = []
 
-            async def keep_asking(c: Conn) -> None:
+            async def keep_asking(c: AsyncRawClient) -> None:
                 for _ in range(per_client):
-                    out.append(await c.ask())
+                    out.append(await ask_once(c))
 
             load = asyncio.gather(*(keep_asking(c) for c in conns))
             await asyncio.sleep(0.05)  # requests in flight on both processes
