@@ -274,6 +274,8 @@ async def _start(
     """Load the pipeline on the model's thread, start the answerer and the reload watch; then ready."""
     settings = resources.settings
     model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+    # several processes: the reload generation read before the model loads, so none announced meanwhile is missed
+    peers = PeerReloads(resources.slot.root, resources.slot.index) if resources.slot is not None else None
     try:
         # loaded on the thread that will run every forward pass (one OpenMP team; see AsyncAnswerer)
         pipeline = await asyncio.get_running_loop().run_in_executor(model_thread, factory, settings)
@@ -288,7 +290,6 @@ async def _start(
     resources.metrics.watch_cache(pipeline.cache)
     resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics, model_thread=model_thread)
     resources.answerer.start()
-    peers = PeerReloads(resources.slot.root, resources.slot.index) if resources.slot is not None else None
     reloader = DatastoreReloader(resources, peers=peers)
     resources.reloader = reloader
     watches = [reloader.watch(settings.reload_poll_s)] if settings.reload_poll_s > 0 else []

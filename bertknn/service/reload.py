@@ -162,32 +162,37 @@ class DatastoreReloader:
             self.peers.announce()
 
     def join_peers(self, current: dict[str, object]) -> None:
-        """Several processes, at start-up: record the version this process opened; when others serve another
-        (this one replaces a dead process and opened a newer version), tell them to reload."""
+        """Several processes, at start-up: record the version this process opened. When a peer that has recorded
+        one serves another (this process replaces a dead one and opened a newer version, or it opened an older
+        one while the others moved on during its start-up), every process is told to reload, this one included
+        (`follow_peers` starts from the generation `PeerReloads` read before the model was loaded). Peers still
+        starting have recorded nothing yet: they open the manifest on disk themselves."""
         assert self.peers is not None
         self.peers.served(current)
-        same, live = self.peers.serving(current)
-        if same < live:
-            logger.info("this process serves datastore version %s, %d of %d processes another: reloading them",
-                        current["version"], live - same, live)  # fmt: skip
+        mine = _version(current)
+        others = {slot: v for slot, v in self.peers.versions().items() if slot != self.peers.slot}
+        differ = sorted(slot for slot, v in others.items() if v != mine)
+        if differ:
+            logger.info("this process serves datastore version %s, %d of %d other processes another: reloading all",
+                        current["version"], len(differ), len(others))  # fmt: skip
             self.peers.announce()
 
     async def follow_peers(self, interval_s: float = 0.2) -> None:
-        """Several processes: reload whenever another process announces that it did."""
+        """Several processes: reload whenever another process announces that it did, or did while this one was
+        starting (a reload of a version already served is a no-op)."""
         assert self.peers is not None
-        seen = self.peers.generation()
+        seen = self.peers.start_generation
         while True:
-            await asyncio.sleep(interval_s)
             now = self.peers.generation()
-            if now == seen:
-                continue
-            seen = now
-            try:
-                outcome = await self.reload()
-            except ReloadError as exc:
-                logger.error("datastore reload (announced by another server process) refused: %s", exc)
-                continue
-            self._publish(outcome, announce=False)
+            if now != seen:
+                seen = now
+                try:
+                    outcome = await self.reload()
+                except ReloadError as exc:
+                    logger.error("datastore reload (announced by another server process) refused: %s", exc)
+                else:
+                    self._publish(outcome, announce=False)
+            await asyncio.sleep(interval_s)
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -198,10 +203,14 @@ class PeerReloads:
     """The reload generation the server processes share, and the version each one serves (its slot's file)."""
 
     def __init__(self, root: Path, slot: int):
+        """Made before the process loads its model: a dead predecessor's record in this slot is dropped, and the
+        generation is read, so that a reload announced while this process starts is not missed."""
         self.root = root
         self.slot = slot
         self._generation = root / "reload-generation"
         self._generation.touch(exist_ok=True)
+        (root / f"served-{slot}.json").unlink(missing_ok=True)
+        self.start_generation = self.generation()
 
     def generation(self) -> int:
         text = self._generation.read_text().strip()
@@ -221,14 +230,22 @@ class PeerReloads:
         tmp.write_text(json.dumps(_version(identity)))
         tmp.replace(self.root / f"served-{self.slot}.json")
 
+    def versions(self) -> dict[int, dict[str, object]]:
+        """The version each live process has recorded, by slot (a process still starting has none yet)."""
+        return self._recorded(live_slots(self.root))
+
     def serving(self, identity: dict[str, object]) -> tuple[int, int]:
-        """(live processes that serve ``identity``, live processes)."""
-        want, live = _version(identity), live_slots(self.root)
-        same = 0
-        for slot in live:
+        """(live processes that serve ``identity``, live processes); one still starting serves nothing yet."""
+        live = live_slots(self.root)
+        want = _version(identity)
+        return sum(v == want for v in self._recorded(live).values()), len(live)
+
+    def _recorded(self, slots: list[int]) -> dict[int, dict[str, object]]:
+        found = {}
+        for slot in slots:
             with contextlib.suppress(OSError, ValueError):
-                same += json.loads((self.root / f"served-{slot}.json").read_text()) == want
-        return same, len(live)
+                found[slot] = json.loads((self.root / f"served-{slot}.json").read_text())
+        return found
 
     async def wait_for(self, identity: dict[str, object], timeout_s: float) -> int:
         """Wait (at most ``timeout_s``) until every live process serves ``identity``; how many do."""

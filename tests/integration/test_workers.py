@@ -59,13 +59,18 @@ def wait_for_workers(svc: ServiceProcess, n: int, timeout_s: float = 120) -> lis
 
 
 def served_versions(svc: ServiceProcess) -> dict[int, object]:
-    """Each live worker's served datastore version, as it recorded it in the run directory (by slot)."""
+    """Each live worker's served datastore version, as it recorded it in the run directory (by slot; None for a
+    worker still starting, which has recorded none yet)."""
     from bertknn.service.processes import RUN_DIR_ENV, live_slots
 
     pid = workers_of(svc.proc)[0]
     env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
     root = Path(env[RUN_DIR_ENV])
-    return {slot: json.loads((root / f"served-{slot}.json").read_text())["version"] for slot in live_slots(root)}
+    found: dict[int, object] = {}
+    for slot in live_slots(root):
+        record = root / f"served-{slot}.json"
+        found[slot] = json.loads(record.read_text())["version"] if record.exists() else None
+    return found
 
 
 def metric(url: str, name: str) -> float:

@@ -15,7 +15,8 @@ from bertknn.core.format import Manifest, ModelInfo, write_manifest
 from bertknn.service import heap
 from bertknn.service.api.deps import Resources
 from bertknn.service.metrics import Metrics
-from bertknn.service.reload import DatastoreReloader
+from bertknn.service.processes import WorkerSlot
+from bertknn.service.reload import DatastoreReloader, PeerReloads
 from bertknn.service.serving import AsyncAnswerer
 from bertknn.service.settings import BatchingSettings, ServiceSettings
 
@@ -148,3 +149,64 @@ def test_a_retired_version_is_collected_though_start_up_froze_it(tmp_path: Path)
         asyncio.run(scenario())
     finally:
         heap.thaw()
+
+
+def _peer(root: Path) -> tuple[WorkerSlot, PeerReloads]:
+    """A server process's slot and reload records (two in one test process: each slot is its own lock)."""
+    slot = WorkerSlot.claim(root)
+    return slot, PeerReloads(root, slot.index)
+
+
+def test_a_peer_still_starting_is_not_told_to_reload_and_counts_as_not_serving_yet(tmp_path: Path):
+    async def scenario() -> None:
+        (a_slot, a), (b_slot, b) = _peer(tmp_path), _peer(tmp_path)
+        _manifest(tmp_path, "a", 1)
+        _, answerer, reloader = _setup(tmp_path, FakePipeline(tmp_path.resolve(), "a", 1))
+        reloader.peers = a
+        reloader.join_peers({"id": "a", "version": 1})
+        assert a.generation() == 0  # b has recorded nothing: it opens the manifest itself
+        assert a.serving({"id": "a", "version": 1}) == (1, 2)  # a reload's answer waits for b to record
+        b.served({"id": "a", "version": 1})
+        assert a.serving({"id": "a", "version": 1}) == (2, 2)
+        b_slot.release()
+        assert a.serving({"id": "a", "version": 1}) == (1, 1)  # a dead process no longer counts
+        a_slot.release()
+        await answerer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_replacement_drops_its_dead_predecessors_record(tmp_path: Path):
+    (tmp_path / "served-0.json").write_text('{"id": "a", "version": 9}')
+    slot, peers = _peer(tmp_path)
+    assert slot.index == 0 and peers.versions() == {}
+    slot.release()
+
+
+def test_a_process_that_opened_an_older_version_while_its_peers_moved_on_catches_up(tmp_path: Path):
+    """b reloads to version 2 and announces it while a is still loading its model with version 1: a reads the
+    generation before loading (`PeerReloads`), so on joining it tells everyone, itself included, to reload."""
+
+    async def scenario() -> None:
+        (a_slot, a), (b_slot, b) = _peer(tmp_path), _peer(tmp_path)
+        _manifest(tmp_path, "b", 2)
+        b.served({"id": "b", "version": 2})
+        b.announce()  # during a's start-up: a's follow_peers must not miss it
+        new = FakePipeline(tmp_path.resolve(), "b", 2)
+        _, answerer, reloader = _setup(tmp_path, FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=new))
+        reloader.peers = a
+        reloader.join_peers({"id": "a", "version": 1})
+        assert a.generation() == 2  # b serves another version: told to reload (to what it serves already)
+        follow = asyncio.create_task(reloader.follow_peers(interval_s=0.01))
+        for _ in range(200):
+            if answerer.pipeline is new:
+                break
+            await asyncio.sleep(0.01)
+        follow.cancel()
+        assert answerer.pipeline is new
+        assert a.serving({"id": "b", "version": 2}) == (2, 2)
+        a_slot.release()
+        b_slot.release()
+        await answerer.stop()
+
+    asyncio.run(scenario())
