@@ -17,7 +17,13 @@ from bertknn.core.errors import BertKnnError
 from bertknn.core.format import read_manifest
 from bertknn.core.model_ref import locate_model
 from bertknn.core.settings_cli import add_settings_flags, flag_for, settings_overrides
-from bertknn.service.processes import ARGV_ENV, default_workers, make_run_dir, remove_run_dir, worker_env
+from bertknn.service.processes import (
+    ARGV_ENV,
+    default_workers,
+    make_run_dir,
+    remove_stale_run_dirs,
+    worker_env,
+)
 from bertknn.service.settings import ServiceSettings
 
 if TYPE_CHECKING:
@@ -102,8 +108,11 @@ def serve_workers(settings: ServiceSettings, argv: list[str], workers: int) -> i
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    root = make_run_dir()
-    os.environ.update(worker_env(root, argv))
+    log = logging.getLogger(__name__)
+    for stale in remove_stale_run_dirs():
+        log.info("removed %s, left by a server that did not stop cleanly", stale)
+    run_dir = make_run_dir()
+    os.environ.update(worker_env(run_dir.root, argv))
     config = uvicorn.Config(
         "bertknn.service.__main__:worker_app",
         factory=True,
@@ -114,12 +123,12 @@ def serve_workers(settings: ServiceSettings, argv: list[str], workers: int) -> i
         access_log=False,
         timeout_graceful_shutdown=settings.graceful_shutdown_s or None,
     )
-    logging.getLogger(__name__).info("starting %d server processes on %s:%d", workers, settings.host, settings.port)
+    log.info("starting %d server processes on %s:%d", workers, settings.host, settings.port)
     try:
         supervisor = Multiprocess(config, sockets=[config.bind_socket()])
         supervisor.run()
     finally:
-        remove_run_dir(root)
+        run_dir.remove()
     # a worker that could not start (its line is in the log) stops them all, as a single process would
     return 2 if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
 

@@ -6,16 +6,19 @@ worker starts: Prometheus's multiprocess files (metrics summed over the workers)
 client's cap holds across processes: `bertknn.service.shared_gate`), and the reload generation with each
 worker's served datastore (every worker switches: `bertknn.service.reload`). Each worker holds one slot, a
 row of the gate's table, for its life: a lock the kernel releases when it dies, so its replacement takes the
-slot over and clears what the dead one held.
+slot over and clears what the dead one held. The parent holds the run directory's owner lock; a directory
+whose owner and workers are all gone (a server killed without a clean stop) is removed by the next server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -39,15 +42,58 @@ def default_workers(device: str, cpus: int) -> int:
     return max(2, min(8, cpus // 2))
 
 
-def make_run_dir() -> Path:
-    """A fresh run directory for one server's workers (its metrics folder empty, as prometheus_client needs)."""
-    root = Path(tempfile.mkdtemp(prefix="bertknn-run-"))
+RUN_DIR_PREFIX = "bertknn-run-"
+OWNER_LOCK = "owner.lock"  # held by the parent (the supervisor) for as long as it runs
+STALE_AFTER_S = 60.0  # a run directory without an owner lock younger than this may be one being made
+
+
+@dataclass
+class RunDir:
+    """One server's run directory, held by its parent: its owner lock tells a later server that it is in use."""
+
+    root: Path
+    _lock: IO[bytes]
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        self._lock.close()
+
+
+def make_run_dir(parent: Path | None = None) -> RunDir:
+    """A fresh run directory for one server's workers (its metrics folder empty, as prometheus_client needs),
+    its owner lock held by this process."""
+    root = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=parent))
+    lock = open(root / OWNER_LOCK, "ab")  # noqa: SIM115 (held open for the server's life)
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     (root / "metrics").mkdir()
-    return root
+    return RunDir(root, lock)
 
 
-def remove_run_dir(root: Path) -> None:
-    shutil.rmtree(root, ignore_errors=True)
+def remove_stale_run_dirs(parent: Path | None = None) -> list[Path]:
+    """Remove the run directories that servers killed without a clean stop (SIGKILL, out of memory) left in the
+    temporary folder (in a pod, an emptyDir that outlives the container: each would keep its metrics files and
+    its cost table). A directory is left alone while its owner lock or any worker's slot lock is held."""
+    removed = []
+    for root in Path(parent or tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if root.is_dir() and _remove_if_stale(root):
+                removed.append(root)
+    return removed
+
+
+def _remove_if_stale(root: Path) -> bool:
+    owner = root / OWNER_LOCK
+    if not owner.exists() and time.time() - root.stat().st_mtime < STALE_AFTER_S:
+        return False  # perhaps a server's, between making it and taking its lock
+    with open(owner, "ab") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if live_slots(root):
+            return False
+        shutil.rmtree(root)
+    return True
 
 
 def worker_env(root: Path, argv: list[str]) -> dict[str, str]:

@@ -1,0 +1,51 @@
+"""Run directories of several server processes: a killed server's is removed by the next, a live one's never."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from bertknn.service.processes import (
+    OWNER_LOCK,
+    RUN_DIR_PREFIX,
+    STALE_AFTER_S,
+    WorkerSlot,
+    make_run_dir,
+    remove_stale_run_dirs,
+)
+
+
+def _killed(parent: Path) -> Path:
+    """What a server killed with SIGKILL leaves: its run directory, no lock held."""
+    run = make_run_dir(parent)
+    run._lock.close()  # the kernel lets go of a dead process's locks
+    return run.root
+
+
+def test_a_killed_servers_run_directory_is_removed_and_live_ones_are_kept(tmp_path: Path):
+    dead = _killed(tmp_path)
+    (dead / "gate.bin").write_bytes(b"\0" * 64)
+    running = make_run_dir(tmp_path)  # its parent is alive: owner lock held
+    orphaned = _killed(tmp_path)  # the parent died, a worker lives on
+    slot = WorkerSlot.claim(orphaned)
+    unrelated = tmp_path / "something-else"
+    unrelated.mkdir()
+    assert remove_stale_run_dirs(tmp_path) == [dead]
+    assert not dead.exists() and running.root.is_dir() and orphaned.is_dir() and unrelated.is_dir()
+    slot.release()
+    assert remove_stale_run_dirs(tmp_path) == [orphaned]
+    running.remove()
+    assert not running.root.exists()
+
+
+def test_a_run_directory_without_an_owner_lock_is_removed_only_once_old(tmp_path: Path):
+    """An older server's layout, or one being made this instant (made, its lock not yet taken)."""
+    young = tmp_path / f"{RUN_DIR_PREFIX}young"
+    old = tmp_path / f"{RUN_DIR_PREFIX}old"
+    for d in (young, old):
+        (d / "metrics").mkdir(parents=True)
+    past = time.time() - STALE_AFTER_S - 5
+    os.utime(old, (past, past))
+    assert remove_stale_run_dirs(tmp_path) == [old]
+    assert young.is_dir() and not (young / OWNER_LOCK).exists()
