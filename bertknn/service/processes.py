@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -76,7 +77,8 @@ def remove_stale_run_dirs(parent: Path | None = None) -> list[Path]:
     removed = []
     for root in Path(parent or tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*"):
         with contextlib.suppress(OSError):
-            if root.is_dir() and _remove_if_stale(root):
+            st = root.lstat()  # a real directory of this user's, never one a link points to
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and _remove_if_stale(root):
                 removed.append(root)
     return removed
 

@@ -49,3 +49,15 @@ def test_a_run_directory_without_an_owner_lock_is_removed_only_once_old(tmp_path
     os.utime(old, (past, past))
     assert remove_stale_run_dirs(tmp_path) == [old]
     assert young.is_dir() and not (young / OWNER_LOCK).exists()
+
+
+def test_a_link_named_like_a_run_directory_is_never_followed(tmp_path: Path):
+    target = tmp_path / "elsewhere"
+    (target / "data").mkdir(parents=True)
+    past = time.time() - STALE_AFTER_S - 5
+    os.utime(target, (past, past))
+    link = tmp_path / f"{RUN_DIR_PREFIX}link"
+    link.symlink_to(target)
+    os.utime(link, (past, past), follow_symlinks=False)
+    assert remove_stale_run_dirs(tmp_path) == []
+    assert sorted(p.name for p in target.iterdir()) == ["data"]  # nothing made or removed through the link
