@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -20,9 +21,26 @@ class ServiceError(Exception):
         self.status, self.code, self.message, self.request_id = status, code, message, request_id
 
 
+# a connection that broke before its answer came (a server process that died, a keep-alive connection it closed):
+# every request this client sends is a pure function of its body, so it is sent again
+RETRIED_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
+
+
 class BertKnnClient:
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0, **kwargs: Any):
+    """A running service's `/predict` and `/predict/batch`. A request is sent again, at most ``retries`` times,
+    when its connection broke before the answer came or when the service answered with ``Retry-After`` (overloaded,
+    this client's cap reached, past its deadline), after the wait it names (at most ``max_wait_s``). A timeout is
+    not retried: the service may still be working on it."""
+
+    def __init__(
+        self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0, retries: int = 3,
+        max_wait_s: float = 30.0, **kwargs: Any,
+    ):  # fmt: skip
+        if retries < 0 or max_wait_s < 0:
+            raise ValueError("retries and max_wait_s must be >= 0")
         self._http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
+        self.retries = retries
+        self.max_wait_s = max_wait_s
 
     def __enter__(self) -> BertKnnClient:
         return self
@@ -34,14 +52,20 @@ class BertKnnClient:
         self._http.close()
 
     def _post(self, path: str, payload: dict) -> dict:
-        r = self._http.post(path, json=payload)
-        if r.status_code >= 400:
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
             try:
-                err = r.json()["error"]
-            except (ValueError, KeyError, TypeError):
-                err = {"code": "http_error", "message": r.text[:200], "request_id": r.headers.get("x-request-id", "-")}
-            raise ServiceError(r.status_code, err["code"], err["message"], err["request_id"])
-        return r.json()
+                r = self._http.post(path, json=payload)
+            except RETRIED_ERRORS:
+                if last:
+                    raise
+                time.sleep(min(self.max_wait_s, 0.1 * 2**attempt))
+                continue
+            wait = _retry_after(r)
+            if wait is None or last:
+                return _body(r)
+            time.sleep(min(self.max_wait_s, wait))
+        raise AssertionError("unreachable")
 
     def predict(self, text: str, **options: Any) -> PredictResponse:
         req = PredictRequest.model_validate({"text": text, **options})
@@ -53,6 +77,27 @@ class BertKnnClient:
 
     def ready(self) -> dict:
         return self._http.get("/readyz").json()
+
+
+def _retry_after(r: httpx.Response) -> float | None:
+    """The seconds an error response asks the client to wait before it asks again (None: not to be retried)."""
+    if r.status_code < 429 or "retry-after" not in r.headers:
+        return None
+    try:
+        return max(0.0, float(r.headers["retry-after"]))
+    except ValueError:
+        return None  # an HTTP date: not what this service sends
+
+
+def _body(r: httpx.Response) -> dict:
+    """A response's JSON body; an error response raised as `ServiceError`."""
+    if r.status_code >= 400:
+        try:
+            err = r.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            err = {"code": "http_error", "message": r.text[:200], "request_id": r.headers.get("x-request-id", "-")}
+        raise ServiceError(r.status_code, err["code"], err["message"], err["request_id"])
+    return r.json()
 
 
 def format_table(resp: PredictResponse) -> str:

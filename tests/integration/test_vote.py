@@ -101,7 +101,8 @@ def test_the_client_cli_sends_the_prior(tiny_datastore: Path, monkeypatch: pytes
 
     settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu"}, batching={"max_wait_ms": 1})
     with TestClient(create_app(settings)) as http:
-        monkeypatch.setattr(cli.BertKnnClient, "__init__", lambda self, *a, **k: setattr(self, "_http", http))
+        monkeypatch.setattr(cli.BertKnnClient, "__init__", lambda self, *a, **k: self.__dict__.update(
+            _http=http, retries=0, max_wait_s=0.0))  # fmt: skip
         monkeypatch.setattr(cli.BertKnnClient, "close", lambda self: None)
         body = {"text": QUESTION.text, "subject": "zorblat"}
         seen = []
