@@ -52,20 +52,17 @@ class BertKnnClient:
         self._http.close()
 
     def _post(self, path: str, payload: dict) -> dict:
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+        for attempt in range(self.retries):
             try:
                 r = self._http.post(path, json=payload)
             except RETRIED_ERRORS:
-                if last:
-                    raise
                 time.sleep(min(self.max_wait_s, 0.1 * 2**attempt))
                 continue
             wait = _retry_after(r)
-            if wait is None or last:
+            if wait is None:
                 return _body(r)
             time.sleep(min(self.max_wait_s, wait))
-        raise AssertionError("unreachable")
+        return _body(self._http.post(path, json=payload))  # the last try: its error is the caller's
 
     def predict(self, text: str, **options: Any) -> PredictResponse:
         req = PredictRequest.model_validate({"text": text, **options})

@@ -88,13 +88,18 @@ def _remove_if_stale(root: Path) -> bool:
     if not owner.exists() and time.time() - root.stat().st_mtime < STALE_AFTER_S:
         return False  # perhaps a server's, between making it and taking its lock
     with open(owner, "ab") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        if live_slots(root):
+        if not _locked_now(f) or live_slots(root):
             return False
         shutil.rmtree(root)
+    return True
+
+
+def _locked_now(f: IO[bytes]) -> bool:
+    """Take ``f``'s lock if nobody holds it (True), without waiting."""
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
     return True
 
 
@@ -116,12 +121,9 @@ class WorkerSlot:
         """The first slot no live process holds (a dead worker's, or a new one)."""
         for i in range(MAX_SLOTS):
             f = open(root / f"slot-{i}.lock", "ab")  # noqa: SIM115 (held open for the process's life)
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.close()
-                continue
-            return cls(root, i, f)
+            if _locked_now(f):
+                return cls(root, i, f)
+            f.close()
         raise RuntimeError(f"more than {MAX_SLOTS} server processes share {root}")
 
     def release(self) -> None:
@@ -133,12 +135,8 @@ def live_slots(root: Path) -> list[int]:
     live = []
     for path in sorted(root.glob("slot-*.lock")):
         with open(path, "ab") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _locked_now(f):
                 live.append(int(path.stem.split("-")[1]))
-                continue
-            fcntl.flock(f, fcntl.LOCK_UN)
     return live
 
 

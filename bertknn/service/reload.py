@@ -171,10 +171,10 @@ class DatastoreReloader:
         self.peers.served(current)
         mine = _version(current)
         others = {slot: v for slot, v in self.peers.versions().items() if slot != self.peers.slot}
-        differ = sorted(slot for slot, v in others.items() if v != mine)
+        differ = sum(v != mine for v in others.values())
         if differ:
             logger.info("this process serves datastore version %s, %d of %d other processes another: reloading all",
-                        current["version"], len(differ), len(others))  # fmt: skip
+                        current["version"], differ, len(others))  # fmt: skip
             self.peers.announce()
 
     async def follow_peers(self, interval_s: float = 0.2) -> None:
