@@ -41,11 +41,11 @@ def _runner(command: str) -> Callable[[list[str]], int]:
     if command == "eval":
         from bertknn.evaluation.__main__ import main as evaluate
 
-        return lambda argv: evaluate(argv)
+        return lambda argv: evaluate(argv, prog="bert-knn eval")
     if command == "predict":
         from bertknn.service.client import main as predict
 
-        return lambda argv: predict(["predict", *argv])
+        return lambda argv: predict(["predict", *argv], prog="bert-knn")
     raise KeyError(command)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from bertknn.builder.blocks import BlockPlan, check_slicing, iter_blocks, plan_blocks
 from bertknn.builder.coding import Coder, open_coder
-from bertknn.builder.corpus import CorpusStats, corpus_language, detect_format
+from bertknn.builder.corpus import CorpusStats, check_not_blank, corpus_language, detect_format
 from bertknn.builder.embed import ShardOptions, Work, embed_shards, embed_step
 from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
@@ -38,7 +38,13 @@ from bertknn.core.format import (
     sha256_file,
     write_manifest,
 )
-from bertknn.core.format.health import dropped_in, dropped_warning, target_warning, word_target_share
+from bertknn.core.format.health import (
+    dropped_in,
+    dropped_warning,
+    target_warning,
+    with_empty_warning,
+    word_target_share,
+)
 from bertknn.core.model_ref import local_model_path
 from bertknn.core.runtime import cpu_quota_threads
 
@@ -110,6 +116,7 @@ def check_corpus_files(paths: list[Path]) -> None:
             what = "not a regular file" if Path(path).exists() else "no such corpus file"
             raise BuildError(f"{path}: {what}")
         detect_format(Path(path))
+        check_not_blank(Path(path))
         try:
             with open(path, "rb") as f:
                 f.read(1)
@@ -297,13 +304,14 @@ class _BuildRun:
         return manifest
 
     def _warnings(self, manifest: Manifest) -> list[str]:
-        """A truncated dump; few word answers among the contexts; most sentences dropped (`format.health`)."""
+        """A truncated dump; no context at all; few word answers among the contexts; most sentences dropped
+        (`format.health`)."""
         found = [
             *self.stats.warnings,
             target_warning(word_target_share(self.out, manifest)),
             dropped_warning(manifest.counts.dropped_sentences, manifest.counts.sentences),
         ]
-        return [w for w in found if w]
+        return with_empty_warning([w for w in found if w], manifest.counts)
 
     def log_summary(self, encode_seconds: float) -> None:
         elapsed = time.perf_counter() - self.t0

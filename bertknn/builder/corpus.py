@@ -204,8 +204,8 @@ def _timed(path: Path, times: StageTimes, at: Callable[[int], None] | None) -> _
     return _TimedReader(f, times, raw, at)
 
 
-def detect_format(path: Path) -> CorpusFormat:
-    """JSON lines or a MediaWiki XML dump, from the first bytes of the (decompressed) content, whatever the name."""
+def _head(path: Path) -> bytes:
+    """The first bytes of a corpus file's (decompressed) content, without a byte order mark and leading space."""
     try:
         with _open(path) as f:
             head = f.read(4096)
@@ -213,8 +213,20 @@ def detect_format(path: Path) -> CorpusFormat:
         raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from exc
     except (EOFError, zlib.error, lzma.LZMAError) as exc:
         raise CorpusError(f"{path}: {_truncated(exc)}") from exc
-    text = head.lstrip(b"\xef\xbb\xbf").lstrip()
-    if not text or text.startswith(b"{"):  # (an empty file reads as JSON lines without articles)
+    return head.lstrip(b"\xef\xbb\xbf").lstrip()
+
+
+def check_not_blank(path: Path) -> None:
+    """CorpusError for a corpus file whose content starts with nothing but space (an empty file): checked before
+    the model loads. (A longer run of blank lines is found by `read_jsonl` at its end.)"""
+    if not _head(path):
+        raise CorpusError(f"{path}: {NO_RECORDS['jsonl']}")
+
+
+def detect_format(path: Path) -> CorpusFormat:
+    """JSON lines or a MediaWiki XML dump, from the first bytes of the (decompressed) content, whatever the name."""
+    text = _head(path)
+    if not text or text.startswith(b"{"):  # (an empty file reads as JSON lines; `read_jsonl` says it is empty)
         return "jsonl"
     if text.startswith(b"<mediawiki") or (text.startswith(b"<?xml") and b"<mediawiki" in text):
         return "mediawiki-xml"
@@ -275,12 +287,20 @@ def _json_links(value: object, text: str, where: str, site: Site) -> tuple[Link,
     return tuple(links)
 
 
+# what a corpus file that holds no record at all is told (an empty file, or the wrong one)
+NO_RECORDS = {
+    "jsonl": 'no article in it (the file is empty or holds only blank lines); pass JSON lines, one {"title", '
+    '"text"} object per line',
+    "mediawiki-xml": "no <page> in this dump (only its header); pass a pages-articles dump",
+}
+
+
 def read_jsonl(
     path: Path, times: StageTimes | None = None, at: Callable[[int], None] | None = None, site: Site = ENGLISH
 ) -> Iterator[Article]:
     """``{"id", "title", "text"}`` per line, as WikiExtractor and most Wikipedia tools emit; optional ``"links"``
     (``[{"start", "end", "target"}]``), or WikiExtractor ``--links`` anchors in the text."""
-    lineno = 0
+    lineno, records = 0, 0
     times = times if times is not None else StageTimes()
     clock = _ParseClock(times)
     try:
@@ -288,6 +308,7 @@ def read_jsonl(
             for lineno, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
+                records += 1
                 try:
                     obj = json.loads(raw)
                 except json.JSONDecodeError as exc:
@@ -311,6 +332,8 @@ def read_jsonl(
                 clock.pause()
                 yield Article(str(obj.get("id", lineno)), title, text, str(path), links=links, site=site)
                 clock.resume()
+        if not records:
+            raise CorpusError(f"{path}: {NO_RECORDS['jsonl']}")
     except (EOFError, zlib.error, lzma.LZMAError) as exc:
         where = f" after line {lineno}" if lineno else ""
         raise CorpusError(f"{path}: {_truncated(exc)}{where}") from exc
@@ -426,6 +449,8 @@ def read_mediawiki_xml(path: Path, stats: CorpusStats) -> Iterator[Article]:
                 if pages == 0 or not (f.at_end or isinstance(exc, EOFError)):
                     raise  # broken in the middle, or cut before its first whole page: nothing to keep
                 stats.truncated(path, pages, last, exc)
+        if not pages:
+            raise CorpusError(f"{path}: {NO_RECORDS['mediawiki-xml']}")
     except ET.ParseError as exc:
         raise CorpusError(f"{path}: malformed XML ({exc})") from exc
     except (EOFError, zlib.error, lzma.LZMAError) as exc:

@@ -38,7 +38,7 @@ from bertknn.core.format import (
     validate_parts,
     write_manifest,
 )
-from bertknn.core.format.health import dropped_in
+from bertknn.core.format.health import dropped_in, with_empty_warning
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,8 @@ def _merged_manifest(
         stopwords_sha256=first.stopwords_sha256, counts=counts, sources=first.sources, shards=shards, slice=None,
         targets=first.targets, codec=first.codec,
         links=None if first.links is None else LinkInfo(),  # (counted again over all slices with the table)
-        language=first.language, warnings=list(dict.fromkeys(w for m in manifests for w in m.warnings)),
+        language=first.language,
+        warnings=with_empty_warning(list(dict.fromkeys(w for m in manifests for w in m.warnings)), counts),
     )  # fmt: skip
 
 

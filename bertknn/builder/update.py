@@ -65,6 +65,7 @@ from bertknn.core.format import (
     write_manifest,
 )
 from bertknn.core.format.codec import CodecSpec
+from bertknn.core.format.health import with_empty_warning
 from bertknn.core.model_ref import locate_model
 from bertknn.core.runtime import cpu_quota_threads
 
@@ -227,6 +228,7 @@ def _commit_version(
                 base=old.article_table, first_shard=len(old.shards))  # fmt: skip
     updated = Datastore(root, new)
     new.counts = _counts(updated, old.counts)
+    new.warnings = with_empty_warning(new.warnings, new.counts)  # (an add fills a datastore built empty)
     new.indexes = {}
     if "bm25" in old.indexes or "tfidf" in old.indexes:
         from bertknn.builder.sparse_index import language_hasher, write_sparse_indexes

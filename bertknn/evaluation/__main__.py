@@ -37,8 +37,8 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__)
+def build_parser(prog: str = "python -m evaluation") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     la = sub.add_parser("lama", help="P@1/5/10 of MLM, kNN and BERT-kNN on the LAMA probe")
     for flags in (_asked_flags, _method_flags, _grid_flags, _adaptive_flags, _report_flags):
@@ -209,10 +209,10 @@ def _follow_parser(sub: Any) -> None:
     fo.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m evaluation") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     import httpx
 
     from bertknn.core.errors import (

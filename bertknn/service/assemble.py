@@ -19,6 +19,8 @@ from bertknn.service.retrieval.articles import ArticleFinder
 from bertknn.service.retrieval.knn import EMPTY, ArticleSearch, Neighbours
 from bertknn.service.retrieval.neighbours import NeighbourFinder
 
+NO_CONTEXTS = "this datastore holds no context (its corpus gave none): the answer is the model's alone"
+
 
 def subject_warnings(query: Query, status: str | None) -> list[str]:
     """What a response must say when its subject found no article: the answer came from other articles."""
@@ -96,6 +98,11 @@ class AnswerAssembler:
         found = script_warning(MASK_RE.sub(" ", text), self.datastore.manifest.language)
         return [found] if found else []
 
+    @cached_property
+    def datastore_warnings(self) -> list[str]:
+        """What every answer from this datastore must say: that it has no context to vote with."""
+        return [] if self.datastore.manifest.counts.contexts else [NO_CONTEXTS]
+
     def answer_from_encoding(
         self,
         query: Query,
@@ -142,7 +149,7 @@ class AnswerAssembler:
             skipped,
             status,
             query.temperature,
-            [*subject_warnings(query, status), *self.language_warnings(query.text)],
+            [*subject_warnings(query, status), *self.language_warnings(query.text), *self.datastore_warnings],
         )
 
     def _search(

@@ -113,15 +113,16 @@ def format_table(resp: PredictResponse) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bertknn.service.client")
+def main(argv: list[str] | None = None, prog: str = "python -m bertknn.service.client") -> int:
+    p = argparse.ArgumentParser(prog=prog)
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", help="ask a running service one cloze question")
     pr.add_argument("text", help='e.g. "albert einstein was born in [MASK] ."')
-    pr.add_argument("--url", default="http://127.0.0.1:8000")
-    pr.add_argument("--subject")
-    pr.add_argument("--top-k", type=int)
-    pr.add_argument("--retriever", choices=["bm25", "tfidf", "none"])
+    pr.add_argument("--url", default="http://127.0.0.1:8000", help="the service's address [default: %(default)s]")
+    pr.add_argument("--subject", help="the question's subject: its article is searched (default: the retriever's)")
+    pr.add_argument("--top-k", type=int, help="answers shown (default: the server's)")
+    pr.add_argument("--retriever", choices=["bm25", "tfidf", "none"], help="how articles are ranked without a "
+                    "subject (none: the whole datastore; default: the server's)")  # fmt: skip
     pr.add_argument("--interpolation", choices=["fixed", "adaptive"], help="default: the server's")
     pr.add_argument("--mlm-prior", type=float, help="the vote weighted by p_MLM to this power (0: the paper's "
                     "plain vote; default: the server's)")  # fmt: skip

@@ -112,6 +112,8 @@ class AnswerPipeline:
             raise DatastoreError(f"datastore failed validation: {problems[0]}")
         datastore = Datastore(datastore_dir)
         man = datastore.manifest
+        for line in man.warnings:  # what its build saw go wrong (a truncated dump, no context at all...)
+            logger.warning("datastore %s: %s", datastore_dir, line)
         name = locate_model(man.model.name, man.model.path, model)
         encoder = MaskedLMEncoder.load(
             name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len, mlm_head=mlm_head

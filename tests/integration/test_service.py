@@ -195,6 +195,15 @@ def test_batch_answers_like_single(client):
     assert [p["token"] for p in res[0]["predictions"]] == [p["token"] for p in single["predictions"]]
     bad = client.post("/predict/batch", json={"queries": [QUESTION, {"text": "no mask"}]})
     assert bad.status_code == 422 and bad.json()["error"]["message"].startswith("queries.1")
+    # every bad query is named in one answer, so that a caller fixes them all at once
+    worse = client.post("/predict/batch", json={"queries": [
+        {"text": "no mask"}, QUESTION, {"text": "[MASK] and [MASK]"}, {**QUESTION, "lambda": 0.5, "interpolation": "adaptive"},
+    ]})  # fmt: skip
+    error = worse.json()["error"]
+    assert worse.status_code == 422 and error["code"] == "invalid_query"  # the first bad one's kind
+    parts = error["message"].split("; queries.")
+    assert [p.split(":")[0] for p in parts] == ["queries.0", "2", "3"], error["message"]
+    assert "found 2" in parts[1] and "lambda" in parts[2]
 
 
 def test_health_ready_metrics_and_unknown_route(client):

@@ -1,5 +1,6 @@
 """Whether a datastore can answer in its language at all: the share of its contexts that are word answers, and the
-warnings a build records when that share, or the share of sentences it kept, says the corpus's rules did not fit."""
+warnings a build records when that share, or the share of sentences it kept, says the corpus's rules did not fit,
+or when it stored no context at all."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.core.format.contract import Manifest, ShardInfo
+from bertknn.core.format.contract import Counts, Manifest, ShardInfo
 
 # below these, a datastore mostly cannot answer: its language's rules (words, sentences) did not fit the corpus
 MIN_WORD_TARGET_SHARE = 0.10
@@ -34,6 +35,34 @@ def target_warning(share: float | None) -> str | None:
         f"only {share:.1%} of the stored contexts are word answers (the rest are entity links' anchors): the "
         "model's tokenizer and the corpus's language do not fit (check --language, or use a model whose "
         "tokenizer knows this language's words)"
+    )
+
+
+_EMPTY = "the datastore holds "  # how `empty_warning`'s lines start
+
+
+def with_empty_warning(warnings: list[str], counts: Counts) -> list[str]:
+    """A manifest's warnings with `empty_warning` made true for ``counts`` (an ``add`` or a merge of slices may
+    have filled a datastore that a build left empty)."""
+    kept = [w for w in warnings if not w.startswith(_EMPTY)]
+    found = empty_warning(counts)
+    return [*kept, found] if found else kept
+
+
+def empty_warning(counts: Counts) -> str | None:
+    """A datastore without a stored context answers from the model alone: say why it has none."""
+    if counts.contexts:
+        return None
+    model_alone = "its answers are the model's alone until `bert-knn add` adds articles"
+    if not counts.articles:
+        return (
+            f"{_EMPTY}no article: the corpus gave none (redirects, pages of other namespaces and "
+            f"{counts.skipped_pages:,} disambiguation or list pages were left out); {model_alone}"
+        )
+    return (
+        f"{_EMPTY}{counts.articles:,} articles but no context: none of their {counts.sentences:,} kept "
+        f"sentences has a word to mask (check --language, and that the model's tokenizer knows the corpus's "
+        f"words); {model_alone}"
     )
 
 

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from bertknn.core.errors import InvalidRequest, QueryError
+from bertknn.core.inputs import MaskedInput
 from bertknn.service.api.admission import admitted, deadline_s, monotonic_deadline
 from bertknn.service.api.deps import AnswererDep, ResourcesDep
 from bertknn.service.api.schemas import (
@@ -23,6 +24,8 @@ from bertknn.service.api.schemas import (
     ReadyResponse,
 )
 from bertknn.service.cost import batch_cost, query_cost
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.resources import Resources
 from bertknn.service.results import Answer, Query
 from bertknn.service.settings import ServiceSettings
 
@@ -129,6 +132,24 @@ async def predict(
         return to_response(answer, pipe.identity())
 
 
+def checked_batch(
+    body: BatchRequest, resources: Resources, pipe: AnswerPipeline, deadline: float | None
+) -> tuple[list[Query], list[MaskedInput]]:
+    """Each query of a batch checked and tokenised; one error that names every bad query (``queries.I: why``),
+    of the first one's kind, so that a caller fixes them all in one round."""
+    queries, inputs, bad = [], [], []
+    for i, req in enumerate(body.queries):
+        try:
+            q = replace(to_query(req, resources.settings), deadline=deadline)
+            inputs.append(pipe.check_query(q))
+            queries.append(q)
+        except (InvalidRequest, QueryError) as exc:
+            bad.append((i, exc))
+    if bad:
+        raise type(bad[0][1])("; ".join(f"queries.{i}: {exc}" for i, exc in bad))
+    return queries, inputs
+
+
 @router.post("/predict/batch", response_model=BatchResponse, responses=ERRORS, summary="Answer several questions")
 async def predict_batch(
     body: BatchRequest, request: Request, answerer: AnswererDep, resources: ResourcesDep
@@ -139,15 +160,8 @@ async def predict_batch(
     asked = [ms for ms in (body.deadline_ms, *(q.deadline_ms for q in body.queries)) if ms is not None]
     seconds = deadline_s(resources, min(asked, default=None))
     deadline = monotonic_deadline(seconds)
-    queries, inputs = [], []
     with answerer.lease() as pipe:  # every query of the batch from the same datastore version
-        for i, req in enumerate(body.queries):
-            try:
-                q = replace(to_query(req, resources.settings), deadline=deadline)
-                inputs.append(pipe.check_query(q))
-            except (InvalidRequest, QueryError) as exc:
-                raise type(exc)(f"queries.{i}: {exc}") from exc
-            queries.append(q)
+        queries, inputs = checked_batch(body, resources, pipe, deadline)
         cost = batch_cost(queries, pipe.datastore)
         answers = await admitted(
             request, resources, cost=cost, what=f"this batch of {len(queries)} questions", seconds=seconds,

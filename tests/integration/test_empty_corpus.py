@@ -1,0 +1,123 @@
+"""A corpus that gives nothing to store: an empty file is refused before the model loads; a dump whose pages are
+all left out builds a datastore that says, wherever it is read, that it holds no context, until an ``add`` fills it."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+import pytest
+from fastapi.testclient import TestClient
+
+from bertknn.builder.__main__ import datastore_warnings
+from bertknn.builder.build import build
+from bertknn.builder.corpus import CorpusStats, read_corpora
+from bertknn.builder.settings import AddSettings, BuildSettings
+from bertknn.builder.update import add_articles
+from bertknn.core.errors import CorpusError, EvaluationError
+from bertknn.core.format import read_manifest
+from bertknn.core.format.contract import Counts
+from bertknn.core.format.health import empty_warning, with_empty_warning
+from bertknn.evaluation.selfprobe import self_probe
+from bertknn.service.assemble import NO_CONTEXTS
+from bertknn.service.main import create_app
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.settings import ServiceSettings
+from tests.conftest import TINY_ARTICLES, build_tiny, write_jsonl
+
+HEADER = (
+    '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
+    "<siteinfo><sitename>Wikipedia</sitename></siteinfo>\n"
+)
+
+
+def page(title: str, text: str, page_id: int, redirect: str | None = None) -> str:
+    redirect_el = f"<redirect title={quoteattr(redirect)} />" if redirect else ""
+    return (
+        f"<page><title>{escape(title)}</title><ns>0</ns><id>{page_id}</id>{redirect_el}<revision><id>{page_id}0</id>"
+        f'<text xml:space="preserve">{escape(text)}</text></revision></page>\n'
+    )
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n", b"\xef\xbb\xbf\n"], ids=["empty", "blank lines", "a BOM"])
+def test_an_empty_corpus_file_is_refused_before_the_model_loads(tmp_path: Path, content: bytes) -> None:
+    corpus = tmp_path / "articles.jsonl"
+    corpus.write_bytes(content)
+    settings = BuildSettings(corpus=[corpus], model=str(tmp_path / "no-such-model"), out=tmp_path / "ds", device="cpu")
+    # the model directory does not exist: an error about the model would mean the corpus was not checked first
+    with pytest.raises(CorpusError, match=r"articles\.jsonl: no article in it \(the file is empty"):
+        build(settings)
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_a_long_run_of_blank_lines_is_refused_when_read(tmp_path: Path) -> None:
+    corpus = tmp_path / "blank.jsonl.gz"
+    corpus.write_bytes(gzip.compress(b"\n" * 10_000))  # past what the check before the model reads
+    with pytest.raises(CorpusError, match=r"blank\.jsonl\.gz: no article in it"):
+        list(read_corpora([corpus], CorpusStats()))
+
+
+def test_a_dump_with_no_page_is_refused(tmp_path: Path) -> None:
+    dump = tmp_path / "enwiki-pages-articles.xml"
+    dump.write_text(HEADER + "</mediawiki>\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"no <page> in this dump"):
+        list(read_corpora([dump], CorpusStats()))
+
+
+def test_the_warning_follows_the_counts() -> None:
+    assert empty_warning(Counts(articles=2, contexts=5)) is None
+    none = empty_warning(Counts(skipped_pages=3))
+    assert none is not None and "holds no article" in none and "3 disambiguation or list pages" in none
+    silent = empty_warning(Counts(articles=2, sentences=4))
+    assert silent is not None and "2 articles but no context" in silent and "4 kept sentences" in silent
+    other = "x.xml: the dump ends inside a page"
+    assert with_empty_warning([other, none], Counts(articles=1, contexts=1)) == [other]  # filled: said no more
+    assert with_empty_warning([other], Counts()) == [other, empty_warning(Counts())]
+
+
+@pytest.fixture(scope="module")
+def empty_datastore(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """Built from a dump whose every page is left out: a redirect, a disambiguation page, a list page."""
+    root = tmp_path_factory.mktemp("empty")
+    pages = [
+        page("Zorb", "#REDIRECT [[Zorblat]]", 1, redirect="Zorblat"),
+        page("Mercury", "'''Mercury''' may refer to:\n* [[Mercury (planet)]]\n{{Disambiguation}}", 2),
+        page("List of towns", "This is a list of towns such as quimby and plonk.", 3),
+    ]
+    dump = root / "enwiki-pages-articles.xml"
+    dump.write_text(HEADER + "".join(pages) + "</mediawiki>\n", encoding="utf-8")
+    return build_tiny(root / "ds", [dump], tiny_model_dir)
+
+
+def test_a_datastore_without_context_says_so_wherever_it_is_read(empty_datastore: Path) -> None:
+    manifest = read_manifest(empty_datastore)
+    assert manifest.counts.articles == 0 and manifest.counts.contexts == 0
+    [line] = [w for w in manifest.warnings if "holds no article" in w]
+    assert "2 disambiguation or list pages" in line
+    assert line in datastore_warnings(empty_datastore)  # what `bert-knn validate` prints
+    settings = ServiceSettings(datastore=empty_datastore, model={"device": "cpu"})
+    with TestClient(create_app(settings)) as client:
+        body = client.post("/predict", json={"text": "zorblat was born in [MASK] ."}).json()
+    assert body["warnings"] == [NO_CONTEXTS]
+    assert body["predictions"] and all(p["p_knn"] == 0.0 for p in body["predictions"])
+    pipe = AnswerPipeline.open(empty_datastore, device="cpu")
+    with pytest.raises(EvaluationError, match="holds no context to probe"):
+        self_probe(pipe, 5)
+
+
+def test_an_add_fills_it_and_the_warning_goes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    dump = tmp_path / "enwiki-pages-articles.xml"
+    dump.write_text(HEADER + page("Zorb", "#REDIRECT [[Zorblat]]", 1, redirect="Zorblat") + "</mediawiki>\n")
+    ds = build_tiny(tmp_path / "ds", [dump], tiny_model_dir)
+    assert any("holds no article" in w for w in read_manifest(ds).warnings)
+    more = write_jsonl(tmp_path / "more.jsonl", TINY_ARTICLES[:2])
+    add_articles(AddSettings(datastore=ds, corpus=[more], device="cpu", batch_size=16))  # type: ignore[arg-type]
+    manifest = read_manifest(ds)
+    assert manifest.counts.contexts > 0
+    assert not any(w.startswith("the datastore holds") for w in manifest.warnings), manifest.warnings
+    settings = ServiceSettings(datastore=ds, model={"device": "cpu"})
+    with TestClient(create_app(settings)) as client:
+        body = client.post("/predict", json={"text": "zorblat was born in [MASK] .", "subject": "Zorblat"}).json()
+    assert NO_CONTEXTS not in body["warnings"]
+    assert any(p["contexts"] for p in body["predictions"])  # the answers now have stored sentences behind them
