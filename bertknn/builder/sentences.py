@@ -10,8 +10,9 @@ import pysbd.languages
 
 from bertknn.core.languages import LanguageRules, rules_for
 
-# sentence terminals that end a sentence wherever they stand (the full-width forms of CJK text)
-_FULL_STOPS = "。！？｡"
+# sentence terminals that end a sentence wherever they stand: the full-width forms of CJK text, and the marks
+# that end nothing else (Khmer's khan, Burmese's section mark, Ethiopic's full stop)
+_FULL_STOPS = "。！？｡។။።"
 # terminals that end a sentence before a space and a sentence start (Latin, Cyrillic, Greek, Arabic, Indic...)
 _STOPS = ".!?…‼‽⁇⁈⁉؟।॥։"
 _CLOSERS = "\"'”’»」』）)]】〕〉》›"

@@ -167,6 +167,16 @@ def test_sentences_per_language() -> None:
     assert SentenceSplitter("de").split("Er kam am 3. Oktober z. B. mit dem Zug. Dann ging er.") == [
         "Er kam am 3. Oktober z. B. mit dem Zug.", "Dann ging er.",
     ]  # fmt: skip
+    # languages the data does not name: their own sentence marks end a sentence (Khmer, Burmese, Amharic)
+    for code, text in [
+        ("km", "ភ្នំពេញជារាជធានីនៃប្រទេសកម្ពុជា។ ទីក្រុងនេះមានប្រជាជនច្រើន។"),
+        ("my", "ရန်ကုန်သည် မြို့ကြီးဖြစ်သည်။နေပြည်တော်သည် မြို့တော်ဖြစ်သည်။"),
+        ("am", "አዲስ አበባ የኢትዮጵያ ዋና ከተማ ናት። ከተማዋ ትልቅ ናት።"),
+    ]:
+        splitter = SentenceSplitter(code)
+        assert splitter.rule == "unicode"
+        halves = splitter.split(text)
+        assert len(halves) == 2 and "".join(halves).replace(" ", "") == text.replace(" ", ""), (code, halves)
 
 
 def test_fragments_count_letters_in_unspaced_scripts() -> None:
