@@ -24,6 +24,7 @@ from bertknn.core.calibration import measure_distance_scale
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BuildError, BuildInterrupted, DatastoreError
 from bertknn.core.format import (
+    MANIFEST,
     REDIRECTS,
     CodecInfo,
     Counts,
@@ -133,6 +134,7 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     check_slicing(plan, settings.limit_articles, settings.num_shards)
     out = Path(settings.out)
     _refuse_updated(out)
+    refuse_foreign_out(out)
     out.mkdir(parents=True, exist_ok=True)
     encoder = builder_encoder(settings, encoder)
     state_path = out / BUILD_STATE
@@ -158,6 +160,26 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     manifest = run.write_manifest(encoder, stopwords_sha256(stopwords), sources, coder)
     run.log_summary(encode_seconds)
     return manifest
+
+
+# what may be in an output directory that holds no build yet: a mounted volume's own, and hidden files
+_BESIDE_A_BUILD = frozenset({"lost+found"})
+
+
+def refuse_foreign_out(out: Path) -> None:
+    """``--out`` must be new, empty, or a build of this tool (to resume or finish it): a directory of other files
+    is refused before the model loads, so a build never mixes its files into someone else's."""
+    if out.exists() and not out.is_dir():
+        raise BuildError(f"--out {out}: a file, not a directory; pass a new or empty directory")
+    if not out.is_dir() or (out / BUILD_STATE).is_file() or (out / MANIFEST).is_file():
+        return
+    foreign = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and p.name not in _BESIDE_A_BUILD)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
+        raise BuildError(
+            f"--out {out} holds files that are not a datastore's ({shown}); pass a new or empty directory (a build "
+            "in progress there is resumed, a finished datastore left as it is)"
+        )
 
 
 def _refuse_updated(out: Path) -> None:
