@@ -217,7 +217,7 @@ def test_add_refuses_bad_input_and_changes_nothing(
     cases = [
         (["--corpus", str(update_corpus), "--model", str(other)], "is not the model this datastore was built with"),
         (["--corpus", str(tmp_path / "missing.jsonl")], "no such corpus file"),
-        (["--corpus", str(empty)], "no articles found"),
+        (["--corpus", str(empty)], "empty.jsonl: no article in it (the file is empty"),
         (["--corpus", str(tmp_path / "notes.txt")], None),
     ]
     (tmp_path / "notes.txt").write_text("not a corpus")
