@@ -52,6 +52,14 @@ def default_answerer(
     return TokenAnswerer(vocab, reader, non_words=encoder.words.vocab.non_words)
 
 
+def opened(datastore_dir: Path | str) -> Datastore:
+    """The datastore the service is to answer from, its build's warnings logged (a truncated dump, no context)."""
+    datastore = Datastore(datastore_dir)
+    for line in datastore.manifest.warnings:
+        logger.warning("datastore %s: %s", datastore_dir, line)
+    return datastore
+
+
 class AnswerPipeline:
     """One datastore version and the model: answers cloze queries synchronously, stage by stage."""
 
@@ -110,10 +118,8 @@ class AnswerPipeline:
         problems = validate_datastore(datastore_dir, hashes=verify_checksums, deep=verify_checksums)
         if problems:
             raise DatastoreError(f"datastore failed validation: {problems[0]}")
-        datastore = Datastore(datastore_dir)
+        datastore = opened(datastore_dir)
         man = datastore.manifest
-        for line in man.warnings:  # what its build saw go wrong (a truncated dump, no context at all...)
-            logger.warning("datastore %s: %s", datastore_dir, line)
         name = locate_model(man.model.name, man.model.path, model)
         encoder = MaskedLMEncoder.load(
             name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len, mlm_head=mlm_head
@@ -131,7 +137,7 @@ class AnswerPipeline:
             raise DatastoreError(f"datastore failed validation: {problems[0]}")
         return type(self)(
             self.encoder,
-            Datastore(datastore_dir),
+            opened(datastore_dir),
             cache=self.cache,
             key_prefix=self.key_prefix,
             mlm_top_entries=self.mlm_top_entries,

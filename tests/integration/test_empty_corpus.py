@@ -4,6 +4,7 @@ all left out builds a datastore that says, wherever it is read, that it holds no
 from __future__ import annotations
 
 import gzip
+import logging
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
@@ -90,7 +91,9 @@ def empty_datastore(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
     return build_tiny(root / "ds", [dump], tiny_model_dir)
 
 
-def test_a_datastore_without_context_says_so_wherever_it_is_read(empty_datastore: Path) -> None:
+def test_a_datastore_without_context_says_so_wherever_it_is_read(
+    empty_datastore: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     manifest = read_manifest(empty_datastore)
     assert manifest.counts.articles == 0 and manifest.counts.contexts == 0
     [line] = [w for w in manifest.warnings if "holds no article" in w]
@@ -101,7 +104,17 @@ def test_a_datastore_without_context_says_so_wherever_it_is_read(empty_datastore
         body = client.post("/predict", json={"text": "zorblat was born in [MASK] ."}).json()
     assert body["warnings"] == [NO_CONTEXTS]
     assert body["predictions"] and all(p["p_knn"] == 0.0 for p in body["predictions"])
-    pipe = AnswerPipeline.open(empty_datastore, device="cpu")
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "holds no article" in r.getMessage()]
+
+    assert len(logged()) == 1 and str(empty_datastore) in logged()[0]  # the service's start-up log
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bertknn.service.pipeline"):
+        pipe = AnswerPipeline.open(empty_datastore, device="cpu")
+        again = pipe.for_datastore(empty_datastore)  # a reload opens it the same way
+    assert len(logged()) == 2, logged()
+    assert again.assembler.datastore_warnings == [NO_CONTEXTS]
     with pytest.raises(EvaluationError, match="holds no context to probe"):
         self_probe(pipe, 5)
 
