@@ -13,7 +13,7 @@ import torch
 
 from bertknn.builder.blocks import BlockPlan, check_slicing, iter_blocks, plan_blocks
 from bertknn.builder.coding import Coder, open_coder
-from bertknn.builder.corpus import CorpusStats, check_not_blank, corpus_language, detect_format
+from bertknn.builder.corpus import CorpusStats, corpus_language, detect_format
 from bertknn.builder.embed import ShardOptions, Work, embed_shards, embed_step
 from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
@@ -116,8 +116,7 @@ def check_corpus_files(paths: list[Path]) -> None:
         if not Path(path).is_file():
             what = "not a regular file" if Path(path).exists() else "no such corpus file"
             raise BuildError(f"{path}: {what}")
-        detect_format(Path(path))
-        check_not_blank(Path(path))
+        detect_format(Path(path))  # (and refuses a file of nothing but space)
         try:
             with open(path, "rb") as f:
                 f.read(1)

@@ -205,28 +205,27 @@ def _timed(path: Path, times: StageTimes, at: Callable[[int], None] | None) -> _
 
 
 def _head(path: Path) -> bytes:
-    """The first bytes of a corpus file's (decompressed) content, without a byte order mark and leading space."""
+    """The first bytes of a corpus file's (decompressed) content after a byte order mark and leading space; empty
+    only for a file with nothing else."""
     try:
         with _open(path) as f:
-            head = f.read(4096)
+            head = f.read(4096).lstrip(b"\xef\xbb\xbf").lstrip()
+            while not head and (more := f.read(1 << 20)):  # past a long run of blank lines
+                head = more.lstrip()
     except OSError as exc:
         raise CorpusError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from exc
     except (EOFError, zlib.error, lzma.LZMAError) as exc:
         raise CorpusError(f"{path}: {_truncated(exc)}") from exc
-    return head.lstrip(b"\xef\xbb\xbf").lstrip()
-
-
-def check_not_blank(path: Path) -> None:
-    """CorpusError for a corpus file whose content starts with nothing but space (an empty file): checked before
-    the model loads. (A longer run of blank lines is found by `read_jsonl` at its end.)"""
-    if not _head(path):
-        raise CorpusError(f"{path}: {NO_RECORDS['jsonl']}")
+    return head
 
 
 def detect_format(path: Path) -> CorpusFormat:
-    """JSON lines or a MediaWiki XML dump, from the first bytes of the (decompressed) content, whatever the name."""
+    """JSON lines or a MediaWiki XML dump, from the first bytes of the (decompressed) content, whatever the name;
+    CorpusError for a file that holds nothing but space."""
     text = _head(path)
-    if not text or text.startswith(b"{"):  # (an empty file reads as JSON lines; `read_jsonl` says it is empty)
+    if not text:
+        raise CorpusError(f"{path}: {NO_RECORDS['jsonl']}")
+    if text.startswith(b"{"):
         return "jsonl"
     if text.startswith(b"<mediawiki") or (text.startswith(b"<?xml") and b"<mediawiki" in text):
         return "mediawiki-xml"

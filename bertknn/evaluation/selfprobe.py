@@ -108,9 +108,9 @@ def self_probe(
     """Ask ``n`` stored sentences back (the module docstring says how); the shares answered right."""
     if n < 1:
         raise EvaluationError("the self-probe needs at least 1 item (--n)")
-    items = sample_items(pipeline.datastore, n, seed)
     if not pipeline.datastore.manifest.counts.contexts:
         raise EvaluationError("the datastore holds no context to probe (its corpus gave none; `bert-knn validate` says why)")
+    items = sample_items(pipeline.datastore, n, seed)
     if not items:
         raise EvaluationError("the datastore has no word targets to probe (every row is an entity link's anchor)")
     right = 0

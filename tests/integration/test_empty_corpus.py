@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bertknn.builder.__main__ import datastore_warnings
-from bertknn.builder.build import build
+from bertknn.builder.build import build, check_corpus_files
 from bertknn.builder.corpus import CorpusStats, read_corpora
 from bertknn.builder.settings import AddSettings, BuildSettings
 from bertknn.builder.update import add_articles
@@ -54,9 +54,13 @@ def test_an_empty_corpus_file_is_refused_before_the_model_loads(tmp_path: Path, 
 
 def test_a_long_run_of_blank_lines_is_refused_when_read(tmp_path: Path) -> None:
     corpus = tmp_path / "blank.jsonl.gz"
-    corpus.write_bytes(gzip.compress(b"\n" * 10_000))  # past what the check before the model reads
+    corpus.write_bytes(gzip.compress(b"\n" * 10_000))  # longer than the first read of a file
     with pytest.raises(CorpusError, match=r"blank\.jsonl\.gz: no article in it"):
         list(read_corpora([corpus], CorpusStats()))
+    # and articles after such a run are read
+    corpus.write_bytes(gzip.compress(b"\n" * 10_000 + b'{"title": "Quimby", "text": "Quimby is a town."}\n'))
+    check_corpus_files([corpus])  # the check before the model takes it too
+    assert [a.title for a in read_corpora([corpus], CorpusStats())] == ["Quimby"]
 
 
 def test_a_dump_with_no_page_is_refused(tmp_path: Path) -> None:
