@@ -15,6 +15,7 @@ from bertknn.builder.blocks import BlockPlan, check_slicing, iter_blocks, plan_b
 from bertknn.builder.coding import Coder, open_coder
 from bertknn.builder.corpus import CorpusStats, corpus_language, detect_format
 from bertknn.builder.embed import ShardOptions, Work, embed_shards, embed_step
+from bertknn.builder.out_dir import foreign_entries, shown
 from bertknn.builder.progress import BuildProgress
 from bertknn.builder.settings import BuildSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
@@ -161,23 +162,16 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     return manifest
 
 
-# what may be in an output directory that holds no build yet: a mounted volume's own, and hidden files
-_BESIDE_A_BUILD = frozenset({"lost+found"})
-
-
 def refuse_foreign_out(out: Path) -> None:
     """``--out`` must be new, empty, or a build of this tool (to resume or finish it): a directory of other files
     is refused before the model loads, so a build never mixes its files into someone else's."""
-    if out.exists() and not out.is_dir():
-        raise BuildError(f"--out {out}: a file, not a directory; pass a new or empty directory")
-    if not out.is_dir() or (out / BUILD_STATE).is_file() or (out / MANIFEST).is_file():
+    if out.is_dir() and ((out / BUILD_STATE).is_file() or (out / MANIFEST).is_file()):
         return
-    foreign = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and p.name not in _BESIDE_A_BUILD)
+    foreign = foreign_entries(out)
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
         raise BuildError(
-            f"--out {out} holds files that are not a datastore's ({shown}); pass a new or empty directory (a build "
-            "in progress there is resumed, a finished datastore left as it is)"
+            f"--out {out} holds files that are not a datastore's ({shown(foreign)}); pass a new or empty directory "
+            "(a build in progress there is resumed, a finished datastore left as it is)"
         )
 
 

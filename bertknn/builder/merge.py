@@ -16,11 +16,14 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from bertknn.builder.out_dir import foreign_entries, shown
 from bertknn.builder.writer import link_or_copy
 from bertknn.core.calibration import measure_distance_scale
-from bertknn.core.errors import MergeError
+from bertknn.core.errors import BuildError, MergeError
 from bertknn.core.format import (
+    ARTICLE_TABLE,
     FORMAT_VERSION,
+    INDEX_DIR,
     MANIFEST,
     REDIRECTS,
     SHARD_MARKER,
@@ -94,6 +97,7 @@ def merge_slices(
             raise MergeError(f"--out {out} is one of the slices; merge into a new directory")
     if (out / MANIFEST).exists():
         raise MergeError(f"{out / MANIFEST}: {out} already holds a finished datastore; use another --out or delete it")
+    _refuse_foreign(out, by_index[0][1])
     shards = _all_shards(by_index)
     linked, copied = _take_shards(shards, out, verify=verify)
     logger.info("merge: %d shards from %d slices (%d files linked, %d copied)", len(shards), len(slices), linked, copied)
@@ -132,6 +136,20 @@ def _all_shards(by_index: list[tuple[Path, Manifest]]) -> list[tuple[Path, Shard
     if problems:
         raise MergeError(f"{problems[0]}; rebuild that slice with the same arguments (it resumes)")
     return shards
+
+
+def _refuse_foreign(out: Path, first: Manifest) -> None:
+    """``--out`` must be new, empty, or an interrupted merge (which resumes): its files are all a merge's own."""
+    own = {SHARDS_DIR, REDIRECTS, ARTICLE_TABLE, INDEX_DIR, *([first.codec.file] if first.codec is not None else [])}
+    try:
+        foreign = foreign_entries(out, own)
+    except BuildError as exc:
+        raise MergeError(str(exc)) from None
+    if foreign:
+        raise MergeError(
+            f"--out {out} holds files that are not a datastore's ({shown(foreign)}); merge into a new or empty "
+            "directory (an interrupted merge there is resumed)"
+        )
 
 
 def _take_shards(shards: list[tuple[Path, ShardInfo]], out: Path, *, verify: bool) -> tuple[int, int]:

@@ -575,6 +575,30 @@ def test_interrupted_merge_resumes(slices: list[Path], reference: Path, tmp_path
     assert tree_bytes(out / SHARDS_DIR) == tree_bytes(reference / SHARDS_DIR)
 
 
+def test_merge_refuses_an_out_of_other_files_and_leaves_it_alone(
+    slices: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A merge never mixes its files into someone else's: refused before a shard is taken, nothing written."""
+    out = tmp_path / "home"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "photos").mkdir()
+    with pytest.raises(MergeError, match=r"holds files that are not a datastore's \(notes\.txt, photos\)"):
+        merge_slices(slices, out, sparse_indexes=False)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "photos"]
+    assert main(["merge", *map(str, slices), "--out", str(out), "--no-sparse-indexes"]) == 1
+    assert "merge into a new or empty directory" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "photos"]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with pytest.raises(MergeError, match="a file, not a directory"):
+        merge_slices(slices, a_file, sparse_indexes=False)
+    volume = tmp_path / "volume"  # a mounted volume's root: taken
+    (volume / "lost+found").mkdir(parents=True)
+    merge_slices(slices, volume, sparse_indexes=False)
+    assert validate_datastore(volume) == []
+
+
 def test_cli_merge_with_indexes(
     slices: list[Path], reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
