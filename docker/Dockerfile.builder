@@ -46,7 +46,8 @@ RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 # CUDA 12 (sm_90 code for Hopper) and takes the same CUDA 12 runtime wheels as torch 2.10.
 ARG FAISS_GPU_VERSION=1.15.1
 COPY . /src
-RUN pip install /src \
+RUN pip install "/src[thai]" \
+    # the thai extra: PyThaiNLP's sentence segmenter, for Thai dumps (docs/languages.md)
     # pyserini 0.25 without its heavy optional dependencies (nmslib, spacy, lightgbm): BM25 needs none of them.
     && pip install --no-deps "pyserini==0.25.0" \
     && if [ "${TORCH_VARIANT}" = cuda ]; then \

@@ -17,6 +17,7 @@ from bertknn.builder.corpus import CorpusStats, corpus_language, detect_format
 from bertknn.builder.embed import ShardOptions, Work, embed_shards, embed_step
 from bertknn.builder.out_dir import foreign_entries, shown
 from bertknn.builder.progress import BuildProgress
+from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.settings import BuildSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
 from bertknn.builder.wikitext import TEXT_RULES
@@ -56,7 +57,7 @@ BUILD_STATE = "build.json"
 
 def _build_state(
     settings: BuildSettings, encoder: MaskedLMEncoder, stop_hash: str, sources: list[SourceInfo], unit: str,
-    language: str = "en",
+    language: str = "en", sentence_rule: str = "",
 ) -> dict:
     """What a resumed build must share with the build it resumes."""
     return {
@@ -80,6 +81,8 @@ def _build_state(
         **({"backend": encoder.backend} if encoder.backend != "eager" else {}),
         # the rules that turn wikitext into sentences: a build started under other rules is not resumed
         "text_rules": TEXT_RULES,
+        # a splitter that changed within these rules (Thai: the CRF segmenter, not the Unicode rule); only then
+        **({"sentences": sentence_rule} if sentence_rule.startswith("pythainlp") else {}),
         **({"language": language} if language != "en" else {}),
         "contexts_per_shard": settings.contexts_per_shard,
         "blocks": unit,
@@ -135,6 +138,8 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     out = Path(settings.out)
     _refuse_updated(out)
     refuse_foreign_out(out)
+    language = corpus_language(settings.corpus, settings.language)
+    splitter = SentenceSplitter(language)  # one whose splitter is not installed is refused before the model loads
     out.mkdir(parents=True, exist_ok=True)
     encoder = builder_encoder(settings, encoder)
     state_path = out / BUILD_STATE
@@ -146,12 +151,11 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
             f"train-codec --corpus ... --model ... --codec {settings.codec} --out CODEC_DIR`), then give every slice "
             "--codec-from CODEC_DIR"
         )
-    language = corpus_language(settings.corpus, settings.language)
     stopwords = load_stopwords(settings.stopwords, language)
     sources = [
         SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
     ]
-    state = _build_state(settings, encoder, stopwords_sha256(stopwords), sources, plan.unit, language)
+    state = _build_state(settings, encoder, stopwords_sha256(stopwords), sources, plan.unit, language, splitter.rule)
     _check_state(out, state, previous)
     remove_stale_temp(out)
     coder = open_coder(out, settings.codec_spec(), encoder.hidden_size, settings.codec_from)

@@ -80,7 +80,7 @@ class LanguageRules:
     """One language's rules (``languages.json``: the entry for the code, over the ``default`` entry)."""
 
     code: str
-    sentences: str | None  # pysbd's language, or None: the Unicode sentence rule
+    sentences: str | None  # pysbd's language, crfcut (Thai: PyThaiNLP), or None: the Unicode sentence rule
     unspaced: bool
     fold_accents: bool
     bm25: str | None  # Anserini's analyzer language, or None: whitespace tokens, lower-cased

@@ -1,6 +1,6 @@
 """Language rules between a dump and a stored context: the dump's own site (namespaces, case, language), page
 kinds, sentences, fragments, stopwords, title folding, TF-IDF terms, script warnings; read from the real
-Japanese, Ukrainian and Vietnamese dumps in ../shared/data/wiki-i18n where a dump says it."""
+Japanese, Ukrainian and Vietnamese dumps in ../shared/data/wiki-i18n where a dump says it (Thai from written text)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ import bz2
 import json
 import lzma
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
+from bertknn.builder.build import build
 from bertknn.builder.corpus import CorpusStats, corpus_language, page_kind, read_corpora, read_siteinfo
 from bertknn.builder.sentences import SentenceSplitter
+from bertknn.builder.settings import BuildSettings
 from bertknn.builder.site import ENGLISH, Site
 from bertknn.builder.targets import load_stopwords
 from bertknn.builder.wikitext import link_target, sentence_problem, wikitext_links
-from bertknn.core.errors import CorpusError
+from bertknn.core.errors import BuildError, CorpusError
 from bertknn.core.format.sparse import NgramHasher
 from bertknn.core.languages import check_language, rules_for, script_warning, word_boundaries
 from bertknn.core.titles import fold_title, normalize_title
@@ -177,6 +180,41 @@ def test_sentences_per_language() -> None:
         assert splitter.rule == "unicode"
         halves = splitter.split(text)
         assert len(halves) == 2 and "".join(halves).replace(" ", "") == text.replace(" ", ""), (code, halves)
+
+
+THAI = (
+    "ทักษิณ ชินวัตร เกิดที่จังหวัดเชียงใหม่ เป็นนายกรัฐมนตรีคนที่ 23 ของประเทศไทย "
+    "กรุงเทพมหานครเป็นเมืองหลวงของประเทศไทย ตั้งอยู่ริมแม่น้ำเจ้าพระยา\n"
+    "มีประชากรประมาณ 8 ล้านคน กรุงเทพฯ ก่อตั้งเมื่อ พ.ศ. 2325 โดยรัชกาลที่ 1"
+)
+
+
+def test_thai_sentences_end_at_a_space_but_not_inside_a_name_or_a_date() -> None:
+    """Thai writes a space between sentences, and also between a name and a surname, around numbers and after an
+    abbreviation: the CRF segmenter tells them apart, and an abbreviation keeps the year it dates."""
+    th = SentenceSplitter("th")
+    assert th.rule == "pythainlp:crfcut"
+    got = th.split(THAI)
+    assert got[0] == "ทักษิณ ชินวัตร เกิดที่จังหวัดเชียงใหม่ เป็นนายกรัฐมนตรีคนที่ 23 ของประเทศไทย"
+    assert "กรุงเทพมหานครเป็นเมืองหลวงของประเทศไทย" in got
+    assert any("พ.ศ. 2325" in s for s in got), got  # not "... พ.ศ." and "2325"
+    assert "".join(got).replace(" ", "") == THAI.replace(" ", "").replace("\n", "")  # nothing lost
+    assert all(sentence_problem(s) is None for s in got), got
+
+
+def test_thai_without_its_segmenter_is_refused_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pythainlp.tokenize", None)  # as if not installed
+    with pytest.raises(BuildError, match=r"pip install 'bert-knn\[thai\]'"):
+        SentenceSplitter("th")
+    corpus = tmp_path / "th.jsonl"
+    corpus.write_text(json.dumps({"title": "กรุงเทพมหานคร", "text": THAI}, ensure_ascii=False) + "\n")
+    settings = BuildSettings(corpus=[corpus], model=str(tmp_path / "no-such-model"), out=tmp_path / "ds",
+                             device="cpu", language="th")  # fmt: skip
+    with pytest.raises(BuildError, match="PyThaiNLP"):  # not an error about the model
+        build(settings)
+    assert not (tmp_path / "ds").exists()
 
 
 def test_fragments_count_letters_in_unspaced_scripts() -> None:
