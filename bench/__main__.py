@@ -38,6 +38,7 @@ BENCHMARKS = (
     Benchmark("families", "families*.json", "speed"),
     Benchmark("entity_cost", "entity-cost*.json", "speed"),
     Benchmark("numerics", "numerics*.json", "speed"),
+    Benchmark("knn_batch", "knn-batch-*.json", "speed"),
     Benchmark("heap", "heap.json", "speed"),
     Benchmark("gpu", "gpu.json", "speed"),
     Benchmark("quality", "quality.json", "quality"),

@@ -10,7 +10,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -202,6 +202,13 @@ def process_wall_s() -> float:
 
 
 _IMPORTED = time.perf_counter()
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """Waits for the device's queued work (on CUDA), so that a timer reads the work's end."""
+    import torch
+
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
 def write_result(name: str, payload: dict) -> Path:

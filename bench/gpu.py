@@ -23,7 +23,10 @@ leaves the others' figures:
   --sdpa cudnn,flash,efficient,math`): the build as it was before the encoder left that kernel out;
 - ``serving``: uncached ``/predict`` p50 and throughput at 1 and 64 clients, the service on the GPU with its
   default processes (`bench.serving --device cuda`; each level warmed at its own concurrency first);
-- ``serving_one_process``: the same with one service process (``--workers 1``): what the processes add;
+- ``serving_device_knn``: ``serving`` with each batch's restricted kNN on the GPU (``--knn-device model``): whether
+  that path should be the service's default on a GPU (docs/decisions/serving-processes.md);
+- ``serving_one_process``: the same as ``serving`` with one service process (``--workers 1``): what the processes
+  add;
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
   synthetic vectors; on the GPU when the installed faiss has GPU support, docs/retrieval.md); 0 skips it.
 
@@ -44,15 +47,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, RESULTS, RUNS, SHARED, machine
+from bench.common import REPO, RESULTS, RUNS, SHARED, device_sync, machine
 
 NO_DEVICE = 3
 STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving",
-          "serving_one_process", "ivfpq_training")
+          "serving_device_knn", "serving_one_process", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -180,7 +182,7 @@ def time_graphs(model: Path, rows: tuple[int, ...] = (1, 8, 32, 64), calls: int 
                                     max_width=enc.max_seq_len, capture=capture or cuda_capture)  # fmt: skip
     start_up_s = time.perf_counter() - t
     questions = [enc.query_input(t) for t, _ in lama_queries(max(rows) * 4)]
-    sync = _sync(device)
+    sync = device_sync(device)
     out: dict[str, object] = {"captured": captured, "forward": type(eager).__name__, "start_up_s": round(start_up_s, 3)}
     for n in rows:
         batch = questions[:n]
@@ -202,44 +204,6 @@ def time_graphs(model: Path, rows: tuple[int, ...] = (1, 8, 32, 64), calls: int 
                             "graphs_over_eager": round(graphs_ms / eager_ms, 3), "max_relative_difference": diff}  # fmt: skip
     graphs = enc.eager.graphs
     out["buckets_captured"] = {f"{r}x{w}": not b.failed for (r, w), b in (graphs.buckets.items() if graphs else [])}
-    return out
-
-
-def time_device_knn(rows: tuple[int, ...] = (500, 3000), batches: tuple[int, ...] = (1, 32), hidden: int = 768,
-                    k: int = 128, calls: int = 20, *, device: str = "cuda", seed: int = 0) -> dict[str, object]:  # fmt: skip
-    """A batch's restricted kNN two ways, in alternating calls: `batch_knn` on the device (the rows copied there,
-    one batched product) against the service's search, FAISS over each query's float16 rows on the host, one
-    query after another (1 FAISS thread). Random float16 rows of ``hidden`` dimensions per query: p50 ms per
-    batch of each, and whether their neighbours agree."""
-    import numpy as np
-    import torch
-
-    from bertknn.core.runtime import faiss_threads
-    from bertknn.service.retrieval.device_knn import batch_knn
-    from bertknn.service.retrieval.knn import fp16_search
-
-    rng = np.random.default_rng(seed)
-    sync = _sync(device)
-    out: dict[str, object] = {"hidden": hidden, "k": k, "device": device}
-    for n in rows:
-        for b in batches:
-            sets = [rng.normal(size=(n, hidden)).astype(np.float16) for _ in range(b)]
-            queries = rng.normal(size=(b, hidden)).astype(np.float32)
-            on_device = torch.from_numpy(queries).to(device)
-            times: dict[str, list[float]] = {"device": [], "host": []}
-            with faiss_threads(1):
-                for _ in range(calls):
-                    sync()
-                    t = time.perf_counter()
-                    got = batch_knn(on_device, sets, k)
-                    times["device"].append(1000 * (time.perf_counter() - t))
-                    t = time.perf_counter()
-                    want = [fp16_search(r, q, k) for r, q in zip(sets, queries, strict=True)]
-                    times["host"].append(1000 * (time.perf_counter() - t))
-            agree = all(np.array_equal(g[1], w[1]) for g, w in zip(got, want, strict=True))
-            dev_ms, host_ms = float(np.median(times["device"])), float(np.median(times["host"]))
-            out[f"rows_{n}_batch_{b}"] = {"device_ms_p50": round(dev_ms, 3), "host_ms_p50": round(host_ms, 3),
-                                          "device_over_host": round(dev_ms / host_ms, 3), "same_neighbours": agree}  # fmt: skip
     return out
 
 
@@ -266,6 +230,7 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
         "builder_cudnn": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens.split(",")[0],
                           "--sdpa", "cudnn,flash,efficient,math", "--out", str(_report("builder_cudnn"))],
         "serving": serving,
+        "serving_device_knn": [*serving, "--knn-device", "model"],
         "serving_one_process": [*serving, "--workers", "1"],
         "ivfpq_training": [py, "-m", "bench.gpu", "--stage", "ivfpq", "--ivfpq-rows", str(args.ivfpq_rows)],
     }  # fmt: skip
@@ -279,10 +244,10 @@ def _report(stage: str) -> Path:
 def _stage_result(name: str, model: Path, since: float) -> object:
     """What a finished stage wrote (at or after ``since``, a `time.time()`): its JSON, read back; ValueError
     when it wrote none, so that an older run's file is never taken for this one's."""
-    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-1w]-MODEL.json: the device as torch names it
-        one = name == "serving_one_process"
+    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-1w][-knn-model]-MODEL.json
+        one, knn = name == "serving_one_process", name == "serving_device_knn"
         found = [p for p in RESULTS.glob(f"serving-cuda*-{model.name}.json")
-                 if p.name.endswith(f"-1w-{model.name}.json") == one]  # fmt: skip
+                 if p.name.endswith(f"-1w-{model.name}.json") == one and ("-knn-model-" in p.name) == knn]  # fmt: skip
     else:
         found = [_report(name)]
     fresh = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
@@ -352,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         _report("cuda_graphs").write_text(json.dumps(time_graphs(args.model), indent=1) + "\n")
         return 0
     if args.stage == "knn":
+        from bench.knn_batch import time_device_knn
+
         _report("device_knn").write_text(json.dumps(time_device_knn(), indent=1) + "\n")
         return 0
     if args.stage == "ivfpq":
@@ -387,13 +354,6 @@ def _measured(out: dict[str, Any], stage: str) -> list[tuple[str, dict]]:
     got = out.get(stage, {})
     items = got.items() if isinstance(got, dict) else ()
     return [(k[5:], r) for k, r in items if k.startswith("rows_") and isinstance(r, dict)]
-
-
-def _sync(device: str) -> Callable[[], None]:
-    """Waits for the device's queued work (on CUDA), so that a timer reads the work's end."""
-    import torch
-
-    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
 def gpu_table(out: dict[str, Any]) -> str:
@@ -432,8 +392,9 @@ def gpu_table(out: dict[str, Any]) -> str:
         rows.append(f"| restricted kNN of {b} queries x {n} rows, on the device / FAISS on the host, one by one (p50 "
                     f"ms; same neighbours) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = {r['device_over_host']}x; "
                     f"{r['same_neighbours']} |")  # fmt: skip
-    for stage in ("serving", "serving_one_process"):
-        rows += _serving_rows(out.get(stage, {}), "one process" if stage == "serving_one_process" else None)
+    how = {"serving": None, "serving_one_process": "one process", "serving_device_knn": "kNN on the device"}
+    for stage, label in how.items():
+        rows += _serving_rows(out.get(stage, {}), label)
     ivf = out.get("ivfpq_training")
     if isinstance(ivf, dict) and "train_s" in ivf:
         rows.append(f"| IVF-PQ training, {ivf['rows']:,} rows' plan (nlist {ivf['nlist']}, {ivf['train_rows']:,} "
@@ -443,8 +404,8 @@ def gpu_table(out: dict[str, Any]) -> str:
 
 
 def _serving_rows(serving: object, processes: str | None) -> list[str]:
-    """A serving stage's rows: latency per load client, then each throughput level; ``processes`` names the
-    service's processes where they are not its default (older reports do not say)."""
+    """A serving stage's rows: latency per load client, then each throughput level; ``processes`` names how the
+    service ran where it is not its default (older reports do not say)."""
     if not isinstance(serving, dict):
         return []
     how = f"{processes}, " if processes else f"{serving['workers']} processes, " if "workers" in serving else ""

@@ -16,7 +16,9 @@ if [ "${GPU_LEASE_INSTALL:-1}" = 1 ]; then
 fi
 [ -e ../shared ] || ln -s "$PWD/.gpu/shared" ../shared
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
-"$PY" -m bench.gpu "$@" 2>&1 | tee "$OUT/bench-gpu.log"
+# stopped short of the call's own limit (600 s at most) so that the stages done so far still come back:
+# bench.gpu writes gpu.json after every stage
+timeout --signal=TERM "${GPU_LEASE_SECONDS:-540}" "$PY" -m bench.gpu "$@" 2>&1 | tee "$OUT/bench-gpu.log"
 rc=${PIPESTATUS[0]}
 for f in bench/results/gpu.json bench/results/gpu.md bench/results/gpu-*.json bench/results/serving-cuda*.json; do
   [ -f "$f" ] && [ "$f" -nt scripts/gpu_lease.sh ] && cp "$f" "$OUT/"

@@ -112,11 +112,13 @@ class AnswerAssembler:
         *,
         articles: tuple[list[ArticleHit], str] | None = None,
         search: ArticleSearch | None = None,
+        neighbours: Neighbours | None = None,
         with_distributions: bool = False,
     ) -> Answer:
         """Everything after the forward pass: the retrieval (unless the caller already ran it: ``articles``), the
         restricted kNN search (over ``search``, the articles' rows, when the caller prepared them with
-        `prepare_search`), the vote and the interpolation. ``stage.times`` gets each stage's seconds; the caller
+        `prepare_search`; or its result, ``neighbours``, when the caller searched already: `device_search`), the vote
+        and the interpolation. ``stage.times`` gets each stage's seconds; the caller
         adds ``total``, the wall time (stages may overlap).
 
         An adaptive query whose p_MLM is confident skips retrieval and kNN entirely (``articles`` is then
@@ -127,7 +129,7 @@ class AnswerAssembler:
         if skipped:
             hits, ret_cache, nbrs = [], "none", EMPTY
         else:
-            hits, ret_cache, nbrs = self._search(query, enc, stage, articles, search)
+            hits, ret_cache, nbrs = self._search(query, enc, stage, articles, search, neighbours)
         t = time.perf_counter()
         query = self.resolve_temperature(query, nbrs)
         assert query.temperature is not None
@@ -154,7 +156,7 @@ class AnswerAssembler:
 
     def _search(
         self, query: Query, enc: QueryEncoding, stage: Stage, articles: tuple[list[ArticleHit], str] | None,
-        search: ArticleSearch | None,
+        search: ArticleSearch | None, neighbours: Neighbours | None = None,
     ) -> tuple[list[ArticleHit], str, Neighbours]:
         """`answer_from_encoding`'s retrieval (unless the caller ran it) and kNN, each timed into ``stage``: the articles, how
         the retrieval cache answered, the neighbours."""
@@ -163,6 +165,8 @@ class AnswerAssembler:
             articles = self.articles.retrieve(query)
             stage.add("retrieval", time.perf_counter() - t)
         hits, ret_cache = articles
+        if neighbours is not None:  # (its time is in ``stage`` already)
+            return hits, ret_cache, neighbours
         t = time.perf_counter()
         nbrs = self.neighbours_of.neighbours(query, enc, hits, search)
         stage.add("knn", time.perf_counter() - t)

@@ -17,7 +17,7 @@ from bertknn.service.encoding import PendingEncoding
 from bertknn.service.fair import FairExecutor
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import Answer, ArticleHit, Query, Stage
-from bertknn.service.retrieval.knn import ArticleSearch
+from bertknn.service.retrieval.knn import ArticleSearch, Neighbours
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class Job:
     # started on arrival when the model is busy, else by the model thread as the forward pass starts
     retrieval: Future[Retrieved] | None = None
     client: str = "-"  # who asked (the fair queues' turns)
+    neighbours: Neighbours | None = None  # found with its batch on the model's device (`device_search`)
 
     def start_retrieval(self, executor: FairExecutor, *, prepare: bool = False) -> Future[Retrieved]:
         """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also read and index their rows
@@ -189,4 +190,6 @@ class Finisher:
             retrieved = got.result()
             retrieved.record(stage)
             articles, search = retrieved.articles, retrieved.search
-        return pipe.assembler.answer_from_encoding(query, full, "hit" if hit else "miss", stage, articles=articles, search=search)
+        return pipe.assembler.answer_from_encoding(
+            query, full, "hit" if hit else "miss", stage, articles=articles, search=search, neighbours=job.neighbours
+        )

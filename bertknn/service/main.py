@@ -40,6 +40,7 @@ from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.processes import WorkerSlot, run_dir_from_env
 from bertknn.service.reload import DatastoreReloader, PeerReloads
 from bertknn.service.resources import Resources
+from bertknn.service.retrieval.device_knn import DeviceKnn
 from bertknn.service.serving import AsyncAnswerer
 from bertknn.service.settings import ServiceSettings
 from bertknn.service.shared_gate import SharedCostGate
@@ -288,7 +289,10 @@ async def _start(
     resources.pipeline = pipeline
     _warn_default_retriever(settings, pipeline)
     resources.metrics.watch_cache(pipeline.cache)
-    resources.answerer = AsyncAnswerer(pipeline, settings.batching, resources.metrics, model_thread=model_thread)
+    device_knn = DeviceKnn(pipeline.queries.encoder.device) if settings.model.knn_device == "model" else None
+    resources.answerer = AsyncAnswerer(
+        pipeline, settings.batching, resources.metrics, model_thread=model_thread, device_knn=device_knn
+    )
     resources.answerer.start()
     reloader = DatastoreReloader(resources, peers=peers)
     resources.reloader = reloader

@@ -11,12 +11,14 @@ from contextlib import AbstractContextManager
 
 from bertknn.core.inputs import MaskedInput
 from bertknn.service.batching import MicroBatcher
+from bertknn.service.device_search import search_batch
 from bertknn.service.fair import FairExecutor, client_var
 from bertknn.service.finishing import Finisher, Job, Work, fills
 from bertknn.service.leases import Leases
 from bertknn.service.metrics import Metrics
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import Answer, Query, Stage
+from bertknn.service.retrieval.device_knn import DeviceKnn
 from bertknn.service.settings import BatchingSettings
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ class AsyncAnswerer:
         metrics: Metrics,
         *,
         model_thread: ThreadPoolExecutor | None = None,
+        device_knn: DeviceKnn | None = None,
     ):
         self.pipeline = pipeline
         self.metrics = metrics
@@ -51,6 +54,7 @@ class AsyncAnswerer:
         # of others; where batches are finished on the model thread (`Pace`), they mostly idle
         self._cpu_pool = FairExecutor(2, "knn")
         self.finisher = Finisher(self._retrieval_thread, self._cpu_pool)
+        self.device_knn = device_knn  # a batch's kNN on the model's device, after its forward (`device_search`)
         self.batcher: MicroBatcher[Job, None] = MicroBatcher(
             self._encode_batch,
             executor=self._model_thread,
@@ -83,8 +87,8 @@ class AsyncAnswerer:
         # that had to wait started it on arrival. Each answer goes to its request's `answered` future as soon as
         # it is made, here or by the finisher pool.
         idle = len(jobs) == 1 and self.batcher.depth == 0  # (read from this thread: a hint, not a promise)
-        for job in jobs:
-            job.start_retrieval(self._retrieval_thread, prepare=idle)
+        for job in jobs:  # (with the kNN on the device, every query's rows are read next to its retrieval)
+            job.start_retrieval(self._retrieval_thread, prepare=idle or self.device_knn is not None)
         t = time.perf_counter()
         encs, hits = self.pipeline.queries.forward(
             [j.inp for j in jobs], defer_store=self._deferred, defer_heads=not idle, keys=[j.key for j in jobs],
@@ -94,6 +98,8 @@ class AsyncAnswerer:
         self.finisher.pace.forward(now - t, len(jobs))
         for job in jobs:
             job.stage.add("embedding", now - job.submitted)
+        if self.device_knn is not None:
+            search_batch(self.device_knn, jobs, encs)
         # A query alone with an idle model is finished here, saving the hand-offs; a batch where `Pace` says so.
         # Whole-word and entity answers run forward passes of their own through this thread: never here.
         inline = idle or self.finisher.pace.finish_here()

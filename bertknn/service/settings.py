@@ -42,6 +42,12 @@ class ModelSettings(BaseModel):
         "width) bucket, each used once it gave the eager forward's outputs; eager where capture fails or differs. "
         "Short and medium questions' buckets are captured at start-up, others when first needed"
     )
+    knn_device: Literal["host", "model"] = Field(
+        "host", description="where a batch's restricted kNN runs: host (FAISS over each question's rows, one question "
+        "at a time) or model (the model's device: after the batch's forward pass, the rows of its questions whose "
+        "articles are known are copied there and searched in one batched product; float16 datastores, fixed "
+        "interpolation; the others stay on the host). docs/decisions/serving-processes.md"
+    )
     knn_only: bool = Field(
         False, description="serve a checkpoint without its MLM head: p_MLM is uniform and the answers are the "
         "neighbours' alone (without this, such a checkpoint is refused at start-up)"

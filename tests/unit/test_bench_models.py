@@ -182,7 +182,8 @@ def test_bench_gpu_times_the_device_knn_stage_in_a_cpu_rehearsal() -> None:
     import json
 
     from bench.common import RESULTS
-    from bench.gpu import gpu_table, time_device_knn
+    from bench.gpu import gpu_table
+    from bench.knn_batch import time_device_knn
 
     got = time_device_knn(rows=(40, 300), batches=(1, 3), hidden=32, k=16, calls=2, device="cpu")
     keys = [k for k in got if k.startswith("rows_")]
@@ -208,9 +209,11 @@ def test_bench_gpu_reads_back_only_what_the_stage_itself_wrote(tmp_path: Path, m
     default, one = tmp_path / "serving-cuda-bert-base-shaped.json", tmp_path / "serving-cuda-1w-bert-base-shaped.json"
     default.write_text(json.dumps({"workers": "auto"}))
     one.write_text(json.dumps({"workers": 1}))
+    (tmp_path / "serving-cuda-knn-model-bert-base-shaped.json").write_text(json.dumps({"knn_device": "model"}))
     since = time.time() - 1
     assert gpu._stage_result("serving", model, since) == {"workers": "auto"}
     assert gpu._stage_result("serving_one_process", model, since) == {"workers": 1}
+    assert gpu._stage_result("serving_device_knn", model, since) == {"knn_device": "model"}
     os.utime(one, (since - 3600, since - 3600))  # left by an earlier lease: this run's one-process stage wrote nothing
     with pytest.raises(ValueError, match="wrote no result"):
         gpu._stage_result("serving_one_process", model, since)
@@ -227,10 +230,12 @@ def test_bench_gpu_tabulates_each_serving_stage_under_its_processes() -> None:
 
     report = json.loads((RESULTS / "gpu.json").read_text())
     serving = {**report["serving"], "workers": "auto"}
-    table = gpu_table({**report, "serving": serving, "serving_one_process": {**serving, "workers": 1}})
+    table = gpu_table({**report, "serving": serving, "serving_one_process": {**serving, "workers": 1},
+                       "serving_device_knn": {**serving, "knn_device": "model"}})  # fmt: skip
     clients = len(serving["clients"])
     assert sum("/predict uncached p50 / p99, auto processes," in row for row in table.splitlines()) == clients
     assert sum("/predict uncached p50 / p99, one process," in row for row in table.splitlines()) == clients
+    assert sum("/predict uncached p50 / p99, kNN on the device," in row for row in table.splitlines()) == clients
 
 
 def test_bench_serving_refuses_more_distinct_questions_than_lama_has() -> None:
@@ -241,3 +246,24 @@ def test_bench_serving_refuses_more_distinct_questions_than_lama_has() -> None:
     run = subprocess.run([sys.executable, "-m", "bench.serving", "--concurrency", "64", "--per-client", "500"],
                          capture_output=True, text=True, timeout=120, cwd=repo)  # fmt: skip
     assert run.returncode == 2 and "distinct questions" in run.stderr and "ask for fewer" in run.stderr
+
+
+def test_bench_knn_batch_writes_its_figures_for_the_device_it_ran_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m bench.knn_batch``: its result file named for the device, one row per shape, and a refused
+    argument says what to fix."""
+    import functools
+    import json
+
+    import bench.common as common
+    import bench.knn_batch as knn_batch
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(knn_batch, "time_device_knn",
+                        functools.partial(knn_batch.time_device_knn, rows=(30,), batches=(1, 2), hidden=16, k=8))  # fmt: skip
+    assert knn_batch.main(["--device", "cpu", "--calls", "2"]) == 0
+    data = json.loads((tmp_path / "knn-batch-cpu.json").read_text())
+    assert data["threads"] == 1 and data["device"] == "cpu" and data["machine"]["cores"]
+    assert {k for k in data if k.startswith("rows_")} == {"rows_30_batch_1", "rows_30_batch_2"}
+    assert all(data[k]["same_neighbours"] for k in ("rows_30_batch_1", "rows_30_batch_2"))
+    with pytest.raises(SystemExit):
+        knn_batch.main(["--calls", "0"])

@@ -6,6 +6,7 @@ distance kernels over the codes: `bertknn.core.format.codec`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import faiss
 import numpy as np
@@ -73,9 +74,23 @@ class ArticleSearch:
             else:
                 assert self.vectors is not None
                 d2, i2 = faiss.knn(q, self.vectors, kk)
-        dist, idx = d2[0], i2[0]
+        return self.at(d2[0], i2[0])
+
+    def at(self, dist: np.ndarray, idx: np.ndarray) -> Neighbours:
+        """The neighbours at row indices ``idx`` (into these rows) with their distances, nearest first."""
         article = self.row_article[idx] if self.row_article is not None else None
         return Neighbours(dist.astype(np.float32), self.rows[idx], self.labels[idx].astype(np.int32), article)
+
+    def float16_rows(self) -> np.ndarray | None:
+        """The rows as float16 ``[n, hidden]``: a view of the index's codes, valid while this search lives;
+        None for rows under a codec or float32 rows."""
+        if self.index is None:
+            return None
+        n, dim = len(self.rows), self.index.d
+        if n == 0:
+            return np.zeros((0, dim), np.float16)
+        codes = cast(faiss.IndexScalarQuantizer, self.index).codes  # (`fp16_index_filled` made it)
+        return faiss.rev_swig_ptr(codes.data(), n * dim * 2).view(np.float16).reshape(n, dim)
 
 
 class RestrictedKnn:

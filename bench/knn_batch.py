@@ -1,0 +1,85 @@
+"""A batch's restricted kNN two ways, on any device::
+
+    python -m bench.knn_batch [--device cpu|cuda] [--threads 1]
+
+`batch_knn` (what ``model.knn_device: model`` runs: the batch's rows copied to the device through the service's
+kept staging buffer, one batched product, one top-k) against the host's search (FAISS over each query's float16
+rows, one query after another, one FAISS thread), in alternating calls, on random float16 rows of bert-base's
+hidden size: p50 ms per batch of each, their ratio and whether the neighbours agree. Writes
+``bench/results/knn-batch-DEVICE.json``; on CUDA, ``python -m bench.gpu``'s ``device_knn`` stage runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from bench.common import device_sync, machine, write_result
+
+
+def time_device_knn(rows: tuple[int, ...] = (500, 3000), batches: tuple[int, ...] = (1, 32), hidden: int = 768,
+                    k: int = 128, calls: int = 20, *, device: str = "cuda", seed: int = 0) -> dict[str, object]:  # fmt: skip
+    """Per (rows per query, queries per batch): p50 ms of the batch on ``device`` and on the host, their ratio,
+    whether every query's neighbours are the same and whether they come in the same order (two at equal
+    distances may come either way)."""
+    import numpy as np
+    import torch
+
+    from bertknn.core.runtime import faiss_threads
+    from bertknn.service.retrieval.device_knn import Staging, batch_knn
+    from bertknn.service.retrieval.knn import fp16_search
+
+    rng = np.random.default_rng(seed)
+    sync = device_sync(device)
+    staging = Staging(torch.device(device))
+    out: dict[str, object] = {"hidden": hidden, "k": k, "device": device}
+    for n in rows:
+        for b in batches:
+            sets = [rng.normal(size=(n, hidden)).astype(np.float16) for _ in range(b)]
+            queries = rng.normal(size=(b, hidden)).astype(np.float32)
+            on_device = torch.from_numpy(queries).to(device)
+            times: dict[str, list[float]] = {"device": [], "host": []}
+            with faiss_threads(1):
+                for _ in range(calls):
+                    sync()
+                    t = time.perf_counter()
+                    got = batch_knn(on_device, sets, k, staging=staging)
+                    times["device"].append(1000 * (time.perf_counter() - t))
+                    t = time.perf_counter()
+                    want = [fp16_search(r, q, k) for r, q in zip(sets, queries, strict=True)]
+                    times["host"].append(1000 * (time.perf_counter() - t))
+            pairs = list(zip(got, want, strict=True))
+            agree = all(set(g[1].tolist()) == set(w[1].tolist()) for g, w in pairs)
+            in_order = all(np.array_equal(g[1], w[1]) for g, w in pairs)  # (equal distances may come in either order)
+            dev_ms, host_ms = float(np.median(times["device"])), float(np.median(times["host"]))
+            out[f"rows_{n}_batch_{b}"] = {"device_ms_p50": round(dev_ms, 3), "host_ms_p50": round(host_ms, 3),
+                                          "device_over_host": round(dev_ms / host_ms, 3), "same_neighbours": agree,
+                                          "same_order": in_order}  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.knn_batch", description=__doc__)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the service's model thread's, on a CPU)")
+    p.add_argument("--calls", type=int, default=20, help="timed calls per shape and side")
+    args = p.parse_args(argv)
+    if args.threads < 1 or args.calls < 1:
+        p.error("--threads and --calls must be at least 1")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here")
+    torch.set_num_threads(args.threads)
+    result = {"machine": machine(), "threads": args.threads, **time_device_knn(calls=args.calls, device=args.device)}
+    path = write_result(f"knn-batch-{args.device}", result)
+    for key, r in result.items():
+        if key.startswith("rows_"):
+            print(f"{key}: device {r['device_ms_p50']} ms, host {r['host_ms_p50']} ms -> {r['device_over_host']}x, "
+                  f"same neighbours: {r['same_neighbours']}, in the same order: {r['same_order']}")  # fmt: skip
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""``model.knn_device: model``: a batch's restricted kNN searched in one product on the model's device right after
+its forward pass (here the CPU's torch, the same code a GPU runs). The answers are the host's; queries it cannot
+take (retrieval still running, adaptive interpolation) and a failing device search fall back to the host."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from bertknn.service.main import create_app
+from bertknn.service.metrics import Metrics
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Answer, Query
+from bertknn.service.retrieval.device_knn import DeviceKnn
+from bertknn.service.retrieval.knn import ArticleSearch
+from bertknn.service.serving import AsyncAnswerer
+from bertknn.service.settings import BatchingSettings, ServiceSettings
+
+QUERIES = [
+    # first in its batch: it finds the model thread merely held (not batching), so its retrieval starts with the
+    # batch's forward, not on arrival as the others' do; adaptive, it is the host's anyway
+    Query("[MASK] is a large city with a famous bridge .", interpolation="adaptive"),
+    Query("zorblat was born in [MASK] .", subject="zorblat"),
+    Query("quimby is a small [MASK] near the sea .", k=16),
+    Query("the bridge of [MASK] is large .", retriever="tfidf", num_articles=2),
+]
+
+
+class Recording(DeviceKnn):
+    """A `DeviceKnn` on the CPU that records the queries it searched, or fails when told to."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__("cpu")
+        self.searched: list[int] = []
+        self.fail = fail
+
+    def search(self, items):
+        if self.fail:
+            raise RuntimeError("device lost")
+        self.searched.append(len(items))
+        return super().search(items)
+
+
+def _batched(pipe: AnswerPipeline, knn: DeviceKnn, queries: list[Query], *, retrieved: bool = True) -> list[Answer]:
+    """The queries answered as one batch: queued while the model thread is held, then released together;
+    ``retrieved``: only once the retrievals they started on arrival have ended (else after a short wait)."""
+
+    async def main() -> list[Answer]:
+        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), Metrics(), device_knn=knn)
+        answerer.start()
+        try:
+            gate, busy = threading.Event(), threading.Event()
+            blocker = answerer.batcher.call(lambda: (busy.set(), gate.wait(10)))
+            while not busy.is_set():
+                await asyncio.sleep(0.001)
+            pending = [asyncio.ensure_future(answerer.answer(q)) for q in queries]
+            deadline = asyncio.get_running_loop().time() + 10
+            while answerer.batcher.depth < len(queries):  # (each one new to this pipeline's cache)
+                assert asyncio.get_running_loop().time() < deadline, "a query did not queue for the model"
+                await asyncio.sleep(0.001)
+            if retrieved:  # the retrieval thread takes one client's work in order: this runs after theirs
+                await asyncio.wrap_future(answerer._retrieval_thread.submit(lambda: None))
+            else:
+                await asyncio.sleep(0.2)
+            gate.set()
+            await asyncio.wrap_future(blocker)
+            return list(await asyncio.gather(*pending))
+        finally:
+            await answerer.stop()
+
+    return asyncio.run(main())
+
+
+def _same(got: Answer, want: Answer) -> None:
+    assert [p.token for p in got.predictions] == [p.token for p in want.predictions]
+    np.testing.assert_allclose([p.prob for p in got.predictions], [p.prob for p in want.predictions], rtol=1e-4, atol=1e-6)
+    assert [[c.rank for c in p.contexts] for p in got.predictions] == [[c.rank for c in p.contexts] for p in want.predictions]
+    assert [a.title for a in got.articles] == [a.title for a in want.articles]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_datastore: Path):
+    pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
+    yield pipe
+    pipe.close()
+
+
+@pytest.fixture
+def pipes(tiny_datastore: Path, reference: AnswerPipeline):
+    """The reference (the host's search, one query at a time) and a new pipeline: a cache of its own, empty."""
+    pipe = AnswerPipeline.open(tiny_datastore, device="cpu")
+    yield reference, pipe
+    pipe.close()
+
+
+def test_a_batch_is_searched_on_the_device_in_one_go_with_the_hosts_answers(pipes, monkeypatch):
+    reference, pipe = pipes
+    host_searches: list[str] = []
+    search = ArticleSearch.search
+    monkeypatch.setattr(ArticleSearch, "search", lambda self, q, k: (host_searches.append(self.titles), search(self, q, k))[1])
+    knn = Recording()
+    answers = _batched(pipe, knn, QUERIES)
+    assert knn.searched == [3]  # the three fixed-interpolation queries, in one search; the adaptive one on the host
+    assert len(host_searches) == (0 if answers[0].knn_skipped else 1)
+    for q, got in zip(QUERIES, answers, strict=True):
+        _same(got, reference.predict(q))
+        assert got.cache["encoding"] == "miss" and (got.knn_skipped or got.timings_ms["knn"] > 0)
+
+
+def test_a_query_whose_retrieval_is_still_running_is_searched_on_the_host(pipes, monkeypatch):
+    reference, pipe = pipes
+    retrieve = pipe.articles.retrieve
+    slow = threading.Event()
+
+    def slow_retrieve(query):
+        if query.text == QUERIES[2].text:  # released once the batch's device search ran
+            slow.wait(10)
+        return retrieve(query)
+
+    monkeypatch.setattr(pipe.articles, "retrieve", slow_retrieve)
+    knn = Recording()
+    original = knn.search
+
+    def search(items):
+        slow.set()
+        return original(items)
+
+    knn.search = search
+    answers = _batched(pipe, knn, QUERIES, retrieved=False)
+    # the first query's retrieval started with the batch and the third's waits behind the slow second one: only
+    # the second query's rows were there to search on the device
+    assert knn.searched == [1]
+    for q, got in zip(QUERIES, answers, strict=True):
+        _same(got, reference.predict(q))
+
+
+def test_a_failing_device_search_leaves_the_batch_to_the_host(pipes, caplog):
+    reference, pipe = pipes
+    with caplog.at_level(logging.ERROR, "bertknn.service.device_search"):
+        answers = _batched(pipe, Recording(fail=True), QUERIES)
+    assert "searched on the host" in caplog.text and "device lost" in caplog.text
+    for q, got in zip(QUERIES, answers, strict=True):
+        _same(got, reference.predict(q))
+
+
+def test_the_setting_serves_the_same_answers_through_the_api(tiny_datastore: Path):
+    questions = [{"text": q.text, **({"subject": q.subject} if q.subject else {})} for q in QUERIES[1:]]
+    bodies = {}
+    for where in ("host", "model"):
+        settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu", "knn_device": where})
+        app = create_app(settings)
+        with TestClient(app) as c:
+            assert (app.state.resources.answerer.device_knn is not None) == (where == "model")
+            bodies[where] = [c.post("/predict", json=q).json() for q in questions]
+    for got, want in zip(bodies["model"], bodies["host"], strict=True):
+        assert [p["token"] for p in got["predictions"]] == [p["token"] for p in want["predictions"]]
+        np.testing.assert_allclose([p["prob"] for p in got["predictions"]], [p["prob"] for p in want["predictions"]], rtol=1e-4)
+    with pytest.raises(ValueError, match="knn_device"):
+        ServiceSettings(datastore=tiny_datastore, model={"knn_device": "gpu"})
