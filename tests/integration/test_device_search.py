@@ -21,6 +21,7 @@ from bertknn.service.retrieval.device_knn import DeviceKnn
 from bertknn.service.retrieval.knn import ArticleSearch
 from bertknn.service.serving import AsyncAnswerer
 from bertknn.service.settings import BatchingSettings, ServiceSettings
+from tests.support.batches import answer_as_one_batch
 
 QUERIES = [
     # first in its batch: it finds the model thread merely held (not batching), so its retrieval starts with the
@@ -54,23 +55,15 @@ def _batched(pipe: AnswerPipeline, knn: DeviceKnn, queries: list[Query], *, retr
     async def main() -> list[Answer]:
         answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), Metrics(), device_knn=knn)
         answerer.start()
-        try:
-            gate, busy = threading.Event(), threading.Event()
-            blocker = answerer.batcher.call(lambda: (busy.set(), gate.wait(10)))
-            while not busy.is_set():
-                await asyncio.sleep(0.001)
-            pending = [asyncio.ensure_future(answerer.answer(q)) for q in queries]
-            deadline = asyncio.get_running_loop().time() + 10
-            while answerer.batcher.depth < len(queries):  # (each one new to this pipeline's cache)
-                assert asyncio.get_running_loop().time() < deadline, "a query did not queue for the model"
-                await asyncio.sleep(0.001)
+
+        async def wait() -> None:
             if retrieved:  # the retrieval thread takes one client's work in order: this runs after theirs
                 await asyncio.wrap_future(answerer._retrieval_thread.submit(lambda: None))
             else:
                 await asyncio.sleep(0.2)
-            gate.set()
-            await asyncio.wrap_future(blocker)
-            return list(await asyncio.gather(*pending))
+
+        try:
+            return await answer_as_one_batch(answerer, queries, before_release=wait)
         finally:
             await answerer.stop()
 

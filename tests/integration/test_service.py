@@ -20,6 +20,7 @@ from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import Query
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import TINY_ARTICLES, corpus_words, make_tiny_bert
+from tests.support.batches import answer_as_one_batch
 
 QUESTION = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}
 
@@ -478,16 +479,7 @@ def test_queries_batched_behind_a_busy_model_get_the_same_answers_wherever_they_
         answerer.finisher.pace.weight = 0.0  # (kept so for this test's one batch)
         answerer.start()
         try:
-            gate, busy = threading.Event(), threading.Event()
-            blocker = answerer.batcher.call(lambda: (busy.set(), gate.wait(10)))
-            while not busy.is_set():
-                await asyncio.sleep(0.001)
-            pending = [asyncio.ensure_future(answerer.answer(q)) for q in queries]
-            while answerer.batcher.depth < len(queries):
-                await asyncio.sleep(0.001)
-            gate.set()
-            await asyncio.wrap_future(blocker)
-            return list(await asyncio.gather(*pending))
+            return await answer_as_one_batch(answerer, queries)
         finally:
             await answerer.stop()
 
