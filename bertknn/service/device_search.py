@@ -3,8 +3,9 @@
 For each query of the batch whose articles are known by then and whose rows are float16, the rows are searched
 together in one batched product (`DeviceKnn`); the neighbours ride on the query's `Job` to its finishing, which
 then skips its own search. A query left out (its retrieval still running, a datastore with a codec, retriever
-``none``, adaptive interpolation, which may skip the kNN) is searched on the host as before. Runs on the model
-thread: every torch call of the service comes from that one thread (`AsyncAnswerer`).
+``none``, adaptive interpolation, which may skip the kNN) is searched on the host as before; so is every query
+of a batch whose device search failed. Runs on the model thread: every torch call of the service comes from that
+one thread (`AsyncAnswerer`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,21 +44,47 @@ def _ready(job: Job) -> ArticleSearch | None:
     return search if search is not None and DeviceKnn.searchable(search) else None
 
 
-def search_batch(knn: DeviceKnn, jobs: Sequence[Job], encs: Sequence[QueryEncoding | PendingEncoding]) -> int:
+@dataclass(frozen=True)
+class BatchSearch:
+    """What `search_batch` did with a batch: questions searched on the device, and questions whose device search
+    failed (left to the host)."""
+
+    searched: int = 0
+    failed: int = 0
+
+
+class FailureLog:
+    """The device search's failures, logged with their traceback at most once per ``every_s`` (a device that
+    fails every batch would otherwise log every batch); the rest are counted in the metrics only."""
+
+    def __init__(self, every_s: float = 60.0):
+        self.every_s = every_s
+        self._last: float | None = None
+
+    def failed(self) -> None:
+        now = time.monotonic()
+        if self._last is None or now - self._last >= self.every_s:
+            self._last = now
+            logger.exception("the batch's kNN on the device failed; its queries are searched on the host")
+
+
+def search_batch(
+    knn: DeviceKnn, jobs: Sequence[Job], encs: Sequence[QueryEncoding | PendingEncoding], failures: FailureLog
+) -> BatchSearch:
     """Search the ready queries of a batch in one go (`DeviceKnn.search`) and give each its neighbours
-    (``Job.neighbours``) and its share of the time (its ``knn`` stage); the number searched. A failure here is logged
-    and leaves every query to the host's search: the device path is never a request's only way to an answer."""
+    (``Job.neighbours``) and its share of the time (its ``knn`` stage). A failure here goes to ``failures`` and
+    leaves every query to the host's search: the device path is never a request's only way to an answer."""
     t = time.perf_counter()
     ready = [(job, enc, search) for job, enc in zip(jobs, encs, strict=True) if (search := _ready(job)) is not None]
     if not ready:
-        return 0
+        return BatchSearch()
     try:
         found = knn.search([(np.asarray(enc.embedding), search, job.query.k) for job, enc, search in ready])
     except Exception:
-        logger.exception("the batch's kNN on the device failed; its queries are searched on the host")
-        return 0
+        failures.failed()
+        return BatchSearch(failed=len(ready))
     share = (time.perf_counter() - t) / len(ready)
     for (job, _, _), nbrs in zip(ready, found, strict=True):
         job.neighbours = nbrs
         job.stage.add("knn", share)
-    return len(ready)
+    return BatchSearch(searched=len(ready))

@@ -70,6 +70,10 @@ class Metrics:
             "bertknn_knn_skipped", "adaptive queries answered by the MLM alone (no retrieval, no kNN)",
             registry=self.registry,
         )
+        self.knn_on_device = Counter(
+            "bertknn_knn_on_device", "questions whose restricted kNN ran on the model's device (model.knn_device: "
+            "model): searched, or failed there and searched on the host", ["outcome"], registry=self.registry,
+        )  # fmt: skip
         self.ready = Gauge(
             "bertknn_ready", "1 when the service is ready (with several processes: how many are)",
             registry=self.registry, multiprocess_mode="livesum",

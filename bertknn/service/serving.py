@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 
 from bertknn.core.inputs import MaskedInput
 from bertknn.service.batching import MicroBatcher
-from bertknn.service.device_search import search_batch
+from bertknn.service.device_search import FailureLog, search_batch
 from bertknn.service.fair import FairExecutor, client_var
 from bertknn.service.finishing import Finisher, Job, Work, fills
 from bertknn.service.leases import Leases
@@ -55,6 +55,7 @@ class AsyncAnswerer:
         self._cpu_pool = FairExecutor(2, "knn")
         self.finisher = Finisher(self._retrieval_thread, self._cpu_pool)
         self.device_knn = device_knn  # a batch's kNN on the model's device, after its forward (`device_search`)
+        self._device_failures = FailureLog()
         self.batcher: MicroBatcher[Job, None] = MicroBatcher(
             self._encode_batch,
             executor=self._model_thread,
@@ -99,7 +100,9 @@ class AsyncAnswerer:
         for job in jobs:
             job.stage.add("embedding", now - job.submitted)
         if self.device_knn is not None:
-            search_batch(self.device_knn, jobs, encs)
+            done = search_batch(self.device_knn, jobs, encs, self._device_failures)
+            self.metrics.knn_on_device.labels("searched").inc(done.searched)
+            self.metrics.knn_on_device.labels("failed").inc(done.failed)
         # A query alone with an idle model is finished here, saving the hand-offs; a batch where `Pace` says so.
         # Whole-word and entity answers run forward passes of their own through this thread: never here.
         inline = idle or self.finisher.pace.finish_here()

@@ -48,12 +48,14 @@ class Recording(DeviceKnn):
         return super().search(items)
 
 
-def _batched(pipe: AnswerPipeline, knn: DeviceKnn, queries: list[Query], *, retrieved: bool = True) -> list[Answer]:
+def _batched(
+    pipe: AnswerPipeline, knn: DeviceKnn, queries: list[Query], *, retrieved: bool = True, metrics: Metrics | None = None
+) -> list[Answer]:
     """The queries answered as one batch: queued while the model thread is held, then released together;
     ``retrieved``: only once the retrievals they started on arrival have ended (else after a short wait)."""
 
     async def main() -> list[Answer]:
-        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), Metrics(), device_knn=knn)
+        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), metrics or Metrics(), device_knn=knn)
         answerer.start()
 
         async def wait() -> None:
@@ -97,9 +99,10 @@ def test_a_batch_is_searched_on_the_device_in_one_go_with_the_hosts_answers(pipe
     host_searches: list[str] = []
     search = ArticleSearch.search
     monkeypatch.setattr(ArticleSearch, "search", lambda self, q, k: (host_searches.append(self.titles), search(self, q, k))[1])
-    knn = Recording()
-    answers = _batched(pipe, knn, QUERIES)
+    knn, metrics = Recording(), Metrics()
+    answers = _batched(pipe, knn, QUERIES, metrics=metrics)
     assert knn.searched == [3]  # the three fixed-interpolation queries, in one search; the adaptive one on the host
+    assert 'bertknn_knn_on_device_total{outcome="searched"} 3.0' in metrics.exposition().decode()
     assert len(host_searches) == (0 if answers[0].knn_skipped else 1)
     for q, got in zip(QUERIES, answers, strict=True):
         _same(got, reference.predict(q))
@@ -135,11 +138,31 @@ def test_a_query_whose_retrieval_is_still_running_is_searched_on_the_host(pipes,
 
 def test_a_failing_device_search_leaves_the_batch_to_the_host(pipes, caplog):
     reference, pipe = pipes
+    metrics = Metrics()
     with caplog.at_level(logging.ERROR, "bertknn.service.device_search"):
-        answers = _batched(pipe, Recording(fail=True), QUERIES)
+        answers = _batched(pipe, Recording(fail=True), QUERIES, metrics=metrics)
     assert "searched on the host" in caplog.text and "device lost" in caplog.text
     for q, got in zip(QUERIES, answers, strict=True):
         _same(got, reference.predict(q))
+    counted = metrics.exposition().decode()
+    assert 'bertknn_knn_on_device_total{outcome="failed"} 3.0' in counted
+    assert 'bertknn_knn_on_device_total{outcome="searched"} 0.0' in counted
+
+
+def test_a_device_that_keeps_failing_is_logged_once_a_minute(caplog, monkeypatch):
+    from bertknn.service import device_search
+
+    now = [1000.0]
+    monkeypatch.setattr(device_search.time, "monotonic", lambda: now[0])
+    log = device_search.FailureLog(every_s=60)
+    with caplog.at_level(logging.ERROR, "bertknn.service.device_search"):
+        for step in (0, 1, 30, 29.5, 0.5, 10):  # at 0, 1, 31, 60.5, 61, 71 s
+            now[0] += step
+            try:
+                raise RuntimeError("device lost")
+            except RuntimeError:
+                log.failed()
+    assert len(caplog.records) == 2 and all(r.exc_info for r in caplog.records)  # at 0 s and at 61 s
 
 
 def test_the_setting_serves_the_same_answers_through_the_api(tiny_datastore: Path):
