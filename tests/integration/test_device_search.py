@@ -49,20 +49,21 @@ class Recording(DeviceKnn):
 
 
 def _batched(
-    pipe: AnswerPipeline, knn: DeviceKnn, queries: list[Query], *, retrieved: bool = True, metrics: Metrics | None = None
+    pipe: AnswerPipeline, knn: DeviceKnn, queries: list[Query], *, until: threading.Event | None = None,
+    metrics: Metrics | None = None,
 ) -> list[Answer]:
-    """The queries answered as one batch: queued while the model thread is held, then released together;
-    ``retrieved``: only once the retrievals they started on arrival have ended (else after a short wait)."""
+    """The queries answered as one batch: queued while the model thread is held, then released together once the
+    retrievals they started on arrival have ended (or, given ``until``, once it is set)."""
 
     async def main() -> list[Answer]:
         answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), metrics or Metrics(), device_knn=knn)
         answerer.start()
 
         async def wait() -> None:
-            if retrieved:  # the retrieval thread takes one client's work in order: this runs after theirs
+            if until is not None:
+                assert await asyncio.to_thread(until.wait, 10)
+            else:  # the retrieval thread takes one client's work in order: this runs after theirs
                 await asyncio.wrap_future(answerer._retrieval_thread.submit(lambda: None))
-            else:
-                await asyncio.sleep(0.2)
 
         try:
             return await answer_as_one_batch(answerer, queries, before_release=wait)
@@ -112,10 +113,11 @@ def test_a_batch_is_searched_on_the_device_in_one_go_with_the_hosts_answers(pipe
 def test_a_query_whose_retrieval_is_still_running_is_searched_on_the_host(pipes, monkeypatch):
     reference, pipe = pipes
     retrieve = pipe.articles.retrieve
-    slow = threading.Event()
+    entered, slow = threading.Event(), threading.Event()
 
     def slow_retrieve(query):
-        if query.text == QUERIES[2].text:  # released once the batch's device search ran
+        if query.text == QUERIES[2].text:  # held until the batch's device search ran
+            entered.set()
             slow.wait(10)
         return retrieve(query)
 
@@ -128,8 +130,9 @@ def test_a_query_whose_retrieval_is_still_running_is_searched_on_the_host(pipes,
         return original(items)
 
     knn.search = search
-    answers = _batched(pipe, knn, QUERIES, retrieved=False)
-    # the first query's retrieval started with the batch and the third's waits behind the slow second one: only
+    # released once the slow retrieval began: the one before it (the second query's) has ended
+    answers = _batched(pipe, knn, QUERIES, until=entered)
+    # the first query's retrieval started with the batch and the fourth's waits behind the slow third one: only
     # the second query's rows were there to search on the device
     assert knn.searched == [1]
     for q, got in zip(QUERIES, answers, strict=True):
