@@ -20,7 +20,8 @@ from bertknn.builder.update import add_articles
 from bertknn.core.format import Datastore, read_manifest, validate_datastore
 from bertknn.core.format.table import EntityRef
 from bertknn.service.main import create_app
-from bertknn.service.results import DEFAULT_BEAM
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import DEFAULT_BEAM, Query
 from bertknn.service.retrieval.knn import RestrictedKnn
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import build_tiny, corpus_words, make_tiny_bert, write_jsonl
@@ -592,3 +593,45 @@ def test_an_entity_name_longer_than_max_name_pieces_is_left_to_its_neighbours(
         pipe.close()
     assert sent == [[len(ea.pieces(short))]], sent  # only the short name went to the fill pass
     assert probs[0] > 0 and probs[1] == 0.0, probs
+
+
+def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path) -> None:
+    """``model.knn_device: model``: entity questions batched together have their entity rows searched in one
+    product on the device (here the CPU's torch), and their answers are the host's."""
+    import asyncio
+
+    from bertknn.service.metrics import Metrics
+    from bertknn.service.retrieval.device_knn import DeviceKnn
+    from bertknn.service.serving import AsyncAnswerer
+    from bertknn.service.settings import BatchingSettings
+    from tests.support.batches import answer_as_one_batch
+
+    questions = [Query("the capital is [MASK] .", answer="entity"),  # first: its retrieval starts with the batch
+                 Query("orvin tasker was born in [MASK] .", subject="Orvin Tasker", answer="entity", top_k=3),
+                 Query("mira dolan was born in [MASK] .", subject="Mira Dolan", answer="entity")]  # fmt: skip
+    reference, pipe = AnswerPipeline.open(ds, device="cpu"), AnswerPipeline.open(ds, device="cpu")
+    metrics = Metrics()
+
+    async def main() -> list:
+        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), metrics, device_knn=DeviceKnn("cpu"))
+        answerer.start()
+
+        async def retrieved() -> None:  # the retrieval thread takes one client's work in order
+            await asyncio.wrap_future(answerer._retrieval_thread.submit(lambda: None))
+
+        try:
+            return await answer_as_one_batch(answerer, questions, before_release=retrieved)
+        finally:
+            await answerer.stop()
+
+    try:
+        answers = asyncio.run(main())
+        assert 'bertknn_knn_on_device_total{outcome="searched"} 2.0' in metrics.exposition().decode()
+        for q, got in zip(questions, answers, strict=True):
+            want = reference.predict(q)
+            assert [(p.token, p.entity) for p in got.predictions] == [(p.token, p.entity) for p in want.predictions]
+            np.testing.assert_allclose([p.prob for p in got.predictions], [p.prob for p in want.predictions], rtol=1e-4)
+        assert answers[1].predictions[0].token == "New Quellport"
+    finally:
+        pipe.close()
+        reference.close()
