@@ -29,18 +29,13 @@ logger = logging.getLogger(__name__)
 def _ready(job: Job) -> ArticleSearch | None:
     """The query's prepared rows when its batch may search them on the device; None: the host searches them."""
     query = job.query
-    if job.answered.done() or query.retriever == "none" or query.interpolation == "adaptive":
+    if job.answered.done() or query.interpolation == "adaptive":
         return None
     got = job.retrieval
     if got is None or not got.done() or got.cancelled() or got.exception() is not None:
         return None
     retrieved = got.result()
-    hits = retrieved.articles[0]
-    if not hits:
-        return None
-    search = retrieved.search
-    if search is None or search.titles != tuple(a.title for a in hits) or search.answer != query.answer:
-        search = job.pipe.neighbours_of.prepare_search(query, hits)
+    search = job.pipe.neighbours_of.search_for(query, retrieved.articles[0], retrieved.search)
     return search if search is not None and DeviceKnn.searchable(search) else None
 
 

@@ -43,12 +43,18 @@ class NeighbourFinder:
         vec = enc.embedding.astype(np.float32)
         if query.retriever == "none":
             return self._global_search(vec, query.k)
-        if not articles:
-            return EMPTY
-        titles = [a.title for a in articles]
-        if search is None or search.titles != tuple(titles) or search.answer != query.answer:
-            search = self.knn.prepare(titles, query.answer)
-        return search.search(vec, query.k)
+        found = self.search_for(query, articles, search)
+        return EMPTY if found is None else found.search(vec, query.k)
+
+    def search_for(
+        self, query: Query, articles: list[ArticleHit], prepared: ArticleSearch | None = None
+    ) -> ArticleSearch | None:
+        """The rows the query searches: ``prepared`` when it was made for these articles and answer, else read
+        now (`prepare_search`); None where there is nothing to search."""
+        titles = tuple(a.title for a in articles)
+        if prepared is not None and prepared.titles == titles and prepared.answer == query.answer:
+            return prepared
+        return self.prepare_search(query, articles)
 
     def _global_search(self, vec: np.ndarray, k: int) -> Neighbours:
         if self._global_knn is None:
