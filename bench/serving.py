@@ -7,7 +7,8 @@ Prints a table and writes bench/results/serving.json (with ``--backend`` or ``--
 serving-BACKEND-Nt.json). All ratios are measured in the same run. Latency and throughput are measured with two
 load generators against the same server: a lean keep-alive HTTP/1.1 client (``raw``, bench/rawhttp.py) and
 httpx, each simulated client with its own connection. Both share this machine's cores with the server; the CPU each spends per request
-is printed beside it.
+is printed beside it. With several service processes (``--workers`` above 1, or auto on a GPU) the service's
+cache is a redis-server of the run's own, as a deployment's processes share Redis.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from bench.common import (
     PROXY_MODEL,
     REPO,
     RUNS,
+    RedisServer,
     bare_forward,
     build_datastore,
     host_port,
@@ -378,6 +380,21 @@ def _report(result: dict, backend: str, threads: int) -> None:
             print(f"datastore {k} ({v['contexts']} contexts): p50 {v['p50_ms']:.1f} ms -> {v['ratio']:.2f}x")
 
 
+@contextlib.contextmanager
+def _cache_for(several: bool, env: dict[str, str]) -> Iterator[None]:
+    """With ``several`` service processes, a redis-server for the run, named in ``env``
+    (``BERTKNN_CACHE__REDIS_URL``); else the service's in-process cache."""
+    if not several:
+        yield
+        return
+    redis = RedisServer().start()
+    env["BERTKNN_CACHE__REDIS_URL"] = redis.url
+    try:
+        yield
+    finally:
+        redis.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
@@ -419,16 +436,22 @@ def main(argv: list[str] | None = None) -> int:
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
         "retriever": args.retriever, "workers": args.workers or "auto", "knn_device": args.knn_device,
         "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
-    # The machine's speed drifts (shared host): the bare forward is measured in the same time windows as the
-    # requests it is compared with (the service idles during the bare blocks, the bench process during the HTTP ones).
-    with service_process(ds, env=env) as svc:
-        for client in CLIENTS:
-            http_latencies(svc.url, lama_queries(30, seed=99 if client == "raw" else 96), client)  # warm-up
-        all_bare = _latency(svc.url, enc, lat_q, result)
-        _throughput(svc, enc, levels, per_level, rest, result)
+    # Several processes share one cache, as a deployment's share Redis (each process's own in-process cache would
+    # miss a question the other process answered): a redis-server of the run's own.
+    several = args.workers > 1 or (args.workers == 0 and enc.device.type == "cuda")
+    result["cache"] = "redis" if several else "in-process"
+    with _cache_for(several, env):
+        # The machine's speed drifts (shared host): the bare forward is measured in the same time windows as the
+        # requests it is compared with (the service idles during the bare blocks, the bench process during the
+        # HTTP ones).
+        with service_process(ds, env=env) as svc:
+            for client in CLIENTS:
+                http_latencies(svc.url, lama_queries(30, seed=99 if client == "raw" else 96), client)  # warm-up
+            all_bare = _latency(svc.url, enc, lat_q, result)
+            _throughput(svc, enc, levels, per_level, rest, result)
+        if args.scale:
+            result["scale"] = _scale(ds, args.scale, args.work, env, scale_q)
     result["bare_forward_ms"] = _ms(percentiles(all_bare))
-    if args.scale:
-        result["scale"] = _scale(ds, args.scale, args.work, env, scale_q)
     # the default settings write serving.json; other backends, thread counts or a GPU their own file beside it
     default = args.backend == "auto" and not args.threads and args.retriever == "bm25" and not args.workers
     default = default and args.knn_device == "host"

@@ -267,3 +267,20 @@ def test_bench_knn_batch_writes_its_figures_for_the_device_it_ran_on(tmp_path: P
     assert all(data[k]["same_neighbours"] for k in ("rows_30_batch_1", "rows_30_batch_2"))
     with pytest.raises(SystemExit):
         knn_batch.main(["--calls", "0"])
+
+
+def test_bench_serving_gives_several_processes_one_redis_cache() -> None:
+    """Several service processes share a redis-server of the run's own (a question one process answered is a hit
+    in the other), stopped after; one process keeps its in-process cache."""
+    import redis
+
+    from bench.serving import _cache_for
+
+    env: dict[str, str] = {}
+    with _cache_for(False, env):
+        assert env == {}
+    with _cache_for(True, env):
+        client = redis.Redis.from_url(env["BERTKNN_CACHE__REDIS_URL"])
+        assert client.ping()
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
