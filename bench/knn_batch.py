@@ -3,7 +3,7 @@
     python -m bench.knn_batch [--device cpu|cuda] [--threads 1]
 
 `batch_knn` (what ``model.knn_device: model`` runs: the batch's rows copied to the device through the service's
-kept staging buffer, one batched product, one top-k) against the host's search (FAISS over each query's float16
+kept staging buffer, one batched pass, one top-k) against the host's search (FAISS over each query's float16
 rows, one query after another, one FAISS thread), in alternating calls, on random float16 rows of bert-base's
 hidden size: p50 ms per batch of each, their ratio and whether the neighbours agree. Writes
 ``bench/results/knn-batch-DEVICE.json``; on CUDA, ``python -m bench.gpu``'s ``device_knn`` stage runs it.

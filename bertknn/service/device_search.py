@@ -1,7 +1,7 @@
 """A batch's restricted kNN on the model's device, right after its forward pass (``model.knn_device: model``).
 
 For each query of the batch whose articles are known by then and whose rows are float16, the rows are searched
-together in one batched product (`DeviceKnn`); the neighbours ride on the query's `Job` to its finishing, which
+together in one batched pass (`DeviceKnn`); the neighbours ride on the query's `Job` to its finishing, which
 then skips its own search. A query left out (its retrieval still running, a datastore with a codec, retriever
 ``none``, adaptive interpolation, which may skip the kNN) is searched on the host as before; so is every query
 of a batch whose device search failed. Runs on the model thread: every torch call of the service comes from that

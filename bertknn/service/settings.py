@@ -45,7 +45,7 @@ class ModelSettings(BaseModel):
     knn_device: Literal["host", "model"] = Field(
         "host", description="where a batch's restricted kNN runs: host (FAISS over each question's rows, one question "
         "at a time) or model (the model's device: after the batch's forward pass, the rows of its questions whose "
-        "articles are known are copied there and searched in one batched product; float16 datastores, fixed "
+        "articles are known are copied there and searched in one batched pass; float16 datastores, fixed "
         "interpolation; the others stay on the host). docs/decisions/serving-processes.md"
     )
     knn_only: bool = Field(

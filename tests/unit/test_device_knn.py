@@ -131,3 +131,16 @@ def test_the_staging_buffer_is_kept_and_what_it_held_before_changes_nothing():
         assert np.isfinite(dist).all()
     staging.take((8, 200, 16))
     assert staging._buffer is not kept and staging._buffer.numel() == 8 * 200 * 16  # grown to what was asked
+
+
+def test_long_vectors_keep_their_distances_digits():
+    """Rows and queries far from the origin beside their distances (some families' hidden states): the distances
+    are the differences' own, as FAISS's are, not |x|^2 - 2 x.q + |q|^2 with its digits cancelled away."""
+    rng = np.random.default_rng(3)
+    centre = np.full(64, 40.0, np.float32)
+    rows = [(centre + rng.normal(size=(200, 64))).astype(np.float16)]
+    query = (centre + rng.normal(size=64)).astype(np.float32)
+    (dist, idx), = batch_knn(torch.from_numpy(query[None, :]), rows, k=20)
+    want_d, want_i = fp16_search(rows[0], query, 20)
+    np.testing.assert_array_equal(idx, want_i)
+    np.testing.assert_allclose(dist, want_d, rtol=1e-5)

@@ -1,5 +1,5 @@
-"""The restricted kNN of a whole batch where its queries' embeddings can be searched in one product (the model's
-device): each query's article rows gathered into a padded batch, distances by one batched matrix product, top-k;
+"""The restricted kNN of a whole batch where its queries' embeddings can be searched in one pass (the model's
+device): each query's article rows gathered into a padded batch, distances by one batched pass over the rows, top-k;
 only distances and row indices come back.
 
 The service runs it right after a batch's forward pass when ``model.knn_device`` is ``model``
@@ -80,16 +80,17 @@ def _groups(sizes: Sequence[int], hidden: int, group_bytes: int) -> list[list[in
 def _padded_knn(
     queries: torch.Tensor, rows: Sequence[np.ndarray], k: int, staging: Staging
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`batch_knn` of one group: its rows padded into one tensor, one batched product, one top-k. The padding
+    """`batch_knn` of one group: its rows padded into one tensor, one batched pass, one top-k. The padding
     is left unwritten: its distances are masked to infinity whatever it holds."""
     sizes = [len(r) for r in rows]
     width, device = max(sizes), queries.device
     host = staging.take((len(rows), width, queries.shape[1]))
     for i, r in enumerate(rows):
         host[i, : len(r)] = torch.from_numpy(np.ascontiguousarray(r, dtype=np.float16))
-    x = host.to(device, non_blocking=True).float()  # [batch, width, hidden]
-    q = queries.float()
-    dist = (x * x).sum(-1) - 2.0 * torch.bmm(x, q[:, :, None])[..., 0] + (q * q).sum(-1, keepdim=True)
+    x = host.to(device, non_blocking=True).float()  # [batch, width, hidden], a tensor of its own
+    # the differences themselves, in place: |x|^2 - 2 x.q + |q|^2 loses the distance's digits to cancellation
+    # where the vectors are long beside their distances (some families' hidden states), and FAISS does not
+    dist = x.sub_(queries.float()[:, None, :]).square_().sum(-1)
     padded = torch.arange(width, device=device)[None, :] >= torch.tensor(sizes, device=device)[:, None]
     dist = dist.masked_fill(padded, float("inf"))
     top = torch.topk(dist, min(k, width), dim=1, largest=False, sorted=True)
