@@ -606,7 +606,7 @@ def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path)
     from bertknn.service.settings import BatchingSettings
     from tests.support.batches import answer_as_one_batch
 
-    questions = [Query("the capital is [MASK] .", answer="entity"),  # first: its retrieval starts with the batch
+    questions = [Query("the capital is [MASK] .", answer="entity"),  # first: its retrieval starts with its batch
                  Query("orvin tasker was born in [MASK] .", subject="Orvin Tasker", answer="entity", top_k=3),
                  Query("mira dolan was born in [MASK] .", subject="Mira Dolan", answer="entity")]  # fmt: skip
     reference, pipe = AnswerPipeline.open(ds, device="cpu"), AnswerPipeline.open(ds, device="cpu")
@@ -626,7 +626,10 @@ def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path)
 
     try:
         answers = asyncio.run(main())
-        assert 'bertknn_knn_on_device_total{outcome="searched"} 2.0' in metrics.exposition().decode()
+        # the two subject questions' retrievals ended before the batch; the first one's started with the batch
+        # and may or may not have ended with its forward: 2 or 3 searched on the device
+        counted = metrics.exposition().decode()
+        assert any(f'bertknn_knn_on_device_total{{outcome="searched"}} {n}.0' in counted for n in (2, 3)), counted
         for q, got in zip(questions, answers, strict=True):
             want = reference.predict(q)
             assert [(p.token, p.entity) for p in got.predictions] == [(p.token, p.entity) for p in want.predictions]
