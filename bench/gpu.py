@@ -13,7 +13,7 @@ leaves the others' figures:
 - ``cuda_graphs``: the service's forward (bfloat16, with p_MLM) eager against its CUDA graphs, at 1 to 64
   questions per batch: p50 ms of each and the largest difference of their outputs, and how long capturing them at
   start-up took (docs/decisions/cuda-graphs.md);
-- ``device_knn``: a batch's restricted kNN on the device (`batch_knn`: the rows copied there, one batched product)
+- ``device_knn``: a batch's restricted kNN on the device (`batch_knn`: the rows copied there; `resident_knn`: kept there)
   against the service's FAISS search of each query's rows on the host, at 1 and 32 queries of 500 and 3,000 rows;
 - ``builder_bfloat16`` / ``builder_float16``: the builder's contexts/s on bert-base-uncased's shape with the cut
   forward, the token budget per batch swept (in bfloat16; float16 at one budget), its padding fraction and the
@@ -389,9 +389,10 @@ def gpu_table(out: dict[str, Any]) -> str:
                     f"{r['max_relative_difference']:.1e} |")  # fmt: skip
     for key, r in _measured(out, "device_knn"):
         n, b = key.split("_batch_")
-        rows.append(f"| restricted kNN of {b} queries x {n} rows, on the device / FAISS on the host, one by one (p50 "
-                    f"ms; same neighbours) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = {r['device_over_host']}x; "
-                    f"{r['same_neighbours']} |")  # fmt: skip
+        kept = f", kept there {r['resident_ms_p50']} ms = {r['resident_over_host']}x" if "resident_ms_p50" in r else ""
+        rows.append(f"| restricted kNN of {b} queries x {n} rows: copied to the device / FAISS on the host, one by "
+                    f"one (p50 ms; same neighbours) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = "
+                    f"{r['device_over_host']}x{kept}; {r['same_neighbours']} |")  # fmt: skip
     how = {"serving": None, "serving_one_process": "one process", "serving_device_knn": "kNN on the device"}
     for stage, label in how.items():
         rows += _serving_rows(out.get(stage, {}), label)

@@ -224,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "CPU, 2-8 on a GPU); server CPU is summed over all of them")
     p.add_argument("--knn-device", choices=["host", "model"], default="host", help="where the service runs a batch's "
                    "restricted kNN (model.knn_device): host, its default, or the model's device")
+    p.add_argument("--knn-device-rows", choices=["auto", "resident", "copied"], default="auto", help="with "
+                   "--knn-device model: the rows kept on the device or copied each batch (model.knn_device_rows)")
     p.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="the service's default article "
                    "ranker, for subjects without an article (tfidf: the datastore is built without BM25, no Java)")
     return p
@@ -419,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend,
            "BERTKNN_MODEL__DEVICE": args.device, "BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_WORKERS": str(args.workers),
-           "BERTKNN_MODEL__KNN_DEVICE": args.knn_device}  # fmt: skip
+           "BERTKNN_MODEL__KNN_DEVICE": args.knn_device, "BERTKNN_MODEL__KNN_DEVICE_ROWS": args.knn_device_rows}  # fmt: skip
     ds = build_datastore([args.corpus], args.work / ("ds" if args.retriever == "bm25" else "ds-tfidf"), args.model, limit=args.articles,
                          bm25=args.retriever == "bm25")  # fmt: skip
     man = Datastore(ds).manifest
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": str(enc.dtype).removeprefix("torch."), "datastore": {
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
         "retriever": args.retriever, "workers": args.workers or "auto", "knn_device": args.knn_device,
-        "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
+        "knn_device_rows": args.knn_device_rows, "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
     # Several processes share one cache, as a deployment's share Redis (each process's own in-process cache would
     # miss a question the other process answered): a redis-server of the run's own.
     several = args.workers > 1 or (args.workers == 0 and enc.device.type == "cuda")
@@ -461,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers:
         name += f"-{args.workers}w"
     if args.knn_device != "host":
-        name += f"-knn-{args.knn_device}"
+        name += f"-knn-{args.knn_device}" + ("" if args.knn_device_rows == "auto" else f"-{args.knn_device_rows}")
     path = write_result(result_name(name, args.model), result)
     _report(result, backend, threads)
     print(f"wrote {path}")

@@ -22,12 +22,14 @@ from bertknn.service.encoding import PendingEncoding
 from bertknn.service.finishing import Job
 from bertknn.service.retrieval.device_knn import DeviceKnn
 from bertknn.service.retrieval.knn import ArticleSearch
+from bertknn.service.retrieval.resident_rows import STEP_BYTES
 
 logger = logging.getLogger(__name__)
 
 
-def _ready(job: Job) -> ArticleSearch | None:
-    """The query's prepared rows when its batch may search them on the device; None: the host searches them."""
+def _ready(job: Job, read: bool) -> ArticleSearch | None:
+    """The query's prepared rows when its batch may search them on the device; None: the host searches them.
+    ``read``: rows not prepared yet are read now (else only found: the device keeps them)."""
     query = job.query
     if job.answered.done() or query.interpolation == "adaptive":
         return None
@@ -35,7 +37,7 @@ def _ready(job: Job) -> ArticleSearch | None:
     if got is None or not got.done() or got.cancelled() or got.exception() is not None:
         return None
     retrieved = got.result()
-    search = job.pipe.neighbours_of.search_for(query, retrieved.articles[0], retrieved.search)
+    search = job.pipe.neighbours_of.search_for(query, retrieved.articles[0], retrieved.search, read=read)
     return search if search is not None and DeviceKnn.searchable(search) else None
 
 
@@ -70,11 +72,13 @@ def search_batch(
     (``Job.neighbours``) and its share of the time (its ``knn`` stage). A failure here goes to ``failures`` and
     leaves every query to the host's search: the device path is never a request's only way to an answer."""
     t = time.perf_counter()
-    ready = [(job, enc, search) for job, enc in zip(jobs, encs, strict=True) if (search := _ready(job)) is not None]
+    read = knn.resident is None
+    ready = [(job, enc, search) for job, enc in zip(jobs, encs, strict=True) if (search := _ready(job, read)) is not None]
     if not ready:
         return BatchSearch()
     try:
-        found = knn.search([(np.asarray(enc.embedding), search, job.query.k) for job, enc, search in ready])
+        items = [(np.asarray(enc.embedding), search, job.query.k) for job, enc, search in ready]
+        found = knn.search(items, [job.pipe.neighbours_of.datastore for job, _, _ in ready])
     except Exception:
         failures.failed()
         return BatchSearch(failed=len(ready))
@@ -83,3 +87,14 @@ def search_batch(
         job.neighbours = nbrs
         job.stage.add("knn", share)
     return BatchSearch(searched=len(ready))
+
+
+def keep_rows(knn: DeviceKnn, jobs: Sequence[Job], failures: FailureLog, step_bytes: int = STEP_BYTES) -> None:
+    """After a batch: a step of its newest datastore's rows onto the device, where they are kept there and not
+    all loaded yet (after a reload). A failure is logged as the search's are; the rows stay on the host."""
+    if knn.resident is None or not jobs:
+        return
+    try:
+        knn.keep_rows(jobs[-1].pipe.neighbours_of.datastore, step_bytes)
+    except Exception:
+        failures.failed()

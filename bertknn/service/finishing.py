@@ -52,10 +52,11 @@ class Job:
     client: str = "-"  # who asked (the fair queues' turns)
     neighbours: Neighbours | None = None  # found with its batch on the model's device (`device_search`)
 
-    def start_retrieval(self, executor: FairExecutor, *, prepare: bool = False) -> Future[Retrieved]:
-        """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also read and index their rows
-        for the kNN there. Only for a query that is the model's only one: it is answered right after its forward
-        pass, while a queued query's rows (megabytes for long articles) would sit in memory until its turn."""
+    def start_retrieval(self, executor: FairExecutor, *, prepare: bool = False, read: bool = True) -> Future[Retrieved]:
+        """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also find their rows for the kNN
+        there, and with ``read`` read and index them. Only for a query that is the model's only one, or a batch
+        searched on the device: it is answered right after its forward pass, while a queued query's rows
+        (megabytes for long articles) would sit in memory until its turn."""
         if self.retrieval is None:
             pipe, query = self.pipe, self.query
 
@@ -63,7 +64,7 @@ class Job:
                 t0 = time.perf_counter()
                 articles = pipe.articles.retrieve(query)
                 t1 = time.perf_counter()
-                search = pipe.neighbours_of.prepare_search(query, articles[0]) if prepare else None
+                search = pipe.neighbours_of.prepare_search(query, articles[0], read=read) if prepare else None
                 return Retrieved(articles, t1 - t0, search, time.perf_counter() - t1)
 
             self.retrieval = executor.submit(retrieve, client=self.client)

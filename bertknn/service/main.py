@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from bertknn.service.processes import WorkerSlot, run_dir_from_env
 from bertknn.service.reload import DatastoreReloader, PeerReloads
 from bertknn.service.resources import Resources
 from bertknn.service.retrieval.device_knn import DeviceKnn
+from bertknn.service.retrieval.resident_rows import ResidentRows, fits_in_half_the_free_memory
 from bertknn.service.serving import AsyncAnswerer
 from bertknn.service.settings import ServiceSettings
 from bertknn.service.shared_gate import SharedCostGate
@@ -289,7 +291,9 @@ async def _start(
     resources.pipeline = pipeline
     _warn_default_retriever(settings, pipeline)
     resources.metrics.watch_cache(pipeline.cache)
-    device_knn = DeviceKnn(pipeline.queries.encoder.device) if settings.model.knn_device == "model" else None
+    device_knn = _device_knn(settings, pipeline)
+    if device_knn is not None and device_knn.resident is not None:  # (on the model's thread, as every torch call)
+        await asyncio.get_running_loop().run_in_executor(model_thread, _keep_rows, device_knn, pipeline)
     resources.answerer = AsyncAnswerer(
         pipeline, settings.batching, resources.metrics, model_thread=model_thread, device_knn=device_knn
     )
@@ -307,6 +311,28 @@ async def _start(
     resources.metrics.ready.set(1.0)
     logger.info("ready: %s", pipeline.identity())
     return pipeline, watch
+
+
+def _device_knn(settings: ServiceSettings, pipeline: AnswerPipeline) -> DeviceKnn | None:
+    """The batch's kNN on the model's device (``model.knn_device``), its rows kept there or copied
+    (``model.knn_device_rows``)."""
+    if settings.model.knn_device != "model":
+        return None
+    device = pipeline.queries.encoder.device
+    rows = settings.model.knn_device_rows
+    if rows == "copied" or (rows == "auto" and device.type != "cuda"):
+        return DeviceKnn(device)
+    allowed = (lambda nbytes: True) if rows == "resident" else partial(fits_in_half_the_free_memory, device)
+    return DeviceKnn(device, resident=ResidentRows(device, allowed))
+
+
+def _keep_rows(device_knn: DeviceKnn, pipeline: AnswerPipeline) -> None:
+    t = time.perf_counter()
+    rows = device_knn.keep_rows(pipeline.neighbours_of.datastore)
+    resident = device_knn.resident
+    if rows and resident is not None:
+        logger.info("kNN on the device: %d rows (%.2f GiB) kept there in %.1f s", rows, resident.nbytes / 2**30,
+                    time.perf_counter() - t)  # fmt: skip
 
 
 async def _all(tasks: list[Coroutine[Any, Any, None]]) -> None:

@@ -8,10 +8,11 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
+from functools import partial
 
 from bertknn.core.inputs import MaskedInput
 from bertknn.service.batching import MicroBatcher
-from bertknn.service.device_search import FailureLog, search_batch
+from bertknn.service.device_search import FailureLog, keep_rows, search_batch
 from bertknn.service.fair import FairExecutor, client_var
 from bertknn.service.finishing import Finisher, Job, Work, fills
 from bertknn.service.leases import Leases
@@ -88,8 +89,12 @@ class AsyncAnswerer:
         # that had to wait started it on arrival. Each answer goes to its request's `answered` future as soon as
         # it is made, here or by the finisher pool.
         idle = len(jobs) == 1 and self.batcher.depth == 0  # (read from this thread: a hint, not a promise)
-        for job in jobs:  # (with the kNN on the device, every query's rows are read next to its retrieval)
-            job.start_retrieval(self._retrieval_thread, prepare=idle or self.device_knn is not None)
+        # (with the kNN on the device, every query's rows are found next to its retrieval; read there unless the
+        # device keeps them)
+        knn = self.device_knn
+        for job in jobs:
+            job.start_retrieval(self._retrieval_thread, prepare=idle or knn is not None,
+                                read=knn is None or knn.resident is None)  # fmt: skip
         t = time.perf_counter()
         encs, hits = self.pipeline.queries.forward(
             [j.inp for j in jobs], defer_store=self._deferred, defer_heads=not idle, keys=[j.key for j in jobs],
@@ -103,6 +108,8 @@ class AsyncAnswerer:
             done = search_batch(self.device_knn, jobs, encs, self._device_failures)
             self.metrics.knn_on_device.labels("searched").inc(done.searched)
             self.metrics.knn_on_device.labels("failed").inc(done.failed)
+            # rows of a datastore not all on the device yet: a step of them once this batch's answers are out
+            self._deferred.append(partial(keep_rows, self.device_knn, jobs, self._device_failures))
         # A query alone with an idle model is finished here, saving the hand-offs; a batch where `Pace` says so.
         # Whole-word and entity answers run forward passes of their own through this thread: never here.
         inline = idle or self.finisher.pace.finish_here()

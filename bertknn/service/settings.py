@@ -45,8 +45,14 @@ class ModelSettings(BaseModel):
     knn_device: Literal["host", "model"] = Field(
         "host", description="where a batch's restricted kNN runs: host (FAISS over each question's rows, one question "
         "at a time) or model (the model's device: after the batch's forward pass, the rows of its questions whose "
-        "articles are known are copied there and searched in one batched pass; float16 datastores, fixed "
-        "interpolation; the others stay on the host). docs/decisions/serving-processes.md"
+        "articles are known are searched there in one batched pass, kept there or copied: knn_device_rows; float16 "
+        "datastores, fixed interpolation; the others stay on the host). docs/decisions/serving-processes.md"
+    )
+    knn_device_rows: Literal["auto", "resident", "copied"] = Field(
+        "auto", description="with knn_device model, how the questions' rows reach the device: resident (the "
+        "datastore's float16 rows kept there, loaded at start-up and, after a reload, a step after each batch; only "
+        "row ids cross), copied (each batch's rows copied from the host), or auto (resident on a GPU where the rows "
+        "take at most half of its free memory, else copied)"
     )
     knn_only: bool = Field(
         False, description="serve a checkpoint without its MLM head: p_MLM is uniform and the answers are the "

@@ -19,6 +19,7 @@ from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import Answer, Query
 from bertknn.service.retrieval.device_knn import DeviceKnn
 from bertknn.service.retrieval.knn import ArticleSearch
+from bertknn.service.retrieval.resident_rows import ResidentRows
 from bertknn.service.serving import AsyncAnswerer
 from bertknn.service.settings import BatchingSettings, ServiceSettings
 from tests.support.batches import answer_as_one_batch
@@ -36,16 +37,16 @@ QUERIES = [
 class Recording(DeviceKnn):
     """A `DeviceKnn` on the CPU that records the queries it searched, or fails when told to."""
 
-    def __init__(self, fail: bool = False):
-        super().__init__("cpu")
+    def __init__(self, fail: bool = False, resident: ResidentRows | None = None):
+        super().__init__("cpu", resident=resident)
         self.searched: list[int] = []
         self.fail = fail
 
-    def search(self, items):
+    def search(self, items, datastores=None):
         if self.fail:
             raise RuntimeError("device lost")
         self.searched.append(len(items))
-        return super().search(items)
+        return super().search(items, datastores)
 
 
 def _batched(
@@ -110,6 +111,23 @@ def test_a_batch_is_searched_on_the_device_in_one_go_with_the_hosts_answers(pipe
         assert got.cache["encoding"] == "miss" and (got.knn_skipped or got.timings_ms["knn"] > 0)
 
 
+def test_a_batch_over_rows_kept_on_the_device_reads_none_of_them_on_the_host(pipes, monkeypatch):
+    from bertknn.service.retrieval import knn as knn_module
+
+    reference, pipe = pipes
+    reads: list[int] = []
+    gather = knn_module._gather
+    monkeypatch.setattr(knn_module, "_gather", lambda slices, out: (reads.append(len(out)), gather(slices, out))[1])
+    kept = ResidentRows("cpu", lambda nbytes: True)
+    kept.advance(pipe.datastore)
+    knn = Recording(resident=kept)
+    answers = _batched(pipe, knn, QUERIES)
+    assert knn.searched == [3]
+    assert len(reads) == (0 if answers[0].knn_skipped else 1)  # the adaptive question's rows, searched on the host
+    for q, got in zip(QUERIES, answers, strict=True):
+        _same(got, reference.predict(q))
+
+
 def test_a_query_whose_retrieval_is_still_running_is_searched_on_the_host(pipes, monkeypatch):
     reference, pipe = pipes
     retrieve = pipe.articles.retrieve
@@ -125,9 +143,9 @@ def test_a_query_whose_retrieval_is_still_running_is_searched_on_the_host(pipes,
     knn = Recording()
     original = knn.search
 
-    def search(items):
+    def search(items, datastores=None):
         slow.set()
-        return original(items)
+        return original(items, datastores)
 
     knn.search = search
     # released once the slow retrieval began: the one before it (the second query's) has ended
@@ -171,14 +189,22 @@ def test_a_device_that_keeps_failing_is_logged_once_a_minute(caplog, monkeypatch
 def test_the_setting_serves_the_same_answers_through_the_api(tiny_datastore: Path):
     questions = [{"text": q.text, **({"subject": q.subject} if q.subject else {})} for q in QUERIES[1:]]
     bodies = {}
-    for where in ("host", "model"):
-        settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu", "knn_device": where})
-        app = create_app(settings)
+    for where, rows in (("host", "auto"), ("model", "auto"), ("model", "resident")):
+        model = {"device": "cpu", "knn_device": where, "knn_device_rows": rows}
+        app = create_app(ServiceSettings(datastore=tiny_datastore, model=model))
         with TestClient(app) as c:
-            assert (app.state.resources.answerer.device_knn is not None) == (where == "model")
-            bodies[where] = [c.post("/predict", json=q).json() for q in questions]
-    for got, want in zip(bodies["model"], bodies["host"], strict=True):
-        assert [p["token"] for p in got["predictions"]] == [p["token"] for p in want["predictions"]]
-        np.testing.assert_allclose([p["prob"] for p in got["predictions"]], [p["prob"] for p in want["predictions"]], rtol=1e-4)
+            knn = app.state.resources.answerer.device_knn
+            assert (knn is not None) == (where == "model")
+            if knn is not None:  # auto keeps rows on a GPU only; resident loads them all before the service is ready
+                resident = knn.resident
+                assert (resident is not None) == (rows == "resident")
+                assert resident is None or resident.loaded == app.state.resources.pipeline.datastore.total_rows
+            bodies[where, rows] = [c.post("/predict", json=q).json() for q in questions]
+    for key in (("model", "auto"), ("model", "resident")):
+        for got, want in zip(bodies[key], bodies["host", "auto"], strict=True):
+            assert [p["token"] for p in got["predictions"]] == [p["token"] for p in want["predictions"]]
+            np.testing.assert_allclose([p["prob"] for p in got["predictions"]], [p["prob"] for p in want["predictions"]], rtol=1e-4)
     with pytest.raises(ValueError, match="knn_device"):
         ServiceSettings(datastore=tiny_datastore, model={"knn_device": "gpu"})
+    with pytest.raises(ValueError, match="knn_device_rows"):
+        ServiceSettings(datastore=tiny_datastore, model={"knn_device_rows": "gpu"})

@@ -351,3 +351,37 @@ def test_file_watch_serves_the_new_version(ds: Path, update_corpus: Path):
         v2 = c.post("/predict", json=BRINDLE).json()
         assert v2["datastore"]["version"] == 2 and v2["predictions"][0]["token"] == "zandor"
         assert v2["cache"]["retrieval"] == "miss"  # retrieval cache keys carry the datastore id and version
+
+
+def test_rows_kept_on_the_device_follow_a_live_update(ds: Path, update_corpus: Path, monkeypatch):
+    """``model.knn_device_rows: resident``: the rows loaded at start-up stay after `add` and a reload; only the new
+    shard's rows are loaded, after the first batch on the new version, and the answers are the new version's."""
+    from bertknn.service.retrieval.resident_rows import ResidentRows
+
+    copies: list[tuple[int, int]] = []  # (first row, rows) of each load
+    advance = ResidentRows.advance
+
+    def recorded(self, datastore, max_bytes=None):
+        start = self.loaded
+        n = advance(self, datastore, max_bytes)
+        if n:
+            copies.append((start if start + n == self.loaded else 0, n))
+        return n
+
+    monkeypatch.setattr(ResidentRows, "advance", recorded)
+    model = {"device": "cpu", "knn_device": "model", "knn_device_rows": "resident"}
+    app = create_app(ServiceSettings(datastore=ds, model=model, batching={"max_wait_ms": 1}, admin_token=TOKEN))
+    with TestClient(app) as c:
+        kept = app.state.resources.answerer.device_knn.resident
+        v1_rows = app.state.resources.pipeline.datastore.total_rows
+        assert copies == [(0, v1_rows)]
+        assert c.post("/predict", json=ZORBLAT).json()["predictions"][0]["token"] == "quimby"
+        _add(ds, update_corpus)
+        r = c.post("/admin/reload", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and r.json()["datastore"]["version"] == 2
+        v2 = app.state.resources.pipeline.datastore
+        for q, want in ((BRINDLE, "zandor"), (ZORBLAT, "kelbo"), (BRINDLE, "zandor")):
+            body = c.post("/predict", json=q).json()
+            assert body["datastore"]["version"] == 2 and body["predictions"][0]["token"] == want
+        assert copies == [(0, v1_rows), (v1_rows, v2.total_rows - v1_rows)]  # the old rows kept, the new added
+        assert kept.loaded == v2.total_rows and kept.covers(v2, np.arange(v2.total_rows))

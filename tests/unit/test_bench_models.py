@@ -191,8 +191,9 @@ def test_bench_gpu_times_the_device_knn_stage_in_a_cpu_rehearsal() -> None:
     for key in keys:
         r = got[key]
         assert isinstance(r, dict) and r["same_neighbours"] is True and r["device_ms_p50"] > 0 and r["host_ms_p50"] > 0
+        assert r["resident_ms_p50"] > 0 and r["resident_over_host"] == pytest.approx(r["resident_ms_p50"] / r["host_ms_p50"], rel=0.01)
     table = gpu_table({**json.loads((RESULTS / "gpu.json").read_text()), "device_knn": got})
-    assert sum("restricted kNN of" in row for row in table.splitlines()) == 4
+    assert sum("restricted kNN of" in row and "kept there" in row for row in table.splitlines()) == 4
 
 
 def test_bench_gpu_reads_back_only_what_the_stage_itself_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

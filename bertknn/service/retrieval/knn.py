@@ -56,6 +56,11 @@ class ArticleSearch:
     searcher: CodeSearcher | None = None
     answer: str = "word"  # which rows: words, or entity links (`Datastore.article_rows`)
     row_article: np.ndarray | None = None  # int16 [n]: each row's article, as an index into ``titles``
+    # float16 rows not read yet (`RestrictedKnn.prepare(read=False)`): read into ``index`` on a first host search
+    unread: tuple[RowSlice, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
     def search(self, query: np.ndarray, k: int) -> Neighbours:
         n = len(self.rows)
@@ -65,12 +70,13 @@ class ArticleSearch:
         # One query against a few thousand rows: a single thread is fastest, and FAISS's own OpenMP team would
         # otherwise spin next to torch's on the same cores and slow the forward pass.
         q = np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32)
+        index = self._float16_index()
         with faiss_threads(1):
             if self.codes is not None:
                 assert self.searcher is not None
                 d2, i2 = self.searcher.search(self.codes, q, kk)
-            elif self.index is not None:
-                d2, i2 = self.index.search(q, kk)
+            elif index is not None:
+                d2, i2 = index.search(q, kk)
             else:
                 assert self.vectors is not None
                 d2, i2 = faiss.knn(q, self.vectors, kk)
@@ -81,16 +87,44 @@ class ArticleSearch:
         article = self.row_article[idx] if self.row_article is not None else None
         return Neighbours(dist.astype(np.float32), self.rows[idx], self.labels[idx].astype(np.int32), article)
 
+    @property
+    def float16(self) -> bool:
+        """Whether the rows are float16 vectors (read or not): what a search on the model's device takes."""
+        return self.index is not None or bool(self.unread)
+
     def float16_rows(self) -> np.ndarray | None:
-        """The rows as float16 ``[n, hidden]``: a view of the index's codes, valid while this search lives;
-        None for rows under a codec or float32 rows."""
-        if self.index is None:
+        """The rows as float16 ``[n, hidden]``: a view of the index's codes (read now if they were not), valid
+        while this search lives; None for rows under a codec or float32 rows."""
+        index = self._float16_index()
+        if index is None:
             return None
-        n, dim = len(self.rows), self.index.d
+        n, dim = len(self.rows), index.d
         if n == 0:
             return np.zeros((0, dim), np.float16)
-        codes = cast(faiss.IndexScalarQuantizer, self.index).codes  # (`fp16_index_filled` made it)
+        codes = cast(faiss.IndexScalarQuantizer, index).codes  # (`fp16_index_filled` made it)
         return faiss.rev_swig_ptr(codes.data(), n * dim * 2).view(np.float16).reshape(n, dim)
+
+    def read_float16_into(self, out: np.ndarray) -> None:
+        """Copy the float16 rows into ``out`` (``[n, hidden]``): from the shards when they were not read yet (one
+        copy, where `float16_rows` would make two), else from the index."""
+        if self.unread and self.__dict__.get("_read") is None:
+            _gather(list(self.unread), out)
+            return
+        rows = self.float16_rows()
+        if rows is None:
+            raise ValueError("these rows are not float16 vectors")
+        out[...] = rows
+
+    def _float16_index(self) -> faiss.Index | None:
+        """``index``, or the index over the unread rows, read once (a frozen dataclass: kept in ``__dict__``)."""
+        if self.index is not None or not self.unread:
+            return self.index
+        built = self.__dict__.get("_read")
+        if built is None:
+            slices = list(self.unread)
+            built = fp16_index_filled(len(self.rows), slices[0].payload.shape[1], lambda out: _gather(slices, out))
+            self.__dict__["_read"] = built
+        return built
 
 
 class RestrictedKnn:
@@ -99,10 +133,11 @@ class RestrictedKnn:
     def __init__(self, datastore: Datastore):
         self.datastore = datastore
 
-    def prepare(self, titles: list[str], answer: str = "word") -> ArticleSearch:
+    def prepare(self, titles: list[str], answer: str = "word", *, read: bool = True) -> ArticleSearch:
         """The articles' rows, read and indexed for `ArticleSearch.search` (titles without rows are left out);
         ``answer``: ``entity`` takes the rows with an entity link only. Float16 rows are copied once, from the
-        memory-mapped shards straight into the index (`fp16_index_filled`)."""
+        memory-mapped shards straight into the index (`fp16_index_filled`); with ``read`` False, not yet: a
+        search on the model's device that keeps the rows there needs only their ids (`ArticleSearch.unread`)."""
         found = [(i, s) for i, s in enumerate(self.datastore.row_slices(titles, answer)) if s is not None]
         t = tuple(titles)
         if not found:
@@ -115,6 +150,8 @@ class RestrictedKnn:
         if self.datastore.code_searcher is not None:
             codes = np.concatenate([s.taken() for s in slices])
             return ArticleSearch(t, labels, rows, None, None, codes, self.datastore.code_searcher, answer, arts)
+        if slices[0].payload.dtype == np.float16 and not read:
+            return ArticleSearch(t, labels, rows, None, None, answer=answer, row_article=arts, unread=tuple(slices))
         if slices[0].payload.dtype == np.float16:
             index = fp16_index_filled(len(rows), slices[0].payload.shape[1], lambda out: _gather(slices, out))
             return ArticleSearch(t, labels, rows, index, None, answer=answer, row_article=arts)

@@ -29,12 +29,13 @@ class NeighbourFinder:
         self._global_knn_factory = global_knn_factory or (lambda: _open_global_knn(datastore))
         self._global_knn: GlobalKnn | None = None
 
-    def prepare_search(self, query: Query, articles: list[ArticleHit]) -> ArticleSearch | None:
+    def prepare_search(self, query: Query, articles: list[ArticleHit], *, read: bool = True) -> ArticleSearch | None:
         """The retrieved articles' rows, read and indexed for `neighbours` before the embedding exists (the
-        service runs this next to the retrieval, during the forward pass); None when there is nothing to prepare."""
+        service runs this next to the retrieval, during the forward pass); None when there is nothing to prepare.
+        ``read`` False: float16 rows are found but not read (`RestrictedKnn.prepare`)."""
         if query.retriever == "none" or not articles:
             return None
-        return self.knn.prepare([a.title for a in articles], query.answer)
+        return self.knn.prepare([a.title for a in articles], query.answer, read=read)
 
     def neighbours(
         self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], search: ArticleSearch | None = None
@@ -47,14 +48,14 @@ class NeighbourFinder:
         return EMPTY if found is None else found.search(vec, query.k)
 
     def search_for(
-        self, query: Query, articles: list[ArticleHit], prepared: ArticleSearch | None = None
+        self, query: Query, articles: list[ArticleHit], prepared: ArticleSearch | None = None, *, read: bool = True
     ) -> ArticleSearch | None:
-        """The rows the query searches: ``prepared`` when it was made for these articles and answer, else read
-        now (`prepare_search`); None where there is nothing to search."""
+        """The rows the query searches: ``prepared`` when it was made for these articles and answer, else found
+        (and with ``read``, read) now (`prepare_search`); None where there is nothing to search."""
         titles = tuple(a.title for a in articles)
         if prepared is not None and prepared.titles == titles and prepared.answer == query.answer:
             return prepared
-        return self.prepare_search(query, articles)
+        return self.prepare_search(query, articles, read=read)
 
     def _global_search(self, vec: np.ndarray, k: int) -> Neighbours:
         if self._global_knn is None:
