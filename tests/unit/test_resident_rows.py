@@ -141,3 +141,18 @@ def test_a_datastore_of_other_rows_replaces_the_kept_ones(pipe: AnswerPipeline, 
     monkeypatch.setitem(rows._keys, ds, other)  # the same object, now standing for another datastore's rows
     assert not rows.covers(ds, np.array([0]))
     assert rows.advance(ds, max_bytes=1) == 1 and rows.loaded == 1 and rows.key == other
+
+
+def test_an_earlier_version_leaves_the_kept_rows_to_the_later_one(pipe: AnswerPipeline, monkeypatch):
+    """Rows kept for a version stay that version's when a batch of the version before it (one shard fewer, still
+    draining) comes; a version whose last shard is another one replaces them."""
+    ds = pipe.datastore
+    full, n = rows_key(ds), ds.total_rows
+    assert len(full.shards) >= 2
+    rows = _kept(ds)
+    earlier, diverging = RowsKey(full.shards[:-1]), RowsKey((*full.shards[:-1], ("other", 1, "b")))
+    monkeypatch.setitem(rows._keys, ds, earlier)
+    assert rows.advance(ds) == 0 and rows.key == full and rows.covers(ds, np.array([n - 1]))
+    monkeypatch.setitem(rows._keys, ds, diverging)
+    assert not rows.covers(ds, np.array([0]))
+    assert rows.advance(ds) == n and rows.key == diverging  # loaded again from its first row

@@ -105,6 +105,8 @@ class ResidentRows:
             if not residable(datastore):
                 self._refused = key
                 return 0
+        elif len(key.shards) < len(self.key.shards):
+            return 0  # an earlier version of the kept rows' datastore (still draining): its rows are all there
         total = datastore.total_rows
         if self.loaded >= total:
             self.key = key
