@@ -74,6 +74,11 @@ class Metrics:
             "bertknn_knn_on_device", "questions whose restricted kNN ran on the model's device (model.knn_device: "
             "model): searched, or failed there and searched on the host", ["outcome"], registry=self.registry,
         )  # fmt: skip
+        self.knn_device_rows = Gauge(
+            "bertknn_knn_device_rows", "datastore rows kept on the model's device for the kNN there "
+            "(model.knn_device_rows; with several processes, summed: each keeps its own)",
+            registry=self.registry, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.ready = Gauge(
             "bertknn_ready", "1 when the service is ready (with several processes: how many are)",
             registry=self.registry, multiprocess_mode="livesum",

@@ -57,6 +57,7 @@ class AsyncAnswerer:
         self.finisher = Finisher(self._retrieval_thread, self._cpu_pool)
         self.device_knn = device_knn  # a batch's kNN on the model's device, after its forward (`device_search`)
         self._device_failures = FailureLog()
+        self._count_kept_rows()
         self.batcher: MicroBatcher[Job, None] = MicroBatcher(
             self._encode_batch,
             executor=self._model_thread,
@@ -109,7 +110,7 @@ class AsyncAnswerer:
             self.metrics.knn_on_device.labels("searched").inc(done.searched)
             self.metrics.knn_on_device.labels("failed").inc(done.failed)
             # rows of a datastore not all on the device yet: a step of them once this batch's answers are out
-            self._deferred.append(partial(keep_rows, self.device_knn, jobs, self._device_failures))
+            self._deferred.append(partial(self._keep_rows, jobs))
         # A query alone with an idle model is finished here, saving the hand-offs; a batch where `Pace` says so.
         # Whole-word and entity answers run forward passes of their own through this thread: never here.
         inline = idle or self.finisher.pace.finish_here()
@@ -120,6 +121,15 @@ class AsyncAnswerer:
         if len(there) < len(work):
             self.finisher.finish_all([w for w in work if inline and not fills(w[0])], stores=self._deferred)
         return [None] * len(jobs)
+
+    def _keep_rows(self, jobs: Sequence[Job]) -> None:
+        assert self.device_knn is not None
+        keep_rows(self.device_knn, jobs, self._device_failures)
+        self._count_kept_rows()
+
+    def _count_kept_rows(self) -> None:
+        if self.device_knn is not None and self.device_knn.resident is not None:
+            self.metrics.knn_device_rows.set(self.device_knn.resident.loaded)
 
     def _store_encodings(self) -> None:
         """After a batch's answers went out: its new encodings into the cache (on the model thread)."""

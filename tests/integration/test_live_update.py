@@ -385,3 +385,4 @@ def test_rows_kept_on_the_device_follow_a_live_update(ds: Path, update_corpus: P
             assert body["datastore"]["version"] == 2 and body["predictions"][0]["token"] == want
         assert copies == [(0, v1_rows), (v1_rows, v2.total_rows - v1_rows)]  # the old rows kept, the new added
         assert kept.loaded == v2.total_rows and kept.covers(v2, np.arange(v2.total_rows))
+        assert f"bertknn_knn_device_rows {float(v2.total_rows)}" in c.get("/metrics").text
