@@ -274,11 +274,14 @@ def same_answers(first: list[dict], again: list[dict], *, exact: bool) -> None:
 
 def scrape_stages(url: str) -> dict[str, float]:
     """The service's running sums from /metrics: per pipeline stage its seconds and requests
-    (``stage:NAME:sum``, ``stage:NAME:count``), and the forward batches' rows and count (``batch:sum``,
-    ``batch:count``)."""
+    (``stage:NAME:sum``, ``stage:NAME:count``), the forward batches' rows and count (``batch:sum``,
+    ``batch:count``), and with the kNN on the device its questions by outcome (``knn_on_device_total:OUTCOME``)
+    and the rows kept there (``knn_device_rows``)."""
     out: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
         name, _, value = line.rpartition(" ")
+        if name.startswith("bertknn_knn_on_device_total{") or name == "bertknn_knn_device_rows":
+            out[name.removeprefix("bertknn_").replace('{outcome="', ":").rstrip('"}')] = float(value)
         for metric, key in (("bertknn_stage_seconds", "stage"), ("bertknn_batch_size", "batch")):
             for part in ("sum", "count"):
                 if name.startswith(f"{metric}_{part}"):
@@ -289,7 +292,8 @@ def scrape_stages(url: str) -> dict[str, float]:
 
 def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Between two `scrape_stages`: mean milliseconds per request of each stage (they overlap: the stages do not
-    add up to the latency), and the mean rows per forward batch."""
+    add up to the latency), the mean rows per forward batch, and with the kNN on the device the questions searched
+    there (or failed there) and the rows kept there."""
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
@@ -297,6 +301,12 @@ def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
            if k.startswith("stage:") and k.endswith(":sum") and delta(k[:-3] + "count") > 0}  # fmt: skip
     if delta("batch:count") > 0:
         out["rows_per_batch"] = round(delta("batch:sum") / delta("batch:count"), 2)
+    for outcome in ("searched", "failed"):  # with the kNN on the device: its share of the level's questions
+        key = f"knn_on_device_total:{outcome}"
+        if key in after:
+            out[f"knn_on_device_{outcome}"] = delta(key)
+    if "knn_device_rows" in after:
+        out["knn_device_rows"] = after["knn_device_rows"]
     return out
 
 

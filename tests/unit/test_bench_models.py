@@ -285,3 +285,26 @@ def test_bench_serving_gives_several_processes_one_redis_cache() -> None:
         assert client.ping()
     with pytest.raises(redis.ConnectionError):
         client.ping()
+
+
+def test_bench_serving_reads_the_device_knns_share_from_the_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the kNN on the device, a throughput level records how many of its questions were searched there and
+    how many rows the service kept there, from the service's own /metrics."""
+    import types
+
+    import bench.serving as serving
+
+    pages = iter([
+        'bertknn_stage_seconds_sum{stage="knn"} 1.0\nbertknn_stage_seconds_count{stage="knn"} 10.0\n'
+        'bertknn_knn_on_device_total{outcome="searched"} 4.0\nbertknn_knn_on_device_total{outcome="failed"} 0.0\n'
+        "bertknn_knn_device_rows 2019.0\n",
+        'bertknn_stage_seconds_sum{stage="knn"} 1.5\nbertknn_stage_seconds_count{stage="knn"} 20.0\n'
+        'bertknn_knn_on_device_total{outcome="searched"} 13.0\nbertknn_knn_on_device_total{outcome="failed"} 1.0\n'
+        "bertknn_knn_device_rows 2019.0\n",
+    ])
+    monkeypatch.setattr(serving.httpx, "get", lambda url, timeout: types.SimpleNamespace(text=next(pages)))
+    before, after = serving.scrape_stages("http://x"), serving.scrape_stages("http://x")
+    got = serving.stage_means(before, after)
+    assert got == {"knn": 50.0, "knn_on_device_searched": 9.0, "knn_on_device_failed": 1.0, "knn_device_rows": 2019.0}
+    host = serving.stage_means({"stage:knn:sum": 1.0, "stage:knn:count": 1.0}, {"stage:knn:sum": 2.0, "stage:knn:count": 2.0})
+    assert host == {"knn": 1000.0}  # the host's search: no device figures
