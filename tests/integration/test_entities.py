@@ -595,13 +595,16 @@ def test_an_entity_name_longer_than_max_name_pieces_is_left_to_its_neighbours(
     assert probs[0] > 0 and probs[1] == 0.0, probs
 
 
-def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path) -> None:
-    """``model.knn_device: model``: entity questions batched together have their entity rows searched in one
-    product on the device (here the CPU's torch), and their answers are the host's."""
+@pytest.mark.parametrize("kept", [False, True], ids=["copied", "kept"])
+def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path, kept: bool) -> None:
+    """``model.knn_device: model``: entity questions batched together have their entity rows (a subset of their
+    articles' rows) searched in one product on the device (here the CPU's torch), the rows copied there or kept
+    there, and their answers are the host's."""
     import asyncio
 
     from bertknn.service.metrics import Metrics
     from bertknn.service.retrieval.device_knn import DeviceKnn
+    from bertknn.service.retrieval.resident_rows import ResidentRows
     from bertknn.service.serving import AsyncAnswerer
     from bertknn.service.settings import BatchingSettings
     from tests.support.batches import answer_as_one_batch
@@ -611,9 +614,13 @@ def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path)
                  Query("mira dolan was born in [MASK] .", subject="Mira Dolan", answer="entity")]  # fmt: skip
     reference, pipe = AnswerPipeline.open(ds, device="cpu"), AnswerPipeline.open(ds, device="cpu")
     metrics = Metrics()
+    resident = ResidentRows("cpu", lambda nbytes: True) if kept else None
+    if resident is not None:
+        assert resident.advance(pipe.datastore) == pipe.datastore.total_rows
 
     async def main() -> list:
-        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), metrics, device_knn=DeviceKnn("cpu"))
+        knn = DeviceKnn("cpu", resident=resident)
+        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), metrics, device_knn=knn)
         answerer.start()
 
         async def retrieved() -> None:  # the retrieval thread takes one client's work in order
@@ -630,6 +637,7 @@ def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path)
         # and may or may not have ended with its forward: 2 or 3 searched on the device
         counted = metrics.exposition().decode()
         assert any(f'bertknn_knn_on_device_total{{outcome="searched"}} {n}.0' in counted for n in (2, 3)), counted
+        assert (f"bertknn_knn_device_rows {float(pipe.datastore.total_rows)}" in counted) == kept
         for q, got in zip(questions, answers, strict=True):
             want = reference.predict(q)
             assert [(p.token, p.entity) for p in got.predictions] == [(p.token, p.entity) for p in want.predictions]
