@@ -412,9 +412,9 @@ def test_the_service_reads_the_articles_rows_on_the_retrieval_thread_once(tiny_d
         threads: list[str] = []
         prepare = knn.prepare
 
-        def recording(titles, answer="word"):
+        def recording(titles, answer="word", *, read=True):
             threads.append(threading.current_thread().name)
-            return prepare(titles, answer)
+            return prepare(titles, answer, read=read)
 
         knn.prepare = recording
         for text in ("frelle dax was born in [MASK] .", "[MASK] is a large city with a famous bridge ."):
