@@ -325,3 +325,44 @@ def test_the_weighted_vote_and_article_weights_hold_for_every_family(family: tup
         assert not np.allclose(flat.distributions.p_knn, sharp.distributions.p_knn)
     finally:
         pipe.close()
+
+
+def test_the_knn_on_the_device_over_kept_rows_gives_the_hosts_neighbours_and_answers(
+    family: tuple[str, Path, Path], client: TestClient
+) -> None:
+    """``model.knn_device: model`` with the datastore's rows kept on the device (here the CPU's torch): every
+    family's hidden states (ModernBERT's long vectors included) searched there give the host's FAISS neighbours,
+    and a service started so answers as the host's does."""
+    from bertknn.service.retrieval.device_knn import DeviceKnn
+    from bertknn.service.retrieval.resident_rows import ResidentRows
+
+    _, model, ds = family
+    questions = [{"text": "Zorblat was born in [MASK].", "subject": "Zorblat", "top_k": 5},
+                 {"text": "Plonk lies in [MASK].", "top_k": 5},
+                 {"text": "Frelle studied in [MASK].", "subject": "Frelle", "answer": "entity", "top_k": 3}]  # fmt: skip
+    pipe = AnswerPipeline.open(ds, model=str(model), device="cpu")
+    try:
+        queries = [Query(**q) for q in questions]  # type: ignore[arg-type]
+        encs, _ = pipe.queries.encode([pipe.check_query(q) for q in queries])
+        kept = ResidentRows("cpu", lambda nbytes: True)
+        assert kept.advance(pipe.datastore) == pipe.datastore.total_rows
+        searches = [pipe.neighbours_of.prepare_search(q, pipe.articles.retrieve(q)[0], read=False) for q in queries]
+        items = [(e.embedding, s, 8) for e, s in zip(encs, searches, strict=True)]
+        for (e, s, k), got in zip(items, DeviceKnn("cpu", resident=kept).search(items, [pipe.datastore] * 3), strict=True):
+            want = s.search(e.astype(np.float32), k)
+            np.testing.assert_allclose(got.distances, want.distances, rtol=1e-4, atol=1e-6)
+            # the same neighbours, in the same order but among equal distances (a tiny random ModernBERT has some)
+            tied = np.isclose(np.diff(want.distances), 0, rtol=0, atol=1e-7)
+            untied = ~(np.r_[tied, False] | np.r_[False, tied])
+            assert set(got.rows.tolist()) == set(want.rows.tolist())
+            np.testing.assert_array_equal(got.rows[untied], want.rows[untied])
+    finally:
+        pipe.close()
+    settings = ServiceSettings(datastore=ds, model={"name": str(model), "device": "cpu", "knn_device": "model",
+                                                    "knn_device_rows": "resident"})  # fmt: skip
+    with TestClient(create_app(settings)) as device:
+        for q in questions:
+            got, want = device.post("/predict", json=q).json(), client.post("/predict", json=q).json()
+            assert [p["token"] for p in got["predictions"]] == [p["token"] for p in want["predictions"]], q
+            np.testing.assert_allclose([p["prob"] for p in got["predictions"]],
+                                       [p["prob"] for p in want["predictions"]], rtol=1e-4, atol=1e-6)  # fmt: skip
