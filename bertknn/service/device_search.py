@@ -72,8 +72,8 @@ def search_batch(
     (``Job.neighbours``) and its share of the time (its ``knn`` stage). A failure here goes to ``failures`` and
     leaves every query to the host's search: the device path is never a request's only way to an answer."""
     t = time.perf_counter()
-    read = knn.resident is None
-    ready = [(job, enc, search) for job, enc in zip(jobs, encs, strict=True) if (search := _ready(job, read)) is not None]
+    ready = [(job, enc, search) for job, enc in zip(jobs, encs, strict=True)
+             if (search := _ready(job, knn.reads_rows)) is not None]  # fmt: skip
     if not ready:
         return BatchSearch()
     try:

@@ -95,7 +95,7 @@ class AsyncAnswerer:
         knn = self.device_knn
         for job in jobs:
             job.start_retrieval(self._retrieval_thread, prepare=idle or knn is not None,
-                                read=knn is None or knn.resident is None)  # fmt: skip
+                                read=knn is None or knn.reads_rows)  # fmt: skip
         t = time.perf_counter()
         encs, hits = self.pipeline.queries.forward(
             [j.inp for j in jobs], defer_store=self._deferred, defer_heads=not idle, keys=[j.key for j in jobs],

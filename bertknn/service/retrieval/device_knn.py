@@ -172,6 +172,12 @@ class DeviceKnn:
         self.staging = Staging(self.device)  # (one thread searches: the model's)
         self.resident = resident
 
+    @property
+    def reads_rows(self) -> bool:
+        """Whether the host reads the questions' rows for this search (to copy them); False: it keeps them, and
+        only their ids are needed."""
+        return self.resident is None
+
     @staticmethod
     def searchable(search: ArticleSearch) -> bool:
         """Whether ``search``'s rows can be searched here: float16 rows (a datastore with a codec, or of float32

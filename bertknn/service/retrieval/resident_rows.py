@@ -68,10 +68,9 @@ class ResidentRows:
     not, or whose allocation failed, is not tried again until another datastore comes.
     """
 
-    def __init__(self, device: torch.device | str, allowed: Callable[[int], bool], *, step_bytes: int = STEP_BYTES):
+    def __init__(self, device: torch.device | str, allowed: Callable[[int], bool]):
         self.device = torch.device(device)
         self.allowed = allowed
-        self.step_bytes = step_bytes
         self.key: RowsKey | None = None  # the rows' datastore
         self.loaded = 0  # rows 0 .. loaded-1 are on the device
         self._rows: torch.Tensor | None = None  # [capacity, hidden] float16
