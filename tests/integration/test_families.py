@@ -31,6 +31,7 @@ from bertknn.service.settings import ServiceSettings
 from tests.conftest import SHARED_DATA, build_tiny, write_jsonl
 from tests.integration.test_entities import linked
 from tests.support.families import FAMILIES, make_family_model
+from tests.support.neighbours import assert_same_neighbours
 
 # Cased made-up names, each written at a sentence's start (a bare form for byte-level BPE) and inside one.
 ARTICLES = [
@@ -349,13 +350,7 @@ def test_the_knn_on_the_device_over_kept_rows_gives_the_hosts_neighbours_and_ans
         searches = [pipe.neighbours_of.prepare_search(q, pipe.articles.retrieve(q)[0], read=False) for q in queries]
         items = [(e.embedding, s, 8) for e, s in zip(encs, searches, strict=True)]
         for (e, s, k), got in zip(items, DeviceKnn("cpu", resident=kept).search(items, [pipe.datastore] * 3), strict=True):
-            want = s.search(e.astype(np.float32), k)
-            np.testing.assert_allclose(got.distances, want.distances, rtol=1e-4, atol=1e-6)
-            # the same neighbours, in the same order but among equal distances (a tiny random ModernBERT has some)
-            tied = np.isclose(np.diff(want.distances), 0, rtol=0, atol=1e-7)
-            untied = ~(np.r_[tied, False] | np.r_[False, tied])
-            assert set(got.rows.tolist()) == set(want.rows.tolist())
-            np.testing.assert_array_equal(got.rows[untied], want.rows[untied])
+            assert_same_neighbours(got, s.search(e.astype(np.float32), k))  # (a tiny random ModernBERT has ties)
     finally:
         pipe.close()
     settings = ServiceSettings(datastore=ds, model={"name": str(model), "device": "cpu", "knn_device": "model",

@@ -28,6 +28,7 @@ from bertknn.evaluation.selfprobe import sample_items, self_probe
 from bertknn.service.pipeline import AnswerPipeline
 from tests.support.browser import shot, wait
 from tests.support.families import make_family_model, train_tokenizer
+from tests.support.neighbours import assert_same_neighbours
 from tests.support.processes import service_process
 
 DUMPS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "wiki-i18n"
@@ -105,6 +106,27 @@ def test_a_subject_in_another_case_or_unicode_form_finds_its_article(pipeline: A
     for title, form in forms:
         hits, _ = pipeline.articles.retrieve(Query(text="[MASK] .", subject=form, num_articles=1))
         assert hits[0].title == title and hits[0].rule == "subject", (title, form)
+
+
+def test_the_knn_on_the_device_over_kept_rows_finds_the_hosts_neighbours(pipeline: AnswerPipeline) -> None:
+    """``model.knn_device: model`` with the rows kept on the device (here the CPU's torch), on each language's
+    datastore: stored sentences asked back find the host's FAISS neighbours among their article's rows."""
+    from bertknn.service.results import Query
+    from bertknn.service.retrieval.device_knn import DeviceKnn
+    from bertknn.service.retrieval.resident_rows import ResidentRows
+
+    ds = pipeline.datastore
+    kept = ResidentRows("cpu", lambda nbytes: True)
+    assert kept.advance(ds) == ds.total_rows
+    queries = [Query(item.question, subject=item.title, k=16) for item in sample_items(ds, 6, seed=2)]
+    encs, _ = pipeline.queries.encode([pipeline.check_query(q) for q in queries])
+    items = []
+    for q, enc in zip(queries, encs, strict=True):
+        search = pipeline.neighbours_of.prepare_search(q, pipeline.articles.retrieve(q)[0], read=False)
+        assert search is not None and len(search)
+        items.append((enc.embedding, search, q.k))
+    for (e, s, k), got in zip(items, DeviceKnn("cpu", resident=kept).search(items, [ds] * len(items)), strict=True):
+        assert_same_neighbours(got, s.search(e.astype(np.float32), k))
 
 
 def test_a_question_is_served_in_the_datastore_s_language(built: tuple[str, Path], pipeline: AnswerPipeline) -> None:
