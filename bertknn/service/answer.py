@@ -8,6 +8,7 @@ import numpy as np
 
 from bertknn.core.format import Datastore
 from bertknn.service.codec import PMlmAt, QueryEncoding
+from bertknn.service.device_vote import Voted
 from bertknn.service.interpolate import (
     AdaptiveRule,
     adaptive_lambda,
@@ -170,6 +171,18 @@ class TokenAnswerer:
         knn = [TokenProb(self.vocab[i], pr) for i, pr in top_k_among(rank_ids, rank_probs, query.top_k, None) or []]
         dists = Distributions(enc.p_mlm(), p_knn, p) if with_distributions and p is not None and p_knn is not None else None
         return Assembled(preds, mlm, knn, lam, dists, self.reader.articles_seen(query, nbrs, articles))
+
+    def from_voted(self, query: Query, voted: Voted, nbrs: Neighbours, articles: list[ArticleHit]) -> Assembled:
+        """`answer`'s result from the batch vote on the device (`DeviceVote`): the rankings made there, the
+        supporting contexts read here."""
+        shown = self.reader.supporting(query, nbrs, nbrs.labels, [t for t, _ in voted.best])
+        preds = [
+            Prediction(self.vocab[t], t, prob, pm, pk, shown[t])
+            for (t, prob), pm, pk in zip(voted.best, voted.best_p_mlm, voted.best_p_knn, strict=True)
+        ]
+        mlm = [TokenProb(self.vocab[i], pr) for i, pr in voted.mlm]
+        knn = [TokenProb(self.vocab[i], pr) for i, pr in voted.knn]
+        return Assembled(preds, mlm, knn, voted.lam, None, self.reader.articles_seen(query, nbrs, articles))
 
     def _predictions(
         self, query: Query, best: list[tuple[int, float]], p_mlm: np.ndarray | PMlmAt, nbrs: Neighbours,

@@ -10,8 +10,9 @@ from bertknn.core.calibration import AutoTemperature, temperature_for
 from bertknn.core.format import Datastore
 from bertknn.core.languages import script_warning
 from bertknn.core.text import MASK_RE
-from bertknn.service.answer import DEFAULT_RULE, Answerer
+from bertknn.service.answer import DEFAULT_RULE, Answerer, TokenAnswerer
 from bertknn.service.codec import QueryEncoding
+from bertknn.service.device_vote import Voted
 from bertknn.service.entities import EntityAnswerer, entity_of_words
 from bertknn.service.interpolate import knn_skipped
 from bertknn.service.results import Answer, ArticleHit, Assembled, Query, Stage
@@ -59,17 +60,26 @@ class AnswerAssembler:
             return query
         return replace(query, temperature=self.auto_temperature.of(nbrs.distances))
 
+    def votes_on_device(self, query: Query) -> bool:
+        """Whether a question searched on the device may be voted there too (`DeviceVote`): a word answer over
+        the vocabulary's tokens, with the fixed interpolation."""
+        return query.answer == "word" and query.interpolation == "fixed" and isinstance(self.answerer, TokenAnswerer)
+
     def answer(
         self, query: Query, enc: QueryEncoding, articles: list[ArticleHit], nbrs: Neighbours, *,
-        with_distributions: bool = False,
+        with_distributions: bool = False, voted: Voted | None = None,
     ) -> Assembled:  # fmt: skip
+        """``voted``: its rankings, made with its batch on the device (`DeviceVote`; a word answer over tokens)."""
         query = self.resolve_temperature(query, nbrs)
         if query.interpolation == "adaptive" and (query.rule or DEFAULT_RULE).popularity_weight and query.popularity is None:
             query = replace(query, popularity=self.subject_popularity(query.subject))
         if query.answer == "entity":
             assert self.entity_answerer is not None, "check_query refuses entity answers without links"
             return self.entity_answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
-        parts = self.answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
+        if voted is not None and isinstance(self.answerer, TokenAnswerer) and not with_distributions:
+            parts = self.answerer.from_voted(query, voted, nbrs, articles)
+        else:
+            parts = self.answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
         if not self.datastore.linked or not parts.predictions:
             return parts
         assert query.temperature is not None
@@ -113,12 +123,13 @@ class AnswerAssembler:
         articles: tuple[list[ArticleHit], str] | None = None,
         search: ArticleSearch | None = None,
         neighbours: Neighbours | None = None,
+        voted: Voted | None = None,
         with_distributions: bool = False,
     ) -> Answer:
         """Everything after the forward pass: the retrieval (unless the caller already ran it: ``articles``), the
         restricted kNN search (over ``search``, the articles' rows, when the caller prepared them with
         `prepare_search`; or its result, ``neighbours``, when the caller searched already: `device_search`), the vote
-        and the interpolation. ``stage.times`` gets each stage's seconds; the caller
+        and the interpolation (or their result, ``voted``, when the device voted the batch: `device_search`). ``stage.times`` gets each stage's seconds; the caller
         adds ``total``, the wall time (stages may overlap).
 
         An adaptive query whose p_MLM is confident skips retrieval and kNN entirely (``articles`` is then
@@ -133,7 +144,7 @@ class AnswerAssembler:
         t = time.perf_counter()
         query = self.resolve_temperature(query, nbrs)
         assert query.temperature is not None
-        parts = self.answer(query, enc, hits, nbrs, with_distributions=with_distributions)
+        parts = self.answer(query, enc, hits, nbrs, with_distributions=with_distributions, voted=voted)
         status = self.articles.subject_status(query)
         stage.add("interpolation", time.perf_counter() - t)
         for name in ("embedding", "interpolation") if skipped else ("retrieval", "embedding", "knn", "interpolation"):

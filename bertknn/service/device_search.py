@@ -1,4 +1,5 @@
-"""A batch's restricted kNN on the model's device, right after its forward pass (``model.knn_device: model``).
+"""A batch's restricted kNN on the model's device, right after its forward pass (``model.knn_device: model``),
+and with ``model.vote_device: model`` its vote there too (`vote_batch`).
 
 For each query of the batch whose articles are known by then and whose rows are float16, the rows are searched
 together in one batched pass (`DeviceKnn`); the neighbours ride on the query's `Job` to its finishing, which
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertknn.service.answer import knn_offsets
 from bertknn.service.codec import QueryEncoding
+from bertknn.service.device_vote import DeviceVote, VoteInput
 from bertknn.service.encoding import PendingEncoding
 from bertknn.service.finishing import Job
 from bertknn.service.retrieval.device_knn import DeviceKnn
@@ -86,6 +89,41 @@ def search_batch(
     for (job, _, _), nbrs in zip(ready, found, strict=True):
         job.neighbours = nbrs
         job.stage.add("knn", share)
+    return BatchSearch(searched=len(ready))
+
+
+def _vote_input(job: Job, enc: QueryEncoding | PendingEncoding) -> VoteInput | None:
+    """A question's part of its batch's vote on the device; None: the host votes it (not searched on the device,
+    heads not picked yet, or an answer the device does not vote: `AnswerAssembler.votes_on_device`)."""
+    nbrs, assembler = job.neighbours, job.pipe.assembler
+    if nbrs is None or not isinstance(enc, QueryEncoding) or job.retrieval is None or not assembler.votes_on_device(job.query):
+        return None
+    query = assembler.resolve_temperature(job.query, nbrs)
+    assert query.temperature is not None
+    offsets = knn_offsets(query, nbrs.article, job.retrieval.result().articles[0])
+    lam = query.lambda_ if len(nbrs) else 0.0  # (`lambda_for`, fixed interpolation)
+    return VoteInput(enc, nbrs, offsets, query.temperature, lam, query.mlm_prior, query.top_k, query.any_token)
+
+
+def vote_batch(
+    vote: DeviceVote, jobs: Sequence[Job], encs: Sequence[QueryEncoding | PendingEncoding], failures: FailureLog
+) -> BatchSearch:
+    """The vote, interpolation and top-k of a batch's questions searched on the device, in one go there
+    (`DeviceVote.vote`): each gets its rankings (``Job.voted``), which its finishing turns into its answer. A
+    failure goes to ``failures`` and leaves every question to the host's vote, as `search_batch` does."""
+    t = time.perf_counter()
+    ready = [(job, item) for job, enc in zip(jobs, encs, strict=True) if (item := _vote_input(job, enc)) is not None]
+    if not ready:
+        return BatchSearch()
+    try:
+        voted = vote.vote([item for _, item in ready])
+    except Exception:
+        failures.failed()
+        return BatchSearch(failed=len(ready))
+    share = (time.perf_counter() - t) / len(ready)
+    for (job, _), got in zip(ready, voted, strict=True):
+        job.voted = got
+        job.stage.add("interpolation", share)
     return BatchSearch(searched=len(ready))
 
 

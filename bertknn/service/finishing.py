@@ -13,6 +13,7 @@ from typing import Any
 from bertknn.core.inputs import MaskedInput
 from bertknn.service.batching import Outbox
 from bertknn.service.codec import QueryEncoding
+from bertknn.service.device_vote import Voted
 from bertknn.service.encoding import PendingEncoding
 from bertknn.service.fair import FairExecutor
 from bertknn.service.pipeline import AnswerPipeline
@@ -51,6 +52,7 @@ class Job:
     retrieval: Future[Retrieved] | None = None
     client: str = "-"  # who asked (the fair queues' turns)
     neighbours: Neighbours | None = None  # found with its batch on the model's device (`device_search`)
+    voted: Voted | None = None  # its answers ranked with its batch on the model's device (`device_search`)
 
     def start_retrieval(self, executor: FairExecutor, *, prepare: bool = False, read: bool = True) -> Future[Retrieved]:
         """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also find their rows for the kNN
@@ -192,5 +194,6 @@ class Finisher:
             retrieved.record(stage)
             articles, search = retrieved.articles, retrieved.search
         return pipe.assembler.answer_from_encoding(
-            query, full, "hit" if hit else "miss", stage, articles=articles, search=search, neighbours=job.neighbours
+            query, full, "hit" if hit else "miss", stage, articles=articles, search=search, neighbours=job.neighbours,
+            voted=job.voted,
         )

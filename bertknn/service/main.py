@@ -35,6 +35,7 @@ from bertknn.service.api.follow import router as follow_router
 from bertknn.service.api.routes import router
 from bertknn.service.api.ui import router as ui_router
 from bertknn.service.cache import Cache, InMemoryCache, RedisCache
+from bertknn.service.device_vote import DeviceVote
 from bertknn.service.jvm import configure_jvm
 from bertknn.service.metrics import Metrics
 from bertknn.service.pipeline import AnswerPipeline
@@ -294,8 +295,12 @@ async def _start(
     device_knn = _device_knn(settings, pipeline)
     if device_knn is not None and device_knn.resident is not None:  # (on the model's thread, as every torch call)
         await asyncio.get_running_loop().run_in_executor(model_thread, _keep_rows, device_knn, pipeline)
+    device_vote = None
+    if settings.model.vote_device == "model":  # (made on the model's thread, as every torch call)
+        device_vote = await asyncio.get_running_loop().run_in_executor(model_thread, _device_vote, pipeline)
     resources.answerer = AsyncAnswerer(
-        pipeline, settings.batching, resources.metrics, model_thread=model_thread, device_knn=device_knn
+        pipeline, settings.batching, resources.metrics, model_thread=model_thread, device_knn=device_knn,
+        device_vote=device_vote,
     )
     resources.answerer.start()
     reloader = DatastoreReloader(resources, peers=peers)
@@ -324,6 +329,12 @@ def _device_knn(settings: ServiceSettings, pipeline: AnswerPipeline) -> DeviceKn
         return DeviceKnn(device)
     allowed = (lambda nbytes: True) if rows == "resident" else partial(fits_in_half_the_free_memory, device)
     return DeviceKnn(device, resident=ResidentRows(device, allowed))
+
+
+def _device_vote(pipeline: AnswerPipeline) -> DeviceVote:
+    """The batch vote on the model's device (``model.vote_device``), ranking this vocabulary's words."""
+    encoder = pipeline.queries.encoder
+    return DeviceVote(encoder.device, encoder.words.vocab.non_words)
 
 
 def _keep_rows(device_knn: DeviceKnn, pipeline: AnswerPipeline) -> None:

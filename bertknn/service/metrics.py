@@ -74,6 +74,11 @@ class Metrics:
             "bertknn_knn_on_device", "questions whose restricted kNN ran on the model's device (model.knn_device: "
             "model): searched, or failed there and searched on the host", ["outcome"], registry=self.registry,
         )  # fmt: skip
+        self.vote_on_device = Counter(
+            "bertknn_vote_on_device", "questions whose vote, interpolation and top-k ran on the model's device "
+            "(model.vote_device: model): voted, or failed there and voted on the host", ["outcome"],
+            registry=self.registry,
+        )  # fmt: skip
         self.knn_device_rows = Gauge(
             "bertknn_knn_device_rows", "datastore rows kept on the model's device for the kNN there "
             "(model.knn_device_rows; with several processes, summed: each keeps its own)",

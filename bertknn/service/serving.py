@@ -12,7 +12,8 @@ from functools import partial
 
 from bertknn.core.inputs import MaskedInput
 from bertknn.service.batching import MicroBatcher
-from bertknn.service.device_search import FailureLog, keep_rows, search_batch
+from bertknn.service.device_search import FailureLog, keep_rows, search_batch, vote_batch
+from bertknn.service.device_vote import DeviceVote
 from bertknn.service.fair import FairExecutor, client_var
 from bertknn.service.finishing import Finisher, Job, Work, fills
 from bertknn.service.leases import Leases
@@ -42,6 +43,7 @@ class AsyncAnswerer:
         *,
         model_thread: ThreadPoolExecutor | None = None,
         device_knn: DeviceKnn | None = None,
+        device_vote: DeviceVote | None = None,
     ):
         self.pipeline = pipeline
         self.metrics = metrics
@@ -56,6 +58,7 @@ class AsyncAnswerer:
         self._cpu_pool = FairExecutor(2, "knn")
         self.finisher = Finisher(self._retrieval_thread, self._cpu_pool)
         self.device_knn = device_knn  # a batch's kNN on the model's device, after its forward (`device_search`)
+        self.device_vote = device_vote  # and its vote there, after the kNN (`vote_batch`)
         self._device_failures = FailureLog()
         self._count_kept_rows()
         self.batcher: MicroBatcher[Job, None] = MicroBatcher(
@@ -98,7 +101,8 @@ class AsyncAnswerer:
                                 read=knn is None or knn.reads_rows)  # fmt: skip
         t = time.perf_counter()
         encs, hits = self.pipeline.queries.forward(
-            [j.inp for j in jobs], defer_store=self._deferred, defer_heads=not idle, keys=[j.key for j in jobs],
+            [j.inp for j in jobs], defer_store=self._deferred, keys=[j.key for j in jobs],
+            defer_heads=not idle and self.device_vote is None,  # (a batch voted on the device needs its heads)
             missed=True,  # each was looked up in an in-process cache as it came in (`answer`)
         )
         now = time.perf_counter()
@@ -109,6 +113,10 @@ class AsyncAnswerer:
             done = search_batch(self.device_knn, jobs, encs, self._device_failures)
             self.metrics.knn_on_device.labels("searched").inc(done.searched)
             self.metrics.knn_on_device.labels("failed").inc(done.failed)
+            if self.device_vote is not None:
+                voted = vote_batch(self.device_vote, jobs, encs, self._device_failures)
+                self.metrics.vote_on_device.labels("voted").inc(voted.searched)
+                self.metrics.vote_on_device.labels("failed").inc(voted.failed)
             # rows of a datastore not all on the device yet: a step of them once this batch's answers are out
             self._deferred.append(partial(self._keep_rows, jobs))
         # A query alone with an idle model is finished here, saving the hand-offs; a batch where `Pace` says so.

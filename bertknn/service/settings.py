@@ -54,6 +54,12 @@ class ModelSettings(BaseModel):
         "row ids cross), copied (each batch's rows copied from the host), or auto (resident on a GPU where the rows "
         "take at most half of its free memory, else copied)"
     )
+    vote_device: Literal["host", "model"] = Field(
+        "host", description="with knn_device model, where the questions searched on the device are voted: host "
+        "(their vote, interpolation and top-k one question at a time) or model (the whole batch's in a few tensor "
+        "operations there; only the answers' ids and probabilities come back; word answers of wordpiece "
+        "datastores, the others stay on the host). docs/decisions/serving-processes.md"
+    )
     knn_only: bool = Field(
         False, description="serve a checkpoint without its MLM head: p_MLM is uniform and the answers are the "
         "neighbours' alone (without this, such a checkpoint is refused at start-up)"
@@ -215,4 +221,7 @@ class ServiceSettings(BaseSettings):
             raise ValueError("defaults.top_k must not exceed limits.max_top_k")
         if self.defaults.k > self.limits.max_k:
             raise ValueError("defaults.k must not exceed limits.max_k")
+        if self.model.vote_device == "model" and self.model.knn_device != "model":
+            raise ValueError("model.vote_device model votes the questions searched on the device: set "
+                             "model.knn_device to model as well, or vote_device to host")
         return self

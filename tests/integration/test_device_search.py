@@ -1,6 +1,7 @@
 """``model.knn_device: model``: a batch's restricted kNN searched in one product on the model's device right after
-its forward pass (here the CPU's torch, the same code a GPU runs). The answers are the host's; queries it cannot
-take (retrieval still running, adaptive interpolation) and a failing device search fall back to the host."""
+its forward pass (here the CPU's torch, the same code a GPU runs), and with ``model.vote_device: model`` its vote
+there too. The answers are the host's; queries it cannot take (retrieval still running, adaptive interpolation)
+and a failing device search or vote fall back to the host."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
+from bertknn.service.answer import TokenAnswerer
+from bertknn.service.device_vote import DeviceVote
 from bertknn.service.main import create_app
 from bertknn.service.metrics import Metrics
 from bertknn.service.pipeline import AnswerPipeline
@@ -49,15 +53,32 @@ class Recording(DeviceKnn):
         return super().search(items, datastores)
 
 
+class RecordingVote(DeviceVote):
+    """A `DeviceVote` on the CPU that records the questions it voted, or fails when told to."""
+
+    def __init__(self, pipe: AnswerPipeline, fail: bool = False):
+        super().__init__(torch.device("cpu"), pipe.encoder.words.vocab.non_words)
+        self.voted: list[int] = []
+        self.fail = fail
+
+    def vote(self, items):
+        if self.fail:
+            raise RuntimeError("device lost while voting")
+        self.voted.append(len(items))
+        return super().vote(items)
+
+
 def _batched(
     pipe: AnswerPipeline, knn: DeviceKnn, queries: list[Query], *, until: threading.Event | None = None,
-    metrics: Metrics | None = None,
+    metrics: Metrics | None = None, vote: DeviceVote | None = None,
 ) -> list[Answer]:
     """The queries answered as one batch: queued while the model thread is held, then released together once the
     retrievals they started on arrival have ended (or, given ``until``, once it is set)."""
 
     async def main() -> list[Answer]:
-        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), metrics or Metrics(), device_knn=knn)
+        answerer = AsyncAnswerer(
+            pipe, BatchingSettings(max_wait_ms=0), metrics or Metrics(), device_knn=knn, device_vote=vote
+        )
         answerer.start()
 
         async def wait() -> None:
@@ -109,6 +130,52 @@ def test_a_batch_is_searched_on_the_device_in_one_go_with_the_hosts_answers(pipe
     for q, got in zip(QUERIES, answers, strict=True):
         _same(got, reference.predict(q))
         assert got.cache["encoding"] == "miss" and (got.knn_skipped or got.timings_ms["knn"] > 0)
+
+
+def _same_rankings(got: Answer, want: Answer) -> None:
+    """Everything a question's answer ranks: its predictions with their p_MLM and p_kNN, the MLM's and the
+    neighbours' own top answers, the kNN weight."""
+    _same(got, want)
+    for side in ("mlm", "knn"):
+        assert [t.token for t in getattr(got, side)] == [t.token for t in getattr(want, side)], side
+        np.testing.assert_allclose([t.prob for t in getattr(got, side)], [t.prob for t in getattr(want, side)], rtol=1e-5)
+    for attr in ("p_mlm", "p_knn"):
+        np.testing.assert_allclose([getattr(p, attr) for p in got.predictions], [getattr(p, attr) for p in want.predictions],
+                                   rtol=1e-5, atol=1e-9)  # fmt: skip
+    assert got.lambda_used == want.lambda_used
+    # (auto: from the neighbours' distances, which a device's product rounds a little differently from FAISS)
+    assert got.temperature_used == pytest.approx(want.temperature_used, rel=1e-5)
+
+
+def test_a_batch_voted_on_the_device_gets_the_hosts_answers(pipes, monkeypatch):
+    reference, pipe = pipes
+    host_votes: list[int] = []
+    answer = TokenAnswerer.answer
+    monkeypatch.setattr(TokenAnswerer, "answer", lambda self, *a, **kw: (host_votes.append(1), answer(self, *a, **kw))[1])
+    vote, metrics = RecordingVote(pipe), Metrics()
+    answers = _batched(pipe, Recording(), QUERIES, metrics=metrics, vote=vote)
+    assert vote.voted == [3]  # the three searched on the device, in one vote; the adaptive one on the host
+    assert len(host_votes) == 1
+    assert 'bertknn_vote_on_device_total{outcome="voted"} 3.0' in metrics.exposition().decode()
+    monkeypatch.setattr(TokenAnswerer, "answer", answer)
+    for q, got in zip(QUERIES, answers, strict=True):
+        _same_rankings(got, reference.predict(q))
+        cached = reference.predict(q)  # answered again from the cache's encoding, on the host
+        assert cached.cache["encoding"] == "hit"
+        _same_rankings(got, cached)
+
+
+def test_a_failing_device_vote_leaves_the_batch_to_the_host(pipes, caplog):
+    reference, pipe = pipes
+    metrics = Metrics()
+    with caplog.at_level(logging.ERROR, "bertknn.service.device_search"):
+        answers = _batched(pipe, Recording(), QUERIES, metrics=metrics, vote=RecordingVote(pipe, fail=True))
+    assert "device lost while voting" in caplog.text
+    for q, got in zip(QUERIES, answers, strict=True):
+        _same_rankings(got, reference.predict(q))
+    counted = metrics.exposition().decode()
+    assert 'bertknn_vote_on_device_total{outcome="failed"} 3.0' in counted
+    assert 'bertknn_knn_on_device_total{outcome="searched"} 3.0' in counted
 
 
 def test_a_batch_over_rows_kept_on_the_device_reads_none_of_them_on_the_host(pipes, monkeypatch):
@@ -189,22 +256,28 @@ def test_a_device_that_keeps_failing_is_logged_once_a_minute(caplog, monkeypatch
 def test_the_setting_serves_the_same_answers_through_the_api(tiny_datastore: Path):
     questions = [{"text": q.text, **({"subject": q.subject} if q.subject else {})} for q in QUERIES[1:]]
     bodies = {}
-    for where, rows in (("host", "auto"), ("model", "auto"), ("model", "resident")):
-        model = {"device": "cpu", "knn_device": where, "knn_device_rows": rows}
+    variants = [("host", "auto", "host"), ("model", "auto", "host"), ("model", "resident", "host"), ("model", "auto", "model")]
+    for where, rows, vote in variants:
+        model = {"device": "cpu", "knn_device": where, "knn_device_rows": rows, "vote_device": vote}
         app = create_app(ServiceSettings(datastore=tiny_datastore, model=model))
         with TestClient(app) as c:
             knn = app.state.resources.answerer.device_knn
             assert (knn is not None) == (where == "model")
+            assert (app.state.resources.answerer.device_vote is not None) == (vote == "model")
             if knn is not None:  # auto keeps rows on a GPU only; resident loads them all before the service is ready
                 resident = knn.resident
                 assert (resident is not None) == (rows == "resident")
                 assert resident is None or resident.loaded == app.state.resources.pipeline.datastore.total_rows
-            bodies[where, rows] = [c.post("/predict", json=q).json() for q in questions]
-    for key in (("model", "auto"), ("model", "resident")):
-        for got, want in zip(bodies[key], bodies["host", "auto"], strict=True):
+            bodies[where, rows, vote] = [c.post("/predict", json=q).json() for q in questions]
+            if vote == "model":
+                assert 'bertknn_vote_on_device_total{outcome="voted"}' in c.get("/metrics").text
+    for key in variants[1:]:
+        for got, want in zip(bodies[key], bodies["host", "auto", "host"], strict=True):
             assert [p["token"] for p in got["predictions"]] == [p["token"] for p in want["predictions"]]
             np.testing.assert_allclose([p["prob"] for p in got["predictions"]], [p["prob"] for p in want["predictions"]], rtol=1e-4)
     with pytest.raises(ValueError, match="knn_device"):
         ServiceSettings(datastore=tiny_datastore, model={"knn_device": "gpu"})
     with pytest.raises(ValueError, match="knn_device_rows"):
         ServiceSettings(datastore=tiny_datastore, model={"knn_device_rows": "gpu"})
+    with pytest.raises(ValueError, match="set model.knn_device to model as well"):
+        ServiceSettings(datastore=tiny_datastore, model={"vote_device": "model"})

@@ -595,12 +595,18 @@ def test_an_entity_name_longer_than_max_name_pieces_is_left_to_its_neighbours(
     assert probs[0] > 0 and probs[1] == 0.0, probs
 
 
-@pytest.mark.parametrize("kept", [False, True], ids=["copied", "kept"])
-def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path, kept: bool) -> None:
+@pytest.mark.parametrize("case", ["copied", "kept", "voted"])
+def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path, case: str) -> None:
     """``model.knn_device: model``: entity questions batched together have their entity rows (a subset of their
     articles' rows) searched in one product on the device (here the CPU's torch), the rows copied there or kept
-    there, and their answers are the host's."""
+    there, and their answers are the host's. ``voted``: the same questions as word answers, voted on the device
+    too (``model.vote_device: model``), get the host's words and the entity each names (if any)."""
     import asyncio
+    from dataclasses import replace
+
+    import torch
+
+    from bertknn.service.device_vote import DeviceVote
 
     from bertknn.service.metrics import Metrics
     from bertknn.service.retrieval.device_knn import DeviceKnn
@@ -612,6 +618,9 @@ def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path,
     questions = [Query("the capital is [MASK] .", answer="entity"),  # first: its retrieval starts with its batch
                  Query("orvin tasker was born in [MASK] .", subject="Orvin Tasker", answer="entity", top_k=3),
                  Query("mira dolan was born in [MASK] .", subject="Mira Dolan", answer="entity")]  # fmt: skip
+    kept, voted = case == "kept", case == "voted"
+    if voted:
+        questions = [replace(q, answer="word") for q in questions]
     reference, pipe = AnswerPipeline.open(ds, device="cpu"), AnswerPipeline.open(ds, device="cpu")
     metrics = Metrics()
     resident = ResidentRows("cpu", lambda nbytes: True) if kept else None
@@ -620,7 +629,8 @@ def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path,
 
     async def main() -> list:
         knn = DeviceKnn("cpu", resident=resident)
-        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), metrics, device_knn=knn)
+        vote = DeviceVote(torch.device("cpu"), pipe.encoder.words.vocab.non_words) if voted else None
+        answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), metrics, device_knn=knn, device_vote=vote)
         answerer.start()
 
         async def retrieved() -> None:  # the retrieval thread takes one client's work in order
@@ -638,11 +648,13 @@ def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path,
         counted = metrics.exposition().decode()
         assert any(f'bertknn_knn_on_device_total{{outcome="searched"}} {n}.0' in counted for n in (2, 3)), counted
         assert (f"bertknn_knn_device_rows {float(pipe.datastore.total_rows)}" in counted) == kept
+        assert any(f'bertknn_vote_on_device_total{{outcome="voted"}} {n}.0' in counted for n in (2, 3)) == voted
         for q, got in zip(questions, answers, strict=True):
             want = reference.predict(q)
             assert [(p.token, p.entity) for p in got.predictions] == [(p.token, p.entity) for p in want.predictions]
             np.testing.assert_allclose([p.prob for p in got.predictions], [p.prob for p in want.predictions], rtol=1e-4)
-        assert answers[1].predictions[0].token == "New Quellport"
+        if not voted:
+            assert answers[1].predictions[0].token == "New Quellport"
     finally:
         pipe.close()
         reference.close()
