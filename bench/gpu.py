@@ -15,6 +15,8 @@ leaves the others' figures:
   start-up took (docs/decisions/cuda-graphs.md);
 - ``device_knn``: a batch's restricted kNN on the device (`batch_knn`: the rows copied there; `resident_knn`: kept there)
   against the service's FAISS search of each query's rows on the host, at 1 and 32 queries of 500 and 3,000 rows;
+- ``device_vote``: a batch's vote, interpolation and top-k on the device (`DeviceVote`) against the host's, one
+  question after another, at 1 and 32 questions (`bench.vote_batch`);
 - ``builder_bfloat16`` / ``builder_float16``: the builder's contexts/s on bert-base-uncased's shape with the cut
   forward, the token budget per batch swept (in bfloat16; float16 at one budget), its padding fraction and the
   stage that bounds the build: the GPU's forward, or the CPU workers preparing contexts (`bench.builder
@@ -25,6 +27,8 @@ leaves the others' figures:
   default processes (`bench.serving --device cuda`; each level warmed at its own concurrency first);
 - ``serving_device_knn``: ``serving`` with each batch's restricted kNN on the GPU (``--knn-device model``): whether
   that path should be the service's default on a GPU (docs/decisions/serving-processes.md);
+- ``serving_device_vote``: ``serving_device_knn`` with each batch's vote, interpolation and top-k on the GPU too
+  (``--vote-device model``): whether that should be the default with the kNN there;
 - ``serving_one_process``: the same as ``serving`` with one service process (``--workers 1``): what the processes
   add;
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
@@ -53,8 +57,8 @@ from typing import Any
 from bench.common import REPO, RESULTS, RUNS, SHARED, device_sync, machine
 
 NO_DEVICE = 3
-STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving",
-          "serving_device_knn", "serving_one_process", "ivfpq_training")
+STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "device_vote", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving",
+          "serving_device_knn", "serving_device_vote", "serving_one_process", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -222,6 +226,7 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
         "new_shapes": [py, "-m", "bench.gpu", "--stage", "shapes", "--model", model],
         "cuda_graphs": [py, "-m", "bench.gpu", "--stage", "graphs", "--model", model],
         "device_knn": [py, "-m", "bench.gpu", "--stage", "knn"],
+        "device_vote": [py, "-m", "bench.gpu", "--stage", "vote"],
         "builder_bfloat16": [*builder, "--dtype", "bfloat16", "--batch-tokens", args.batch_tokens,
                              "--out", str(_report("builder_bfloat16"))],
         "builder_float16": [*builder, "--dtype", "float16", "--batch-tokens", args.batch_tokens.split(",")[-1],
@@ -231,6 +236,7 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
                           "--sdpa", "cudnn,flash,efficient,math", "--out", str(_report("builder_cudnn"))],
         "serving": serving,
         "serving_device_knn": [*serving, "--knn-device", "model"],
+        "serving_device_vote": [*serving, "--knn-device", "model", "--vote-device", "model"],
         "serving_one_process": [*serving, "--workers", "1"],
         "ivfpq_training": [py, "-m", "bench.gpu", "--stage", "ivfpq", "--ivfpq-rows", str(args.ivfpq_rows)],
     }  # fmt: skip
@@ -244,10 +250,12 @@ def _report(stage: str) -> Path:
 def _stage_result(name: str, model: Path, since: float) -> object:
     """What a finished stage wrote (at or after ``since``, a `time.time()`): its JSON, read back; ValueError
     when it wrote none, so that an older run's file is never taken for this one's."""
-    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-1w][-knn-model]-MODEL.json
-        one, knn = name == "serving_one_process", name == "serving_device_knn"
+    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-1w][-knn-model[-vote-model]]-MODEL.json
+        one, vote = name == "serving_one_process", name == "serving_device_vote"
+        knn = vote or name == "serving_device_knn"
         found = [p for p in RESULTS.glob(f"serving-cuda*-{model.name}.json")
-                 if p.name.endswith(f"-1w-{model.name}.json") == one and ("-knn-model-" in p.name) == knn]  # fmt: skip
+                 if p.name.endswith(f"-1w-{model.name}.json") == one and ("-knn-model-" in p.name) == knn
+                 and ("-vote-model-" in p.name) == vote]  # fmt: skip
     else:
         found = [_report(name)]
     fresh = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
@@ -290,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-timeout-s", type=float, default=600, help="a stage running longer is stopped and "
                    "recorded as failed")  # fmt: skip
     p.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
-    p.add_argument("--stage", choices=["vectors", "shapes", "graphs", "knn", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
+    p.add_argument("--stage", choices=["vectors", "shapes", "graphs", "knn", "vote", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
     return p
 
 
@@ -320,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         from bench.knn_batch import time_device_knn
 
         _report("device_knn").write_text(json.dumps(time_device_knn(), indent=1) + "\n")
+        return 0
+    if args.stage == "vote":
+        from bench.vote_batch import time_device_vote
+
+        _report("device_vote").write_text(json.dumps(time_device_vote(), indent=1) + "\n")
         return 0
     if args.stage == "ivfpq":
         _report("ivfpq_training").write_text(json.dumps(time_ivfpq_training(args.ivfpq_rows, 768)) + "\n")
@@ -393,7 +406,14 @@ def gpu_table(out: dict[str, Any]) -> str:
         rows.append(f"| restricted kNN of {b} queries x {n} rows: copied to the device / FAISS on the host, one by "
                     f"one (p50 ms; same neighbours) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = "
                     f"{r['device_over_host']}x{kept}; {r['same_neighbours']} |")  # fmt: skip
-    how = {"serving": None, "serving_one_process": "one process", "serving_device_knn": "kNN on the device"}
+    vote = out.get("device_vote")
+    for key, r in vote.items() if isinstance(vote, dict) else ():
+        if key.startswith("batch_") and isinstance(r, dict):
+            rows.append(f"| vote, interpolation and top-k of {key[6:]} questions: on the device / on the host, one "
+                        f"by one (p50 ms; same answers) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = "
+                        f"{r['device_over_host']}x; {r['same_answers']} |")  # fmt: skip
+    how = {"serving": None, "serving_one_process": "one process", "serving_device_knn": "kNN on the device",
+           "serving_device_vote": "kNN and vote on the device"}
     for stage, label in how.items():
         rows += _serving_rows(out.get(stage, {}), label)
     ivf = out.get("ivfpq_training")

@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "restricted kNN (model.knn_device): host, its default, or the model's device")
     p.add_argument("--knn-device-rows", choices=["auto", "resident", "copied"], default="auto", help="with "
                    "--knn-device model: the rows kept on the device or copied each batch (model.knn_device_rows)")
+    p.add_argument("--vote-device", choices=["host", "model"], default="host", help="with --knn-device model: where "
+                   "the questions searched on the device are voted (model.vote_device)")
     p.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="the service's default article "
                    "ranker, for subjects without an article (tfidf: the datastore is built without BM25, no Java)")
     return p
@@ -275,12 +277,12 @@ def same_answers(first: list[dict], again: list[dict], *, exact: bool) -> None:
 def scrape_stages(url: str) -> dict[str, float]:
     """The service's running sums from /metrics: per pipeline stage its seconds and requests
     (``stage:NAME:sum``, ``stage:NAME:count``), the forward batches' rows and count (``batch:sum``,
-    ``batch:count``), and with the kNN on the device its questions by outcome (``knn_on_device_total:OUTCOME``)
-    and the rows kept there (``knn_device_rows``)."""
+    ``batch:count``), and with the kNN on the device its questions by outcome (``knn_on_device_total:OUTCOME``,
+    and voted there: ``vote_on_device_total:OUTCOME``) and the rows kept there (``knn_device_rows``)."""
     out: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
         name, _, value = line.rpartition(" ")
-        if name.startswith("bertknn_knn_on_device_total{") or name == "bertknn_knn_device_rows":
+        if name.startswith(("bertknn_knn_on_device_total{", "bertknn_vote_on_device_total{")) or name == "bertknn_knn_device_rows":
             out[name.removeprefix("bertknn_").replace('{outcome="', ":").rstrip('"}')] = float(value)
         for metric, key in (("bertknn_stage_seconds", "stage"), ("bertknn_batch_size", "batch")):
             for part in ("sum", "count"):
@@ -301,10 +303,10 @@ def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
            if k.startswith("stage:") and k.endswith(":sum") and delta(k[:-3] + "count") > 0}  # fmt: skip
     if delta("batch:count") > 0:
         out["rows_per_batch"] = round(delta("batch:sum") / delta("batch:count"), 2)
-    for outcome in ("searched", "failed"):  # with the kNN on the device: its share of the level's questions
-        key = f"knn_on_device_total:{outcome}"
+    for side, outcome in (("knn", "searched"), ("knn", "failed"), ("vote", "voted"), ("vote", "failed")):
+        key = f"{side}_on_device_total:{outcome}"  # with the kNN (or the vote) on the device: the level's share
         if key in after:
-            out[f"knn_on_device_{outcome}"] = delta(key)
+            out[f"{side}_on_device_{outcome}"] = delta(key)
     if "knn_device_rows" in after:
         out["knn_device_rows"] = after["knn_device_rows"]
     return out
@@ -413,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.queries < 10 or args.articles < 1 or args.threads < 0 or not 0 <= args.workers <= 64 or args.per_client < 1:
         p.error("--queries must be at least 10, --articles at least 1, --threads at least 0, --workers 0 to 64, "
                 "--per-client at least 1")
+    if args.vote_device == "model" and args.knn_device != "model":
+        p.error("--vote-device model votes the questions searched on the device: add --knn-device model")
 
     levels: list[int] = args.concurrency
     per_level = level_sizes(levels, args.per_client)
@@ -431,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend,
            "BERTKNN_MODEL__DEVICE": args.device, "BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_WORKERS": str(args.workers),
-           "BERTKNN_MODEL__KNN_DEVICE": args.knn_device, "BERTKNN_MODEL__KNN_DEVICE_ROWS": args.knn_device_rows}  # fmt: skip
+           "BERTKNN_MODEL__KNN_DEVICE": args.knn_device, "BERTKNN_MODEL__KNN_DEVICE_ROWS": args.knn_device_rows,
+           "BERTKNN_MODEL__VOTE_DEVICE": args.vote_device}  # fmt: skip
     ds = build_datastore([args.corpus], args.work / ("ds" if args.retriever == "bm25" else "ds-tfidf"), args.model, limit=args.articles,
                          bm25=args.retriever == "bm25")  # fmt: skip
     man = Datastore(ds).manifest
@@ -447,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": str(enc.dtype).removeprefix("torch."), "datastore": {
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
         "retriever": args.retriever, "workers": args.workers or "auto", "knn_device": args.knn_device,
-        "knn_device_rows": args.knn_device_rows, "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
+        "knn_device_rows": args.knn_device_rows, "vote_device": args.vote_device, "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
     # Several processes share one cache, as a deployment's share Redis (each process's own in-process cache would
     # miss a question the other process answered): a redis-server of the run's own.
     several = args.workers > 1 or (args.workers == 0 and enc.device.type == "cuda")
@@ -474,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         name += f"-{args.workers}w"
     if args.knn_device != "host":
         name += f"-knn-{args.knn_device}" + ("" if args.knn_device_rows == "auto" else f"-{args.knn_device_rows}")
+        name += "-vote-model" if args.vote_device == "model" else ""
     path = write_result(result_name(name, args.model), result)
     _report(result, backend, threads)
     print(f"wrote {path}")

@@ -196,6 +196,33 @@ def test_bench_gpu_times_the_device_knn_stage_in_a_cpu_rehearsal() -> None:
     assert sum("restricted kNN of" in row and "kept there" in row for row in table.splitlines()) == 4
 
 
+def test_bench_gpu_times_the_device_vote_stage_in_a_cpu_rehearsal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``device_vote`` stage on the CPU: both ways timed per batch size, the same answers, its rows in the
+    table; ``python -m bench.vote_batch`` writes its file for the device it ran on and refuses a bad argument."""
+    import functools
+    import json
+
+    import bench.common as common
+    import bench.vote_batch as vote_batch
+    from bench.common import RESULTS
+    from bench.gpu import gpu_table
+
+    got = vote_batch.time_device_vote(batches=(1, 4), vocab=3000, k=32, calls=2, device="cpu")
+    for key in ("batch_1", "batch_4"):
+        r = got[key]
+        assert isinstance(r, dict) and r["same_answers"] is True and r["device_ms_p50"] > 0 and r["host_ms_p50"] > 0
+    table = gpu_table({**json.loads((RESULTS / "gpu.json").read_text()), "device_vote": got})
+    assert sum("vote, interpolation and top-k of" in row for row in table.splitlines()) == 2
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(vote_batch, "time_device_vote",
+                        functools.partial(vote_batch.time_device_vote, batches=(2,), vocab=2500, k=16))  # fmt: skip
+    assert vote_batch.main(["--device", "cpu", "--calls", "2"]) == 0
+    data = json.loads((tmp_path / "vote-batch-cpu.json").read_text())
+    assert data["device"] == "cpu" and data["batch_2"]["same_answers"] is True
+    with pytest.raises(SystemExit):
+        vote_batch.main(["--calls", "0"])
+
+
 def test_bench_gpu_reads_back_only_what_the_stage_itself_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A serving stage's file is told from the one-process stage's by name, and an older run's file (one written
     before the stage started) is never read back as this run's: the stage is then recorded as failed."""
@@ -211,10 +238,12 @@ def test_bench_gpu_reads_back_only_what_the_stage_itself_wrote(tmp_path: Path, m
     default.write_text(json.dumps({"workers": "auto"}))
     one.write_text(json.dumps({"workers": 1}))
     (tmp_path / "serving-cuda-knn-model-bert-base-shaped.json").write_text(json.dumps({"knn_device": "model"}))
+    (tmp_path / "serving-cuda-knn-model-vote-model-bert-base-shaped.json").write_text(json.dumps({"vote_device": "model"}))
     since = time.time() - 1
     assert gpu._stage_result("serving", model, since) == {"workers": "auto"}
     assert gpu._stage_result("serving_one_process", model, since) == {"workers": 1}
     assert gpu._stage_result("serving_device_knn", model, since) == {"knn_device": "model"}
+    assert gpu._stage_result("serving_device_vote", model, since) == {"vote_device": "model"}
     os.utime(one, (since - 3600, since - 3600))  # left by an earlier lease: this run's one-process stage wrote nothing
     with pytest.raises(ValueError, match="wrote no result"):
         gpu._stage_result("serving_one_process", model, since)
@@ -232,11 +261,13 @@ def test_bench_gpu_tabulates_each_serving_stage_under_its_processes() -> None:
     report = json.loads((RESULTS / "gpu.json").read_text())
     serving = {**report["serving"], "workers": "auto"}
     table = gpu_table({**report, "serving": serving, "serving_one_process": {**serving, "workers": 1},
-                       "serving_device_knn": {**serving, "knn_device": "model"}})  # fmt: skip
+                       "serving_device_knn": {**serving, "knn_device": "model"},
+                       "serving_device_vote": {**serving, "vote_device": "model"}})  # fmt: skip
     clients = len(serving["clients"])
     assert sum("/predict uncached p50 / p99, auto processes," in row for row in table.splitlines()) == clients
     assert sum("/predict uncached p50 / p99, one process," in row for row in table.splitlines()) == clients
     assert sum("/predict uncached p50 / p99, kNN on the device," in row for row in table.splitlines()) == clients
+    assert sum("/predict uncached p50 / p99, kNN and vote on the device," in row for row in table.splitlines()) == clients
 
 
 def test_bench_serving_refuses_more_distinct_questions_than_lama_has() -> None:
@@ -300,11 +331,13 @@ def test_bench_serving_reads_the_device_knns_share_from_the_metrics(monkeypatch:
         "bertknn_knn_device_rows 2019.0\n",
         'bertknn_stage_seconds_sum{stage="knn"} 1.5\nbertknn_stage_seconds_count{stage="knn"} 20.0\n'
         'bertknn_knn_on_device_total{outcome="searched"} 13.0\nbertknn_knn_on_device_total{outcome="failed"} 1.0\n'
+        'bertknn_vote_on_device_total{outcome="voted"} 7.0\nbertknn_vote_on_device_total{outcome="failed"} 0.0\n'
         "bertknn_knn_device_rows 2019.0\n",
     ])
     monkeypatch.setattr(serving.httpx, "get", lambda url, timeout: types.SimpleNamespace(text=next(pages)))
     before, after = serving.scrape_stages("http://x"), serving.scrape_stages("http://x")
     got = serving.stage_means(before, after)
-    assert got == {"knn": 50.0, "knn_on_device_searched": 9.0, "knn_on_device_failed": 1.0, "knn_device_rows": 2019.0}
+    assert got == {"knn": 50.0, "knn_on_device_searched": 9.0, "knn_on_device_failed": 1.0, "knn_device_rows": 2019.0,
+                   "vote_on_device_voted": 7.0, "vote_on_device_failed": 0.0}  # (counters new since `before`)
     host = serving.stage_means({"stage:knn:sum": 1.0, "stage:knn:count": 1.0}, {"stage:knn:sum": 2.0, "stage:knn:count": 2.0})
     assert host == {"knn": 1000.0}  # the host's search: no device figures
