@@ -39,6 +39,7 @@ BENCHMARKS = (
     Benchmark("entity_cost", "entity-cost*.json", "speed"),
     Benchmark("numerics", "numerics*.json", "speed"),
     Benchmark("knn_batch", "knn-batch-*.json", "speed"),
+    Benchmark("vote_batch", "vote-batch-*.json", "speed"),
     Benchmark("heap", "heap.json", "speed"),
     Benchmark("gpu", "gpu.json", "speed"),
     Benchmark("quality", "quality.json", "quality"),

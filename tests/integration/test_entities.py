@@ -607,7 +607,6 @@ def test_entity_answers_are_the_same_with_the_knn_on_the_models_device(ds: Path,
     import torch
 
     from bertknn.service.device_vote import DeviceVote
-
     from bertknn.service.metrics import Metrics
     from bertknn.service.retrieval.device_knn import DeviceKnn
     from bertknn.service.retrieval.resident_rows import ResidentRows
