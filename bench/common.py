@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -209,6 +210,24 @@ def device_sync(device: str) -> Callable[[], None]:
     import torch
 
     return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def device_timing_args(prog: str, doc: str | None, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments of a benchmark that times one device against the host (``--device``, ``--threads``,
+    ``--calls``), checked, with torch's threads set: what to fix is said before anything runs."""
+    p = argparse.ArgumentParser(prog=prog, description=doc)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the service's model thread's, on a CPU)")
+    p.add_argument("--calls", type=int, default=20, help="timed calls per shape and side")
+    args = p.parse_args(argv)
+    if args.threads < 1 or args.calls < 1:
+        p.error("--threads and --calls must be at least 1")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here")
+    torch.set_num_threads(args.threads)
+    return args
 
 
 def write_result(name: str, payload: dict) -> Path:

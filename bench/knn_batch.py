@@ -14,10 +14,9 @@ device), already found: reading them from the shards is left out of all three. W
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from bench.common import device_sync, machine, write_result
+from bench.common import device_sync, device_timing_args, machine, write_result
 
 
 def time_device_knn(rows: tuple[int, ...] = (500, 3000), batches: tuple[int, ...] = (1, 32), hidden: int = 768,
@@ -86,18 +85,7 @@ def _summary(times: dict[str, list[float]], got: list, held: list, want: list) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.knn_batch", description=__doc__)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (the service's model thread's, on a CPU)")
-    p.add_argument("--calls", type=int, default=20, help="timed calls per shape and side")
-    args = p.parse_args(argv)
-    if args.threads < 1 or args.calls < 1:
-        p.error("--threads and --calls must be at least 1")
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch sees no CUDA device here")
-    torch.set_num_threads(args.threads)
+    args = device_timing_args("python -m bench.knn_batch", __doc__, argv)
     result = {"machine": machine(), "threads": args.threads, **time_device_knn(calls=args.calls, device=args.device)}
     path = write_result(f"knn-batch-{args.device}", result)
     for key, r in result.items():

@@ -13,10 +13,9 @@ batch of each, their ratio, and whether every question's answers agree (the same
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from bench.common import device_sync, machine, write_result
+from bench.common import device_sync, device_timing_args, machine, write_result
 
 VOCAB = 30522  # bert-base-uncased's
 
@@ -82,18 +81,7 @@ def time_device_vote(batches: tuple[int, ...] = (1, 32), vocab: int = VOCAB, k: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.vote_batch", description=__doc__)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (the service's model thread's, on a CPU)")
-    p.add_argument("--calls", type=int, default=20, help="timed calls per batch size and side")
-    args = p.parse_args(argv)
-    if args.threads < 1 or args.calls < 1:
-        p.error("--threads and --calls must be at least 1")
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch sees no CUDA device here")
-    torch.set_num_threads(args.threads)
+    args = device_timing_args("python -m bench.vote_batch", __doc__, argv)
     result = {"machine": machine(), "threads": args.threads, **time_device_vote(calls=args.calls, device=args.device)}
     path = write_result(f"vote-batch-{args.device}", result)
     for key, r in result.items():

@@ -45,11 +45,11 @@ def _ready(job: Job, read: bool) -> ArticleSearch | None:
 
 
 @dataclass(frozen=True)
-class BatchSearch:
-    """What `search_batch` did with a batch: questions searched on the device, and questions whose device search
-    failed (left to the host)."""
+class OnDevice:
+    """What `search_batch` (or `vote_batch`) did with a batch: questions searched (voted) on the device, and
+    questions whose device search (vote) failed, left to the host."""
 
-    searched: int = 0
+    done: int = 0
     failed: int = 0
 
 
@@ -70,7 +70,7 @@ class FailureLog:
 
 def search_batch(
     knn: DeviceKnn, jobs: Sequence[Job], encs: Sequence[QueryEncoding | PendingEncoding], failures: FailureLog
-) -> BatchSearch:
+) -> OnDevice:
     """Search the ready queries of a batch in one go (`DeviceKnn.search`) and give each its neighbours
     (``Job.neighbours``) and its share of the time (its ``knn`` stage). A failure here goes to ``failures`` and
     leaves every query to the host's search: the device path is never a request's only way to an answer."""
@@ -78,18 +78,18 @@ def search_batch(
     ready = [(job, enc, search) for job, enc in zip(jobs, encs, strict=True)
              if (search := _ready(job, knn.reads_rows)) is not None]  # fmt: skip
     if not ready:
-        return BatchSearch()
+        return OnDevice()
     try:
         items = [(np.asarray(enc.embedding), search, job.query.k) for job, enc, search in ready]
         found = knn.search(items, [job.pipe.neighbours_of.datastore for job, _, _ in ready])
     except Exception:
         failures.failed()
-        return BatchSearch(failed=len(ready))
+        return OnDevice(failed=len(ready))
     share = (time.perf_counter() - t) / len(ready)
     for (job, _, _), nbrs in zip(ready, found, strict=True):
         job.neighbours = nbrs
         job.stage.add("knn", share)
-    return BatchSearch(searched=len(ready))
+    return OnDevice(done=len(ready))
 
 
 def _vote_input(job: Job, enc: QueryEncoding | PendingEncoding) -> VoteInput | None:
@@ -107,24 +107,24 @@ def _vote_input(job: Job, enc: QueryEncoding | PendingEncoding) -> VoteInput | N
 
 def vote_batch(
     vote: DeviceVote, jobs: Sequence[Job], encs: Sequence[QueryEncoding | PendingEncoding], failures: FailureLog
-) -> BatchSearch:
+) -> OnDevice:
     """The vote, interpolation and top-k of a batch's questions searched on the device, in one go there
     (`DeviceVote.vote`): each gets its rankings (``Job.voted``), which its finishing turns into its answer. A
     failure goes to ``failures`` and leaves every question to the host's vote, as `search_batch` does."""
     t = time.perf_counter()
     ready = [(job, item) for job, enc in zip(jobs, encs, strict=True) if (item := _vote_input(job, enc)) is not None]
     if not ready:
-        return BatchSearch()
+        return OnDevice()
     try:
         voted = vote.vote([item for _, item in ready])
     except Exception:
         failures.failed()
-        return BatchSearch(failed=len(ready))
+        return OnDevice(failed=len(ready))
     share = (time.perf_counter() - t) / len(ready)
     for (job, _), got in zip(ready, voted, strict=True):
         job.voted = got
         job.stage.add("interpolation", share)
-    return BatchSearch(searched=len(ready))
+    return OnDevice(done=len(ready))
 
 
 def keep_rows(knn: DeviceKnn, jobs: Sequence[Job], failures: FailureLog, step_bytes: int = STEP_BYTES) -> None:

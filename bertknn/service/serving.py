@@ -111,11 +111,11 @@ class AsyncAnswerer:
             job.stage.add("embedding", now - job.submitted)
         if self.device_knn is not None:
             done = search_batch(self.device_knn, jobs, encs, self._device_failures)
-            self.metrics.knn_on_device.labels("searched").inc(done.searched)
+            self.metrics.knn_on_device.labels("searched").inc(done.done)
             self.metrics.knn_on_device.labels("failed").inc(done.failed)
             if self.device_vote is not None:
                 voted = vote_batch(self.device_vote, jobs, encs, self._device_failures)
-                self.metrics.vote_on_device.labels("voted").inc(voted.searched)
+                self.metrics.vote_on_device.labels("voted").inc(voted.done)
                 self.metrics.vote_on_device.labels("failed").inc(voted.failed)
             # rows of a datastore not all on the device yet: a step of them once this batch's answers are out
             self._deferred.append(partial(self._keep_rows, jobs))
