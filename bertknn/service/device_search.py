@@ -19,12 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertknn.service.answer import knn_offsets
+from bertknn.service.assemble import AnswerAssembler
 from bertknn.service.codec import QueryEncoding
 from bertknn.service.device_vote import DeviceVote, VoteInput
 from bertknn.service.encoding import PendingEncoding
 from bertknn.service.finishing import Job
+from bertknn.service.results import ArticleHit, Query
 from bertknn.service.retrieval.device_knn import DeviceKnn
-from bertknn.service.retrieval.knn import ArticleSearch
+from bertknn.service.retrieval.knn import ArticleSearch, Neighbours
 from bertknn.service.retrieval.resident_rows import STEP_BYTES
 
 logger = logging.getLogger(__name__)
@@ -92,17 +94,25 @@ def search_batch(
     return OnDevice(done=len(ready))
 
 
-def _vote_input(job: Job, enc: QueryEncoding | PendingEncoding) -> VoteInput | None:
-    """A question's part of its batch's vote on the device; None: the host votes it (not searched on the device,
-    heads not picked yet, or an answer the device does not vote: `AnswerAssembler.votes_on_device`)."""
-    nbrs, assembler = job.neighbours, job.pipe.assembler
-    if nbrs is None or not isinstance(enc, QueryEncoding) or job.retrieval is None or not assembler.votes_on_device(job.query):
+def vote_input(assembler: AnswerAssembler, query: Query, enc: QueryEncoding, nbrs: Neighbours,
+               articles: list[ArticleHit]) -> VoteInput | None:  # fmt: skip
+    """A question's part of its batch's vote on the device, as the host would vote it (its temperature resolved,
+    its articles' offsets); None where the device does not vote it (`AnswerAssembler.votes_on_device`)."""
+    if not assembler.votes_on_device(query):
         return None
-    query = assembler.resolve_temperature(job.query, nbrs)
+    query = assembler.resolve_temperature(query, nbrs)
     assert query.temperature is not None
-    offsets = knn_offsets(query, nbrs.article, job.retrieval.result().articles[0])
+    offsets = knn_offsets(query, nbrs.article, articles)
     lam = query.lambda_ if len(nbrs) else 0.0  # (`lambda_for`, fixed interpolation)
     return VoteInput(enc, nbrs, offsets, query.temperature, lam, query.mlm_prior, query.top_k, query.any_token)
+
+
+def _vote_input(job: Job, enc: QueryEncoding | PendingEncoding) -> VoteInput | None:
+    """`vote_input` of a question of the batch; None also where it was not searched on the device or its heads
+    are not picked yet: the host votes it."""
+    if job.neighbours is None or not isinstance(enc, QueryEncoding) or job.retrieval is None:
+        return None
+    return vote_input(job.pipe.assembler, job.query, enc, job.neighbours, job.retrieval.result().articles[0])
 
 
 def vote_batch(

@@ -333,7 +333,12 @@ def test_the_knn_on_the_device_over_kept_rows_gives_the_hosts_neighbours_and_ans
 ) -> None:
     """``model.knn_device: model`` with the datastore's rows kept on the device (here the CPU's torch): every
     family's hidden states (ModernBERT's long vectors included) searched there give the host's FAISS neighbours,
-    and a service started so answers as the host's does."""
+    and a service started so, its questions voted there too (``model.vote_device``: the family's vocabulary and
+    its non-words), answers as the host's does."""
+    import torch
+
+    from bertknn.service.device_search import vote_input
+    from bertknn.service.device_vote import DeviceVote
     from bertknn.service.retrieval.device_knn import DeviceKnn
     from bertknn.service.retrieval.resident_rows import ResidentRows
 
@@ -349,12 +354,23 @@ def test_the_knn_on_the_device_over_kept_rows_gives_the_hosts_neighbours_and_ans
         assert kept.advance(pipe.datastore) == pipe.datastore.total_rows
         searches = [pipe.neighbours_of.prepare_search(q, pipe.articles.retrieve(q)[0], read=False) for q in queries]
         items = [(e.embedding, s, 8) for e, s in zip(encs, searches, strict=True)]
-        for (e, s, k), got in zip(items, DeviceKnn("cpu", resident=kept).search(items, [pipe.datastore] * 3), strict=True):
+        found = DeviceKnn("cpu", resident=kept).search(items, [pipe.datastore] * 3)
+        for (e, s, k), got in zip(items, found, strict=True):
             assert_same_neighbours(got, s.search(e.astype(np.float32), k))  # (a tiny random ModernBERT has ties)
+        # the word questions voted there too: the family's vocabulary and its non-words, the host's answers
+        vote = DeviceVote(torch.device("cpu"), pipe.encoder.words.vocab.non_words)
+        for q, enc, nbrs in zip(queries[:2], encs[:2], found[:2], strict=True):
+            hits = pipe.articles.retrieve(q)[0]
+            item = vote_input(pipe.assembler, q, enc, nbrs, hits)
+            assert item is not None
+            got_a, want_a = (pipe.assembler.answer(q, enc, hits, nbrs, voted=v) for v in (vote.vote([item])[0], None))
+            assert [p.token for p in got_a.predictions] == [p.token for p in want_a.predictions], q
+            np.testing.assert_allclose([p.prob for p in got_a.predictions], [p.prob for p in want_a.predictions], rtol=1e-6)
+            assert [t.token for t in got_a.knn] == [t.token for t in want_a.knn]
     finally:
         pipe.close()
     settings = ServiceSettings(datastore=ds, model={"name": str(model), "device": "cpu", "knn_device": "model",
-                                                    "knn_device_rows": "resident"})  # fmt: skip
+                                                    "knn_device_rows": "resident", "vote_device": "model"})  # fmt: skip
     with TestClient(create_app(settings)) as device:
         for q in questions:
             got, want = device.post("/predict", json=q).json(), client.post("/predict", json=q).json()
