@@ -60,8 +60,7 @@ def time_device_vote(batches: tuple[int, ...] = (1, 32), vocab: int = VOCAB, k: 
     out: dict[str, object] = {"vocab": vocab, "k": k, "stored_p_mlm": 2048, "device": device}
     for b in batches:
         qs = _questions(rng, b, vocab, k)
-        items = [VoteInput(e, n, knn_offsets(q, n.article, a), q.temperature, q.lambda_, q.mlm_prior, q.top_k,
-                           q.any_token) for q, e, n, a in qs]  # fmt: skip
+        items = [VoteInput.of(q, e, n, knn_offsets(q, n.article, a)) for q, e, n, a in qs]
         times: dict[str, list[float]] = {"device": [], "host": []}
         for _ in range(calls):
             sync()

@@ -175,11 +175,7 @@ class TokenAnswerer:
     def from_voted(self, query: Query, voted: Voted, nbrs: Neighbours, articles: list[ArticleHit]) -> Assembled:
         """`answer`'s result from the batch vote on the device (`DeviceVote`): the rankings made there, the
         supporting contexts read here."""
-        shown = self.reader.supporting(query, nbrs, nbrs.labels, [t for t, _ in voted.best])
-        preds = [
-            Prediction(self.vocab[t], t, prob, pm, pk, shown[t])
-            for (t, prob), pm, pk in zip(voted.best, voted.best_p_mlm, voted.best_p_knn, strict=True)
-        ]
+        preds = self._supported(query, voted.best, voted.best_p_mlm, voted.best_p_knn, nbrs)
         mlm = [TokenProb(self.vocab[i], pr) for i, pr in voted.mlm]
         knn = [TokenProb(self.vocab[i], pr) for i, pr in voted.knn]
         return Assembled(preds, mlm, knn, voted.lam, None, self.reader.articles_seen(query, nbrs, articles))
@@ -188,14 +184,20 @@ class TokenAnswerer:
         self, query: Query, best: list[tuple[int, float]], p_mlm: np.ndarray | PMlmAt, nbrs: Neighbours,
         knn_at: dict[int, float],
     ) -> list[Prediction]:
-        """The answers ``best`` (token id, p) with their p_MLM, p_kNN (``knn_at``: float32 values, as in p_kNN)
-        and, when the query asks for them, their nearest contexts, read in one read for all."""
-        ids = [t for t, _ in best]
-        shown = self.reader.supporting(query, nbrs, nbrs.labels, ids)
-        best_p_mlm = p_mlm[np.array(ids, dtype=np.int64)].tolist()
+        """`_supported` for the answers ``best`` (token id, p), their p_MLM read from ``p_mlm`` and their p_kNN
+        from ``knn_at`` (float32 values, as in p_kNN)."""
+        best_p_mlm = p_mlm[np.array([t for t, _ in best], dtype=np.int64)].tolist()
+        return self._supported(query, best, best_p_mlm, [knn_at.get(t, 0.0) for t, _ in best], nbrs)
+
+    def _supported(
+        self, query: Query, best: list[tuple[int, float]], p_mlm: list[float], p_knn: list[float], nbrs: Neighbours
+    ) -> list[Prediction]:
+        """The answers ``best`` (token id, p) with their p_MLM and p_kNN and, when the query asks for them, their
+        nearest contexts, read in one read for all."""
+        shown = self.reader.supporting(query, nbrs, nbrs.labels, [t for t, _ in best])
         return [
-            Prediction(self.vocab[t], t, prob, pm, knn_at.get(t, 0.0), shown[t])
-            for (t, prob), pm in zip(best, best_p_mlm, strict=True)
+            Prediction(self.vocab[t], t, prob, pm, pk, shown[t])
+            for (t, prob), pm, pk in zip(best, p_mlm, p_knn, strict=True)
         ]
 
 

@@ -101,10 +101,7 @@ def vote_input(assembler: AnswerAssembler, query: Query, enc: QueryEncoding, nbr
     if not assembler.votes_on_device(query):
         return None
     query = assembler.resolve_temperature(query, nbrs)
-    assert query.temperature is not None
-    offsets = knn_offsets(query, nbrs.article, articles)
-    lam = query.lambda_ if len(nbrs) else 0.0  # (`lambda_for`, fixed interpolation)
-    return VoteInput(enc, nbrs, offsets, query.temperature, lam, query.mlm_prior, query.top_k, query.any_token)
+    return VoteInput.of(query, enc, nbrs, knn_offsets(query, nbrs.article, articles))
 
 
 def _vote_input(job: Job, enc: QueryEncoding | PendingEncoding) -> VoteInput | None:

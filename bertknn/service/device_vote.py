@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from bertknn.service.codec import QueryEncoding
+from bertknn.service.results import Query
 from bertknn.service.retrieval.knn import Neighbours
 
 _SPARE = 32  # candidates beyond k taken before ties are ranked by id (more ties than this: a full sort)
@@ -37,6 +38,14 @@ class VoteInput:
     mlm_prior: float
     top_k: int
     any_token: bool
+
+    @classmethod
+    def of(cls, query: Query, enc: QueryEncoding, nbrs: Neighbours, offsets: np.ndarray | None) -> VoteInput:
+        """A question's input as the host votes it with fixed interpolation: ``query``'s temperature resolved
+        (`AnswerAssembler.resolve_temperature`), its kNN weight 0 without neighbours (`lambda_for`)."""
+        assert query.temperature is not None, "resolve the temperature first"
+        lam = query.lambda_ if len(nbrs) else 0.0
+        return cls(enc, nbrs, offsets, query.temperature, lam, query.mlm_prior, query.top_k, query.any_token)
 
 
 @dataclass(frozen=True)

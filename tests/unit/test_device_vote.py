@@ -36,10 +36,7 @@ def _host(answerer: TokenAnswerer, query: Query, enc: QueryEncoding, arts: list[
 
 
 def _item(query: Query, enc: QueryEncoding, arts: list[ArticleHit], nbrs: Neighbours) -> VoteInput:
-    assert query.temperature is not None
-    offsets = knn_offsets(query, nbrs.article, arts)
-    lam = query.lambda_ if len(nbrs) else 0.0
-    return VoteInput(enc, nbrs, offsets, query.temperature, lam, query.mlm_prior, query.top_k, query.any_token)
+    return VoteInput.of(query, enc, nbrs, knn_offsets(query, nbrs.article, arts))
 
 
 def _same(host: Assembled, dev: Assembled) -> None:
