@@ -29,6 +29,7 @@ BENCHMARKS = (
     Benchmark("bert_base", "", "setup"),
     Benchmark("serving", "serving*.json", "speed"),
     Benchmark("hostwork", "hostwork*.json", "speed"),
+    Benchmark("steps", "steps*.json", "speed"),
     Benchmark("builder", "builder*.json", "speed"),
     Benchmark("build_memory", "build_memory*.json", "speed"),
     Benchmark("preprocess", "preprocess.json", "speed"),

@@ -31,6 +31,8 @@ leaves the others' figures:
   (``--vote-device model``): whether that should be the default with the kNN there;
 - ``serving_one_process``: the same as ``serving`` with one service process (``--workers 1``): what the processes
   add;
+- ``steps``: where one uncached question's time goes in one service process on the GPU, step by step from the
+  HTTP layer to the response (`bench.steps --device cuda`): what the one-client p50 consists of beside the forward;
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
   synthetic vectors; on the GPU when the installed faiss has GPU support, docs/retrieval.md); 0 skips it.
 
@@ -238,6 +240,8 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
         "serving_device_knn": [*serving, "--knn-device", "model"],
         "serving_device_vote": [*serving, "--knn-device", "model", "--vote-device", "model"],
         "serving_one_process": [*serving, "--workers", "1"],
+        "steps": [py, "-m", "bench.steps", "--model", model, "--device", "cuda", "--retriever", retriever,
+                  "--work", str(RUNS / "bench-steps-gpu"), "--out", str(_report("steps"))],
         "ivfpq_training": [py, "-m", "bench.gpu", "--stage", "ivfpq", "--ivfpq-rows", str(args.ivfpq_rows)],
     }  # fmt: skip
 
@@ -416,6 +420,12 @@ def gpu_table(out: dict[str, Any]) -> str:
            "serving_device_vote": "kNN and vote on the device"}
     for stage, label in how.items():
         rows += _serving_rows(out.get(stage, {}), label)
+    steps = out.get("steps")
+    if isinstance(steps, dict) and "ms" in steps:
+        ms = steps["ms"]
+        parts = ", ".join(f"{k} {v['p50']}" for k, v in ms.items() if k not in ("held", "own", "client"))
+        rows.append(f"| one uncached question's steps in one service process, p50 ms (bench.steps) | {parts}; "
+                    f"held {ms['held']['p50']}, own {ms['own']['p50']}, client {ms['client']['p50']} |")  # fmt: skip
     ivf = out.get("ivfpq_training")
     if isinstance(ivf, dict) and "train_s" in ivf:
         rows.append(f"| IVF-PQ training, {ivf['rows']:,} rows' plan (nlist {ivf['nlist']}, {ivf['train_rows']:,} "

@@ -44,17 +44,19 @@ def service_process(
     args: tuple[str, ...] = (),
     cwd: Path = REPO,
     as_pid1: bool = False,
+    module: str = "service",
 ) -> Iterator[ServiceProcess]:
     """Start ``python -m service`` on a free loopback port and wait until /readyz answers 200; stop it after.
 
     ``cwd``: the source tree to serve from (another commit's worktree, for a before/after benchmark). ``as_pid1``:
     SIGTERM's default action ignored, as the kernel does for a container's PID 1, so that the signal uvicorn
-    re-raises after its shutdown does not end the process and the interpreter exits normally."""
+    re-raises after its shutdown does not end the process and the interpreter exits normally. ``module``: what
+    ``python -m`` runs (the service, or a wrapper of it that takes its arguments)."""
     import httpx
 
     port = free_port()
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    cmd = [sys.executable, "-m", "service", "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
+    cmd = [sys.executable, "-m", module, "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
     preexec = (lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN)) if as_pid1 else None  # inherited by exec
     proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=cwd, preexec_fn=preexec)
     url = f"http://127.0.0.1:{port}"

@@ -11,7 +11,7 @@ import pytest
 import bench.__main__ as listing
 
 BENCH = Path(listing.__file__).parent
-HELPERS = {"common", "rawhttp", "abuse"}  # imported by the benchmarks, not run by a user
+HELPERS = {"common", "rawhttp", "abuse", "steps_probe"}  # imported or started by the benchmarks, not run by a user
 
 
 def _runnable() -> set[str]:

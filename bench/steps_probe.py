@@ -1,0 +1,93 @@
+"""The service with a probe at each step of a request: `bench.steps`'s server side, not a benchmark of its own.
+
+``python -m bench.steps_probe SERVICE-ARGS...`` runs ``python -m service`` unchanged, after wrapping the
+functions in `PROBES` so that each call records its start and end (``perf_counter``) in memory. When the process
+exits, the records go to the JSON file named by ``$BENCH_STEPS_OUT``. One process, one request at a time: the
+records of a request are the run between two of the middleware's starts. A probed function that is gone (renamed,
+moved) stops the run at once with its name, so that the steps never silently lose one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib
+import inspect
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+# (module, attribute path, the probe's name): each call records "NAME<" on entry and "NAME>" on exit
+PROBES = (
+    ("bertknn.service.main", "RequestContextMiddleware.__call__", "http"),
+    ("bertknn.core.encoder", "MaskedLMEncoder.query_input", "tokenise"),
+    ("bertknn.service.encoding", "QueryEncoder.forward", "forward"),
+    ("bertknn.service.assemble", "AnswerAssembler.answer_from_encoding", "answer"),
+    ("bertknn.service.serving", "AsyncAnswerer.answer", "answered"),
+)
+
+EVENTS: list[tuple[str, float]] = []
+
+
+def _probed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    clock, add = time.perf_counter, EVENTS.append
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
+            add((name + "<", clock()))
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                add((name + ">", clock()))
+
+        return wrapped_async
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        add((name + "<", clock()))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            add((name + ">", clock()))
+
+    return wrapped
+
+
+def install() -> None:
+    """Wrap every function of `PROBES` in place; RuntimeError naming the first one that is not there."""
+    for module, path, name in PROBES:
+        owner_path, _, attr = path.rpartition(".")
+        try:
+            owner: Any = importlib.import_module(module)
+            for part in owner_path.split("."):
+                owner = getattr(owner, part)
+            fn = getattr(owner, attr)
+        except (ImportError, AttributeError) as exc:
+            raise RuntimeError(f"bench.steps_probe: {module}.{path} is gone ({exc}): update PROBES") from None
+        setattr(owner, attr, _probed(fn, name))
+
+
+def _write() -> None:
+    out = os.environ.get("BENCH_STEPS_OUT")
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(EVENTS, f)
+
+
+def main(argv: list[str]) -> int:
+    install()
+    atexit.register(_write)
+    # uvicorn puts this handler back after its graceful shutdown and raises the signal again: exit through atexit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    from bertknn.service.__main__ import main as serve
+
+    return serve(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,61 @@
+"""bench.steps: one uncached question's time in the service, step by step, from probes in the service process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import steps, steps_probe
+
+
+def _request(t0: float) -> list[tuple[str, float]]:
+    return [(name, t0 + i) for i, name in enumerate(steps.ORDER)]
+
+
+def test_each_request_is_cut_from_the_probes_records_and_its_steps_add_up() -> None:
+    events = [("http<", 0.0)]  # the lifespan's start, before the measured requests
+    events += [("http<", 1.0), ("http>", 1.5)]  # a /readyz, before them too
+    events += _request(10.0) + [("http<", 30.0), ("http>", 30.2)] + _request(40.0)  # a /healthz between two questions
+    events += [(name, 60.0 + i) for i, name in enumerate(steps.CACHED)]  # a question answered from the cache
+    events += [("http>", 99.0)]  # the lifespan's end
+    got, cached, other = steps.requests_of(events, since=5.0)
+    assert (cached, other) == (1, 1) and [r["http<"] for r in got] == [10.0, 40.0]
+    times = steps.step_times(got[0])
+    assert sum(times[name] for name, _, _ in steps.STEPS) == pytest.approx(times["held"])
+    assert times["held"] == pytest.approx(1000 * (len(steps.ORDER) - 1))
+    assert times["own"] == pytest.approx(times["held"] - times["forward"]) and times["forward"] == pytest.approx(1000)
+
+
+def test_a_probe_on_a_function_that_is_gone_stops_the_run_with_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(steps_probe, "PROBES", (("bertknn.service.main", "RequestContextMiddleware.gone", "http"),))
+    with pytest.raises(RuntimeError, match="RequestContextMiddleware.gone is gone"):
+        steps_probe.install()
+
+
+def test_the_steps_of_a_real_service_process(tiny_datastore: Path, tmp_path: Path) -> None:
+    out = tmp_path / "steps.json"
+    assert steps.main(["--datastore", str(tiny_datastore), "--requests", "12", "--warm-up", "2", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    # (the tiny model's vocabulary makes some distinct questions one token sequence: those come from the cache)
+    assert got["requests"] + got["cache_hits"] == 12 and got["requests"] >= 6 and got["device"] == "auto"
+    ms = got["ms"]
+    assert set(ms) == {*(name for name, _, _ in steps.STEPS), "held", "own", "client"}
+    assert all(0 <= v["p50"] <= v["p90"] for v in ms.values())
+    assert ms["forward"]["p50"] > 0 and ms["answer"]["p50"] > 0 and ms["request_in"]["p50"] > 0
+    assert ms["held"]["p50"] <= ms["client"]["p50"]  # the client's time holds the service's
+    assert got["own_over_forward_p50"] == pytest.approx(ms["own"]["p50"] / ms["forward"]["p50"], rel=1e-3)
+    tax = got["cold_tax"]
+    assert tax["gap_ms"] == pytest.approx(ms["forward"]["p50"], rel=1e-3) and tax["tokenise_back_to_back_us"] > 0
+    assert tax["after_gap_over_back_to_back"] == pytest.approx(
+        tax["tokenise_after_gap_us"] / tax["tokenise_back_to_back_us"], rel=1e-2)
+
+
+def test_refuses_what_it_cannot_run_before_starting_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        steps.main(["--datastore", str(tmp_path), "--out", str(tmp_path / "s.json")])
+    assert exc.value.code == 2 and "no datastore there" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        steps.main(["--requests", "3"])
+    assert "--requests must be at least 10" in capsys.readouterr().err
