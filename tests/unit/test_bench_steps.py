@@ -59,3 +59,23 @@ def test_refuses_what_it_cannot_run_before_starting_anything(tmp_path: Path, cap
     with pytest.raises(SystemExit):
         steps.main(["--requests", "3"])
     assert "--requests must be at least 10" in capsys.readouterr().err
+
+
+def test_bench_gpu_runs_the_steps_on_the_device_and_tabulates_them(tmp_path: Path) -> None:
+    """The lease's ``steps`` stage: bench.steps on CUDA, its figures read back from the file it was told to write,
+    and one row of the GPU table (from this CPU's report, standing in for the device's)."""
+    import argparse
+
+    from bench.common import RESULTS
+    from bench.gpu import _report, _stage_commands, gpu_table
+
+    args = argparse.Namespace(model=Path("runs/bert-base-shaped"), articles=40, workers=2, runs=1, retriever="tfidf",
+                              batch_tokens="16384", ivfpq_rows=0)  # fmt: skip
+    cmd = _stage_commands(args)["steps"]
+    assert cmd[1:3] == ["-m", "bench.steps"] and cmd[cmd.index("--device") + 1] == "cuda"
+    assert cmd[cmd.index("--out") + 1] == str(_report("steps"))
+    report = json.loads((RESULTS / "gpu.json").read_text())
+    measured = json.loads((RESULTS / "steps-bert-base-shaped.json").read_text())
+    rows = [r for r in gpu_table({**report, "steps": measured}).splitlines() if "steps in one service process" in r]
+    assert len(rows) == 1 and f"forward {measured['ms']['forward']['p50']}" in rows[0]
+    assert f"own {measured['ms']['own']['p50']}" in rows[0]
