@@ -70,6 +70,22 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and all its live descendants, MiB (Linux /proc; pages they share count once
+    per process)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:  # it ended meanwhile
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0) / 1024
+        todo += [int(k) for k in kids]
+    return total
+
+
 def cpu_model() -> str | None:
     """The host CPU's model name (Linux), so that figures from two hosts of one machine kind can be told apart."""
     try:

@@ -12,6 +12,10 @@ that TF-IDF ranks the articles. Server CPU is summed over every process of the s
 one after the other, so that both sides see the same machine, and compares their answers to the same questions
 (top-1 and every prediction's probability). ``--model DIR`` serves another model (the proxy, for answers that
 mean something); the default is the hidden-size-64 one.
+
+Before the load, each tree's service is started ``--starts`` times (the trees taking turns) for its start-up: the
+seconds from its launch until it answers ``/readyz``, and its resident memory then (before any request), against
+the baseline's with ``--baseline``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from bench.bert_base import BERT_BASE, make
 from bench.common import (
@@ -34,6 +41,7 @@ from bench.common import (
     machine,
     run_async,
     tree_cpu_s,
+    tree_rss_mb,
     write_result,
 )
 from bench.rawhttp import AsyncRawClient
@@ -156,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "hidden size 64, written here)")
     p.add_argument("--compare", type=int, default=300, help="questions whose answers are compared with --baseline's")
     p.add_argument("--work", type=Path, default=RUNS / "bench-hostwork")
+    p.add_argument("--starts", type=int, default=3, help="service starts per tree for the start-up figures")
+    p.add_argument("--name", default=None, help="the results file, bench/results/NAME.json (default: hostwork, or "
+                   "hostwork-MODEL with --model)")  # fmt: skip
     return p
 
 
@@ -173,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     workers, clients = _ints(args.workers, "--workers", p), _ints(args.clients, "--clients", p)
-    if args.requests < 100:
-        p.error("--requests must be at least 100")
+    if args.requests < 100 or args.starts < 1:
+        p.error("--requests must be at least 100, --starts at least 1")
     model = args.model or make(args.work / "bert-base-h64", shape=TINY)
     ds_name = f"ds-{args.articles}" + ("" if args.model is None else f"-{Path(args.model).name}")
     ds = build_datastore([CORPUS], args.work / ds_name, model, limit=args.articles, bm25=False)
@@ -193,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     asked = pool[-args.compare :] if args.compare else []  # the same questions for every tree, never in the load
     pool = pool[: len(pool) - len(asked)]
     said: dict[str, list] = {}
+    result["starts"] = starts(trees, ds, env, args.starts)
     for n in workers:
         for name, tree in trees.items():
             extra = ("--workers", str(n)) if n != 1 else ()
@@ -215,10 +227,33 @@ def main(argv: list[str] | None = None) -> int:
     if len(said) == 2:
         result["answers_vs_baseline"] = compare(*said.values())
         print(f"answers vs the baseline's: {result['answers_vs_baseline']}")
-    name = "hostwork" if args.model is None else f"hostwork-{Path(args.model).name}"
+    name = args.name or ("hostwork" if args.model is None else f"hostwork-{Path(args.model).name}")
     path = write_result(name, result)
     print(f"wrote {path}")
     return 0
+
+
+def starts(trees: dict[str, Path], ds: Path, env: dict[str, str], n: int) -> dict[str, dict[str, Any]]:
+    """Each tree's service (one process) started ``n`` times, the trees taking turns: the seconds from its launch
+    until it answers ``/readyz`` and its resident memory then, before any request (each start's, and their medians)."""
+    got: dict[str, dict[str, list[float]]] = {name: {"start_s": [], "rss_mb": []} for name in trees}
+    for _ in range(n):
+        for name, tree in trees.items():
+            t = time.perf_counter()
+            with service_process(ds, env={**env, "PYTHONPATH": str(tree)}, cwd=tree) as svc:
+                got[name]["start_s"].append(round(time.perf_counter() - t, 2))
+                got[name]["rss_mb"].append(round(tree_rss_mb(svc.proc.pid), 1))
+    out: dict[str, dict[str, Any]] = {}
+    for name, runs in got.items():
+        out[name] = {**runs, **{f"{k}_median": round(float(np.median(v)), 2) for k, v in runs.items()}}
+        print(f"{name:>20}  ready after {out[name]['start_s_median']} s, {out[name]['rss_mb_median']} MiB resident "
+              f"(medians of {n} starts, before any request)", flush=True)  # fmt: skip
+    base = next((v for k, v in out.items() if k.startswith("baseline")), None)
+    if base is not None:
+        ours = out["this tree"]
+        ours["vs_baseline"] = {k: round(ours[f"{k}_median"] / base[f"{k}_median"], 3) for k in ("start_s", "rss_mb")}
+        print(f"start-up: {ours['vs_baseline']}x the baseline's (time, resident memory)", flush=True)
+    return out
 
 
 def _ratios(result: dict) -> None:

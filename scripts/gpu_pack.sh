@@ -14,7 +14,7 @@ rm -rf "$PACK" && mkdir -p "$PACK/whl" "$PACK/shared/data/wiki" "$PACK/shared/da
 lock() { grep -i "^$1==" requirements.lock | head -1; }
 WHEELS=(faiss-cpu fastapi starlette pydantic pydantic_core pydantic-settings annotated-types typing-inspection uvicorn
         httptools websockets watchfiles python-dotenv sniffio redis mwparserfromhell pysbd stopwordsiso swagger-ui-py
-        typing_extensions opentelemetry-api)
+        typing_extensions opentelemetry-api mmh3)
 specs=()
 for w in "${WHEELS[@]}"; do
   s=$(lock "$w") || { echo "gpu_pack: $w is not in requirements.lock" >&2; exit 1; }

@@ -140,3 +140,13 @@ def test_query_counts_equal_the_vectorizers_counts(n_features: int) -> None:
         buckets, counts = hasher.query_counts(text)
         assert buckets.tolist() == want.indices.tolist(), text
         assert counts.tolist() == want.data.tolist(), text
+
+
+def test_the_service_never_imports_scikit_learn() -> None:
+    """Its queries are hashed with mmh3 (`NgramHasher.query_counts`): scikit-learn's import stays the builder's."""
+    import subprocess
+    import sys
+
+    code = "import sys, bertknn.service.main; print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert run.stdout.strip() == "[]"

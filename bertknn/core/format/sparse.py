@@ -11,16 +11,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import mmh3
 import numpy as np
 import scipy.sparse as sp
-from sklearn.feature_extraction.text import HashingVectorizer
-from sklearn.utils import murmurhash3_32
 
 from bertknn.core.errors import SparseIndexError
 from bertknn.core.languages import UNSPACED_CLASS, is_unspaced_char
 from bertknn.core.text import fold_text, is_punctuation
 from bertknn.core.titles import strip_latin_accents
+
+if TYPE_CHECKING:
+    from sklearn.feature_extraction.text import HashingVectorizer
 
 SPARSE_FORMAT_VERSION = 2  # 2: TF-IDF postings and titles as plain arrays, memory-mapped by the reader
 BM25_META = "bertknn-bm25.json"
@@ -100,6 +103,9 @@ class NgramHasher:
 
     @cached_property
     def _vectorizer(self) -> HashingVectorizer:
+        # (imported here: the builder's alone; the service hashes its queries without scikit-learn)
+        from sklearn.feature_extraction.text import HashingVectorizer
+
         return HashingVectorizer(
             analyzer=self.ngrams,
             n_features=self.n_features,
@@ -116,12 +122,13 @@ class NgramHasher:
 
     def query_counts(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """`counts` of one text as (buckets ascending int64, counts float32), hashed here instead of through the
-        vectorizer: the same murmurhash3 and bucket rule, without its per-call set-up
-        (docs/decisions/tfidf-query-hashing.md). A query's n-grams are a few dozen."""
+        vectorizer: the same murmurhash3 (x86, 32 bits, seed 0, signed, over the UTF-8 bytes: mmh3's, which is
+        scikit-learn's ``murmurhash3_32``) and bucket rule, without its per-call set-up, and without importing
+        scikit-learn in the service (docs/decisions/tfidf-query-hashing.md). A query's n-grams are a few dozen."""
         grams = self.ngrams(text)
         if not grams:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        h = np.fromiter((murmurhash3_32(g, seed=0) for g in grams), np.int64, len(grams))
+        h = np.fromiter((mmh3.hash(g, 0, signed=True) for g in grams), np.int64, len(grams))
         n = self.n_features
         # HashingVectorizer's rule: abs(h) % n, with abs(-2**31) (undefined in C) given its own bucket
         buckets = np.where(h == -(2**31), (2**31 - 1 - (n - 1)) % n, np.abs(h) % n)
