@@ -64,7 +64,7 @@ def install() -> None:
         owner_path, _, attr = path.rpartition(".")
         try:
             owner: Any = importlib.import_module(module)
-            for part in owner_path.split("."):
+            for part in owner_path.split(".") if owner_path else ():  # (a module's own function: no owner path)
                 owner = getattr(owner, part)
             fn = getattr(owner, attr)
         except (ImportError, AttributeError) as exc:

@@ -34,6 +34,25 @@ def test_a_probe_on_a_function_that_is_gone_stops_the_run_with_its_name(monkeypa
         steps_probe.install()
 
 
+def test_a_probe_records_a_methods_and_a_module_functions_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from bertknn.service import answer as answer_module
+    from bertknn.service.retrieval.neighbours import NeighbourFinder
+
+    # (set to themselves first, so that the test's end puts the unprobed ones back)
+    monkeypatch.setattr(answer_module, "knn_sparse", answer_module.knn_sparse)
+    monkeypatch.setattr(NeighbourFinder, "neighbours", NeighbourFinder.neighbours)
+    monkeypatch.setattr(steps_probe, "PROBES", (("bertknn.service.answer", "knn_sparse", "vote"),
+                                                ("bertknn.service.retrieval.neighbours", "NeighbourFinder.neighbours", "knn")))  # fmt: skip
+    monkeypatch.setattr(steps_probe, "EVENTS", [])
+    steps_probe.install()
+    ids, probs = answer_module.knn_sparse(np.array([1.0, 2.0]), np.array([7, 7]), 6.0)
+    assert ids.tolist() == [7] and probs.tolist() == pytest.approx([1.0])
+    assert [name for name, _ in steps_probe.EVENTS] == ["vote<", "vote>"]
+    assert NeighbourFinder.neighbours.__wrapped__ is not None  # type: ignore[attr-defined]
+
+
 def test_the_steps_of_a_real_service_process(tiny_datastore: Path, tmp_path: Path) -> None:
     out = tmp_path / "steps.json"
     assert steps.main(["--datastore", str(tiny_datastore), "--requests", "12", "--warm-up", "2", "--out", str(out)]) == 0
