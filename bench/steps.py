@@ -65,18 +65,30 @@ ORDER = ("http<", "answered<", "tokenise<", "tokenise>", "forward<", "forward>",
 CACHED = tuple(name for name in ORDER if not name.startswith("forward"))
 
 
-def requests_of(events: list[tuple[str, float]], since: float) -> tuple[list[dict[str, float]], int, int]:
+def requests_of(events: list[tuple[str, float, int | None]], since: float) -> tuple[list[dict[str, float]], int, int]:
     """The probe times (name -> seconds) of each question that reached the service at or after ``since`` (a
     `time.perf_counter` of this process: on Linux both read the same monotonic clock) and ran every step in
     `ORDER`; then how many others were answered from the cache (every step but the forward: two texts a model
-    tokenises alike), and how many ran some other way (a request that is not a question)."""
-    runs: list[list[tuple[str, float]]] = []
-    for name, t in events:
-        if name == "http<":
-            runs.append([])
-        if runs and (not runs[-1] or runs[-1][-1][0] != "http>"):  # (the lifespan's end is an "http>" too)
-            runs[-1].append((name, t))
-    orders = [(tuple(n for n, _ in run), run) for run in runs if run[0][1] >= since]
+    tokenises alike), and how many ran some other way (a request that is not a question).
+
+    A request's records are those of its own task (the event loop's probes) and those of the model thread that
+    fall between its ``answered`` probe's start and end: one question after another, only one is on its way
+    there at a time, while the end of one request's task may run after the next one's start."""
+    tasks: dict[int, list[tuple[str, float]]] = {}
+    elsewhere = []
+    for name, t, task in events:
+        if task is None:
+            elsewhere.append((name, t))
+        else:
+            tasks.setdefault(task, []).append((name, t))
+    orders = []
+    for run in tasks.values():
+        if run[0][0] != "http<" or run[0][1] < since:
+            continue
+        span = [t for name, t in run if name.startswith("answered")]
+        inside = [(n, t) for n, t in elsewhere if len(span) == 2 and span[0] <= t <= span[1]]
+        merged = sorted(run + inside, key=lambda e: e[1])
+        orders.append((tuple(n for n, _ in merged), merged))
     kept = [dict(run) for order, run in orders if order == ORDER]
     cached = sum(order == CACHED for order, _ in orders)
     return kept, cached, len(orders) - len(kept) - cached
@@ -170,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             ask(svc.url, texts[: args.warm_up])
             since = time.perf_counter()
             client_ms = ask(svc.url, texts[args.warm_up :])
-        events = [(str(n), float(t)) for n, t in json.loads(events_path.read_text())]
+        events = [(str(n), float(t), task) for n, t, task in json.loads(events_path.read_text())]
     requests, cached, other = requests_of(events, since)
     if other or not requests:
         raise RuntimeError(f"of {args.requests} questions, {len(requests)} ran every step in order and {cached} came "

@@ -2,22 +2,26 @@
 
 ``python -m bench.steps_probe SERVICE-ARGS...`` runs ``python -m service`` unchanged, after wrapping the
 functions in `PROBES` so that each call records its start and end (``perf_counter``) in memory. When the process
-exits, the records go to the JSON file named by ``$BENCH_STEPS_OUT``. One process, one request at a time: the
-records of a request are the run between two of the middleware's starts. A probed function that is gone (renamed,
+exits, the records go to the JSON file named by ``$BENCH_STEPS_OUT``. Each record names the asyncio task it ran
+in (each request's own, on the event loop; none on the model thread), so that `bench.steps` can tell one
+request's records from the next one's. A probed function that is gone (renamed,
 moved) stops the run at once with its name, so that the steps never silently lose one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import functools
 import importlib
 import inspect
+import itertools
 import json
 import os
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +34,26 @@ PROBES = (
     ("bertknn.service.serving", "AsyncAnswerer.answer", "answered"),
 )
 
-EVENTS: list[tuple[str, float]] = []
+EVENTS: list[tuple[str, float, int | None]] = []  # (probe event, perf_counter, its asyncio task's id or None)
+
+
+_TASKS: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+_NUMBERS = itertools.count()
+
+
+def _task() -> int | None:
+    """The number of the asyncio task running this call (each request's own; numbered on first sight, since an
+    id() is reused once a task is gone), None outside the event loop."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread (the model thread, the pools)
+        return None
+    if task is None:
+        return None
+    number = _TASKS.get(task)
+    if number is None:
+        number = _TASKS[task] = next(_NUMBERS)
+    return number
 
 
 def _probed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -39,21 +62,21 @@ def _probed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
         @functools.wraps(fn)
         async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
-            add((name + "<", clock()))
+            add((name + "<", clock(), _task()))
             try:
                 return await fn(*args, **kwargs)
             finally:
-                add((name + ">", clock()))
+                add((name + ">", clock(), _task()))
 
         return wrapped_async
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        add((name + "<", clock()))
+        add((name + "<", clock(), _task()))
         try:
             return fn(*args, **kwargs)
         finally:
-            add((name + ">", clock()))
+            add((name + ">", clock(), _task()))
 
     return wrapped
 

@@ -9,18 +9,24 @@ import pytest
 
 from bench import steps, steps_probe
 
+Event = tuple[str, float, "int | None"]
 
-def _request(t0: float) -> list[tuple[str, float]]:
-    return [(name, t0 + i) for i, name in enumerate(steps.ORDER)]
+
+def _request(t0: float, task: int, names: tuple[str, ...] = steps.ORDER) -> list[Event]:
+    """A request's records as the probes make them: the model thread's without a task."""
+    return [(name, t0 + i, None if name.startswith(("forward", "answer<", "answer>")) else task)
+            for i, name in enumerate(names)]  # fmt: skip
 
 
 def test_each_request_is_cut_from_the_probes_records_and_its_steps_add_up() -> None:
-    events = [("http<", 0.0)]  # the lifespan's start, before the measured requests
-    events += [("http<", 1.0), ("http>", 1.5)]  # a /readyz, before them too
-    events += _request(10.0) + [("http<", 30.0), ("http>", 30.2)] + _request(40.0)  # a /healthz between two questions
-    events += [(name, 60.0 + i) for i, name in enumerate(steps.CACHED)]  # a question answered from the cache
-    events += [("http>", 99.0)]  # the lifespan's end
-    got, cached, other = steps.requests_of(events, since=5.0)
+    events: list[Event] = [("http<", 0.0, 1)]  # the lifespan's start, before the measured requests
+    events += [("http<", 1.0, 2), ("http>", 1.5, 2)]  # a /readyz, before them too
+    first = _request(10.0, 3)
+    # the first request's task ends after the next one (a /healthz) started, as it may on a busy event loop
+    events += first[:-1] + [("http<", 18.5, 4), first[-1], ("http>", 30.2, 4)] + _request(40.0, 5)
+    events += _request(60.0, 6, steps.CACHED)  # a question answered from the cache
+    events += [("http>", 99.0, 1)]  # the lifespan's end
+    got, cached, other = steps.requests_of(sorted(events, key=lambda e: e[1]), since=5.0)
     assert (cached, other) == (1, 1) and [r["http<"] for r in got] == [10.0, 40.0]
     times = steps.step_times(got[0])
     assert sum(times[name] for name, _, _ in steps.STEPS) == pytest.approx(times["held"])
@@ -49,7 +55,7 @@ def test_a_probe_records_a_methods_and_a_module_functions_calls(monkeypatch: pyt
     steps_probe.install()
     ids, probs = answer_module.knn_sparse(np.array([1.0, 2.0]), np.array([7, 7]), 6.0)
     assert ids.tolist() == [7] and probs.tolist() == pytest.approx([1.0])
-    assert [name for name, _ in steps_probe.EVENTS] == ["vote<", "vote>"]
+    assert [(name, task) for name, _, task in steps_probe.EVENTS] == [("vote<", None), ("vote>", None)]
     assert NeighbourFinder.neighbours.__wrapped__ is not None  # type: ignore[attr-defined]
 
 
