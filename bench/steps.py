@@ -26,6 +26,7 @@ caches, and every step of a question's own time does. Writes bench/results/steps
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import tempfile
 import time
@@ -102,24 +103,37 @@ def step_times(request: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def summarise(rows: list[dict[str, float]], client_ms: list[float]) -> dict[str, dict[str, float]]:
+def summarise(rows: list[dict[str, float]], client: list[float]) -> dict[str, dict[str, float]]:
     """p50 and p90 of each step, of ``held``, ``own`` and the client's time."""
     cols = {name: [r[name] for r in rows] for name in (*(s for s, _, _ in STEPS), "held", "own")}
-    cols["client"] = client_ms
+    cols["client"] = client
     return {name: {"p50": round(float(np.percentile(v, 50)), 3), "p90": round(float(np.percentile(v, 90)), 3)}
             for name, v in cols.items()}  # fmt: skip
 
 
-def ask(url: str, texts: list[str]) -> list[float]:
-    """Each question once, one after another over one connection: the client's ms per request."""
+def ask(url: str, texts: list[str]) -> list[tuple[float, float]]:
+    """Each question once, one after another over one connection: when each was sent and its answer read
+    (`time.perf_counter`)."""
     out = []
     with RawClient(*host_port(url)) as raw:
         for text in texts:
             t = time.perf_counter()
             status, body = raw.post_json("/predict", {"text": text})
-            out.append(1000 * (time.perf_counter() - t))
+            out.append((t, time.perf_counter()))
             if status != 200:
                 raise RuntimeError(f"/predict answered {status}: {body[:200]!r}")
+    return out
+
+
+def client_ms(asked: list[tuple[float, float]], requests: list[dict[str, float]]) -> list[float]:
+    """The client's ms for each of ``requests`` (the one whose sending and reading hold its ``http<``)."""
+    starts = [t0 for t0, _ in asked]
+    out = []
+    for r in requests:
+        t0, t1 = asked[bisect.bisect_right(starts, r["http<"]) - 1]
+        if not t0 <= r["http<"] <= t1:
+            raise RuntimeError("a measured request reached the service outside every question's round trip")
+        out.append(1000 * (t1 - t0))
     return out
 
 
@@ -181,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         with service_process(ds, env={**env, "BENCH_STEPS_OUT": str(events_path)}, module="bench.steps_probe") as svc:
             ask(svc.url, texts[: args.warm_up])
             since = time.perf_counter()
-            client_ms = ask(svc.url, texts[args.warm_up :])
+            asked = ask(svc.url, texts[args.warm_up :])
         events = [(str(n), float(t), task) for n, t, task in json.loads(events_path.read_text())]
     requests, cached, other = requests_of(events, since)
     if other or not requests:
@@ -192,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     man = read_manifest(ds)
     result = {"model": Path(man.model.name).name, "machine": machine(), "device": args.device, "datastore": {
               "articles": man.counts.articles, "contexts": man.counts.contexts}, "retriever": args.retriever,
-              "requests": len(rows), "cache_hits": cached, "ms": summarise(rows, client_ms)}  # fmt: skip
+              "requests": len(rows), "cache_hits": cached, "ms": summarise(rows, client_ms(asked, requests))}  # fmt: skip
     result["own_over_forward_p50"] = round(result["ms"]["own"]["p50"] / result["ms"]["forward"]["p50"], 4)
     tok = AutoTokenizer.from_pretrained(locate_model(man.model.name, man.model.path, None), use_fast=True)
     gap = result["ms"]["forward"]["p50"] / 1000

@@ -34,6 +34,13 @@ def test_each_request_is_cut_from_the_probes_records_and_its_steps_add_up() -> N
     assert times["own"] == pytest.approx(times["held"] - times["forward"]) and times["forward"] == pytest.approx(1000)
 
 
+def test_the_clients_time_of_each_request_is_its_own_question_s_round_trip() -> None:
+    asked = [(0.0, 1.0), (2.0, 3.5), (4.0, 4.25)]
+    assert steps.client_ms(asked, [{"http<": 2.5}, {"http<": 4.1}]) == [1500.0, 250.0]  # the cached first is left out
+    with pytest.raises(RuntimeError, match="outside every question"):
+        steps.client_ms(asked, [{"http<": 1.5}])
+
+
 def test_a_probe_on_a_function_that_is_gone_stops_the_run_with_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steps_probe, "PROBES", (("bertknn.service.main", "RequestContextMiddleware.gone", "http"),))
     with pytest.raises(RuntimeError, match="RequestContextMiddleware.gone is gone"):
