@@ -20,7 +20,7 @@ It reports each step's p50 and p90, the service's time (``held``), the client's 
 kernel's loopback besides), and ``own``, the service's time apart from its forward pass, per request: what issue
 #52's p50 ratio divides by the forward. Beside them, this host's cold tax (`cold_tax`): the same tokenisation back
 to back and after an idle wait as long as the forward, in this process: code that runs after a wait runs on cold
-caches, and every step of a question's own time does. Writes bench/results/steps[-MODEL][-DEVICE].json (``--out`` elsewhere).
+caches, as the event loop's steps do (it idles through the forward). Writes bench/results/steps[-MODEL][-DEVICE].json (``--out`` elsewhere).
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def client_ms(asked: list[tuple[float, float]], requests: list[dict[str, float]]
 
 def cold_tax(tokenizer: ContextTokenizer, texts: list[str], gap_s: float) -> dict[str, float]:
     """What this host charges code that runs after an idle wait: one question's tokenisation (the service's own
-    code, in this process) back to back, and each after sleeping ``gap_s`` (the forward's p50, which every step
-    after the forward, and every step before the next one, waits through): the p50s in microseconds."""
+    code, in this process) back to back, and each after sleeping ``gap_s`` (the forward's p50, which the event
+    loop idles through before its steps after the forward): the p50s in microseconds."""
     for text in texts[:20]:
         tokenizer.query_input(text)
 

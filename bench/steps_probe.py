@@ -4,8 +4,8 @@
 functions in `PROBES` so that each call records its start and end (``perf_counter``) in memory. When the process
 exits, the records go to the JSON file named by ``$BENCH_STEPS_OUT``. Each record names the asyncio task it ran
 in (each request's own, on the event loop; none on the model thread), so that `bench.steps` can tell one
-request's records from the next one's. A probed function that is gone (renamed,
-moved) stops the run at once with its name, so that the steps never silently lose one.
+request's records from the next one's. A probed function that is gone (renamed, moved) stops the run at once
+with its name, so that the steps never silently lose one.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ PROBES = (
     ("bertknn.service.serving", "AsyncAnswerer.answer", "answered"),
 )
 
-EVENTS: list[tuple[str, float, int | None]] = []  # (probe event, perf_counter, its asyncio task's id or None)
-
+EVENTS: list[tuple[str, float, int | None]] = []  # (probe event, perf_counter, its asyncio task's number or None)
 
 _TASKS: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
 _NUMBERS = itertools.count()
