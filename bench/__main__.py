@@ -30,6 +30,7 @@ BENCHMARKS = (
     Benchmark("serving", "serving*.json", "speed"),
     Benchmark("hostwork", "hostwork*.json", "speed"),
     Benchmark("steps", "steps*.json", "speed"),
+    Benchmark("startup", "startup*.json", "speed"),
     Benchmark("builder", "builder*.json", "speed"),
     Benchmark("build_memory", "build_memory*.json", "speed"),
     Benchmark("preprocess", "preprocess.json", "speed"),

@@ -68,8 +68,8 @@ RUN mkdir -p /usr/share/man/man1 \
     && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java \
     && groupadd --system --gid 10001 bertknn \
     && useradd --system --uid 10001 --gid 10001 --home-dir /home/bertknn --create-home --shell /usr/sbin/nologin bertknn \
-    && mkdir -p /data /models/hf \
-    && chown 10001:10001 /data /models /models/hf
+    && mkdir -p /data /models/hf /cache/onnx \
+    && chown 10001:10001 /data /models /models/hf /cache /cache/onnx
 
 COPY --from=build /opt/venv /opt/venv
 COPY docker/healthcheck.py docker/prefetch_model.py /opt/bertknn/

@@ -18,7 +18,8 @@
 #      contexts, a repeat is a Redis cache hit and Redis holds the key, the api runs as uid 10001 on a read-only root
 #      filesystem, both healthchecks pass; with Redis stopped /predict still answers 200 and /readyz says degraded, and
 #      starting Redis again recovers (the first request without Redis answers within 3 s); the api stops on SIGTERM
-#      without being killed, its own shutdown within 5 s; `down -v` leaves no container, volume or network behind.
+#      without being killed, its own shutdown within 5 s; started again, it loads the ONNX graph its first start
+#      exported into the onnx-cache volume; `down -v` leaves no container, volume or network behind.
 #
 # Settings (environment):
 #   SMOKE_MODEL_DIR   model directory for builder and api (default ../shared/models/proxy-minilm-l6-mlm)
@@ -330,6 +331,26 @@ print(f"api stopped on SIGTERM in {t1 - t0:.1f} s (its own shutdown {'?' if own 
 sys.exit(own is None or own >= 5.0)
 PY
 }
+check_graph_kept() {
+  # The first start exported the CPU forward's ONNX graph into the onnx-cache volume; the api started again (as
+  # after a crash or a restart) loads it from there instead of exporting it again.
+  local api since
+  api=$(container api)
+  podman logs "$api" 2>&1 | grep -q "ONNX graph exported to /cache/onnx/" \
+    || fail "the first start did not export its ONNX graph into the onnx-cache volume"
+  since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  podman start "$api" >/dev/null
+  local i
+  for i in $(seq 1 180); do
+    curl -fsS "$API/readyz" >/dev/null 2>&1 && break
+    sleep 1
+  done
+  podman logs --since "$since" "$api" >"$WORK/restart.log" 2>&1 || true
+  grep "ONNX graph" "$WORK/restart.log" | sed 's/^/  api log: /'
+  grep -q "ONNX graph loaded from /cache/onnx/" "$WORK/restart.log" \
+    || fail "the api started again did not load its ONNX graph from the onnx-cache volume"
+  predict >/dev/null || fail "the api started again does not answer"
+}
 check_down() {
   compose down -v >/dev/null
   local left
@@ -347,6 +368,7 @@ step "check that no command line holds the Redis password" check_no_password_on_
 step "check a Redis outage: /predict 200, /readyz degraded, recovery" check_redis_outage
 if [ "${SMOKE_KEEP:-0}" != "1" ]; then
   step "stop the api: SIGTERM, no SIGKILL" check_stop
+  step "start the api again: its ONNX graph loaded from the onnx-cache volume" check_graph_kept
   step "down -v leaves nothing behind" check_down
 fi
 echo "compose_smoke: all checks passed"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +21,9 @@ from tests.support.processes import RedisServer, free_port  # noqa: F401  (re-ex
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# exported ONNX graphs (`bertknn.core.onnx_cache`) of the session's models: kept apart from the user's own cache
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="bertknn-tests-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -49,6 +49,7 @@ from bertknn.core.format.health import (
     word_target_share,
 )
 from bertknn.core.model_ref import local_model_path
+from bertknn.core.onnx_cache import onnx_cache
 from bertknn.core.runtime import cpu_quota_threads
 
 logger = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ def _choose_backend(encoder: MaskedLMEncoder, settings: BuildSettings, previous:
     if asked == "auto" and previous is not None:
         asked = previous.get("backend", "eager")  # a resumed build keeps the forward it started with
     if asked != "eager":
-        used = encoder.set_backend(asked, with_mlm=False)
+        used = encoder.set_backend(asked, with_mlm=False, onnx_cache=onnx_cache(asked, settings.onnx_cache, encoder.device))
         logger.info("forward backend: %s (asked: %s)", used, settings.backend)
 
 

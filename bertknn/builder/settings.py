@@ -12,6 +12,7 @@ from bertknn.builder.targets import TargetMode
 from bertknn.core.encoder import BackendName
 from bertknn.core.format.codec import CodecName, CodecSpec, Rotation
 from bertknn.core.languages import check_language
+from bertknn.core.onnx_cache import SETTING_HELP as ONNX_CACHE_HELP
 from bertknn.core.runtime import DeviceName, DtypeName
 
 
@@ -104,6 +105,7 @@ class BuildSettings(CodecOptions, BaseSettings):
         "reference), or onnx (ONNX Runtime, CPU float32); onnx is checked against eager before use and falls back "
         "if it differs",
     )
+    onnx_cache: str = Field("auto", min_length=1, description=ONNX_CACHE_HELP)
     targets: TargetMode = Field(
         "single-piece",
         description="single-piece: words of one wordpiece (the paper); whole-word: words of any number of pieces",

@@ -9,7 +9,16 @@ import torch
 
 from bertknn.core.eager import EagerForward
 from bertknn.core.inputs import MaskedInput
-from bertknn.core.onnx_forward import FastForward, build_onnx, check_fast
+from bertknn.core.onnx_cache import OnnxCache, graph_key
+from bertknn.core.onnx_forward import (
+    EXPORT,
+    FastForward,
+    build_onnx,
+    check_fast,
+    export_onnx,
+    load_onnx,
+    outputs_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -18,16 +27,19 @@ class CompiledBackend:
     """The compiled forward of one encoder (`MaskedLMEncoder.set_backend`), built from its eager modules.
 
     ``fast``: the compiled forward in use, or None (eager); ``with_mlm``: the call it serves; ``name``: the
-    backend in use (part of every cache key, through `MaskedLMEncoder.numerics`)."""
+    backend in use (part of every cache key, through `MaskedLMEncoder.numerics`). ``weights_sha256``: the
+    model's weights, part of the key of an exported graph kept on disk (`bertknn.core.onnx_cache`)."""
 
-    def __init__(self, eager: EagerForward, query_input: Callable[[str], MaskedInput], mask: str, model_name: str):
+    def __init__(self, eager: EagerForward, query_input: Callable[[str], MaskedInput], mask: str, model_name: str,
+                 weights_sha256: str):  # fmt: skip
         self.eager, self._query_input, self._mask, self._model = eager, query_input, mask, model_name
+        self._weights = weights_sha256
         self.fast: FastForward | None = None
         self.name = "eager"
         self.with_mlm = True
         self._asked: tuple[str, bool] | None = None  # the `set` call that built ``fast``
 
-    def set(self, backend: str, with_mlm: bool) -> str:
+    def set(self, backend: str, with_mlm: bool, cache: OnnxCache | None = None) -> str:
         """See `MaskedLMEncoder.set_backend`. Returns the backend in use."""
         if backend not in ("auto", "eager", "onnx"):
             raise ValueError(f"backend must be auto, eager or onnx, not {backend!r}")
@@ -43,8 +55,7 @@ class CompiledBackend:
             return self.name
         for want in order:
             try:
-                fast = self._build_onnx()
-                self._check_against_eager(fast, want)
+                fast = self._cached_onnx(want, cache) if cache is not None else self._checked(self._build_onnx(), want)
             except Exception as exc:  # noqa: BLE001 - any failure to build or match falls back
                 logger.warning("%s: %s backend not used (%s)", self._model, want, exc)
                 continue
@@ -62,6 +73,31 @@ class CompiledBackend:
         if self.eager.device.type != "cpu" or self.eager.dtype != torch.float32:
             raise RuntimeError("the onnx backend runs float32 on the CPU")
         return build_onnx(*self._core_and_example())
+
+    def _checked(self, fast: FastForward, name: str) -> FastForward:
+        self._check_against_eager(fast, name)
+        return fast
+
+    def _cached_onnx(self, want: str, cache: OnnxCache) -> FastForward:
+        """The graph kept in ``cache``, exported there first where it is not. A kept graph that fails to load or to
+        match the eager forward is deleted and exported again; a new one that fails is deleted (the error stands)."""
+        if self.eager.device.type != "cpu" or self.eager.dtype != torch.float32:
+            raise RuntimeError("the onnx backend runs float32 on the CPU")
+        core, example = self._core_and_example()
+        key = graph_key(core, weights_sha256=self._weights, export={**EXPORT, "output_names": outputs_of(core)})
+        for attempt in (1, 2):
+            path, kept = cache.graph(key, lambda p: export_onnx(core, example, p))
+            try:
+                fast = self._checked(load_onnx(path), want)
+            except Exception as exc:
+                cache.forget(key)
+                if not kept or attempt == 2:
+                    raise
+                logger.warning("%s: the kept ONNX graph %s was not used (%s); exporting it again", self._model, path, exc)
+                continue
+            logger.info("%s: ONNX graph %s %s", self._model, "loaded from" if kept else "exported to", path)
+            return fast
+        raise AssertionError("unreachable")
 
     def _check_against_eager(self, fast: FastForward, name: str) -> None:
         mask = self._mask

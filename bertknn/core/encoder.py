@@ -31,6 +31,7 @@ from bertknn.core.model_files import (
     refuse_headless,
     stored_layer,
 )
+from bertknn.core.onnx_cache import OnnxCache
 from bertknn.core.runtime import DeviceName, DtypeName, attention_without_cudnn, resolve_device, resolve_dtype
 from bertknn.core.topk import top_entries, top_set_torch
 
@@ -84,7 +85,7 @@ class MaskedLMEncoder:
         if truncate:
             self.eager.cut_forwards(self.query_input, tokenizer.mask_token, self.num_layers, name)
         self.has_mlm = True  # False: no trained MLM head (`load`'s knn-only); p_MLM is then uniform
-        self.compiled = CompiledBackend(self.eager, self.query_input, tokenizer.mask_token, name)
+        self.compiled = CompiledBackend(self.eager, self.query_input, tokenizer.mask_token, name, self.weights_sha256)
 
     @classmethod
     def load(
@@ -136,7 +137,9 @@ class MaskedLMEncoder:
 
     # ---- backend ------------------------------------------------------------------------------------------
 
-    def set_backend(self, backend: BackendName | str, *, with_mlm: bool = True) -> str:
+    def set_backend(
+        self, backend: BackendName | str, *, with_mlm: bool = True, onnx_cache: OnnxCache | None = None
+    ) -> str:
         """How ``encode(..., with_mlm=...)`` runs the model: eagerly, or in ONNX Runtime.
 
         ``with_mlm``: the call the compiled forward serves, with p_MLM (the service) or embeddings only (the
@@ -150,8 +153,10 @@ class MaskedLMEncoder:
 
         Asking again for the compiled backend already in use (same ``backend`` and ``with_mlm``) keeps it: an
         ONNX export of a base-sized model takes seconds, which a builder handed a ready encoder should not pay twice.
+        ``onnx_cache``: where exported graphs are kept across processes (`bertknn.core.onnx_cache`); None exports
+        each time.
         """
-        return self.compiled.set(backend, with_mlm)
+        return self.compiled.set(backend, with_mlm, onnx_cache)
 
     @torch.inference_mode()
     def log_probs_at(self, sequences: Sequence[Sequence[int]], reads: Sequence[tuple[int, int]]) -> torch.Tensor:

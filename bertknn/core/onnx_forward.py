@@ -16,34 +16,52 @@ FastForward = Callable[..., tuple[np.ndarray, torch.Tensor | None]]
 NAMES = ["input_ids", "attention_mask", "rows", "mask_pos"]
 
 
-def build_onnx(core: torch.nn.Module, example: tuple[torch.Tensor, ...]) -> FastForward:
-    """``core`` (`bertknn.core.heads.MaskCore` or a cut of it) exported from a padded ``example`` batch and loaded
-    in an ONNX Runtime session with the threads this process gave torch."""
+# everything `torch.onnx.export` is given besides the module and the example (part of the cache key)
+EXPORT: dict[str, object] = {
+    "input_names": NAMES,
+    # rows/mask_pos: the positions read, which may be more than the sequences (`log_probs_at`)
+    "dynamic_axes": {"input_ids": {0: "batch", 1: "width"}, "attention_mask": {0: "batch", 1: "width"},
+                     "rows": {0: "reads"}, "mask_pos": {0: "reads"}},
+    "dynamo": False,
+    "opset_version": 17,
+}  # fmt: skip
+
+
+def outputs_of(core: torch.nn.Module) -> list[str]:
+    return ["embedding", "log_probs"] if getattr(core, "head", None) is not None else ["embedding"]
+
+
+def export_onnx(core: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> None:
+    """``core`` (`bertknn.core.heads.MaskCore` or a cut of it) exported to ``path`` from a padded ``example``."""
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(core, example, path, output_names=outputs_of(core), **EXPORT)  # type: ignore[arg-type]
+
+
+def load_onnx(path: Path) -> FastForward:
+    """The graph at ``path`` in an ONNX Runtime session with the threads this process gave torch. (Read from the
+    path, not from bytes: the session then skips a copy of the whole model.)"""
     import onnxruntime as ort
 
-    outputs = ["embedding", "log_probs"] if getattr(core, "head", None) is not None else ["embedding"]
-    with tempfile.TemporaryDirectory(prefix="bertknn-onnx-") as tmp, warnings.catch_warnings(), torch.inference_mode():
-        warnings.simplefilter("ignore")
-        path = Path(tmp) / "mask_core.onnx"
-        torch.onnx.export(
-            core, example, path, input_names=NAMES, output_names=outputs,
-            # rows/mask_pos: the positions read, which may be more than the sequences (`log_probs_at`)
-            dynamic_axes={"input_ids": {0: "batch", 1: "width"}, "attention_mask": {0: "batch", 1: "width"},
-                          "rows": {0: "reads"}, "mask_pos": {0: "reads"}},
-            dynamo=False, opset_version=17,
-        )  # fmt: skip
-        model_bytes = path.read_bytes()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()  # the thread setting the process chose for torch
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
     def run(*arrays: np.ndarray) -> tuple[np.ndarray, torch.Tensor | None]:
         out = session.run(None, dict(zip(NAMES, arrays, strict=True)))
         return out[0], torch.from_numpy(out[1]) if len(out) > 1 else None
 
     return run
+
+
+def build_onnx(core: torch.nn.Module, example: tuple[torch.Tensor, ...]) -> FastForward:
+    """``core`` exported to a temporary file and loaded (`export_onnx`, `load_onnx`): no cache."""
+    with tempfile.TemporaryDirectory(prefix="bertknn-onnx-") as tmp:
+        path = Path(tmp) / "mask_core.onnx"
+        export_onnx(core, example, path)
+        return load_onnx(path)
 
 
 @torch.inference_mode()

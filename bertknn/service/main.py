@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bertknn.core import runtime
 from bertknn.core.errors import BertKnnError
+from bertknn.core.onnx_cache import onnx_cache
 from bertknn.service import heap
 from bertknn.service.api.admin import router as admin_router
 from bertknn.service.api.docs import install_docs
@@ -89,7 +90,8 @@ def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
         mlm_head="knn-only" if settings.model.knn_only else "required",
     )
     enc = pipeline.encoder
-    backend = enc.set_backend(settings.model.backend)
+    asked = settings.model.backend
+    backend = enc.set_backend(asked, onnx_cache=onnx_cache(asked, settings.model.onnx_cache, enc.device))
     if settings.model.cuda_graphs and enc.device.type == "cuda" and enc.compiled.fast is None:
         graphs = enc.eager.use_graphs(enc.query_input, enc.tokenizer.mask_token, max_rows=settings.batching.max_batch_size,
                                       max_width=enc.max_seq_len, name=enc.name)  # fmt: skip

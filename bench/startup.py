@@ -1,0 +1,93 @@
+"""The service's start-up on the CPU with and without its exported ONNX graph kept on disk. ::
+
+    python -m bench.startup [--model runs/bert-base-shaped] [--starts 3]
+
+One service process (bert-base-uncased's shape by default, ONNX Runtime, TF-IDF) is started again and again, two
+ways taking turns: ``onnx_cache off`` (the graph exported at every start) and ``onnx_cache`` in a directory this run
+empties first (the first start exports the graph there, each later one loads it). Each start's seconds from launch
+until ``/readyz`` answers, and its resident memory then; the same questions are asked of the two ways' last
+processes and their answers compared (they must be equal: one graph, exported twice). A killed worker's
+replacement, a reload and a container's restart all pay this start again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.bert_base import make
+from bench.common import REPO, RUNS, build_datastore, lama_queries, machine, tree_rss_mb, write_result
+from bench.hostwork import answers
+from tests.support.processes import service_process
+
+CORPUS = REPO / "data" / "sample_wiki.jsonl"
+WAYS = ("exported each start", "kept")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=RUNS / "bert-base-shaped", help="a masked LM directory "
+                   "(default: bert-base-uncased's shape, written there if missing)")  # fmt: skip
+    p.add_argument("--starts", type=int, default=3, help="starts of each way after the first (at least 1)")
+    p.add_argument("--articles", type=int, default=20, help="articles of the sample corpus in the datastore")
+    p.add_argument("--questions", type=int, default=20, help="questions whose answers are compared")
+    p.add_argument("--work", type=Path, default=RUNS / "bench-startup")
+    return p
+
+
+def start_once(ds: Path, env: dict[str, str]) -> tuple[float, float]:
+    """One start of the service: seconds until ready, resident MiB then."""
+    t = time.perf_counter()
+    with service_process(ds, env=env) as svc:
+        return round(time.perf_counter() - t, 2), round(tree_rss_mb(svc.proc.pid), 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.starts < 1 or args.questions < 1:
+        build_parser().error("--starts and --questions must be at least 1")
+    model = args.model if (args.model / "config.json").is_file() else make(args.model)
+    ds = build_datastore([CORPUS], args.work / f"ds-{args.articles}-{model.name}", model, limit=args.articles, bm25=False)
+    cache = args.work / "onnx"
+    shutil.rmtree(cache, ignore_errors=True)
+    base = {"BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_MODEL__BACKEND": "onnx"}
+    envs = {WAYS[0]: {**base, "BERTKNN_MODEL__ONNX_CACHE": "off"},
+            WAYS[1]: {**base, "BERTKNN_MODEL__ONNX_CACHE": str(cache)}}  # fmt: skip
+    got: dict[str, dict[str, list[float]]] = {w: {"start_s": [], "rss_mb": []} for w in WAYS}
+    first = start_once(ds, envs[WAYS[1]])  # nothing kept yet: this start exports
+    print(f"{'first start, kept':>22}: ready after {first[0]} s, {first[1]} MiB (exported the graph)", flush=True)
+    for _ in range(args.starts):
+        for way in WAYS:
+            s, rss = start_once(ds, envs[way])
+            got[way]["start_s"].append(s)
+            got[way]["rss_mb"].append(rss)
+            print(f"{way:>22}: ready after {s} s, {rss} MiB", flush=True)
+    questions = [{"text": t} for t, _ in lama_queries(args.questions, seed=11)]
+    said = []
+    for way in WAYS:
+        with service_process(ds, env=envs[way]) as svc:
+            said.append(answers(svc.url, questions))
+    result: dict[str, Any] = {
+        "model": model.name, "machine": machine(), "articles": args.articles, "backend": "onnx",
+        "first_start_kept": {"start_s": first[0], "rss_mb": first[1]},
+        "starts": {w: {**v, **{f"{k}_median": round(float(np.median(x)), 2) for k, x in v.items()}}
+                   for w, v in got.items()},
+        "answers_equal": said[0] == said[1], "questions": len(questions),
+    }  # fmt: skip
+    off, kept = (result["starts"][w] for w in WAYS)
+    result["kept_vs_exported"] = {k: round(kept[f"{k}_median"] / off[f"{k}_median"], 3) for k in ("start_s", "rss_mb")}
+    print(f"kept graph: start-up {result['kept_vs_exported']['start_s']}x, resident memory "
+          f"{result['kept_vs_exported']['rss_mb']}x the start that exports it (medians of {args.starts}); "
+          f"answers equal on {len(questions)} questions: {result['answers_equal']}", flush=True)  # fmt: skip
+    path = write_result(f"startup-{model.name}", result)
+    print(f"wrote {path}")
+    return 0 if result["answers_equal"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
