@@ -90,7 +90,7 @@ def under_load(ds: Path, tree: Path, payloads: list[dict], hook: Path) -> dict:
     with service_process(ds, env=env, cwd=tree) as svc:
         for old in hook.glob(f"{log.name}.*"):
             old.unlink()  # start-up's collections are not the load's
-        row: dict[str, Any] = dict(measure(svc.url, svc.proc.pid, payloads, 64))
+        row: dict[str, Any] = dict(measure({"one": (svc.url, svc.proc.pid)}, payloads, 64, blocks=1)["one"])
     per_gen: dict[str, list[float]] = {}
     for part in hook.glob(f"{log.name}.*"):
         for line in part.read_text().splitlines():

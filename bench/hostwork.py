@@ -8,9 +8,10 @@ tokenisation, caching, retrieval, the kNN, the vote and the response. A GPU's th
 (`docs/performance.md`, "Host work"). Questions are distinct (every request a cache miss), without a subject, so
 that TF-IDF ranks the articles. Server CPU is summed over every process of the service (its workers too).
 
-``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run,
-one after the other, so that both sides see the same machine, and compares their answers to the same questions
-(top-1 and every prediction's probability). ``--model DIR`` serves another model (the proxy, for answers that
+``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
+both services are up at once and each level's questions go to them in ``--blocks`` blocks that take turns (A B,
+B A, ...), so that the host's drift falls on both; their answers to the same questions are compared (top-1 and
+every prediction's probability). ``--model DIR`` serves another model (the proxy, for answers that
 mean something); the default is the hidden-size-64 one.
 
 Before the load, each tree's service is started ``--starts`` times (the trees taking turns) for its start-up: the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -83,18 +85,34 @@ def batches(url: str) -> tuple[float, float]:
     return got.get("bertknn_batch_size_sum", 0.0), got.get("bertknn_batch_size_count", 0.0)
 
 
-def measure(url: str, pid: int, payloads: list[dict], clients: int) -> dict[str, float]:
-    """One level: req/s, errors, the service's CPU ms per answered request (all its processes), rows per batch."""
-    run_async(_load(url, payloads[: max(clients, 20)], clients))  # warm-up: connections, first batches
-    rest = payloads[max(clients, 20) :]
-    rows0, count0 = batches(url)
-    cpu0 = tree_cpu_s(pid)
-    secs, ok, err = run_async(_load(url, rest, clients))
-    cpu_ms = (tree_cpu_s(pid) - cpu0) * 1000 / max(1, ok)
-    rows1, count1 = batches(url)
-    return {"requests_per_s": round(ok / secs, 1), "server_cpu_ms_per_request": round(cpu_ms, 3),
-            "requests": ok + err, "errors": err,
-            "rows_per_batch": round((rows1 - rows0) / max(1.0, count1 - count0), 2)}  # fmt: skip
+def measure(services: dict[str, tuple[str, int]], payloads: list[dict], clients: int, blocks: int) -> dict[str, dict]:
+    """One level for each running service (name: (url, pid)), the same questions to each, in ``blocks`` blocks that
+    take turns (A B, B A, ...) so that the host's drift falls on every service alike: req/s, errors, the service's
+    CPU ms per answered request (all its processes), rows per batch."""
+    warm = max(clients, 20)
+    for url, _ in services.values():
+        run_async(_load(url, payloads[:warm], clients))  # warm-up: connections, first batches
+    rest = payloads[warm:]
+    size = -(-len(rest) // blocks)
+    sums = {name: {"secs": 0.0, "ok": 0, "err": 0, "cpu_s": 0.0, "rows": 0.0, "batches": 0.0} for name in services}
+    for b in range(blocks):
+        part = rest[b * size : (b + 1) * size]
+        for name in list(services) if b % 2 == 0 else list(services)[::-1]:
+            url, pid = services[name]
+            rows0, count0 = batches(url)
+            cpu0 = tree_cpu_s(pid)
+            secs, ok, err = run_async(_load(url, part, clients))
+            cpu1 = tree_cpu_s(pid)
+            rows1, count1 = batches(url)
+            got = sums[name]
+            for key, value in (("secs", secs), ("ok", ok), ("err", err), ("cpu_s", cpu1 - cpu0),
+                               ("rows", rows1 - rows0), ("batches", count1 - count0)):  # fmt: skip
+                got[key] += value
+    return {name: {"requests_per_s": round(g["ok"] / g["secs"], 1),
+                   "server_cpu_ms_per_request": round(g["cpu_s"] * 1000 / max(1, g["ok"]), 3),
+                   "requests": g["ok"] + g["err"], "errors": g["err"], "blocks": blocks,
+                   "rows_per_batch": round(g["rows"] / max(1.0, g["batches"]), 2)}
+            for name, g in sums.items()}  # fmt: skip
 
 
 def answers(url: str, payloads: list[dict]) -> list[list[tuple[str, float]]]:
@@ -165,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", type=int, default=300, help="questions whose answers are compared with --baseline's")
     p.add_argument("--work", type=Path, default=RUNS / "bench-hostwork")
     p.add_argument("--starts", type=int, default=3, help="service starts per tree for the start-up figures")
+    p.add_argument("--blocks", type=int, default=4, help="blocks of each level, the trees taking turns")
     p.add_argument("--name", default=None, help="the results file, bench/results/NAME.json (default: hostwork, or "
                    "hostwork-MODEL with --model)")  # fmt: skip
     return p
@@ -184,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     workers, clients = _ints(args.workers, "--workers", p), _ints(args.clients, "--clients", p)
-    if args.requests < 100 or args.starts < 1:
-        p.error("--requests must be at least 100, --starts at least 1")
+    if args.requests < 100 or args.starts < 1 or args.blocks < 1:
+        p.error("--requests must be at least 100, --starts and --blocks at least 1")
     model = args.model or make(args.work / "bert-base-h64", shape=TINY)
     ds_name = f"ds-{args.articles}" + ("" if args.model is None else f"-{Path(args.model).name}")
     ds = build_datastore([CORPUS], args.work / ds_name, model, limit=args.articles, bm25=False)
@@ -206,23 +225,24 @@ def main(argv: list[str] | None = None) -> int:
     said: dict[str, list] = {}
     result["starts"] = starts(trees, ds, env, args.starts)
     for n in workers:
-        for name, tree in trees.items():
-            extra = ("--workers", str(n)) if n != 1 else ()
-            if tree != REPO and n != 1:
-                continue  # the baseline serves one process
-            at = 0
-            with service_process(ds, env={**env, "PYTHONPATH": str(tree)}, args=extra, cwd=tree) as svc:
+        names = [name for name, tree in trees.items() if tree == REPO or n == 1]  # the baseline serves one process
+        with contextlib.ExitStack() as stack:
+            up = {name: stack.enter_context(service_process(
+                ds, env={**env, "PYTHONPATH": str(trees[name])}, cwd=trees[name],
+                args=("--workers", str(n)) if n != 1 else ())) for name in names}  # fmt: skip
+            for name, svc in up.items():
                 if asked and name not in said:
                     said[name] = answers(svc.url, asked)
-                for c in clients:
-                    take = args.requests + max(c, 20)
-                    row = measure(svc.url, svc.proc.pid, pool[at : at + take], c)
-                    at += take
+            at = 0
+            for c in clients:
+                take = args.requests + max(c, 20)
+                rows = measure({k: (svc.url, svc.proc.pid) for k, svc in up.items()}, pool[at : at + take], c, args.blocks)
+                at += take
+                for name, row in rows.items():
                     result["runs"].append({"tree": name, "workers": n, "clients": c, **row})
                     print(f"{name:>20}  workers {n:>2}  clients {c:>3}: {row['requests_per_s']:>7.1f} req/s, "
-                          f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows per "
-                          f"batch, {row['errors']} errors",
-                          flush=True)  # fmt: skip
+                          f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows "
+                          f"per batch, {row['errors']} errors", flush=True)  # fmt: skip
     _ratios(result)
     if len(said) == 2:
         result["answers_vs_baseline"] = compare(*said.values())

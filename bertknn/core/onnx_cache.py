@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -102,8 +101,8 @@ def graph_key(core: torch.nn.Module, *, weights_sha256: str, export: dict[str, o
     project's modules in it, the export's arguments, and the versions of the libraries that trace it."""
     ours = {type(m) for m in core.modules() if type(m).__module__.startswith("bertknn.")}
     code = hashlib.sha256()
-    for source in sorted({inspect.getsource(sys.modules[t.__module__]) for t in ours}):
-        code.update(source.encode())
+    for module in sorted({t.__module__ for t in ours}):
+        code.update(_module_bytes(module))
     settings = [
         (type(m).__qualname__, sorted((k, repr(v)) for k, v in vars(m).items() if _plain(k, v)))
         for m in core.modules() if type(m) in ours
@@ -114,6 +113,15 @@ def graph_key(core: torch.nn.Module, *, weights_sha256: str, export: dict[str, o
         "transformers": transformers.__version__,
     }  # fmt: skip
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=repr).encode()).hexdigest()[:32]
+
+
+def _module_bytes(name: str) -> bytes:
+    """The file a module was loaded from (its source, or its bytecode where only that is installed)."""
+    file = getattr(sys.modules[name], "__file__", None)
+    try:
+        return Path(file).read_bytes() if file else name.encode()
+    except OSError:
+        return name.encode()
 
 
 def _plain(name: str, value: object) -> bool:
