@@ -336,7 +336,9 @@ check_graph_kept() {
   # after a crash or a restart) loads it from there instead of exporting it again.
   local api since
   api=$(container api)
-  podman logs "$api" 2>&1 | grep -q "ONNX graph exported to /cache/onnx/" \
+  podman logs "$api" >"$WORK/first-start.log" 2>&1 || true  # to a file: grep -q would end podman early (pipefail)
+  grep "ONNX graph" "$WORK/first-start.log" | sed 's/^/  api log: /'
+  grep -q "ONNX graph exported to /cache/onnx/" "$WORK/first-start.log" \
     || fail "the first start did not export its ONNX graph into the onnx-cache volume"
   since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   podman start "$api" >/dev/null
