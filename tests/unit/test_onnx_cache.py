@@ -189,3 +189,31 @@ def test_the_key_follows_the_weights_the_module_and_its_settings(tiny_model_dir:
     other_layer = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32, layer=0)
     assert key != graph_key(other_layer.eager.cores[True], weights_sha256=enc.weights_sha256,
                             export={"opset_version": 17})  # fmt: skip
+
+
+def test_the_service_and_the_builder_keep_their_graphs_where_their_settings_say(
+    tiny_datastore: Path, tiny_corpus: Path, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from bertknn.service.main import open_pipeline
+    from bertknn.service.settings import ServiceSettings
+    from tests.conftest import build_tiny
+
+    caplog.set_level(logging.INFO, logger="bertknn.core.backend")
+    settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu", "onnx_cache": str(tmp_path / "svc")})
+    for _ in range(2):  # a start, and the next one (a restart, a replaced worker, a reload)
+        pipe = open_pipeline(settings)
+        try:
+            assert pipe.encoder.backend == "onnx"
+        finally:
+            pipe.close()
+    (kept,) = (tmp_path / "svc").glob("*.onnx")
+    assert f"exported to {kept}" in caplog.text and f"loaded from {kept}" in caplog.text
+
+    build_tiny(tmp_path / "ds", [tiny_corpus], tiny_model_dir, onnx_cache=str(tmp_path / "builder"))
+    (built,) = (tmp_path / "builder").glob("*.onnx")  # the builder's forward (embeddings only): a graph of its own
+    assert built.name != kept.name
+    off = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu", "onnx_cache": "off"})
+    caplog.clear()
+    pipe = open_pipeline(off)
+    pipe.close()
+    assert pipe.encoder.backend == "onnx" and "ONNX graph" not in caplog.text
