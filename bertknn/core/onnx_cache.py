@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = 1  # bumped when what a cached file holds changes
 SUFFIX = ".onnx"
+KEEP = 6  # graphs kept per directory, the most recently used: a graph is as large as its model's weights
 SETTING_HELP = (
     "with the onnx backend, where exported graphs are kept, each under a key of the weights, the code and the "
     "library versions it came from, so that the next start loads instead of exporting (a kept graph is checked "
@@ -38,7 +39,9 @@ def default_dir() -> Path:
 
 @dataclass(frozen=True)
 class OnnxCache:
-    """One directory of exported graphs, ``<key>.onnx`` each; any of them may be deleted at any time."""
+    """One directory of exported graphs, ``<key>.onnx`` each; any of them may be deleted at any time. A new graph
+    makes room for itself: the least recently used beyond `KEEP` are deleted (a process that loaded one keeps it in
+    memory)."""
 
     directory: Path
 
@@ -67,6 +70,7 @@ class OnnxCache:
         path = self.path(key)
         with self._locked(key):
             if path.is_file():
+                os.utime(path)  # used: the last to be pruned
                 return path, True
             tmp = path.with_name(f".{key}.{os.getpid()}.tmp")
             try:
@@ -74,7 +78,17 @@ class OnnxCache:
                 os.replace(tmp, path)
             finally:
                 tmp.unlink(missing_ok=True)
+        self._prune()
         return path, False
+
+    def _prune(self) -> None:
+        graphs = []
+        for path in self.directory.glob(f"*{SUFFIX}"):
+            with contextlib.suppress(OSError):  # deleted meanwhile by another process
+                graphs.append((path.stat().st_mtime, path))
+        for _, path in sorted(graphs, reverse=True)[KEEP:]:
+            logger.info("ONNX cache: %s deleted, the least recently used beyond %d graphs", path, KEEP)
+            path.unlink(missing_ok=True)
 
     def forget(self, key: str) -> None:
         """Delete the graph stored under ``key`` (it failed to load, or differed from the eager forward)."""

@@ -147,6 +147,28 @@ def test_processes_starting_together_export_once(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_new_graph_makes_room_by_deleting_the_least_recently_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bertknn.core import onnx_cache as module
+
+    monkeypatch.setattr(module, "KEEP", 3)
+    cache = OnnxCache(tmp_path)
+
+    def export(path: Path) -> None:
+        path.write_bytes(b"graph")
+
+    def used(key: str) -> None:
+        time.sleep(0.02)  # each use at a later modification time than the one before
+        cache.graph(key, export)
+
+    for key in ("a", "b", "c"):
+        used(key)
+    used("a")  # used again: now the most recent
+    used("d")  # a fourth graph: b, the least recently used, goes
+    assert sorted(p.stem for p in tmp_path.glob("*.onnx")) == ["a", "c", "d"]
+    used("e")
+    assert sorted(p.stem for p in tmp_path.glob("*.onnx")) == ["a", "d", "e"]
+
+
 def test_an_export_that_fails_leaves_nothing_kept(tmp_path: Path) -> None:
     cache = OnnxCache(tmp_path)
 
