@@ -55,7 +55,7 @@ class CompiledBackend:
             return self.name
         for want in order:
             try:
-                fast = self._cached_onnx(want, cache) if cache is not None else self._checked(self._build_onnx(), want)
+                fast = self._onnx(want, cache)
             except Exception as exc:  # noqa: BLE001 - any failure to build or match falls back
                 logger.warning("%s: %s backend not used (%s)", self._model, want, exc)
                 continue
@@ -69,26 +69,29 @@ class CompiledBackend:
         example = [self._query_input(f"the {mask} ."), self._query_input(f"a b c d e f g h {mask} i j .")]
         return self.eager.cores[self.with_mlm], self.eager.tensors(example)
 
-    def _build_onnx(self) -> FastForward:
+    def _onnx(self, want: str, cache: OnnxCache | None) -> FastForward:
+        """The ONNX forward, matched against the eager one: kept in ``cache`` (`_cached_onnx`), or exported anew."""
         if self.eager.device.type != "cpu" or self.eager.dtype != torch.float32:
             raise RuntimeError("the onnx backend runs float32 on the CPU")
-        return build_onnx(*self._core_and_example())
-
-    def _checked(self, fast: FastForward, name: str) -> FastForward:
-        self._check_against_eager(fast, name)
+        if cache is not None:
+            return self._cached_onnx(want, cache)
+        fast = self._build_onnx()
+        self._check_against_eager(fast, want)
         return fast
+
+    def _build_onnx(self) -> FastForward:
+        return build_onnx(*self._core_and_example())
 
     def _cached_onnx(self, want: str, cache: OnnxCache) -> FastForward:
         """The graph kept in ``cache``, exported there first where it is not. A kept graph that fails to load or to
         match the eager forward is deleted and exported again; a new one that fails is deleted (the error stands)."""
-        if self.eager.device.type != "cpu" or self.eager.dtype != torch.float32:
-            raise RuntimeError("the onnx backend runs float32 on the CPU")
         core, example = self._core_and_example()
         key = graph_key(core, weights_sha256=self._weights, export={**EXPORT, "output_names": outputs_of(core)})
         for attempt in (1, 2):
             path, kept = cache.graph(key, lambda p: export_onnx(core, example, p))
             try:
-                fast = self._checked(load_onnx(path), want)
+                fast = load_onnx(path)
+                self._check_against_eager(fast, want)
             except Exception as exc:
                 cache.forget(key)
                 if not kept or attempt == 2:
