@@ -253,14 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def starts(trees: dict[str, Path], ds: Path, env: dict[str, str], n: int) -> dict[str, dict[str, Any]]:
-    """Each tree's service (one process) started ``n`` times, the trees taking turns: the seconds from its launch
-    until it answers ``/readyz`` and its resident memory then, before any request (each start's, and their medians)."""
-    got: dict[str, dict[str, list[float]]] = {name: {"start_s": [], "rss_mb": []} for name in trees}
+def timed_starts(ways: dict[str, tuple[Path, dict[str, str]]], ds: Path, n: int) -> dict[str, dict[str, Any]]:
+    """Each way's service (one process: the source tree it is served from, its environment) started ``n`` times,
+    the ways taking turns: the seconds from its launch until it answers ``/readyz`` and its resident memory then,
+    before any request (each start's, and their medians)."""
+    got: dict[str, dict[str, list[float]]] = {name: {"start_s": [], "rss_mb": []} for name in ways}
     for _ in range(n):
-        for name, tree in trees.items():
+        for name, (tree, env) in ways.items():
             t = time.perf_counter()
-            with service_process(ds, env={**env, "PYTHONPATH": str(tree)}, cwd=tree) as svc:
+            with service_process(ds, env=env, cwd=tree) as svc:
                 got[name]["start_s"].append(round(time.perf_counter() - t, 2))
                 got[name]["rss_mb"].append(round(tree_rss_mb(svc.proc.pid), 1))
     out: dict[str, dict[str, Any]] = {}
@@ -268,6 +269,12 @@ def starts(trees: dict[str, Path], ds: Path, env: dict[str, str], n: int) -> dic
         out[name] = {**runs, **{f"{k}_median": round(float(np.median(v)), 2) for k, v in runs.items()}}
         print(f"{name:>20}  ready after {out[name]['start_s_median']} s, {out[name]['rss_mb_median']} MiB resident "
               f"(medians of {n} starts, before any request)", flush=True)  # fmt: skip
+    return out
+
+
+def starts(trees: dict[str, Path], ds: Path, env: dict[str, str], n: int) -> dict[str, dict[str, Any]]:
+    """Each tree's `timed_starts`, and this tree's medians against the baseline's."""
+    out = timed_starts({name: (tree, {**env, "PYTHONPATH": str(tree)}) for name, tree in trees.items()}, ds, n)
     base = next((v for k, v in out.items() if k.startswith("baseline")), None)
     if base is not None:
         ours = out["this tree"]

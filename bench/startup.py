@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench.bert_base import make
-from bench.common import REPO, RUNS, build_datastore, lama_queries, machine, tree_rss_mb, write_result
-from bench.hostwork import answers
+from bench.common import REPO, RUNS, build_datastore, lama_queries, machine, write_result
+from bench.hostwork import answers, timed_starts
 from tests.support.processes import service_process
 
 CORPUS = REPO / "data" / "sample_wiki.jsonl"
@@ -40,13 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def start_once(ds: Path, env: dict[str, str]) -> tuple[float, float]:
-    """One start of the service: seconds until ready, resident MiB then."""
-    t = time.perf_counter()
-    with service_process(ds, env=env) as svc:
-        return round(time.perf_counter() - t, 2), round(tree_rss_mb(svc.proc.pid), 1)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.starts < 1 or args.questions < 1:
@@ -58,15 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     base = {"BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_MODEL__BACKEND": "onnx"}
     envs = {WAYS[0]: {**base, "BERTKNN_MODEL__ONNX_CACHE": "off"},
             WAYS[1]: {**base, "BERTKNN_MODEL__ONNX_CACHE": str(cache)}}  # fmt: skip
-    got: dict[str, dict[str, list[float]]] = {w: {"start_s": [], "rss_mb": []} for w in WAYS}
-    first = start_once(ds, envs[WAYS[1]])  # nothing kept yet: this start exports
-    print(f"{'first start, kept':>22}: ready after {first[0]} s, {first[1]} MiB (exported the graph)", flush=True)
-    for _ in range(args.starts):
-        for way in WAYS:
-            s, rss = start_once(ds, envs[way])
-            got[way]["start_s"].append(s)
-            got[way]["rss_mb"].append(rss)
-            print(f"{way:>22}: ready after {s} s, {rss} MiB", flush=True)
+    first = timed_starts({"first start, kept": (REPO, envs[WAYS[1]])}, ds, 1)["first start, kept"]  # it exports
+    got = timed_starts({w: (REPO, envs[w]) for w in WAYS}, ds, args.starts)
     questions = [{"text": t} for t, _ in lama_queries(args.questions, seed=11)]
     said = []
     for way in WAYS:
@@ -74,9 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             said.append(answers(svc.url, questions))
     result: dict[str, Any] = {
         "model": model.name, "machine": machine(), "articles": args.articles, "backend": "onnx",
-        "first_start_kept": {"start_s": first[0], "rss_mb": first[1]},
-        "starts": {w: {**v, **{f"{k}_median": round(float(np.median(x)), 2) for k, x in v.items()}}
-                   for w, v in got.items()},
+        "first_start_kept": {"start_s": first["start_s"][0], "rss_mb": first["rss_mb"][0]},
+        "starts": got,
         "answers_equal": said[0] == said[1], "questions": len(questions),
     }  # fmt: skip
     off, kept = (result["starts"][w] for w in WAYS)
