@@ -10,6 +10,7 @@ answers, ``/follow`` and the LAMA evaluation run.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -225,6 +226,26 @@ def test_onnx_runtime_runs_every_family_and_matches_eager(family: tuple[str, Pat
     np.testing.assert_allclose(fast.embeddings, eager.embeddings, atol=1e-3)
     assert fast.mlm_log_probs is not None and eager.mlm_log_probs is not None
     np.testing.assert_allclose(fast.mlm_log_probs.numpy(), eager.mlm_log_probs.numpy(), atol=1e-3)
+
+
+def test_every_family_s_exported_graph_is_kept_and_loaded_by_the_next_encoder(
+    family: tuple[str, Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from bertknn.core.onnx_cache import OnnxCache
+
+    caplog.set_level(logging.INFO, logger="bertknn.core.backend")
+    cache = OnnxCache(tmp_path)
+    outputs = []
+    for _ in range(2):  # a start, and the next one
+        enc = MaskedLMEncoder.load(str(family[1]), device="cpu", max_seq_len=64)
+        assert enc.set_backend("onnx", onnx_cache=cache) == "onnx"
+        out = enc.encode([enc.query_input("Zorblat was born in [MASK].")], with_mlm=True)
+        assert out.mlm_log_probs is not None
+        outputs.append((out.embeddings, out.mlm_log_probs.numpy()))
+    (kept,) = tmp_path.glob("*.onnx")
+    assert f"exported to {kept}" in caplog.text and f"loaded from {kept}" in caplog.text
+    for got, want in zip(outputs[1], outputs[0], strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_the_builder_s_forward_stops_at_the_stored_layer_with_the_same_vectors(family: tuple[str, Path, Path]) -> None:
