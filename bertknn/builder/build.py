@@ -269,7 +269,7 @@ class _BuildRun:
         step = embed_step(s.checkpoint_contexts, s.batch_size, encoder.device.type)
         options = ShardOptions(
             s.max_seq_len, stopwords, s.min_sentence_chars, s.targets, s.batch_size, s.workers,
-            s.contexts_per_shard or None, s.links, step, s.batch_tokens or None,
+            s.contexts_per_shard or None, s.links, step, s.batch_tokens or None, s.vocab_cache,
         )  # fmt: skip
         try:
             return embed_shards(
@@ -379,6 +379,7 @@ def train_codec_only(settings: BuildSettings, encoder: MaskedLMEncoder | None = 
         settings.max_seq_len, stopwords, settings.min_sentence_chars, settings.targets, settings.batch_size,
         settings.workers, settings.contexts_per_shard or None, settings.links,
         embed_step(settings.checkpoint_contexts, settings.batch_size, encoder.device.type), settings.batch_tokens or None,
+        settings.vocab_cache,
     )
     works = (Work(b.index, 0, b.articles) for b in blocks)
     embed_shards(out, works, encoder, options, lambda info: None, coder=coder, train_only=True)

@@ -193,6 +193,7 @@ class ShardOptions:
     links: bool = False  # keep entity links (rows labelled with their link targets)
     checkpoint_contexts: int = EMBED_STEP_ROWS  # rows per embedding step: what an interrupt may lose
     batch_tokens: int | None = None  # padded tokens per forward batch (None: rows alone bound a batch)
+    vocab_cache: str = "auto"  # where the preparing workers keep the vocabulary's word table (`VocabCache`)
 
 
 @dataclass
@@ -314,7 +315,8 @@ class _ShardEmbedder:
         self.on_batch, self.times, self.coder, self.on_prepared = on_batch, times, coder, on_prepared
         self.encode_seconds = 0.0
         prep_args = (
-            tok_dir, options.max_seq_len, options.stopwords, options.min_sentence_chars, options.targets, options.links
+            tok_dir, options.max_seq_len, options.stopwords, options.min_sentence_chars, options.targets, options.links,
+            options.vocab_cache,
         )  # fmt: skip
         self.pool = (
             ProcessPoolExecutor(options.workers, mp_context=get_context("spawn"), initializer=init_worker, initargs=prep_args)

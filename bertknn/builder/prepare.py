@@ -21,6 +21,7 @@ from bertknn.builder.writer import DROPPED
 from bertknn.core.context_tokenizer import ContextTokenizer
 from bertknn.core.inputs import MaskedInput, PackedInputs
 from bertknn.core.languages import LanguageRules
+from bertknn.core.vocab_cache import VocabCache
 from bertknn.core.words import WordEntry, WordTable, WordTableBuilder
 
 
@@ -154,11 +155,15 @@ class ShardPreparer:
         min_sentence_chars: int,
         targets: TargetMode = "single-piece",
         links: bool = False,
+        vocab_cache: str = "off",
     ):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=True)
         self.links = links
         self.tokenizer = tokenizer
         self.inputs = ContextTokenizer(tokenizer, max_seq_len)
+        kept = VocabCache.from_setting(vocab_cache)  # workers starting together: one makes it, the others read it
+        if kept is not None:
+            self.inputs.words.vocab = kept.words(self.inputs.words)
         self.selector = TargetSelector(tokenizer, stopwords, targets, words=self.inputs.words)
         self._splitters: dict[str, SentenceSplitter] = {}
         self.min_sentence_chars = min_sentence_chars

@@ -14,6 +14,7 @@ from bertknn.core.format.codec import CodecName, CodecSpec, Rotation
 from bertknn.core.languages import check_language
 from bertknn.core.onnx_cache import SETTING_HELP as ONNX_CACHE_HELP
 from bertknn.core.runtime import DeviceName, DtypeName
+from bertknn.core.vocab_cache import SETTING_HELP as VOCAB_CACHE_HELP
 
 
 class CodecOptions(BaseModel):
@@ -106,6 +107,7 @@ class BuildSettings(CodecOptions, BaseSettings):
         "if it differs",
     )
     onnx_cache: str = Field("auto", min_length=1, description=ONNX_CACHE_HELP)
+    vocab_cache: str = Field("auto", min_length=1, description=VOCAB_CACHE_HELP)
     targets: TargetMode = Field(
         "single-piece",
         description="single-piece: words of one wordpiece (the paper); whole-word: words of any number of pieces",

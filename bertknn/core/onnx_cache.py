@@ -4,19 +4,18 @@ again (a replaced worker, a reload, the next build) loads the graph instead of e
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import transformers
+
+from bertknn.core.disk_cache import locked, module_bytes, prune, usable_dir
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +30,6 @@ SETTING_HELP = (
 )
 
 
-def default_dir() -> Path:
-    """``$XDG_CACHE_HOME/bert-knn/onnx``, or ``~/.cache/bert-knn/onnx`` (where Hugging Face keeps its own)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "bert-knn" / "onnx"
-
-
 @dataclass(frozen=True)
 class OnnxCache:
     """One directory of exported graphs, ``<key>.onnx`` each; any of them may be deleted at any time. A new graph
@@ -47,19 +40,10 @@ class OnnxCache:
 
     @classmethod
     def from_setting(cls, setting: str) -> OnnxCache | None:
-        """``auto``: `default_dir`; ``off``: no cache; anything else: that directory. None, logged, where the
-        directory cannot be made or written (a read-only container): the graph is then exported each start."""
-        if setting == "off":
-            return None
-        directory = default_dir() if setting == "auto" else Path(setting).expanduser()
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            if not os.access(directory, os.W_OK | os.X_OK):
-                raise PermissionError(f"{directory} is not writable")
-        except OSError as exc:
-            logger.warning("ONNX cache not used (%s): the graph is exported at each start", exc)
-            return None
-        return cls(directory)
+        """``auto``: ``$XDG_CACHE_HOME/bert-knn/onnx``; ``off``: no cache; anything else: that directory. None,
+        logged, where the directory cannot be made or written: the graph is then exported each start."""
+        directory = usable_dir(setting, "onnx", label="ONNX cache", without="the graph is exported at each start")
+        return None if directory is None else cls(directory)
 
     def path(self, key: str) -> Path:
         return self.directory / f"{key}{SUFFIX}"
@@ -68,7 +52,7 @@ class OnnxCache:
         """The graph stored under ``key``, exported first (``export(path)`` writes it) where it is not there yet;
         and whether it was there. Processes that start together export once: the others wait on a lock file."""
         path = self.path(key)
-        with self._locked(key):
+        with locked(self.directory, key):
             if path.is_file():
                 os.utime(path)  # used: the last to be pruned
                 return path, True
@@ -82,24 +66,13 @@ class OnnxCache:
         return path, False
 
     def _prune(self) -> None:
-        graphs = []
-        for path in self.directory.glob(f"*{SUFFIX}"):
-            with contextlib.suppress(OSError):  # deleted meanwhile by another process
-                graphs.append((path.stat().st_mtime, path))
-        for _, path in sorted(graphs, reverse=True)[KEEP:]:
+        for path in prune(self.directory, SUFFIX, KEEP):
             logger.info("ONNX cache: %s deleted, the least recently used beyond %d graphs", path, KEEP)
-            path.unlink(missing_ok=True)
 
     def forget(self, key: str) -> None:
         """Delete the graph stored under ``key`` (it failed to load, or differed from the eager forward)."""
-        with self._locked(key):
+        with locked(self.directory, key):
             self.path(key).unlink(missing_ok=True)
-
-    @contextlib.contextmanager
-    def _locked(self, key: str) -> Iterator[None]:
-        with open(self.directory / f".{key}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
-            yield
 
 
 def onnx_cache(backend: str, setting: str, device: torch.device) -> OnnxCache | None:
@@ -116,7 +89,7 @@ def graph_key(core: torch.nn.Module, *, weights_sha256: str, export: dict[str, o
     ours = {type(m) for m in core.modules() if type(m).__module__.startswith("bertknn.")}
     code = hashlib.sha256()
     for module in sorted({t.__module__ for t in ours}):
-        code.update(_module_bytes(module))
+        code.update(module_bytes(module))
     settings = [
         (type(m).__qualname__, sorted((k, repr(v)) for k, v in vars(m).items() if _plain(k, v)))
         for m in core.modules() if type(m) in ours
@@ -127,15 +100,6 @@ def graph_key(core: torch.nn.Module, *, weights_sha256: str, export: dict[str, o
         "transformers": transformers.__version__,
     }  # fmt: skip
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=repr).encode()).hexdigest()[:32]
-
-
-def _module_bytes(name: str) -> bytes:
-    """The file a module was loaded from (its source, or its bytecode where only that is installed)."""
-    file = getattr(sys.modules[name], "__file__", None)
-    try:
-        return Path(file).read_bytes() if file else name.encode()
-    except OSError:
-        return name.encode()
 
 
 def _plain(name: str, value: object) -> bool:

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from bertknn.core import runtime
 from bertknn.core.errors import BertKnnError
 from bertknn.core.onnx_cache import onnx_cache
+from bertknn.core.vocab_cache import VocabCache
 from bertknn.service import heap
 from bertknn.service.api.admin import router as admin_router
 from bertknn.service.api.docs import install_docs
@@ -88,6 +89,7 @@ def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
         mlm_top_entries=settings.cache.mlm_top_entries,
         verify_checksums=settings.verify_checksums,
         mlm_head="knn-only" if settings.model.knn_only else "required",
+        vocab_cache=VocabCache.from_setting(settings.model.vocab_cache),
     )
     enc = pipeline.encoder
     asked = settings.model.backend

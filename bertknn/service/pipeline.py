@@ -18,6 +18,7 @@ from bertknn.core.format import Datastore, validate_datastore
 from bertknn.core.inputs import MaskedInput
 from bertknn.core.model_files import MlmHeadPolicy
 from bertknn.core.model_ref import locate_model, public_model_name
+from bertknn.core.vocab_cache import VocabCache
 from bertknn.service.answer import Answerer, ContextReader, TokenAnswerer
 from bertknn.service.assemble import AnswerAssembler
 from bertknn.service.cache import Cache, InMemoryCache
@@ -113,8 +114,12 @@ class AnswerPipeline:
         mlm_top_entries: int = 2048,
         verify_checksums: bool = False,
         mlm_head: MlmHeadPolicy = "required",
+        vocab_cache: VocabCache | None = None,
     ) -> AnswerPipeline:
-        """Load and check everything once: datastore (validated), model (hash-checked), indexes, JVM."""
+        """Load and check everything once: datastore (validated), model (hash-checked), indexes, JVM.
+
+        ``vocab_cache``: where the vocabulary's word table is kept across processes (`bertknn.core.vocab_cache`);
+        None makes it here."""
         problems = validate_datastore(datastore_dir, hashes=verify_checksums, deep=verify_checksums)
         if problems:
             raise DatastoreError(f"datastore failed validation: {problems[0]}")
@@ -124,6 +129,8 @@ class AnswerPipeline:
         encoder = MaskedLMEncoder.load(
             name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len, mlm_head=mlm_head
         )
+        if vocab_cache is not None:
+            encoder.words.vocab = vocab_cache.words(encoder.words)
         return cls(encoder, datastore, cache=cache, key_prefix=key_prefix, mlm_top_entries=mlm_top_entries)
 
     def for_datastore(self, datastore_dir: Path | str, *, verify_checksums: bool = False) -> AnswerPipeline:

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bertknn.core.encoder import BackendName
 from bertknn.core.onnx_cache import SETTING_HELP as ONNX_CACHE_HELP
+from bertknn.core.vocab_cache import SETTING_HELP as VOCAB_CACHE_HELP
 from bertknn.service.interpolate import (
     DEFAULT_ARTICLE_SHARPNESS,
     DEFAULT_MLM_PRIOR,
@@ -39,6 +40,7 @@ class ModelSettings(BaseModel):
         "and falls back when it cannot be built or differs"
     )
     onnx_cache: str = Field("auto", min_length=1, description=ONNX_CACHE_HELP)
+    vocab_cache: str = Field("auto", min_length=1, description=VOCAB_CACHE_HELP)
     cuda_graphs: bool = Field(
         True, description="on a GPU with the eager backend: the forward replayed as CUDA graphs, one per (rows, "
         "width) bucket, each used once it gave the eager forward's outputs; eager where capture fails or differs. "
