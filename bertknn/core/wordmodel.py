@@ -271,8 +271,12 @@ class WordModel:
     # ---- the vocabulary -----------------------------------------------------------------------------------
 
     def running_text_ids(self, words: Sequence[str]) -> list[list[int]]:
-        """Each word's tokens as it is written in running text (after a space)."""
-        return [t.ids and list(t.ids) or [] for t in self.tokenize([f" {w}" for w in words])]
+        """Each word's tokens as it is written in running text (after a space): `tokenize`'s ids, without the
+        offsets and word ids it also reads."""
+        enc = self.tokenizer(
+            [f" {w}" for w in words], add_special_tokens=False, return_attention_mask=False, split_special_tokens=True
+        )
+        return [[int(t) for t in ids] for ids in enc["input_ids"]]
 
     def pieces_of(self, word: str) -> tuple[int, ...]:
         """A word's tokens in running text (how a mask in the middle of a sentence would spell it)."""
