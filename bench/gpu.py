@@ -60,7 +60,7 @@ from bench.common import REPO, RESULTS, RUNS, SHARED, device_sync, machine
 
 NO_DEVICE = 3
 STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "device_vote", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving",
-          "serving_device_knn", "serving_device_vote", "serving_one_process", "ivfpq_training")
+          "serving_device_knn", "serving_device_vote", "serving_one_process", "steps", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 

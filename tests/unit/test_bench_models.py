@@ -95,6 +95,33 @@ def test_bench_gpu_refuses_a_stage_it_does_not_have() -> None:
     assert run.returncode == 2 and "no stage warp" in run.stderr
 
 
+def test_every_stage_bench_gpu_runs_can_be_asked_for_and_the_documented_lease_command_is_accepted() -> None:
+    """The lease's one command names its stages with --only: a name the parser refuses would spend a lease on a
+    usage error, so the command as the docs write it must get as far as the device check."""
+    import re
+    import subprocess
+    import sys
+
+    import torch
+
+    from bench import gpu
+
+    args = gpu.build_parser().parse_args([])
+    assert list(gpu._stage_commands(args)) == list(gpu.STAGES)
+    repo = Path(__file__).resolve().parents[2]
+    documented = set()
+    for doc in ("docs/performance.md", "docs/decisions/cuda-graphs.md"):
+        text = " ".join((repo / doc).read_text().split())
+        documented |= set(re.findall(r"gpu_lease\.sh --only ([a-z_,]+)", text))
+    assert documented, "no lease command found in the docs"
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: there bench.gpu would run the stages")
+    for only in documented:
+        run = subprocess.run([sys.executable, "-m", "bench.gpu", "--only", only], capture_output=True, text=True,
+                             timeout=120, cwd=repo)  # fmt: skip
+        assert run.returncode == gpu.NO_DEVICE, f"--only {only}: {run.stderr}"
+
+
 def test_bench_builder_times_the_build_from_its_first_batch_to_its_last() -> None:
     """bench.builder's recording encoder: every batch kept, the forward's time summed, and the span from the first
     batch asked to the last batch's rows taken (the rate a long build runs at, its start left out)."""
