@@ -98,6 +98,7 @@ def test_bench_gpu_refuses_a_stage_it_does_not_have() -> None:
 def test_every_stage_bench_gpu_runs_can_be_asked_for_and_the_documented_lease_command_is_accepted() -> None:
     """The lease's one command names its stages with --only: a name the parser refuses would spend a lease on a
     usage error, so the command as the docs write it must get as far as the device check."""
+    import importlib
     import re
     import subprocess
     import sys
@@ -107,7 +108,11 @@ def test_every_stage_bench_gpu_runs_can_be_asked_for_and_the_documented_lease_co
     from bench import gpu
 
     args = gpu.build_parser().parse_args([])
-    assert list(gpu._stage_commands(args)) == list(gpu.STAGES)
+    commands = gpu._stage_commands(args)
+    assert list(commands) == list(gpu.STAGES)
+    for name, cmd in commands.items():  # each stage's own command line parses in its module's parser
+        assert cmd[1] == "-m", name
+        importlib.import_module(cmd[2]).build_parser().parse_args(cmd[3:])
     repo = Path(__file__).resolve().parents[2]
     documented = set()
     for doc in ("docs/performance.md", "docs/decisions/cuda-graphs.md"):
