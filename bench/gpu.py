@@ -36,8 +36,8 @@ leaves the others' figures:
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
   synthetic vectors; on the GPU when the installed faiss has GPU support, docs/retrieval.md); 0 skips it.
 
-Writes ``bench/results/gpu.json`` after every stage and, at the end, ``bench/results/gpu.md``: the table that
-docs/performance.md's GPU section takes.
+The stages run in the order ``--only`` names them. Writes ``bench/results/gpu.json`` and ``bench/results/gpu.md``
+(the table that docs/performance.md's GPU section takes) after every stage, so that a run stopped early keeps both.
 
 Without a CUDA device it says so in one line and exits with status 3 (`NO_DEVICE`), so that a script can tell
 "no GPU here" from a failure.
@@ -269,10 +269,13 @@ def _stage_result(name: str, model: Path, since: float) -> object:
 
 
 def run_stages(args: argparse.Namespace, out: dict[str, Any]) -> None:
-    """Each stage in its own process, with a time limit; a failing stage is recorded and the next one runs."""
+    """Each stage in its own process, with a time limit; a failing stage is recorded and the next one runs. The
+    stages run in the order ``--only`` names them (a lease's time may end before the last), else in `STAGES`'."""
     path = RESULTS / "gpu.json"
-    for name, cmd in _stage_commands(args).items():
-        if name == "ivfpq_training" and args.ivfpq_rows == 0 or args.only and name not in args.only.split(","):
+    commands = _stage_commands(args)
+    for name in list(dict.fromkeys(filter(None, args.only.split(",")))) or STAGES:
+        cmd = commands[name]
+        if name == "ivfpq_training" and args.ivfpq_rows == 0:
             continue
         print(f"bench.gpu: {name}: {' '.join(cmd[1:])}", flush=True)
         t, since = time.perf_counter(), time.time() - 1  # (file times may be rounded down to the second)
@@ -283,6 +286,7 @@ def run_stages(args: argparse.Namespace, out: dict[str, Any]) -> None:
             out[name] = {"error": str(exc).splitlines()[0]}
         out.setdefault("stage_seconds", {})[name] = round(time.perf_counter() - t, 1)
         path.write_text(json.dumps(out, indent=1) + "\n")
+        (RESULTS / "gpu.md").write_text(gpu_table(out))  # so that a run stopped by the lease's end has its table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -301,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "timed (its plan's sample of synthetic vectors, bert-base's hidden size); 0 skips it")  # fmt: skip
     p.add_argument("--stage-timeout-s", type=float, default=600, help="a stage running longer is stopped and "
                    "recorded as failed")  # fmt: skip
-    p.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
+    p.add_argument("--only", default="", help="comma-separated stages to run, in this order (default: all)")
     p.add_argument("--stage", choices=["vectors", "shapes", "graphs", "knn", "vote", "ivfpq"], help=argparse.SUPPRESS)  # one stage, in its own process
     return p
 
@@ -347,7 +351,6 @@ def main(argv: list[str] | None = None) -> int:
                               "torch_cuda": torch.version.cuda, "driver": _driver_version()}  # fmt: skip
     run_stages(args, out)
     table = gpu_table(out)
-    (RESULTS / "gpu.md").write_text(table)
     print(table + f"wrote {RESULTS / 'gpu.json'} and {RESULTS / 'gpu.md'}")
     return 0
 

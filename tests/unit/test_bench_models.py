@@ -284,6 +284,33 @@ def test_bench_gpu_reads_back_only_what_the_stage_itself_wrote(tmp_path: Path, m
         gpu._stage_result("cuda_graphs", model, since)
 
 
+def test_bench_gpu_runs_the_stages_in_the_order_only_names_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease may end before its last stage: the lease command lists the stages that matter most first, and
+    they run in that order; each one's result is written as it ends."""
+    import json
+    import subprocess
+
+    import bench.gpu as gpu
+
+    ran: list[str] = []
+
+    def fake_run(cmd: list[str], **kwargs: object) -> None:
+        ran.append(next(n for n, c in gpu._stage_commands(args).items() if c == cmd))
+
+    monkeypatch.setattr(gpu, "RESULTS", tmp_path)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(gpu, "_stage_result", lambda name, model, since: {"stage": name})
+    args = gpu.build_parser().parse_args(["--only", "serving,steps,cuda_graphs,serving,device_vote"])
+    out: dict = {"device": "a device", "driver": "1", "torch_cuda": "13", "model": "m", "machine": {"torch": "2", "cores": 2}}
+    gpu.run_stages(args, out)
+    assert ran == ["serving", "steps", "cuda_graphs", "device_vote"]  # a repeated name runs once
+    assert list(json.loads((tmp_path / "gpu.json").read_text())["stage_seconds"]) == ran
+    assert (tmp_path / "gpu.md").read_text().startswith("a device, driver 1")  # the table of the stages done
+    ran.clear()
+    gpu.run_stages(gpu.build_parser().parse_args(["--ivfpq-rows", "0"]), out)
+    assert ran == [s for s in gpu.STAGES if s != "ivfpq_training"]
+
+
 def test_bench_gpu_tabulates_each_serving_stage_under_its_processes() -> None:
     import json
 
