@@ -5,6 +5,7 @@ vocabulary back (`read_vocab_words`)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -67,7 +68,8 @@ class VocabCache:
     def _kept_or_made(self, model: WordModel, path: Path) -> VocabWords:
         kept = _read(path, model.vocab_size)
         if kept is not None:
-            os.utime(path)  # used: the last to be pruned
+            with contextlib.suppress(OSError):  # pruned meanwhile by another process: it was read whole
+                os.utime(path)  # used: the last to be pruned
             return kept
         made = read_vocab_words(model)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
