@@ -70,12 +70,14 @@ class VocabCache:
         if kept is not None:
             with contextlib.suppress(OSError):  # pruned meanwhile by another process: it was read whole
                 os.utime(path)  # used: the last to be pruned
+            logger.info("vocabulary table loaded from %s", path)
             return kept
         made = read_vocab_words(model)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps({"format": FORMAT, "texts": made.texts, "word_of": made.word_of.tolist()}))
             os.replace(tmp, path)
+            logger.info("vocabulary table made and kept in %s", path)
         except OSError as exc:
             logger.warning("vocabulary table not kept (%s)", exc)
         finally:

@@ -149,13 +149,15 @@ def test_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: py
 
 
 def test_the_service_and_the_builder_keep_the_table_where_their_settings_say(
-    tiny_datastore: Path, tiny_corpus: Path, tiny_model_dir: Path, tmp_path: Path, made: list
+    tiny_datastore: Path, tiny_corpus: Path, tiny_model_dir: Path, tmp_path: Path, made: list,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     from bertknn.service.main import open_pipeline
     from bertknn.service.results import Query
     from bertknn.service.settings import ServiceSettings
     from tests.conftest import build_tiny
 
+    caplog.set_level(logging.INFO, logger="bertknn.core.vocab_cache")
     settings = ServiceSettings(datastore=tiny_datastore, model={"device": "cpu", "vocab_cache": str(tmp_path / "svc")})
     answers = []
     for _ in range(2):  # a start, and the next one (a restart, a replaced worker)
@@ -164,8 +166,9 @@ def test_the_service_and_the_builder_keep_the_table_where_their_settings_say(
             answers.append(pipe.predict(Query("zorblat was born in [MASK] .", subject="zorblat")).predictions)
         finally:
             pipe.close()
-    assert len(made) == 1 and len(list((tmp_path / "svc").glob("*.json"))) == 1
-    assert answers[0] == answers[1]
+    (kept,) = (tmp_path / "svc").glob("*.json")
+    assert len(made) == 1 and answers[0] == answers[1]
+    assert f"made and kept in {kept}" in caplog.text and f"loaded from {kept}" in caplog.text  # the operator's view
 
     build_tiny(tmp_path / "ds", [tiny_corpus], tiny_model_dir, vocab_cache=str(tmp_path / "builder"))
     assert len(list((tmp_path / "builder").glob("*.json"))) == 1, "the builder's preparer kept no table"
