@@ -155,7 +155,7 @@ class ShardPreparer:
         min_sentence_chars: int,
         targets: TargetMode = "single-piece",
         links: bool = False,
-        vocab_cache: str = "off",
+        vocab_cache: str = "auto",
     ):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=True)
         self.links = links

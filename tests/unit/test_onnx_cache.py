@@ -181,16 +181,8 @@ def test_an_export_that_fails_leaves_nothing_kept(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.onnx")) and not list(tmp_path.glob("*.tmp"))
 
 
-def test_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    cache = OnnxCache.from_setting("auto")
-    assert cache is not None and cache.directory == tmp_path / "xdg" / "bert-knn" / "onnx" and cache.directory.is_dir()
-    assert OnnxCache.from_setting("off") is None
-    given = OnnxCache.from_setting(str(tmp_path / "mine"))
-    assert given is not None and given.directory == tmp_path / "mine"
-    (tmp_path / "a-file").write_text("")
-    assert OnnxCache.from_setting(str(tmp_path / "a-file" / "onnx")) is None  # cannot be made: exported each start
-    assert "ONNX cache not used" in caplog.text
+def test_nothing_is_made_on_disk_where_nothing_is_exported(tmp_path: Path) -> None:
+    """(The setting's directory itself: tests/unit/test_disk_cache.py.)"""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for backend, device in (("eager", cpu), ("auto", cuda)):  # nothing exported: nothing made on disk
         assert onnx_cache(backend, str(tmp_path / "unused"), device) is None and not (tmp_path / "unused").exists()

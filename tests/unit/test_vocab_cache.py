@@ -131,17 +131,8 @@ def test_the_least_recently_used_tables_beyond_the_limit_are_deleted(tmp_path: P
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 
-def test_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    auto = VocabCache.from_setting("auto")
-    assert auto is not None and auto.directory == tmp_path / "xdg" / "bert-knn" / "vocab" and auto.directory.is_dir()
-    assert VocabCache.from_setting("off") is None
-    given = VocabCache.from_setting(str(tmp_path / "mine"))
-    assert given is not None and given.directory == tmp_path / "mine"
-    (tmp_path / "a-file").write_text("")
-    assert VocabCache.from_setting(str(tmp_path / "a-file" / "vocab")) is None  # cannot be made: made each start
-    assert "vocabulary cache not used" in caplog.text
-    caplog.clear()
+def test_a_directory_deleted_after_start_up_makes_the_table_here(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """(The setting's directory itself: tests/unit/test_disk_cache.py.)"""
     gone = VocabCache(tmp_path / "deleted-meanwhile")  # a directory removed after start-up checked it
     tok = train_tokenizer("bert", TEXTS)
     assert same(gone.words(WordModel(tok)), read_vocab_words(WordModel(tok)))
