@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import threading
 import time
 
@@ -156,24 +158,47 @@ def test_corrupted_cache_values_are_detected_and_recomputed(tiny_datastore, refe
         server.stop()
 
 
+def _refused(url: str, deadline_s: float) -> bool:
+    """True once a new connection to ``url`` is refused, polling until ``deadline_s`` has passed."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/healthz", timeout=2)
+        except httpx.ConnectError:
+            return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
 def test_sigterm_finishes_in_flight_requests_then_exits(tiny_datastore):
     """Stock uvicorn: SIGTERM stops new connections, lets the request in flight finish (graceful_shutdown_s), runs
-    the lifespan's shutdown and exits by the signal. (Kubernetes' preStop sleep covers the endpoint removal.)"""
+    the lifespan's shutdown and exits by the signal. (Kubernetes' preStop sleep covers the endpoint removal.)
+
+    The request is in flight for certain when the signal comes: it asks for ``100 Continue``, which the server
+    sends only once the app reads the body, and its body goes only after the signal."""
     env = {"BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_GRACEFUL_SHUTDOWN_S": "30"}
     with service_process(tiny_datastore, env=env) as svc:
         url, proc = svc.url, svc.proc
-        results: list[int] = []
-        batch = {"queries": [Q, Q2] * 32}
-
-        def slow_request():
-            results.append(httpx.post(f"{url}/predict/batch", json=batch, timeout=60).status_code)
-
-        t = threading.Thread(target=slow_request)
-        t.start()
-        time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        t.join(60)
-        assert results == [200]  # the request in flight was answered
+        body = json.dumps({"queries": [Q, Q2] * 32}).encode()
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            head = (
+                f"POST /predict/batch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+            )
+            sock.sendall(head.encode())
+            assert sock.recv(64).startswith(b"HTTP/1.1 100"), "the app never read the request's body"
+            proc.send_signal(signal.SIGTERM)
+            assert _refused(url, 20), "new connections were still accepted after SIGTERM"
+            sock.sendall(body)
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]  # the request in flight was answered
+        answers = json.loads(reply.split(b"\r\n\r\n", 1)[1])
+        assert len(answers["results"]) == 64
         assert proc.wait(30) in (0, -signal.SIGTERM)  # a clean exit, or the signal re-raised after the drain
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{url}/readyz", timeout=5)
