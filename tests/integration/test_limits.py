@@ -142,11 +142,12 @@ def test_one_client_s_second_costly_request_is_a_429_while_others_are_served(
 ) -> None:
     """Clients named by a header (limits.client_header): the same name's second entity answer waits for none,
     and another client is served while the first client's request is still held."""
-    gate_open = threading.Event()
+    gate_open, reached = threading.Event(), threading.Event()
     real = fill_module._log_probs_by
 
     def held(encoder: MaskedLMEncoder, sequences: Any, reads: Any, deadline: float | None) -> Any:
-        gate_open.wait(5)
+        reached.set()
+        gate_open.wait(60)
         return real(encoder, sequences, reads, deadline)
 
     monkeypatch.setattr(fill_module, "_log_probs_by", held)
@@ -160,13 +161,13 @@ def test_one_client_s_second_costly_request_is_a_429_while_others_are_served(
             return t
 
         first = post("first", entity, "a")
-        time.sleep(0.5)  # its fill pass is held
+        assert reached.wait(60), "the first request never reached its fill pass"  # admitted, and held there
         second = c.post("/predict", json=entity, headers={"X-Client": "a"})  # refused before any work
         other = post("other", ASK, "b")
-        other.join(10)  # served while the first is held: its answer comes first
+        other.join(60)  # served while the first is held: its answer comes first
         assert not other.is_alive() and first.is_alive() and "first" not in results
         gate_open.set()
-        first.join(10)
+        first.join(60)
     assert second.status_code == 429 and second.json()["error"]["code"] == "too_many_requests"
     assert second.headers["retry-after"] == "1" and "limits.max_client_cost" in second.json()["error"]["message"]
     assert results["other"].status_code == 200 and results["first"].status_code == 200
