@@ -1,11 +1,13 @@
-"""The service's host work per request, apart from the forward: req/s and server CPU per uncached request. ::
+"""The service's host work per request: req/s and server CPU per uncached request, and how much of it the forward is. ::
 
     python -m bench.hostwork [--workers 1,2] [--baseline REV] [--requests 1500]
 
 The model is bert-base-uncased's shape (12 layers, its vocabulary and tokenizer) at hidden size 64, so that its
-forward is almost free and what is left is what every request costs the host's Python: HTTP, validation,
-tokenisation, caching, retrieval, the kNN, the vote and the response. A GPU's throughput divides by this figure
-(`docs/performance.md`, "Host work"). Questions are distinct (every request a cache miss), without a subject, so
+forward costs little and most of what is left is what every request costs the host's Python: HTTP, validation,
+tokenisation, caching, retrieval, the kNN, the vote and the response. After the load, the bare forward with the
+service's backend is timed at each run's mean batch size (rows per forward batch, from the service's metrics), and
+each run's server CPU per request is split into that forward and the rest: the host work that a GPU would not take
+over, by which its throughput per process divides (`docs/performance.md`, "Host work"). Questions are distinct (every request a cache miss), without a subject, so
 that TF-IDF ranks the articles. Server CPU is summed over every process of the service (its workers too).
 
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
@@ -141,24 +143,55 @@ def compare(ours: list[list[tuple[str, float]]], theirs: list[list[tuple[str, fl
     return {"questions": len(ours), "same_top1": same / max(1, len(ours)), "max_prob_diff": max(diffs, default=0.0)}
 
 
-def forward_ms(model: Path, ds: Path, texts: list[str]) -> dict[str, float]:
-    """The bare forward's ms per question, one at a time, eager and with the service's backend on this CPU (one
-    thread): how much of a request the forward itself is, with this model."""
+def _encoder(model: Path, ds: Path) -> Any:
+    """The datastore's encoder of ``model`` on this CPU, one thread: the service's, without the service."""
     import torch
 
-    from bench.common import bare_forward, percentiles
     from bertknn.core.encoder import MaskedLMEncoder
     from bertknn.core.format import Datastore
 
     torch.set_num_threads(1)
     man = Datastore(ds).manifest
-    enc = MaskedLMEncoder.load(str(model), layer=man.layer, device="cpu", max_seq_len=man.max_seq_len)
+    return MaskedLMEncoder.load(str(model), layer=man.layer, device="cpu", max_seq_len=man.max_seq_len)
+
+
+def forward_ms(model: Path, ds: Path, texts: list[str]) -> dict[str, float]:
+    """The bare forward's ms per question, one at a time, eager and with the service's backend on this CPU (one
+    thread): how much of a request the forward itself is, with this model."""
+    from bench.common import bare_forward, percentiles
+
+    enc = _encoder(model, ds)
     out = {}
     for backend in ("eager", "auto"):
         name = enc.set_backend(backend)
         bare_forward(enc, texts[:10])  # warm-up
         out[f"{name}_p50"] = round(percentiles(bare_forward(enc, texts))["p50"] * 1000, 3)
     return out
+
+
+def forward_per_row_ms(model: Path, ds: Path, texts: list[str], sizes: set[int]) -> dict[int, float]:
+    """The bare forward with the service's backend in batches of each size, one thread: ms per question (the
+    median batch's time over its size). What a run's forward cost the server's CPU at its batch size, to tell
+    the forward's share of a request from the rest."""
+    from bench.common import bare_forward
+
+    enc = _encoder(model, ds)
+    enc.set_backend("auto")
+    out = {}
+    for size in sorted(sizes):
+        chunk = (texts * (-(-size * 20 // len(texts))))[: size * 20]  # 20 batches of real questions
+        bare_forward(enc, chunk[: size * 2], batch=size)  # warm-up
+        out[size] = round(float(np.median(bare_forward(enc, chunk, batch=size))) * 1000 / size, 3)
+    return out
+
+
+def split_forward(runs: list[dict], per_row: dict[int, float]) -> None:
+    """Each run's server CPU per request split into the forward's (`forward_per_row_ms` at the run's mean batch
+    size, rounded) and the rest, the host work a GPU would not take over."""
+    for r in runs:
+        fwd = per_row[max(1, round(r["rows_per_batch"]))]
+        r["forward_ms_per_request"] = fwd
+        r["host_ms_per_request"] = round(r["server_cpu_ms_per_request"] - fwd, 3)
 
 
 def baseline_tree(rev: str) -> Path:
@@ -243,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:>20}  workers {n:>2}  clients {c:>3}: {row['requests_per_s']:>7.1f} req/s, "
                           f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows "
                           f"per batch, {row['errors']} errors", flush=True)  # fmt: skip
+    sizes = {max(1, round(r["rows_per_batch"])) for r in result["runs"]}
+    split_forward(result["runs"], forward_per_row_ms(model, ds, [p["text"] for p in pool[:200]], sizes))
+    for r in result["runs"]:
+        print(f"{r['tree']:>20}  workers {r['workers']:>2}  clients {r['clients']:>3}: of the server CPU per request, "
+              f"the bare forward at {max(1, round(r['rows_per_batch']))} rows per batch {r['forward_ms_per_request']:.2f} "
+              f"ms, the rest {r['host_ms_per_request']:.2f} ms", flush=True)  # fmt: skip
     _ratios(result)
     if len(said) == 2:
         result["answers_vs_baseline"] = compare(*said.values())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench import hostwork
@@ -37,3 +39,33 @@ def test_each_level_is_measured_in_blocks_that_take_turns(monkeypatch: pytest.Mo
                            "blocks": 4, "rows_per_batch": 10.0}  # fmt: skip
     assert got["base"]["errors"] == 4 and got["base"]["requests"] == 40
     assert got["base"]["server_cpu_ms_per_request"] == round(2 * 40 / 36, 3)  # per answered request
+
+
+def test_a_run_s_server_cpu_is_split_into_the_forward_at_its_batch_size_and_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import bench.common
+
+    asked: list[tuple[int, int]] = []  # (questions, batch) of each timed call
+
+    class Encoder:
+        def set_backend(self, name: str) -> str:
+            return "onnx"
+
+    def bare_forward(enc: Encoder, texts: list[str], batch: int = 1) -> list[float]:
+        asked.append((len(texts), batch))
+        return [0.001 * (2 + batch)] * -(-len(texts) // batch)  # 2 ms a call, and 1 ms a question
+
+    monkeypatch.setattr(hostwork, "_encoder", lambda model, ds: Encoder())
+    monkeypatch.setattr(bench.common, "bare_forward", bare_forward)
+    per_row = hostwork.forward_per_row_ms(Path("m"), Path("ds"), ["a", "b", "c"], {1, 26})
+    assert per_row == {1: 3.0, 26: round(28 / 26, 3)}
+    assert (26 * 20, 26) in asked and (20, 1) in asked  # 20 batches of each size, the texts repeated to fill them
+
+    runs = [{"rows_per_batch": 25.86, "server_cpu_ms_per_request": 2.4},
+            {"rows_per_batch": 1.0, "server_cpu_ms_per_request": 4.0}]  # fmt: skip
+    hostwork.split_forward(runs, per_row)
+    assert runs[0]["forward_ms_per_request"] == per_row[26]
+    assert runs[0]["host_ms_per_request"] == round(2.4 - per_row[26], 3)
+    assert runs[1] == {"rows_per_batch": 1.0, "server_cpu_ms_per_request": 4.0, "forward_ms_per_request": 3.0,
+                       "host_ms_per_request": 1.0}  # fmt: skip
