@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertknn.core.errors import CorruptCacheValue
-from bertknn.core.half import to_half
 from bertknn.core.topk import top_entries, top_set
 
 _ENC_MAGIC = b"BKE1"
@@ -45,9 +44,9 @@ class QueryEncoding:
         they are kept in id order, so that the same entries always make the same encoding (and bytes)."""
         ids, values = _in_id_order(np.asarray(top_ids), np.asarray(top_log_probs, dtype=np.float32))
         return cls(
-            to_half(np.asarray(embedding)),
+            np.asarray(embedding, dtype=np.float16),
             ids.astype(np.int32),
-            to_half(np.exp(values.astype(np.float64))),
+            np.exp(values.astype(np.float64)).astype(np.float16),
             vocab_size,
         )
 
