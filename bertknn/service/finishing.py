@@ -54,7 +54,9 @@ class Job:
     neighbours: Neighbours | None = None  # found with its batch on the model's device (`device_search`)
     voted: Voted | None = None  # its answers ranked with its batch on the model's device (`device_search`)
 
-    def start_retrieval(self, executor: FairExecutor, *, prepare: bool = False, read: bool = True) -> Future[Retrieved]:
+    def start_retrieval(
+        self, executor: FairExecutor | None, *, prepare: bool = False, read: bool = True
+    ) -> Future[Retrieved]:
         """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also find their rows for the kNN
         there, and with ``read`` read and index them. Only for a query that is the model's only one, or a batch
         searched on the device: it is answered right after its forward pass, while a queued query's rows
@@ -69,7 +71,12 @@ class Job:
                 search = pipe.neighbours_of.prepare_search(query, articles[0], read=read) if prepare else None
                 return Retrieved(articles, t1 - t0, search, time.perf_counter() - t1)
 
-            self.retrieval = executor.submit(retrieve, client=self.client)
+            if executor is None:  # here, now
+                done: Future[Retrieved] = Future()
+                done.set_result(retrieve())
+                self.retrieval = done
+            else:
+                self.retrieval = executor.submit(retrieve, client=self.client)
         return self.retrieval
 
 
@@ -142,7 +149,9 @@ class Finisher:
         """`finish_all` on the pool (a whole batch in one hand-off)."""
         self.pool.submit(self.finish_all, work, client=client)
 
-    def finish_all(self, work: Sequence[Work], stores: list[Callable[[], None]] | None = None) -> None:
+    def finish_all(
+        self, work: Sequence[Work], stores: list[Callable[[], None]] | None = None, retrieve_here: bool = False
+    ) -> None:
         """On the finisher (or the model thread, `Pace`): each query's rest (`_finish_one`), its answer handed to
         its request at once. ``stores``: where a remote cache's writes go (default: made at the end, here)."""
         assert self._outbox is not None, "start() first"
@@ -153,7 +162,7 @@ class Finisher:
             if job.answered.done():  # the request gave up (its deadline, the client gone): nothing to do
                 continue
             try:
-                answer = self._finish_one(job, enc, hit, stores)
+                answer = self._finish_one(job, enc, hit, stores, retrieve_here)
                 if answer is None:
                     continue  # back when its retrieval ends
                 made += 1
@@ -170,7 +179,8 @@ class Finisher:
                 _quietly(store)
 
     def _finish_one(
-        self, job: Job, enc: QueryEncoding | PendingEncoding, hit: bool, stores: list[Callable[[], None]]
+        self, job: Job, enc: QueryEncoding | PendingEncoding, hit: bool, stores: list[Callable[[], None]],
+        retrieve_here: bool = False,
     ) -> Answer | None:
         """A query after its forward pass: p_MLM's head (unless kept already), its articles (unless an
         adaptive query's p_MLM is confident enough to skip them), the kNN and the answer. None: its retrieval has
@@ -184,7 +194,7 @@ class Finisher:
         stage.add("embedding", time.perf_counter() - t)
         articles, search = None, None
         if not pipe.assembler.skips_knn(query, full):
-            got = job.start_retrieval(self.retrieval)
+            got = job.start_retrieval(None if retrieve_here else self.retrieval)
             if not got.done():  # back here when it ends
                 got.add_done_callback(
                     lambda _: self.submit([(job, full, hit)], client=job.client)
