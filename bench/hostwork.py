@@ -8,7 +8,8 @@ tokenisation, caching, retrieval, the kNN, the vote and the response. After the 
 service's backend is timed at each run's mean batch size (rows per forward batch, from the service's metrics), and
 each run's server CPU per request is split into that forward and the rest: the host work that a GPU would not take
 over, by which its throughput per process divides (`docs/performance.md`, "Host work"). Questions are distinct (every request a cache miss), without a subject, so
-that TF-IDF ranks the articles. Server CPU is summed over every process of the service (its workers too).
+that the retriever ranks the articles: TF-IDF, or with ``--retriever bm25`` Lucene's BM25 through the JVM. Server
+CPU is summed over every process of the service (its workers too).
 
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
 both services are up at once and each level's questions go to them in ``--blocks`` blocks that take turns (A B,
@@ -210,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", default="1,64", help="comma-separated concurrent client counts")
     p.add_argument("--requests", type=int, default=1500, help="distinct questions per level")
     p.add_argument("--articles", type=int, default=40, help="articles of the sample corpus in the datastore")
+    p.add_argument("--retriever", choices=("tfidf", "bm25"), default="tfidf",
+                   help="what ranks the articles (bm25: Lucene through the JVM, as the service's default)")
     p.add_argument("--baseline", default=None, help="a commit to measure beside this tree in the same run")
     p.add_argument("--model", type=Path, default=None, help="a masked LM directory (default: bert-base's shape at "
                    "hidden size 64, written here)")
@@ -240,16 +243,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--requests must be at least 100, --starts and --blocks at least 1")
     model = args.model or make(args.work / "bert-base-h64", shape=TINY)
     ds_name = f"ds-{args.articles}" + ("" if args.model is None else f"-{Path(args.model).name}")
-    ds = build_datastore([CORPUS], args.work / ds_name, model, limit=args.articles, bm25=False)
+    ds_name += "-bm25" if args.retriever == "bm25" else ""
+    ds = build_datastore([CORPUS], args.work / ds_name, model, limit=args.articles, bm25=args.retriever == "bm25")
     trees = {"this tree": REPO, **({f"baseline {args.baseline}": baseline_tree(args.baseline)} if args.baseline else {})}
-    env = {"BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_MODEL__THREADS": "1"}
+    env = {"BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_MODEL__THREADS": "1"}
     # distinct within a service process (its cache lives as long as it does); every process starts from the first
     need = sum(args.requests + max(c, 20) for c in clients) + args.compare
     pool = [{"text": t} for t, _ in lama_queries(need, seed=5)]
     if len(pool) < need:
         p.error(f"--requests and --compare ask for {need} distinct questions; the LAMA templates give {len(pool)}")
     model_name = "bert-base-uncased's shape at hidden size 64" if args.model is None else Path(args.model).name
-    result: dict = {"model": model_name, "machine": machine(), "articles": args.articles, "retriever": "tfidf",
+    result: dict = {"model": model_name, "machine": machine(), "articles": args.articles, "retriever": args.retriever,
                     "runs": []}  # fmt: skip
     result["bare_forward_ms"] = forward_ms(model, ds, [p["text"] for p in pool[:200]])
     print(f"bare forward of one question, ms (p50): {result['bare_forward_ms']}", flush=True)
@@ -287,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         result["answers_vs_baseline"] = compare(*said.values())
         print(f"answers vs the baseline's: {result['answers_vs_baseline']}")
     name = args.name or ("hostwork" if args.model is None else f"hostwork-{Path(args.model).name}")
+    name += "-bm25" if args.retriever == "bm25" and not args.name else ""
     path = write_result(name, result)
     print(f"wrote {path}")
     return 0
