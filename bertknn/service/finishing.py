@@ -29,6 +29,7 @@ class Retrieved:
 
     articles: tuple[list[ArticleHit], str]  # (articles, cache state), as `ArticleFinder.retrieve` returns them
     seconds: float  # the retrieval's
+    cpu_seconds: float  # the retrieval's CPU on the thread that ran it (`Pace.retrieved`)
     search: ArticleSearch | None  # their rows, read and indexed for the kNN (`NeighbourFinder.prepare_search`)
     search_seconds: float
 
@@ -57,24 +58,23 @@ class Job:
     def start_retrieval(
         self, executor: FairExecutor | None, *, prepare: bool = False, read: bool = True
     ) -> Future[Retrieved]:
-        """Retrieve the query's articles on ``executor`` (once); with ``prepare``, also find their rows for the kNN
-        there, and with ``read`` read and index them. Only for a query that is the model's only one, or a batch
-        searched on the device: it is answered right after its forward pass, while a queued query's rows
-        (megabytes for long articles) would sit in memory until its turn."""
+        """Retrieve the query's articles on ``executor`` (once), or with None here and now; with ``prepare``, also
+        find their rows for the kNN there, and with ``read`` read and index them. Only for a query that is the
+        model's only one, or a batch searched on the device: it is answered right after its forward pass, while a
+        queued query's rows (megabytes for long articles) would sit in memory until its turn."""
         if self.retrieval is None:
             pipe, query = self.pipe, self.query
 
             def retrieve() -> Retrieved:
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.thread_time()
                 articles = pipe.articles.retrieve(query)
-                t1 = time.perf_counter()
+                t1, cpu = time.perf_counter(), time.thread_time() - cpu0
                 search = pipe.neighbours_of.prepare_search(query, articles[0], read=read) if prepare else None
-                return Retrieved(articles, t1 - t0, search, time.perf_counter() - t1)
+                return Retrieved(articles, t1 - t0, cpu, search, time.perf_counter() - t1)
 
-            if executor is None:  # here, now
-                done: Future[Retrieved] = Future()
-                done.set_result(retrieve())
-                self.retrieval = done
+            if executor is None:
+                self.retrieval = Future()
+                self.retrieval.set_result(retrieve())
             else:
                 self.retrieval = executor.submit(retrieve, client=self.client)
         return self.retrieval
@@ -106,13 +106,20 @@ class Pace:
     finishing one (bert-base on a CPU: about 20 times), and then hands it off. The margin keeps the choice from
     locking itself in: handed-off batches stay small, and a small batch's forward costs more per query.
     Both are running means of this process's own batches (docs/decisions/serving-processes.md).
+
+    Where it finishes a batch itself, the model thread also retrieves its queries' articles, instead of the
+    retrieval thread (a hand-off each), while a retrieval's CPU is at most ``retrieve_margin`` times a query's
+    finishing: a cheap retrieval gains nothing from a thread of its own, whose Python waits for the GIL anyway,
+    where a long one (Lucene over a large index, in the JVM outside the GIL) overlaps the model thread's work.
     """
 
-    def __init__(self, weight: float = 0.1, margin: float = 2.0):
+    def __init__(self, weight: float = 0.1, margin: float = 2.0, retrieve_margin: float = 1.0):
         self.weight = weight
         self.margin = margin
+        self.retrieve_margin = retrieve_margin
         self.forward_s: float | None = None  # per query of a batch
-        self.finish_s: float | None = None  # per query
+        self.finish_s: float | None = None  # per query, without a retrieval made while finishing
+        self.retrieval_cpu_s: float | None = None  # per query, on whichever thread retrieved it
 
     def _mean(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.weight * (new - old)
@@ -124,10 +131,20 @@ class Pace:
         if queries:
             self.finish_s = self._mean(self.finish_s, seconds / queries)
 
+    def retrieved(self, cpu_seconds: float) -> None:
+        self.retrieval_cpu_s = self._mean(self.retrieval_cpu_s, cpu_seconds)
+
     def finish_here(self) -> bool:
         if self.forward_s is None or self.finish_s is None:
             return True  # measured on the first batches
         return self.forward_s <= self.margin * self.finish_s
+
+    def retrieve_here(self) -> bool:
+        """Whether the model thread retrieves the articles of the batches it finishes (on the retrieval thread
+        until both are measured)."""
+        if self.retrieval_cpu_s is None or self.finish_s is None:
+            return False
+        return self.finish_here() and self.retrieval_cpu_s <= self.retrieve_margin * self.finish_s
 
 
 class Finisher:
@@ -150,19 +167,20 @@ class Finisher:
         self.pool.submit(self.finish_all, work, client=client)
 
     def finish_all(
-        self, work: Sequence[Work], stores: list[Callable[[], None]] | None = None, retrieve_here: bool = False
+        self, work: Sequence[Work], stores: list[Callable[[], None]] | None = None, *, retrieve_here: bool = False
     ) -> None:
         """On the finisher (or the model thread, `Pace`): each query's rest (`_finish_one`), its answer handed to
-        its request at once. ``stores``: where a remote cache's writes go (default: made at the end, here)."""
+        its request at once. ``stores``: where a remote cache's writes go (default: made at the end, here).
+        ``retrieve_here``: a query whose retrieval has not started retrieves here (`Pace.retrieve_here`)."""
         assert self._outbox is not None, "start() first"
         later = stores is not None
         stores = stores if stores is not None else []
-        t, made = time.perf_counter(), 0
+        t, made, retrieving = time.perf_counter(), 0, [0.0]
         for job, enc, hit in work:
             if job.answered.done():  # the request gave up (its deadline, the client gone): nothing to do
                 continue
             try:
-                answer = self._finish_one(job, enc, hit, stores, retrieve_here)
+                answer = self._finish_one(job, enc, hit, stores, retrieving if retrieve_here else None)
                 if answer is None:
                     continue  # back when its retrieval ends
                 made += 1
@@ -173,28 +191,30 @@ class Finisher:
                 self._outbox.put([result])
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return
-        self.pace.finished(time.perf_counter() - t, made)
+        self.pace.finished(time.perf_counter() - t - retrieving[0], made)
         if not later:
             for store in stores:  # a remote cache's writes, after the answers (nobody waits for them)
                 _quietly(store)
 
     def _finish_one(
         self, job: Job, enc: QueryEncoding | PendingEncoding, hit: bool, stores: list[Callable[[], None]],
-        retrieve_here: bool = False,
+        retrieving: list[float] | None = None,
     ) -> Answer | None:
         """A query after its forward pass: p_MLM's head (unless kept already), its articles (unless an
         adaptive query's p_MLM is confident enough to skip them), the kNN and the answer. None: its retrieval has
         not ended on the retrieval thread; the query comes back here when it does (the finisher never waits for
         one, so nobody waits behind a slow retrieval).
 
-        A query is finished once: its retrieval's record and answer are made on the pass that finds it done."""
+        A query is finished once: its retrieval's record and answer are made on the pass that finds it done.
+        ``retrieving``: retrieve here a query whose retrieval has not started, and add its seconds there."""
         pipe, query, stage = job.pipe, job.query, job.stage
         t = time.perf_counter()
         full = pipe.queries.complete(enc, defer_store=stores) if isinstance(enc, PendingEncoding) else enc
         stage.add("embedding", time.perf_counter() - t)
         articles, search = None, None
         if not pipe.assembler.skips_knn(query, full):
-            got = job.start_retrieval(None if retrieve_here else self.retrieval)
+            here = retrieving is not None and job.retrieval is None
+            got = job.start_retrieval(None if here else self.retrieval)
             if not got.done():  # back here when it ends
                 got.add_done_callback(
                     lambda _: self.submit([(job, full, hit)], client=job.client)
@@ -202,6 +222,9 @@ class Finisher:
                 return None
             retrieved = got.result()
             retrieved.record(stage)
+            self.pace.retrieved(retrieved.cpu_seconds)
+            if here and retrieving is not None:
+                retrieving[0] += retrieved.seconds
             articles, search = retrieved.articles, retrieved.search
         return pipe.assembler.answer_from_encoding(
             query, full, "hit" if hit else "miss", stage, articles=articles, search=search, neighbours=job.neighbours,

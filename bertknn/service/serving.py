@@ -96,8 +96,9 @@ class AsyncAnswerer:
         # (with the kNN on the device, every query's rows are found next to its retrieval; read there unless the
         # device keeps them)
         knn = self.device_knn
-        here = not idle and knn is None and self.finisher.pace.finish_here()  # EXPERIMENT
-        for job in ([] if here else jobs):
+        # (or, where `Pace` says so, the model thread retrieves while it finishes the batch)
+        here = not idle and knn is None and self.finisher.pace.retrieve_here()
+        for job in [] if here else jobs:
             job.start_retrieval(self._retrieval_thread, prepare=idle or knn is not None,
                                 read=knn is None or knn.reads_rows)  # fmt: skip
         t = time.perf_counter()
@@ -128,8 +129,9 @@ class AsyncAnswerer:
         if there:  # one hand-off for the batch
             self.finisher.submit(there)
         if len(there) < len(work):
-            self.finisher.finish_all([w for w in work if inline and not fills(w[0])], stores=self._deferred,
-                                     retrieve_here=here)
+            self.finisher.finish_all(
+                [w for w in work if inline and not fills(w[0])], stores=self._deferred, retrieve_here=here
+            )
         return [None] * len(jobs)
 
     def _keep_rows(self, jobs: Sequence[Job]) -> None:
@@ -176,7 +178,8 @@ class AsyncAnswerer:
                 self.finisher.submit([(job, cached, True)], client=job.client)
             else:
                 self.metrics.queue_depth.set(self.batcher.depth)
-                if self.batcher.busy and not (self.device_knn is None and self.finisher.pace.finish_here()):
+                # it will wait for the model: retrieve meanwhile (see `_encode_batch`), unless the model thread will
+                if self.batcher.busy and (self.device_knn is not None or not self.finisher.pace.retrieve_here()):
                     job.start_retrieval(self._retrieval_thread)
                 await self.batcher.submit(job)  # its forward pass; the answer comes through `answered`
             answer = await job.answered

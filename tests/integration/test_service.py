@@ -444,14 +444,16 @@ def test_the_service_reads_the_articles_rows_on_the_retrieval_thread_once(tiny_d
 
 
 @pytest.mark.parametrize("cache_kind", ["memory", "redis"])
-@pytest.mark.parametrize("finisher", ["model", "knn"])
+@pytest.mark.parametrize(("finisher", "retriever"), [("model", "retrieval"), ("model", "model"), ("knn", "retrieval")])
 def test_queries_batched_behind_a_busy_model_get_the_same_answers_wherever_they_are_finished(
-    tiny_datastore: Path, cache_kind: str, finisher: str, request: pytest.FixtureRequest
+    tiny_datastore: Path, cache_kind: str, finisher: str, retriever: str, request: pytest.FixtureRequest
 ) -> None:
     """Queries that queue while the model is busy go in one batch; their p_MLM heads (`QueryEncoder.complete`)
     and answers are made on the model's thread while its forward per query is the cheaper part, and handed to the
-    finisher thread when it is the slower one (`Pace`). Either way, answers and cached encodings equal the
-    synchronous pipeline's, with the in-process cache and with Redis (written after the answer)."""
+    finisher thread when it is the slower one (`Pace`). Their articles are retrieved on the retrieval thread, or
+    on the model thread as it finishes them where a retrieval costs less than finishing one. Either way, answers
+    and cached encodings equal the synchronous pipeline's, with the in-process cache and with Redis (written after
+    the answer)."""
     import asyncio
     import threading
     import time
@@ -467,15 +469,17 @@ def test_queries_batched_behind_a_busy_model_get_the_same_answers_wherever_they_
     reference = AnswerPipeline.open(tiny_datastore, device="cpu")
     cache = RedisCache(request.getfixturevalue("redis_server").url) if cache_kind == "redis" else InMemoryCache()
     pipe = AnswerPipeline.open(tiny_datastore, device="cpu", cache=cache, key_prefix=f"pool-{cache_kind}")
-    completed, batches = [], []
-    complete = pipe.queries.complete
+    completed, retrieved, batches = [], [], []
+    complete, retrieve = pipe.queries.complete, pipe.articles.retrieve
     pipe.queries.complete = lambda p, **kw: (completed.append(threading.current_thread().name), complete(p, **kw))[1]  # type: ignore[method-assign]
+    pipe.articles.retrieve = lambda q: (retrieved.append(threading.current_thread().name), retrieve(q))[1]  # type: ignore[method-assign]
 
     async def main() -> list:
         answerer = AsyncAnswerer(pipe, BatchingSettings(max_wait_ms=0), Metrics())
         answerer.batcher._on_batch = lambda n, s: batches.append(n)
         # as measured on earlier batches: the forward per query cheaper than finishing one, or dearer
         answerer.finisher.pace.forward_s, answerer.finisher.pace.finish_s = (0.001, 0.002) if finisher == "model" else (0.005, 0.001)
+        answerer.finisher.pace.retrieval_cpu_s = 0.0005 if retriever == "model" else 0.01  # a query's retrieval
         answerer.finisher.pace.weight = 0.0  # (kept so for this test's one batch)
         answerer.start()
         try:
@@ -486,6 +490,7 @@ def test_queries_batched_behind_a_busy_model_get_the_same_answers_wherever_they_
     try:
         answers = asyncio.run(main())
         assert batches == [3] and len(completed) == 3 and all(name.startswith(finisher) for name in completed)
+        assert len(retrieved) == 3 and all(name.startswith(retriever) for name in retrieved), retrieved
         for q, got in zip(queries, answers, strict=True):
             want = reference.predict(q)
             assert got.cache["encoding"] == "miss"

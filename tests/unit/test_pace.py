@@ -31,3 +31,23 @@ def test_running_means_move_by_their_weight_and_ignore_empty_batches() -> None:
     assert abs(pace.forward_s - (0.001 + 0.25 * (0.005 - 0.001))) < 1e-12
     pace.finished(1.0, 0)  # nothing finished: no information
     assert pace.finish_s is None
+
+
+def test_the_model_thread_retrieves_where_a_retrieval_costs_less_than_finishing_a_query() -> None:
+    pace = Pace(weight=0.5)
+    assert not pace.retrieve_here()  # nothing measured: the retrieval thread
+    pace.finished(0.004, 2)  # 2 ms to finish a query
+    assert not pace.retrieve_here()  # no retrieval measured yet
+    pace.retrieved(0.0005)  # TF-IDF over a small datastore: its CPU a quarter of finishing one
+    assert pace.retrieve_here()
+    for _ in range(8):
+        pace.retrieved(0.02)  # Lucene over a large index: it overlaps the model thread's work on a thread of its own
+    assert not pace.retrieve_here()
+    assert Pace(retrieve_margin=20.0, weight=1.0).retrieve_here() is False  # (needs both measured)
+    cheap = Pace(weight=1.0)
+    cheap.finished(0.002, 1)
+    cheap.retrieved(0.001)
+    assert cheap.retrieve_here()
+    for _ in range(3):
+        cheap.forward(0.9, 32)  # the forward the slower part: batches go to the finisher, which never retrieves
+    assert not cheap.finish_here() and not cheap.retrieve_here()
