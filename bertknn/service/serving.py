@@ -97,10 +97,11 @@ class AsyncAnswerer:
         # device keeps them)
         knn = self.device_knn
         # (or, where `Pace` says so, the model thread retrieves while it finishes the batch)
-        here = not idle and knn is None and self.finisher.pace.retrieve_here()
-        for job in [] if here else jobs:
-            job.start_retrieval(self._retrieval_thread, prepare=idle or knn is not None,
-                                read=knn is None or knn.reads_rows)  # fmt: skip
+        here = [not idle and self._retrieves_on_model_thread(job) for job in jobs]
+        for job, mine in zip(jobs, here, strict=True):
+            if not mine:
+                job.start_retrieval(self._retrieval_thread, prepare=idle or knn is not None,
+                                    read=knn is None or knn.reads_rows)  # fmt: skip
         t = time.perf_counter()
         encs, hits = self.pipeline.queries.forward(
             [j.inp for j in jobs], defer_store=self._deferred, keys=[j.key for j in jobs],
@@ -130,9 +131,17 @@ class AsyncAnswerer:
             self.finisher.submit(there)
         if len(there) < len(work):
             self.finisher.finish_all(
-                [w for w in work if inline and not fills(w[0])], stores=self._deferred, retrieve_here=here
+                [w for w in work if inline and not fills(w[0])], stores=self._deferred, retrieve_here=any(here)
             )
         return [None] * len(jobs)
+
+    def _retrieves_on_model_thread(self, job: Job) -> bool:
+        """Whether the model thread retrieves the query's articles as it finishes its batch (`Pace.retrieve_here`):
+        a retrieval that is all this interpreter's work (`ArticleFinder.in_process`), and never with the kNN on
+        the device, whose rows are found next to the retrieval."""
+        if self.device_knn is not None or not self.finisher.pace.retrieve_here():
+            return False
+        return job.pipe.articles.in_process(job.query)
 
     def _keep_rows(self, jobs: Sequence[Job]) -> None:
         assert self.device_knn is not None
@@ -179,7 +188,7 @@ class AsyncAnswerer:
             else:
                 self.metrics.queue_depth.set(self.batcher.depth)
                 # it will wait for the model: retrieve meanwhile (see `_encode_batch`), unless the model thread will
-                if self.batcher.busy and (self.device_knn is not None or not self.finisher.pace.retrieve_here()):
+                if self.batcher.busy and not self._retrieves_on_model_thread(job):
                     job.start_retrieval(self._retrieval_thread)
                 await self.batcher.submit(job)  # its forward pass; the answer comes through `answered`
             answer = await job.answered

@@ -51,6 +51,12 @@ class ArticleFinder:
             return "not_found"
         return {"exact": "found", "redirect": "redirect"}.get(found.rule, "folded")  # type: ignore[return-value]
 
+    def in_process(self, query: Query) -> bool:
+        """Whether the query's retrieval is all this interpreter's work: no cache over the network, no ranker
+        outside the GIL (`Retriever.in_process`); a thread of its own then overlaps nothing."""
+        ranker = self.retrievers.get(query.retriever)
+        return self.cache.in_process and (ranker is None or ranker.in_process)
+
     def retrieve(self, query: Query) -> tuple[list[ArticleHit], str]:
         """The articles to search: the subject's own article when it has one, else the ranker's top N."""
         if query.retriever == "none":

@@ -48,6 +48,9 @@ class Retriever(Protocol):
     """Ranks the datastore's articles for a cloze question."""
 
     name: str
+    # True: its search is this interpreter's work, holding the GIL; False: it runs outside it (the JVM), so a
+    # thread of its own overlaps it with the model thread's Python
+    in_process: bool
 
     def top_articles(self, query: str, n: int) -> list[tuple[str, float]]:
         """Up to ``n`` ``(normalised title, score)`` pairs, best first; ``[MASK]`` in ``query`` is ignored."""
@@ -63,6 +66,8 @@ PYSERINI_MISSING = (
 class UnavailableRetriever:
     """Stands in for a retriever whose index exists but whose software is missing: every request for it gets
     a `RetrieverUnavailable` that says what to install; the other retrievers keep working."""
+
+    in_process = True  # (it only raises)
 
     def __init__(self, name: str, reason: str):
         self.name = name
@@ -112,6 +117,7 @@ class Bm25Retriever:
     """
 
     name = "bm25"
+    in_process = False
 
     def __init__(self, index_dir: Path):
         self.index_dir = Path(index_dir)
@@ -177,6 +183,7 @@ class TfidfRetriever:
     """DrQA's TF-IDF ranking over ``index/tfidf``: hashed unigrams + bigrams, ``log(1 + tf) * idf`` dot product."""
 
     name = "tfidf"
+    in_process = True
 
     def __init__(self, index_dir: Path):
         self.index_dir = Path(index_dir)
