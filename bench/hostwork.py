@@ -1,4 +1,4 @@
-"""The service's host work per request: req/s and server CPU per uncached request, and how much of it the forward is. ::
+"""The service's host work per request: req/s, server CPU per uncached request and how much of it the forward is. ::
 
     python -m bench.hostwork [--workers 1,2] [--baseline REV] [--requests 1500]
 
@@ -7,9 +7,10 @@ forward costs little and most of what is left is what every request costs the ho
 tokenisation, caching, retrieval, the kNN, the vote and the response. After the load, the bare forward with the
 service's backend is timed at each run's mean batch size (rows per forward batch, from the service's metrics), and
 each run's server CPU per request is split into that forward and the rest: the host work that a GPU would not take
-over, by which its throughput per process divides (`docs/performance.md`, "Host work"). Questions are distinct (every request a cache miss), without a subject, so
-that the retriever ranks the articles: TF-IDF, or with ``--retriever bm25`` Lucene's BM25 through the JVM. Server
-CPU is summed over every process of the service (its workers too).
+over, by which its throughput per process divides (`docs/performance.md`, "Host work"). Questions are distinct
+(every request a cache miss), without a subject, so that the retriever ranks the articles: TF-IDF, or with
+``--retriever bm25`` Lucene's BM25 through the JVM. Server CPU is summed over every process of the service (its
+workers too).
 
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
 both services are up at once and each level's questions go to them in ``--blocks`` blocks that take turns (A B,
