@@ -74,7 +74,10 @@ class Job:
 
             if executor is None:
                 self.retrieval = Future()
-                self.retrieval.set_result(retrieve())
+                try:
+                    self.retrieval.set_result(retrieve())
+                except Exception as exc:  # (its reader raises it, as from the retrieval thread)
+                    self.retrieval.set_exception(exc)
             else:
                 self.retrieval = executor.submit(retrieve, client=self.client)
         return self.retrieval

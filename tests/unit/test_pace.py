@@ -1,8 +1,16 @@
-"""`Pace`: where a batch's queries are finished, from the running means of this process's own batches."""
+"""`Pace`: where a batch's queries are finished and retrieved, from the running means of this process's own batches;
+a retrieval made on the model thread."""
 
 from __future__ import annotations
 
-from bertknn.service.finishing import Pace
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bertknn.core.errors import RetrieverUnavailable
+from bertknn.service.finishing import Job, Pace
 
 
 def test_a_batch_is_finished_on_the_model_thread_until_its_forward_is_the_slower_part() -> None:
@@ -51,3 +59,25 @@ def test_the_model_thread_retrieves_where_a_retrieval_costs_less_than_finishing_
     for _ in range(3):
         cheap.forward(0.9, 32)  # the forward the slower part: batches go to the finisher, which never retrieves
     assert not cheap.finish_here() and not cheap.retrieve_here()
+
+
+def test_a_retrieval_made_here_is_a_done_future_with_its_result_or_its_error() -> None:
+    ran: list[str] = []
+
+    def retrieve(query: Any) -> tuple[list, str]:
+        ran.append(threading.current_thread().name)
+        if query == "bad":
+            raise RetrieverUnavailable("no such index")
+        return [], "miss"
+
+    def job(query: str) -> Job:
+        pipe = SimpleNamespace(articles=SimpleNamespace(retrieve=retrieve))
+        return Job(None, "k", query, pipe, None, 0.0, None)  # type: ignore[arg-type]
+
+    good = job("fine").start_retrieval(None)
+    assert good.done() and good.result().articles == ([], "miss") and good.result().cpu_seconds >= 0
+    bad = job("bad").start_retrieval(None)
+    assert bad.done()
+    with pytest.raises(RetrieverUnavailable, match="no such index"):
+        bad.result()
+    assert ran == [threading.current_thread().name] * 2  # here, on the calling thread
