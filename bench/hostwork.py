@@ -157,12 +157,11 @@ def _encoder(model: Path, ds: Path) -> Any:
     return MaskedLMEncoder.load(str(model), layer=man.layer, device="cpu", max_seq_len=man.max_seq_len)
 
 
-def forward_ms(model: Path, ds: Path, texts: list[str]) -> dict[str, float]:
+def forward_ms(enc: Any, texts: list[str]) -> dict[str, float]:
     """The bare forward's ms per question, one at a time, eager and with the service's backend on this CPU (one
-    thread): how much of a request the forward itself is, with this model."""
+    thread): how much of a request the forward itself is, with this model (``enc``: `_encoder`)."""
     from bench.common import bare_forward, percentiles
 
-    enc = _encoder(model, ds)
     out = {}
     for backend in ("eager", "auto"):
         name = enc.set_backend(backend)
@@ -171,13 +170,12 @@ def forward_ms(model: Path, ds: Path, texts: list[str]) -> dict[str, float]:
     return out
 
 
-def forward_per_row_ms(model: Path, ds: Path, texts: list[str], sizes: set[int]) -> dict[int, float]:
+def forward_per_row_ms(enc: Any, texts: list[str], sizes: set[int]) -> dict[int, float]:
     """The bare forward with the service's backend in batches of each size, one thread: ms per question (the
     median batch's time over its size). What a run's forward cost the server's CPU at its batch size, to tell
     the forward's share of a request from the rest."""
     from bench.common import bare_forward
 
-    enc = _encoder(model, ds)
     enc.set_backend("auto")
     out = {}
     for size in sorted(sizes):
@@ -256,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     model_name = "bert-base-uncased's shape at hidden size 64" if args.model is None else Path(args.model).name
     result: dict = {"model": model_name, "machine": machine(), "articles": args.articles, "retriever": args.retriever,
                     "runs": []}  # fmt: skip
-    result["bare_forward_ms"] = forward_ms(model, ds, [p["text"] for p in pool[:200]])
+    enc = _encoder(model, ds)  # the bare forward's, in this process, before the load and after it
+    result["bare_forward_ms"] = forward_ms(enc, [p["text"] for p in pool[:200]])
     print(f"bare forward of one question, ms (p50): {result['bare_forward_ms']}", flush=True)
     asked = pool[-args.compare :] if args.compare else []  # the same questions for every tree, never in the load
     pool = pool[: len(pool) - len(asked)]
@@ -282,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows "
                           f"per batch, {row['errors']} errors", flush=True)  # fmt: skip
     sizes = {max(1, round(r["rows_per_batch"])) for r in result["runs"]}
-    split_forward(result["runs"], forward_per_row_ms(model, ds, [p["text"] for p in pool[:200]], sizes))
+    split_forward(result["runs"], forward_per_row_ms(enc, [p["text"] for p in pool[:200]], sizes))
     for r in result["runs"]:
         print(f"{r['tree']:>20}  workers {r['workers']:>2}  clients {r['clients']:>3}: of the server CPU per request, "
               f"the bare forward at {max(1, round(r['rows_per_batch']))} rows per batch {r['forward_ms_per_request']:.2f} "

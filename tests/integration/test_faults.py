@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from bertknn.service.main import create_app
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import RedisServer
-from tests.support.processes import service_process
+from tests.support.processes import host_port, service_process
 
 Q = {"text": "zorblat was born in [MASK] .", "subject": "zorblat"}
 Q2 = {"text": "frelle dax was born in [MASK] .", "subject": "frelle dax"}
@@ -182,8 +182,7 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_datastore):
     with service_process(tiny_datastore, env=env) as svc:
         url, proc = svc.url, svc.proc
         body = json.dumps({"queries": [Q, Q2] * 32}).encode()
-        port = int(url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        with socket.create_connection(host_port(url), timeout=60) as sock:
             head = (
                 f"POST /predict/batch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"

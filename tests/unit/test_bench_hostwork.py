@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from bench import hostwork
@@ -56,9 +54,8 @@ def test_a_run_s_server_cpu_is_split_into_the_forward_at_its_batch_size_and_the_
         asked.append((len(texts), batch))
         return [0.001 * (2 + batch)] * -(-len(texts) // batch)  # 2 ms a call, and 1 ms a question
 
-    monkeypatch.setattr(hostwork, "_encoder", lambda model, ds: Encoder())
     monkeypatch.setattr(bench.common, "bare_forward", bare_forward)
-    per_row = hostwork.forward_per_row_ms(Path("m"), Path("ds"), ["a", "b", "c"], {1, 26})
+    per_row = hostwork.forward_per_row_ms(Encoder(), ["a", "b", "c"], {1, 26})
     assert per_row == {1: 3.0, 26: round(28 / 26, 3)}
     assert (26 * 20, 26) in asked and (20, 1) in asked  # 20 batches of each size, the texts repeated to fill them
 
