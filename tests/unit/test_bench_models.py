@@ -223,7 +223,9 @@ def test_bench_gpu_times_the_device_knn_stage_in_a_cpu_rehearsal() -> None:
     for key in keys:
         r = got[key]
         assert isinstance(r, dict) and r["same_neighbours"] is True and r["device_ms_p50"] > 0 and r["host_ms_p50"] > 0
-        assert r["resident_ms_p50"] > 0 and r["resident_over_host"] == pytest.approx(r["resident_ms_p50"] / r["host_ms_p50"], rel=0.01)
+        # the ratio of the unrounded times: within what rounding each to 0.001 ms leaves (a 0.05 ms time moves 1%)
+        res, host, half = r["resident_ms_p50"], r["host_ms_p50"], 0.0005
+        assert res > 0 and (res - half) / (host + half) - half <= r["resident_over_host"] <= (res + half) / (host - half) + half
     table = gpu_table({**json.loads((RESULTS / "gpu.json").read_text()), "device_knn": got})
     assert sum("restricted kNN of" in row and "kept there" in row for row in table.splitlines()) == 4
 
