@@ -29,6 +29,7 @@ BENCHMARKS = (
     Benchmark("bert_base", "", "setup"),
     Benchmark("serving", "serving*.json", "speed"),
     Benchmark("hostwork", "hostwork*.json", "speed"),
+    Benchmark("stages", "stages*.json", "speed"),
     Benchmark("steps", "steps*.json", "speed"),
     Benchmark("startup", "startup*.json", "speed"),
     Benchmark("builder", "builder*.json", "speed"),
