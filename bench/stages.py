@@ -66,20 +66,23 @@ def per_item_ms(fn: Callable[[Any], Any], items: Sequence[Any]) -> tuple[float, 
     return (time.thread_time() - t) * 1000 / max(1, len(items)), out
 
 
-def one_round(pipe: Any, texts: list[str], batch: int) -> dict[str, float]:
-    """Each stage's thread CPU ms per question over ``texts`` (new to the pipeline's caches)."""
+def one_round(pipe: Any, settings: Any, texts: list[str], batch: int) -> dict[str, float]:
+    """Each stage's thread CPU ms per question over ``texts`` (new to the pipeline's caches); ``settings``: the
+    service's, which make each request's query."""
     from pydantic import TypeAdapter
 
     from bertknn.service.api.routes import to_query, to_response
     from bertknn.service.api.schemas import PredictRequest, PredictResponse
     from bertknn.service.results import Stage
-    from bertknn.service.settings import ServiceSettings
 
-    settings = ServiceSettings(datastore=str(pipe.datastore.root))
     queries = [to_query(PredictRequest(text=t), settings) for t in texts]
+
+    def tokenise(query: Any) -> tuple[Any, str]:
+        inp = pipe.check_query(query)
+        return inp, pipe.queries.key(inp)
+
     ms: dict[str, float] = {}
-    ms["tokenise"], keyed = per_item_ms(lambda q: (lambda inp: (inp, pipe.queries.key(inp)))(pipe.check_query(q)),
-                                        queries)  # fmt: skip
+    ms["tokenise"], keyed = per_item_ms(tokenise, queries)
     ms["retrieval"], found = per_item_ms(pipe.articles.retrieve, queries)
     chunks = [keyed[i : i + batch] for i in range(0, len(keyed), batch)]
     forward_ms, pending = per_item_ms(
@@ -101,8 +104,8 @@ def one_round(pipe: Any, texts: list[str], batch: int) -> dict[str, float]:
 
 
 def stage_ms(ds: Path, texts: list[str], rounds: int, batch: int) -> dict[str, float]:
-    """Each stage's median thread CPU ms per question over ``rounds`` rounds of ``len(texts) // rounds`` new
-    questions, in a pipeline opened as the service opens its own."""
+    """Each stage's median thread CPU ms per question over ``rounds`` equal rounds of new questions (after a
+    warm-up batch), in a pipeline opened as the service opens its own."""
     import torch
 
     from bertknn.service import heap
@@ -110,13 +113,14 @@ def stage_ms(ds: Path, texts: list[str], rounds: int, batch: int) -> dict[str, f
     from bertknn.service.settings import ServiceSettings
 
     os.environ.update(ENV)
-    pipe = open_pipeline(ServiceSettings(datastore=str(ds)))
+    settings = ServiceSettings(datastore=str(ds))
+    pipe = open_pipeline(settings)
     torch.set_num_threads(1)
     heap.settle()  # as the service does when it is ready
     try:
-        per = len(texts) // rounds
-        one_round(pipe, texts[:batch], batch)  # warm-up, not counted (its questions are not asked again)
-        got = [one_round(pipe, texts[batch + r * per : batch + (r + 1) * per], batch) for r in range(rounds)]
+        one_round(pipe, settings, texts[:batch], batch)  # warm-up, not counted (its questions are not asked again)
+        per = (len(texts) - batch) // rounds
+        got = [one_round(pipe, settings, texts[batch + r * per : batch + (r + 1) * per], batch) for r in range(rounds)]
     finally:
         heap.thaw()
     return {s: round(float(np.median([g[s] for g in got])), 4) for s in STAGES}
