@@ -192,8 +192,31 @@ step "build the builder image, CPU torch (docker/Dockerfile.builder)" \
 
 # --- 3. the stack -------------------------------------------------------------------------------------------------
 compose down -v >/dev/null 2>&1 || true
+# -T and stdin from /dev/null: a one-shot job gets no pseudo-terminal and no open stdin, as under any CI.  With a
+# terminal asked for where there is none, podman 4.3's `run --rm` once returned while its container stayed
+# "running", so nothing removed it and `down -v` could not remove the volumes it held.
 step "builder: sample corpus -> datastore volume (compose run)" \
-  compose --profile build run --rm builder
+  compose --profile build run -T --rm builder </dev/null
+check_run_container_gone() {  # the builder's `run --rm` container is gone (its process exited, podman removed it)
+  local name i state pid
+  for i in $(seq 1 30); do
+    name=$(podman ps -a --filter "name=^${PROJECT}_builder_tmp" --format '{{.Names}}' | head -1)
+    [ -n "$name" ] || { echo "the builder's run container is gone"; return 0; }
+    sleep 1
+  done
+  state=$(podman inspect --format '{{.State.Status}}' "$name" 2>/dev/null || echo unknown)
+  pid=$(podman inspect --format '{{.State.Pid}}' "$name" 2>/dev/null || echo 0)
+  echo "$name is still there 30 s after its run returned: state $state, pid $pid"
+  if [ "$pid" -gt 0 ] && kill -0 "$pid" 2>/dev/null; then
+    podman top "$name" 2>&1 | sed 's/^/  top: /' || true
+    podman logs --tail 20 "$name" 2>&1 | sed 's/^/  log: /' || true
+    fail "the builder's process $pid did not exit after its run returned"
+  fi
+  # Its process is gone and only podman's record of it is left: remove that record, say so, go on.
+  podman rm -f "$name" >/dev/null
+  echo "its process had exited; podman's record of it is removed"
+}
+step "builder: its run container is gone" check_run_container_gone
 start_api() {
   compose up -d api
   local i
