@@ -31,6 +31,8 @@ leaves the others' figures:
   (``--vote-device model``): whether that should be the default with the kNN there;
 - ``serving_one_process``: the same as ``serving`` with one service process (``--workers 1``): what the processes
   add;
+- ``serving_event_loop``: ``serving`` with each process's batches on its event loop (``--on-event-loop``): whether
+  that should be the default for several processes on a GPU (docs/decisions/serving-processes.md);
 - ``steps``: where one uncached question's time goes in one service process on the GPU, step by step from the
   HTTP layer to the response (`bench.steps --device cuda`): what the one-client p50 consists of beside the forward;
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
@@ -60,7 +62,7 @@ from bench.common import REPO, RESULTS, RUNS, SHARED, device_sync, machine
 
 NO_DEVICE = 3
 STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "device_vote", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving",
-          "serving_device_knn", "serving_device_vote", "serving_one_process", "steps", "ivfpq_training")
+          "serving_device_knn", "serving_device_vote", "serving_one_process", "serving_event_loop", "steps", "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -240,6 +242,7 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
         "serving_device_knn": [*serving, "--knn-device", "model"],
         "serving_device_vote": [*serving, "--knn-device", "model", "--vote-device", "model"],
         "serving_one_process": [*serving, "--workers", "1"],
+        "serving_event_loop": [*serving, "--on-event-loop"],
         "steps": [py, "-m", "bench.steps", "--model", model, "--device", "cuda", "--retriever", retriever,
                   "--work", str(RUNS / "bench-steps-gpu"), "--out", str(_report("steps"))],
         "ivfpq_training": [py, "-m", "bench.gpu", "--stage", "ivfpq", "--ivfpq-rows", str(args.ivfpq_rows)],
@@ -254,12 +257,12 @@ def _report(stage: str) -> Path:
 def _stage_result(name: str, model: Path, since: float) -> object:
     """What a finished stage wrote (at or after ``since``, a `time.time()`): its JSON, read back; ValueError
     when it wrote none, so that an older run's file is never taken for this one's."""
-    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-1w][-knn-model[-vote-model]]-MODEL.json
-        one, vote = name == "serving_one_process", name == "serving_device_vote"
+    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-1w][-knn-model[-vote-model]][-loop]-MODEL.json
+        one, vote, loop = name == "serving_one_process", name == "serving_device_vote", name == "serving_event_loop"
         knn = vote or name == "serving_device_knn"
         found = [p for p in RESULTS.glob(f"serving-cuda*-{model.name}.json")
                  if p.name.endswith(f"-1w-{model.name}.json") == one and ("-knn-model-" in p.name) == knn
-                 and ("-vote-model-" in p.name) == vote]  # fmt: skip
+                 and ("-vote-model-" in p.name) == vote and ("-loop-" in p.name) == loop]  # fmt: skip
     else:
         found = [_report(name)]
     fresh = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
@@ -420,7 +423,7 @@ def gpu_table(out: dict[str, Any]) -> str:
                         f"by one (p50 ms; same answers) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = "
                         f"{r['device_over_host']}x; {r['same_answers']} |")  # fmt: skip
     how = {"serving": None, "serving_one_process": "one process", "serving_device_knn": "kNN on the device",
-           "serving_device_vote": "kNN and vote on the device"}
+           "serving_device_vote": "kNN and vote on the device", "serving_event_loop": "batches on the event loop"}
     for stage, label in how.items():
         rows += _serving_rows(out.get(stage, {}), label)
     steps = out.get("steps")

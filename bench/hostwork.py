@@ -15,7 +15,8 @@ workers too).
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
 both services are up at once and each level's questions go to them in ``--blocks`` blocks that take turns (A B,
 B A, ...), so that the host's drift falls on both; their answers to the same questions are compared (top-1 and
-every prediction's probability). ``--model DIR`` serves another model (the proxy, for answers that
+every prediction's probability). ``--setting SECTION.NAME=VALUE`` serves this tree a second time with one of the
+service's settings changed (e.g. ``batching.on_event_loop=true``), the same way, at every ``--workers`` count. ``--model DIR`` serves another model (the proxy, for answers that
 mean something); the default is the hidden-size-64 one.
 
 Before the load, each tree's service is started ``--starts`` times (the trees taking turns) for its start-up: the
@@ -213,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retriever", choices=("tfidf", "bm25"), default="tfidf",
                    help="what ranks the articles (bm25: Lucene through the JVM, as the service's default)")
     p.add_argument("--baseline", default=None, help="a commit to measure beside this tree in the same run")
+    p.add_argument("--setting", default=None, help="SECTION.NAME=VALUE: this tree served again with that service "
+                   "setting, beside it in the same run (e.g. batching.on_event_loop=true)")
     p.add_argument("--model", type=Path, default=None, help="a masked LM directory (default: bert-base's shape at "
                    "hidden size 64, written here)")
     p.add_argument("--compare", type=int, default=300, help="questions whose answers are compared with --baseline's")
@@ -222,6 +225,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="the results file, bench/results/NAME.json (default: hostwork, or "
                    "hostwork-MODEL with --model)")  # fmt: skip
     return p
+
+
+def setting_env(text: str) -> dict[str, str]:
+    """``SECTION.NAME=VALUE`` as the service's environment variable; ValueError naming what is wrong."""
+    from bertknn.service.settings import ServiceSettings
+
+    key, sep, value = text.partition("=")
+    section, _, name = key.strip().partition(".")
+    field = ServiceSettings.model_fields.get(section)
+    fields = getattr(field.annotation, "model_fields", {}) if field is not None else {}
+    if not sep or name not in fields:
+        sections = sorted(k for k, f in ServiceSettings.model_fields.items() if hasattr(f.annotation, "model_fields"))
+        raise ValueError(f"--setting takes SECTION.NAME=VALUE with a setting of the service's (sections: "
+                         f"{', '.join(sections)}; docs/configuration.md), got {text!r}")  # fmt: skip
+    return {f"BERTKNN_{section.upper()}__{name.upper()}": value.strip()}
 
 
 def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
@@ -244,7 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     ds_name = f"ds-{args.articles}" + ("" if args.model is None else f"-{Path(args.model).name}")
     ds_name += "-bm25" if args.retriever == "bm25" else ""
     ds = build_datastore([CORPUS], args.work / ds_name, model, limit=args.articles, bm25=args.retriever == "bm25")
-    trees = {"this tree": REPO, **({f"baseline {args.baseline}": baseline_tree(args.baseline)} if args.baseline else {})}
+    try:
+        changed = setting_env(args.setting) if args.setting else None
+    except ValueError as exc:
+        p.error(str(exc))
+    # each way to serve: the source tree, the settings it changes
+    ways: dict[str, tuple[Path, dict[str, str]]] = {"this tree": (REPO, {})}
+    if args.baseline:
+        ways[f"baseline {args.baseline}"] = (baseline_tree(args.baseline), {})
+    if changed is not None:
+        ways[f"this tree, {args.setting}"] = (REPO, changed)
     env = {"BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_MODEL__THREADS": "1"}
     # distinct within a service process (its cache lives as long as it does); every process starts from the first
     need = sum(args.requests + max(c, 20) for c in clients) + args.compare
@@ -260,12 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     asked = pool[-args.compare :] if args.compare else []  # the same questions for every tree, never in the load
     pool = pool[: len(pool) - len(asked)]
     said: dict[str, list] = {}
-    result["starts"] = starts(trees, ds, env, args.starts)
+    result["starts"] = starts(ways, ds, env, args.starts)
     for n in workers:
-        names = [name for name, tree in trees.items() if tree == REPO or n == 1]  # the baseline serves one process
+        names = [name for name, (tree, _) in ways.items() if tree == REPO or n == 1]  # the baseline serves one process
         with contextlib.ExitStack() as stack:
             up = {name: stack.enter_context(service_process(
-                ds, env={**env, "PYTHONPATH": str(trees[name])}, cwd=trees[name],
+                ds, env={**env, **ways[name][1], "PYTHONPATH": str(ways[name][0])}, cwd=ways[name][0],
                 args=("--workers", str(n)) if n != 1 else ())) for name in names}  # fmt: skip
             for name, svc in up.items():
                 if asked and name not in said:
@@ -287,9 +314,11 @@ def main(argv: list[str] | None = None) -> int:
               f"the bare forward at {max(1, round(r['rows_per_batch']))} rows per batch {r['forward_ms_per_request']:.2f} "
               f"ms, the rest {r['host_ms_per_request']:.2f} ms", flush=True)  # fmt: skip
     _ratios(result)
-    if len(said) == 2:
-        result["answers_vs_baseline"] = compare(*said.values())
-        print(f"answers vs the baseline's: {result['answers_vs_baseline']}")
+    for name in said:
+        if name != "this tree":
+            key = "answers_vs_baseline" if name.startswith("baseline") else "answers_with_setting"
+            result[key] = compare(said["this tree"], said[name])
+            print(f"answers of {name} against this tree's: {result[key]}")
     name = args.name or ("hostwork" if args.model is None else f"hostwork-{Path(args.model).name}")
     name += "-bm25" if args.retriever == "bm25" and not args.name else ""
     path = write_result(name, result)
@@ -316,9 +345,11 @@ def timed_starts(ways: dict[str, tuple[Path, dict[str, str]]], ds: Path, n: int)
     return out
 
 
-def starts(trees: dict[str, Path], ds: Path, env: dict[str, str], n: int) -> dict[str, dict[str, Any]]:
-    """Each tree's `timed_starts`, and this tree's medians against the baseline's."""
-    out = timed_starts({name: (tree, {**env, "PYTHONPATH": str(tree)}) for name, tree in trees.items()}, ds, n)
+def starts(ways: dict[str, tuple[Path, dict[str, str]]], ds: Path, env: dict[str, str], n: int) -> dict[str, dict[str, Any]]:
+    """Each way's `timed_starts` (its tree, the settings it changes), and this tree's medians against the
+    baseline's."""
+    out = timed_starts({name: (tree, {**env, **changed, "PYTHONPATH": str(tree)})
+                        for name, (tree, changed) in ways.items()}, ds, n)  # fmt: skip
     base = next((v for k, v in out.items() if k.startswith("baseline")), None)
     if base is not None:
         ours = out["this tree"]
@@ -328,8 +359,18 @@ def starts(trees: dict[str, Path], ds: Path, env: dict[str, str], n: int) -> dic
 
 
 def _ratios(result: dict) -> None:
-    """This tree against the baseline at each client count (one process each), when a baseline ran."""
+    """This tree against the baseline at each client count (one process each), when a baseline ran; this tree
+    with ``--setting`` against this tree at each worker and client count, when it ran."""
     runs = result["runs"]
+    for r in runs:
+        ours = next((t for t in runs if t["tree"] == "this tree" and (t["workers"], t["clients"]) ==
+                     (r["workers"], r["clients"])), None)  # fmt: skip
+        if r["tree"].startswith("this tree, ") and ours is not None:
+            cpu = r["server_cpu_ms_per_request"] / ours["server_cpu_ms_per_request"]
+            tput = r["requests_per_s"] / ours["requests_per_s"]
+            r["vs_this_tree"] = {"cpu_per_request": round(cpu, 3), "requests_per_s": round(tput, 3)}
+            print(f"workers {r['workers']:>2}  clients {r['clients']:>3}: with {r['tree'][11:]}, server CPU per "
+                  f"request {cpu:.2f}x, req/s {tput:.2f}x", flush=True)  # fmt: skip
     for r in runs:
         base = next((b for b in runs if b["tree"].startswith("baseline") and b["clients"] == r["clients"]), None)
         if base is None or r["tree"] != "this tree" or r["workers"] != 1:

@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--knn-device model: the rows kept on the device or copied each batch (model.knn_device_rows)")
     p.add_argument("--vote-device", choices=["host", "model"], default="host", help="with --knn-device model: where "
                    "the questions searched on the device are voted (model.vote_device)")
+    p.add_argument("--on-event-loop", action="store_true", help="each service process runs its batches on its "
+                   "event loop's thread (batching.on_event_loop) instead of a model thread")
     p.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="the service's default article "
                    "ranker, for subjects without an article (tfidf: the datastore is built without BM25, no Java)")
     return p
@@ -436,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {"BERTKNN_MODEL__THREADS": str(threads), "BERTKNN_MODEL__BACKEND": args.backend,
            "BERTKNN_MODEL__DEVICE": args.device, "BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_WORKERS": str(args.workers),
            "BERTKNN_MODEL__KNN_DEVICE": args.knn_device, "BERTKNN_MODEL__KNN_DEVICE_ROWS": args.knn_device_rows,
-           "BERTKNN_MODEL__VOTE_DEVICE": args.vote_device}  # fmt: skip
+           "BERTKNN_MODEL__VOTE_DEVICE": args.vote_device,
+           "BERTKNN_BATCHING__ON_EVENT_LOOP": "true" if args.on_event_loop else "false"}  # fmt: skip
     ds = build_datastore([args.corpus], args.work / ("ds" if args.retriever == "bm25" else "ds-tfidf"), args.model, limit=args.articles,
                          bm25=args.retriever == "bm25")  # fmt: skip
     man = Datastore(ds).manifest
@@ -452,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": str(enc.dtype).removeprefix("torch."), "datastore": {
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
         "retriever": args.retriever, "workers": args.workers or "auto", "knn_device": args.knn_device,
-        "knn_device_rows": args.knn_device_rows, "vote_device": args.vote_device, "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
+        "knn_device_rows": args.knn_device_rows, "vote_device": args.vote_device, "on_event_loop": args.on_event_loop,
+        "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
     # Several processes share one cache, as a deployment's share Redis (each process's own in-process cache would
     # miss a question the other process answered): a redis-server of the run's own.
     several = args.workers > 1 or (args.workers == 0 and enc.device.type == "cuda")
@@ -471,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     result["bare_forward_ms"] = _ms(percentiles(all_bare))
     # the default settings write serving.json; other backends, thread counts or a GPU their own file beside it
     default = args.backend == "auto" and not args.threads and args.retriever == "bm25" and not args.workers
-    default = default and args.knn_device == "host"
+    default = default and args.knn_device == "host" and not args.on_event_loop
     name = "serving" if default else f"serving-{backend}-{threads}t" + ("" if args.retriever == "bm25" else "-tfidf")
     if result["device"] != "cpu":
         name = f"serving-{result['device']}"
@@ -480,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.knn_device != "host":
         name += f"-knn-{args.knn_device}" + ("" if args.knn_device_rows == "auto" else f"-{args.knn_device_rows}")
         name += "-vote-model" if args.vote_device == "model" else ""
+    name += "-loop" if args.on_event_loop else ""
     path = write_result(result_name(name, args.model), result)
     _report(result, backend, threads)
     print(f"wrote {path}")

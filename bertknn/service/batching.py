@@ -2,7 +2,8 @@
 
 The model thread takes its next batch the moment its last one ends: whatever queued meanwhile (up to
 ``max_batch_size``) goes in at once, so the model never waits for a busy event loop between batches. Results go
-back to the loop in one callback per batch.
+back to the loop in one callback per batch. Without a model thread, the batches run on the event loop itself, one
+task taking turns with the requests (`MicroBatcher` with no executor).
 
 The queue is bounded: when it is full, `submit` raises `Overloaded` at once (the API answers 503 with
 Retry-After) instead of letting latency and memory grow without limit.
@@ -11,6 +12,7 @@ Retry-After) instead of letting latency and memory grow without limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import threading
@@ -68,7 +70,8 @@ class Outbox:
 
 
 class MicroBatcher(Generic[T, R]):
-    """Batches `submit`ted items into calls of ``fn`` on the thread of ``executor`` (a single-thread pool).
+    """Batches `submit`ted items into calls of ``fn`` on the thread of ``executor`` (a single-thread pool), or
+    with ``executor`` None on the event loop's thread, in a task of the loop that blocks it while ``fn`` runs.
 
     Between `start` and `stop` that thread runs the batcher's loop; other work for it (for example extra
     forward passes that must come from the model's thread) goes through `call`. When both wait, calls and batches
@@ -80,7 +83,7 @@ class MicroBatcher(Generic[T, R]):
         self,
         fn: Callable[[Sequence[T]], Sequence[R]],
         *,
-        executor: Executor,
+        executor: Executor | None,
         max_batch_size: int = 32,
         max_wait_ms: float = 2.0,
         max_queue: int = 256,
@@ -107,8 +110,9 @@ class MicroBatcher(Generic[T, R]):
         self._stopping = False
         self._running = False  # the worker is inside fn
         self._last_was_call = False  # calls and batches take turns when both wait
-        self._worker: Future[None] | None = None
+        self._worker: Future[None] | asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None  # on the event loop (``executor`` None): new work
 
     @property
     def depth(self) -> int:
@@ -124,7 +128,11 @@ class MicroBatcher(Generic[T, R]):
         if self._worker is None:
             self._loop = asyncio.get_running_loop()
             self._stopping = False
-            self._worker = self._executor.submit(self._work)
+            if self._executor is None:
+                self._wake = asyncio.Event()
+                self._worker = asyncio.ensure_future(self._work_on_loop())
+            else:
+                self._worker = self._executor.submit(self._work)
 
     async def stop(self) -> None:
         """Finish what is queued, then stop; the executor's thread is free again afterwards."""
@@ -133,6 +141,8 @@ class MicroBatcher(Generic[T, R]):
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        if self._wake is not None:
+            self._wake.set()
         await asyncio.wrap_future(self._worker)
         self._worker = None
 
@@ -147,17 +157,29 @@ class MicroBatcher(Generic[T, R]):
                 raise Overloaded(f"server busy: {self.max_queue} queries are already waiting; retry after the Retry-After delay")
             self._items.append((item, fut))
             self._cond.notify()
+        if self._wake is not None:
+            self._wake.set()
         return await fut
 
     def call(self, fn: Callable[[], R]) -> Future[R]:
         """Run ``fn`` on the batcher's thread (next, or after one batch when batches wait too); thread-safe."""
-        if self._worker is None or self._worker.done():
-            return self._executor.submit(fn)
+        if self._worker is None or self._worker.done() or self._on_loop_thread():
+            return _run_now(fn) if self._executor is None else self._executor.submit(fn)
         fut: Future[R] = Future()
         with self._cond:
             self._calls.append((fn, fut))
             self._cond.notify()
+        if self._wake is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
         return fut
+
+    def _on_loop_thread(self) -> bool:
+        if self._executor is not None or self._loop is None:
+            return False
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
     # ---- the worker thread -------------------------------------------------------------------------------
 
@@ -175,17 +197,37 @@ class MicroBatcher(Generic[T, R]):
             self._last_was_call = False
             if not self._items:
                 return None  # stopping, and nothing left
-            if self.max_wait_s > 0 and len(self._items) < self.max_batch_size and not self._stopping:
-                deadline = time.monotonic() + self.max_wait_s
-                while len(self._items) < self.max_batch_size and not self._stopping:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
-            n = min(self.max_batch_size, len(self._items))
-            if self._key is None or n == len(self._items):
-                return [self._items.popleft() for _ in range(n)]
-            return self._take_fairly(n)
+            deadline = self._company_deadline()
+            while deadline is not None and (left := self._company_left(deadline)) > 0:
+                self._cond.wait(left)
+            return self._batch()
+
+    def _company_deadline(self) -> float | None:
+        """Until when a batch waits for more items to join it (``max_wait_ms``); None: it does not wait."""
+        if self.max_wait_s > 0 and len(self._items) < self.max_batch_size and not self._stopping:
+            return time.monotonic() + self.max_wait_s
+        return None
+
+    def _company_left(self, deadline: float) -> float:
+        """Seconds left to wait for company; 0: the batch goes now (full, stopping, or the wait is over)."""
+        if len(self._items) >= self.max_batch_size or self._stopping:
+            return 0.0
+        return max(0.0, deadline - time.monotonic())
+
+    def _take(self) -> tuple[Callable[[], Any], Future[Any]] | list[tuple[T, asyncio.Future[R]]] | None:
+        """The next call, or batch (under the lock); None: stopping and nothing left."""
+        if self._calls and not (self._items and self._last_was_call):
+            self._last_was_call = True
+            return self._calls.popleft()
+        self._last_was_call = False
+        return self._batch() if self._items else None
+
+    def _batch(self) -> list[tuple[T, asyncio.Future[R]]]:
+        """The next batch of waiting items (under the lock; at least one waits)."""
+        n = min(self.max_batch_size, len(self._items))
+        if self._key is None or n == len(self._items):
+            return [self._items.popleft() for _ in range(n)]
+        return self._take_fairly(n)
 
     def _take_fairly(self, n: int) -> list[tuple[T, asyncio.Future[R]]]:
         """``n`` waiting items, round robin over their clients (under the lock)."""
@@ -207,46 +249,89 @@ class MicroBatcher(Generic[T, R]):
         return loop is None or loop.is_closed() or sys.is_finalizing()
 
     def _work(self) -> None:
-        assert self._loop is not None
-        loop = self._loop
         while True:
             work = self._next()
-            if work is None:
+            if work is None or not self._do(work):
                 return
-            if isinstance(work, tuple):
-                fn, cfut = work
-                if cfut.set_running_or_notify_cancel():
-                    try:
-                        cfut.set_result(fn())
-                    except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                        cfut.set_exception(exc)
-                continue
-            live = [(x, f) for x, f in work if not f.done()]  # a waiter that gave up is not computed
-            if not live:
-                continue
-            t0 = time.perf_counter()
-            self._running = True
-            try:
-                results = self._fn([x for x, _ in live])
-                pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = [
-                    (f, r, None) for (_, f), r in zip(live, results, strict=True)
-                ]
-            except Exception as exc:  # the whole batch failed: every waiter gets the error
-                logger.debug("batch of %d failed: %s", len(live), exc)
-                pairs = [(f, None, exc) for _, f in live]
-            finally:
-                self._running = False
-            if self._on_batch:
+
+    async def _work_on_loop(self) -> None:
+        """The batcher's loop as a task of the event loop (no ``executor``): each batch runs there, blocking it."""
+        while True:
+            work = await self._next_on_loop()
+            if work is None or not self._do(work):
+                return
+
+    async def _next_on_loop(self) -> tuple[Callable[[], Any], Future[Any]] | list[tuple[T, asyncio.Future[R]]] | None:
+        """`_next` for the loop's task: first the loop reads what came in during the last batch (each request
+        takes a few turns of the loop to reach `submit`), then waits for work."""
+        assert self._wake is not None
+        seen = -1
+        while seen != len(self._items) and len(self._items) < self.max_batch_size:
+            seen = len(self._items)
+            for _ in range(3):
+                await asyncio.sleep(0)
+        while not self._items and not self._calls and not self._stopping:
+            self._wake.clear()
+            await self._wake.wait()
+        call_next = bool(self._calls) and not (self._items and self._last_was_call)  # (as `_take` decides)
+        deadline = None if call_next else self._company_deadline()
+        while deadline is not None and (left := self._company_left(deadline)) > 0:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), left)
+        with self._cond:
+            return self._take()
+
+    def _do(self, work: tuple[Callable[[], Any], Future[Any]] | list[tuple[T, asyncio.Future[R]]]) -> bool:
+        """One call or batch; False: the loop is closed (stop)."""
+        assert self._loop is not None
+        if isinstance(work, tuple):
+            fn, cfut = work
+            if cfut.set_running_or_notify_cancel():
                 try:
-                    self._on_batch(len(live), time.perf_counter() - t0)
-                except Exception:  # a metrics hook never stops the model
-                    logger.exception("on_batch hook failed")
+                    cfut.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    cfut.set_exception(exc)
+            return True
+        live = [(x, f) for x, f in work if not f.done()]  # a waiter that gave up is not computed
+        if not live:
+            return True
+        t0 = time.perf_counter()
+        self._running = True
+        try:
+            results = self._fn([x for x, _ in live])
+            pairs: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = [
+                (f, r, None) for (_, f), r in zip(live, results, strict=True)
+            ]
+        except Exception as exc:  # the whole batch failed: every waiter gets the error
+            logger.debug("batch of %d failed: %s", len(live), exc)
+            pairs = [(f, None, exc) for _, f in live]
+        finally:
+            self._running = False
+        if self._on_batch:
             try:
-                loop.call_soon_threadsafe(deliver, pairs)
+                self._on_batch(len(live), time.perf_counter() - t0)
+            except Exception:  # a metrics hook never stops the model
+                logger.exception("on_batch hook failed")
+        if self._executor is None:
+            deliver(pairs)
+        else:
+            try:
+                self._loop.call_soon_threadsafe(deliver, pairs)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
-                return
-            if self._after_delivery:
-                try:
-                    self._after_delivery()
-                except Exception:  # e.g. a cache write: never stops the model
-                    logger.exception("after_delivery hook failed")
+                return False
+        if self._after_delivery:
+            try:
+                self._after_delivery()
+            except Exception:  # e.g. a cache write: never stops the model
+                logger.exception("after_delivery hook failed")
+        return True
+
+
+def _run_now(fn: Callable[[], R]) -> Future[R]:
+    fut: Future[R] = Future()
+    try:
+        fut.set_result(fn())
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller
+        fut.set_exception(exc)
+    return fut

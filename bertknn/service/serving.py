@@ -29,10 +29,11 @@ logger = logging.getLogger(__name__)
 class AsyncAnswerer:
     """Runs an `AnswerPipeline` for the web layer.
 
-    The model runs in one dedicated thread fed by a `MicroBatcher`; the sparse retrievers (Lucene through the
-    JVM) run in another single thread; the rest of each query runs where the `Finisher` says, and each answer goes
-    straight to its waiting request. The event loop only awaits. Every hand-off between threads costs both sides
-    the GIL; so one per batch where it can, one per request where it must (docs/decisions/serving-processes.md).
+    The model runs in one dedicated thread fed by a `MicroBatcher` (or, with ``batching.on_event_loop``, on the
+    event loop's thread); the sparse retrievers (Lucene through the JVM) run in another single thread; the rest
+    of each query runs where the `Finisher` says, and each answer goes straight to its waiting request. Every
+    hand-off between threads costs both sides the GIL; so one per batch where it can, one per request where it
+    must (docs/decisions/serving-processes.md).
     """
 
     def __init__(
@@ -50,6 +51,8 @@ class AsyncAnswerer:
         self.leases: Leases[AnswerPipeline] = Leases()
         # Every torch call must come from this one thread (the model was loaded on it too): each OS thread that
         # calls torch gets its own OpenMP team, and two spinning teams on few cores halve the forward's speed.
+        # (With ``batching.on_event_loop`` the loop's thread makes them once start-up has loaded the model here:
+        # one team at work at a time.)
         self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="model")
         # retrieval and kNN take turns between clients: one client's flood waits behind itself (`fair`)
         self._retrieval_thread = FairExecutor(1, "retrieval")
@@ -63,7 +66,7 @@ class AsyncAnswerer:
         self._count_kept_rows()
         self.batcher: MicroBatcher[Job, None] = MicroBatcher(
             self._encode_batch,
-            executor=self._model_thread,
+            executor=None if batching.on_event_loop else self._model_thread,
             max_batch_size=batching.max_batch_size,
             max_wait_ms=batching.max_wait_ms,
             max_queue=batching.max_queue,

@@ -192,6 +192,37 @@ def test_service_answers_the_whole_word_and_marks_it_multi_piece(whole_ds: Path)
         assert again["cache"]["encoding"] == "hit" and again["predictions"] == body["predictions"]
 
 
+@pytest.mark.parametrize("text", [QUESTION["text"], "zorblat was born in [MASK] ."])
+def test_batches_on_the_event_loop_answer_whole_words_as_with_a_model_thread(whole_ds: Path, text: str) -> None:
+    """``batching.on_event_loop``: each batch runs on the event loop's thread, and a whole word's fill passes, asked
+    for from the finisher pool, run there too between batches; the answers equal the model thread's."""
+    import asyncio
+
+    question = {**QUESTION, "text": text}
+    bodies, threads = [], []
+    for on_loop in (False, True):
+        app = create_app(ServiceSettings(datastore=whole_ds, model={"device": "cpu"},
+                                         batching={"max_wait_ms": 0, "on_event_loop": on_loop}))  # fmt: skip
+        with TestClient(app) as client:
+            encoder = app.state.resources.pipeline.encoder
+            forward = encoder._forward
+
+            def recorded(*args, forward=forward, on_loop=on_loop, **kwargs):
+                try:
+                    asyncio.get_running_loop()
+                    threads.append((on_loop, "loop"))
+                except RuntimeError:
+                    threads.append((on_loop, "thread"))
+                return forward(*args, **kwargs)
+
+            encoder._forward = recorded
+            bodies.append(client.post("/predict", json=question).json())
+    assert bodies[0]["predictions"] == bodies[1]["predictions"]
+    fills_ran = {where for on_loop, where in threads if on_loop}
+    assert fills_ran == {"loop"} and {where for on_loop, where in threads if not on_loop} == {"thread"}
+    assert sum(1 for on_loop, _ in threads if on_loop) >= 2  # the batch's forward and at least one fill pass
+
+
 def test_the_whole_word_vote_is_weighted_by_each_words_p_mlm(whole_ds: Path) -> None:
     """``mlm_prior``: the vote over whole words times p_MLM(word) ** prior, a several-piece word's p_MLM being its
     fill; 0 leaves the paper's vote (checked against that plain vote's own parts)."""

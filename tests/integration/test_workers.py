@@ -84,8 +84,11 @@ def ask(url: str, body: dict, n: int) -> list[httpx.Response]:
     return [httpx.post(f"{url}/predict", json=body, timeout=30) for _ in range(n)]
 
 
-def test_workers_answer_count_and_survive_sigkill_as_one_service(ds: Path):
-    with service_process(ds, env=ENV, args=("--workers", "2")) as svc:
+@pytest.mark.parametrize("on_event_loop", ["false", "true"])
+def test_workers_answer_count_and_survive_sigkill_as_one_service(ds: Path, on_event_loop: str):
+    """Also with each worker's batches on its event loop (``batching.on_event_loop``), the layout it is for."""
+    env = {**ENV, "BERTKNN_BATCHING__ON_EVENT_LOOP": on_event_loop}
+    with service_process(ds, env=env, args=("--workers", "2")) as svc:
         first = wait_for_workers(svc, 2)
         answers = ask(svc.url, {"text": "zorblat was born in [MASK] ."}, 30)
         assert {r.status_code for r in answers} == {200}

@@ -274,3 +274,116 @@ def test_the_outbox_hands_every_result_over_and_wakes_the_loop_once_while_a_hand
             if k == 3 and i == 1:
                 continue  # futures[7]
             assert (isinstance(value, ValueError) and str(value) == str(i)) if i % 50 == 0 else value == i
+
+
+# ---- batches on the event loop (no executor) ------------------------------------------------------------------
+
+
+def test_on_the_loop_batches_run_on_the_loops_thread_and_what_arrived_meanwhile_is_the_next_batch():
+    """Without an executor each batch runs on the event loop, blocking it. Requests that came in meanwhile each
+    take a few turns of the loop to reach `submit` (an HTTP request is read, then its handler runs): the batcher
+    lets the loop take them before its next batch, also when some are still waiting from before, so they share
+    one."""
+    calls: list[list[int]] = []
+    on_loop: list[bool] = []
+
+    async def arrive(b: MicroBatcher, i: int) -> int:
+        for _ in range(2):  # read, parsed, handled: turns of the loop before it queues
+            await asyncio.sleep(0)
+        return await b.submit(i)
+
+    def fn(items):
+        loop = asyncio.get_running_loop()  # (raises on any other thread)
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        calls.append(list(items))
+        if items == [0]:  # while this batch runs, six requests come in
+            arrived.extend(loop.create_task(arrive(b, i)) for i in range(1, 7))
+        if items == [1, 2, 3, 4]:  # two are left waiting, and two more come in
+            arrived.extend(loop.create_task(arrive(b, i)) for i in range(7, 9))
+        return [x + 100 for x in items]
+
+    arrived: list[asyncio.Task[int]] = []
+    b: MicroBatcher[int, int]
+
+    async def main():
+        nonlocal b
+        b = MicroBatcher(fn, executor=None, max_batch_size=4, max_wait_ms=0, max_queue=100)
+        b.start()
+        first = await b.submit(0)
+        rest = [await t for t in arrived]
+        await b.stop()
+        return [first, *rest]
+
+    assert asyncio.run(main()) == [100 + i for i in range(9)]
+    assert calls == [[0], [1, 2, 3, 4], [5, 6, 7, 8]]  # the two left waiting did not go alone
+    assert on_loop == [True, True, True]
+
+
+def test_on_the_loop_calls_from_other_threads_run_there_between_batches_and_one_from_the_loop_at_once():
+    """Extra forward passes asked for from a pool thread (whole words, entity names) run on the loop's thread
+    between batches; one asked for on the loop's thread itself runs there and then, where waiting would deadlock."""
+    order: list[str] = []
+
+    def fn(items):
+        order.append(f"batch {list(items)}")
+        return list(items)
+
+    async def main():
+        b = MicroBatcher(fn, executor=None, max_batch_size=8, max_wait_ms=0, max_queue=100)
+        b.start()
+        loop_thread = threading.get_ident()
+        with ThreadPoolExecutor(1) as pool:
+            ran_on = await asyncio.wrap_future(
+                pool.submit(lambda: b.call(lambda: (order.append("call"), threading.get_ident())[1]).result(5))
+            )
+        here = b.call(lambda: order.append("here"))
+        assert here.done()
+        assert await b.submit(1) == 1
+        await b.stop()
+        return loop_thread, ran_on
+
+    loop_thread, ran_on = asyncio.run(main())
+    assert ran_on == loop_thread
+    assert order == ["call", "here", "batch [1]"]
+
+
+def test_on_the_loop_stop_finishes_what_is_queued_and_a_full_queue_refuses():
+    computed: list[int] = []
+
+    def fn(items):
+        computed.extend(items)
+        return list(items)
+
+    async def main():
+        b = MicroBatcher(fn, executor=None, max_batch_size=1, max_wait_ms=0, max_queue=2)
+        b.start()
+        queued = [asyncio.ensure_future(b.submit(i)) for i in range(3)]
+        await asyncio.sleep(0)  # all three reach the queue before the batcher's task runs: the third is refused
+        with pytest.raises(Overloaded):
+            await queued[2]
+        await b.stop()
+        return [await q for q in queued[:2]]
+
+    assert asyncio.run(main()) == [0, 1]
+    assert computed == [0, 1]
+
+
+def test_on_the_loop_an_idle_batcher_waits_max_wait_for_company():
+    calls: list[list[int]] = []
+
+    def fn(items):
+        calls.append(list(items))
+        return list(items)
+
+    async def main():
+        b = MicroBatcher(fn, executor=None, max_batch_size=8, max_wait_ms=300, max_queue=100)
+        b.start()
+        first = asyncio.ensure_future(b.submit(1))
+        await asyncio.sleep(0.05)  # within the first one's wait
+        second = asyncio.ensure_future(b.submit(2))
+        got = [await first, await second]
+        await b.stop()
+        return got
+
+    assert asyncio.run(main()) == [1, 2]
+    assert calls == [[1, 2]]

@@ -66,3 +66,26 @@ def test_a_run_s_server_cpu_is_split_into_the_forward_at_its_batch_size_and_the_
     assert runs[0]["host_ms_per_request"] == round(2.4 - per_row[26], 3)
     assert runs[1] == {"rows_per_batch": 1.0, "server_cpu_ms_per_request": 4.0, "forward_ms_per_request": 3.0,
                        "host_ms_per_request": 1.0}  # fmt: skip
+
+
+def test_a_setting_is_served_as_the_services_environment_variable_and_a_wrong_one_is_named() -> None:
+    assert hostwork.setting_env("batching.on_event_loop=true") == {"BERTKNN_BATCHING__ON_EVENT_LOOP": "true"}
+    assert hostwork.setting_env(" model.threads = 2") == {"BERTKNN_MODEL__THREADS": "2"}
+    for wrong in ("batching.on_event_loop", "batching.no_such=1", "nowhere.max_queue=3", "datastore=/x"):
+        with pytest.raises(ValueError, match="SECTION.NAME=VALUE") as err:
+            hostwork.setting_env(wrong)
+        assert "batching" in str(err.value) and repr(wrong) in str(err.value)
+
+
+def test_the_setting_is_compared_with_this_tree_at_each_worker_and_client_count() -> None:
+    def run(tree: str, workers: int, clients: int, cpu: float, rps: float) -> dict:
+        return {"tree": tree, "workers": workers, "clients": clients, "server_cpu_ms_per_request": cpu,
+                "requests_per_s": rps}  # fmt: skip
+
+    setting = "this tree, batching.on_event_loop=true"
+    result = {"runs": [run("this tree", 1, 64, 2.0, 500.0), run(setting, 1, 64, 1.8, 450.0),
+                       run("this tree", 2, 64, 2.0, 900.0), run(setting, 2, 64, 1.6, 990.0)]}  # fmt: skip
+    hostwork._ratios(result)
+    got = [r.get("vs_this_tree") for r in result["runs"]]
+    assert got == [None, {"cpu_per_request": 0.9, "requests_per_s": 0.9}, None,
+                   {"cpu_per_request": 0.8, "requests_per_s": 1.1}]  # fmt: skip

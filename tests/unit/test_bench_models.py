@@ -273,11 +273,13 @@ def test_bench_gpu_reads_back_only_what_the_stage_itself_wrote(tmp_path: Path, m
     one.write_text(json.dumps({"workers": 1}))
     (tmp_path / "serving-cuda-knn-model-bert-base-shaped.json").write_text(json.dumps({"knn_device": "model"}))
     (tmp_path / "serving-cuda-knn-model-vote-model-bert-base-shaped.json").write_text(json.dumps({"vote_device": "model"}))
+    (tmp_path / "serving-cuda-loop-bert-base-shaped.json").write_text(json.dumps({"on_event_loop": True}))
     since = time.time() - 1
     assert gpu._stage_result("serving", model, since) == {"workers": "auto"}
     assert gpu._stage_result("serving_one_process", model, since) == {"workers": 1}
     assert gpu._stage_result("serving_device_knn", model, since) == {"knn_device": "model"}
     assert gpu._stage_result("serving_device_vote", model, since) == {"vote_device": "model"}
+    assert gpu._stage_result("serving_event_loop", model, since) == {"on_event_loop": True}
     os.utime(one, (since - 3600, since - 3600))  # left by an earlier lease: this run's one-process stage wrote nothing
     with pytest.raises(ValueError, match="wrote no result"):
         gpu._stage_result("serving_one_process", model, since)
