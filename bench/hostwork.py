@@ -15,8 +15,9 @@ workers too).
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
 both services are up at once and each level's questions go to them in ``--blocks`` blocks that take turns (A B,
 B A, ...), so that the host's drift falls on both; their answers to the same questions are compared (top-1 and
-every prediction's probability). ``--setting SECTION.NAME=VALUE`` serves this tree a second time with one of the
-service's settings changed (e.g. ``batching.on_event_loop=true``), the same way, at every ``--workers`` count. ``--model DIR`` serves another model (the proxy, for answers that
+every prediction's probability). ``--setting [SECTION.]NAME=VALUE`` (repeatable) serves this tree a second time
+with those of the service's settings changed (e.g. ``batching.on_event_loop=true``), the same way, at every
+``--workers`` count. ``--model DIR`` serves another model (the proxy, for answers that
 mean something); the default is the hidden-size-64 one.
 
 Before the load, each tree's service is started ``--starts`` times (the trees taking turns) for its start-up: the
@@ -214,8 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retriever", choices=("tfidf", "bm25"), default="tfidf",
                    help="what ranks the articles (bm25: Lucene through the JVM, as the service's default)")
     p.add_argument("--baseline", default=None, help="a commit to measure beside this tree in the same run")
-    p.add_argument("--setting", default=None, help="SECTION.NAME=VALUE: this tree served again with that service "
-                   "setting, beside it in the same run (e.g. batching.on_event_loop=true)")
+    p.add_argument("--setting", action="append", default=[], help="[SECTION.]NAME=VALUE: this tree served again "
+                   "with that service setting, beside it in the same run (e.g. batching.on_event_loop=true); "
+                   "repeated: all of them at once")
     p.add_argument("--model", type=Path, default=None, help="a masked LM directory (default: bert-base's shape at "
                    "hidden size 64, written here)")
     p.add_argument("--compare", type=int, default=300, help="questions whose answers are compared with --baseline's")
@@ -228,18 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setting_env(text: str) -> dict[str, str]:
-    """``SECTION.NAME=VALUE`` as the service's environment variable; ValueError naming what is wrong."""
+    """``[SECTION.]NAME=VALUE`` as the service's environment variable; ValueError naming what is wrong."""
     from bertknn.service.settings import ServiceSettings
 
     key, sep, value = text.partition("=")
-    section, _, name = key.strip().partition(".")
-    field = ServiceSettings.model_fields.get(section)
-    fields = getattr(field.annotation, "model_fields", {}) if field is not None else {}
-    if not sep or name not in fields:
-        sections = sorted(k for k, f in ServiceSettings.model_fields.items() if hasattr(f.annotation, "model_fields"))
-        raise ValueError(f"--setting takes SECTION.NAME=VALUE with a setting of the service's (sections: "
+    section, dot, name = key.strip().rpartition(".")
+    top = ServiceSettings.model_fields
+    fields = getattr(top[section].annotation, "model_fields", {}) if section in top else {} if dot else top
+    if not sep or name not in fields or hasattr(fields[name].annotation, "model_fields"):
+        sections = sorted(k for k, f in top.items() if hasattr(f.annotation, "model_fields"))
+        raise ValueError(f"--setting takes [SECTION.]NAME=VALUE with a setting of the service's (sections: "
                          f"{', '.join(sections)}; docs/configuration.md), got {text!r}")  # fmt: skip
-    return {f"BERTKNN_{section.upper()}__{name.upper()}": value.strip()}
+    return {"BERTKNN_" + (f"{section.upper()}__" if dot else "") + name.upper(): value.strip()}
 
 
 def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ds_name += "-bm25" if args.retriever == "bm25" else ""
     ds = build_datastore([CORPUS], args.work / ds_name, model, limit=args.articles, bm25=args.retriever == "bm25")
     try:
-        changed = setting_env(args.setting) if args.setting else None
+        changed = {k: v for text in args.setting for k, v in setting_env(text).items()} if args.setting else None
     except ValueError as exc:
         p.error(str(exc))
     # each way to serve: the source tree, the settings it changes
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         ways[f"baseline {args.baseline}"] = (baseline_tree(args.baseline), {})
     if changed is not None:
-        ways[f"this tree, {args.setting}"] = (REPO, changed)
+        ways[f"this tree, {', '.join(args.setting)}"] = (REPO, changed)
     env = {"BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_MODEL__THREADS": "1"}
     # distinct within a service process (its cache lives as long as it does); every process starts from the first
     need = sum(args.requests + max(c, 20) for c in clients) + args.compare
