@@ -32,6 +32,7 @@ a whole forward's overlap with the host work where the forward is dear.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -43,11 +44,19 @@ import numpy as np
 from bench.bert_base import make
 from bench.common import RUNS, build_datastore, lama_queries, machine, write_result
 from bench.hostwork import CORPUS, TINY, measure
-from bertknn.core.runtime import pin_threads
 from tests.support.processes import service_process
 
 STAGES = ("tokenise", "retrieval", "forward", "p_mlm_head", "knn", "answer", "response")
 ENV = {"BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_MODEL__THREADS": "1"}
+
+
+def pin_threads(pid: int, cores: set[int]) -> int:
+    """Every thread of process ``pid`` on ``cores`` (threads it starts later inherit it): how many were pinned."""
+    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):  # (a thread that ended meanwhile)
+            os.sched_setaffinity(tid, cores)
+    return len(tids)
 
 
 def per_item_ms(fn: Callable[[Any], Any], items: Sequence[Any]) -> tuple[float, list[Any]]:

@@ -107,25 +107,6 @@ def cpu_quota_threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def pin_threads(pid: int, cores: set[int]) -> int:
-    """Every thread of process ``pid`` on ``cores`` (threads it starts later inherit it): how many were pinned."""
-    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    for tid in tids:
-        with contextlib.suppress(ProcessLookupError):  # (a thread that ended meanwhile)
-            os.sched_setaffinity(tid, cores)
-    return len(tids)
-
-
-def core_share(cores: set[int], index: int, shares: int) -> set[int]:
-    """Share ``index`` of ``shares`` near-equal runs of consecutive ``cores``; with more shares than cores, one
-    core each, round robin."""
-    ordered = sorted(cores)
-    if shares >= len(ordered):
-        return {ordered[index % len(ordered)]}
-    index %= shares
-    return set(ordered[index * len(ordered) // shares : (index + 1) * len(ordered) // shares])
-
-
 @contextlib.contextmanager
 def faiss_threads(n: int) -> Iterator[None]:
     """FAISS's OpenMP threads set to ``n`` for a block, and set back after it. FAISS and torch share one OpenMP

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import time
 import uuid
@@ -263,11 +262,6 @@ def _resources(settings: ServiceSettings) -> Resources:
     resources = Resources(settings=settings, metrics=Metrics(run_dir / "metrics"))
     resources.slot = WorkerSlot.claim(run_dir)
     resources.gate = SharedCostGate(resources.gate.caps, run_dir, resources.slot)
-    if settings.worker_cores == "split" and settings.workers > 1:
-        # before the model, ONNX Runtime, the JVM and the pools start their threads: they inherit the share
-        cores = runtime.core_share(os.sched_getaffinity(0), resources.slot.index, settings.workers)
-        runtime.pin_threads(os.getpid(), cores)
-        logger.info("worker %d: on cores %s (worker_cores: split)", resources.slot.index, sorted(cores))
     return resources
 
 

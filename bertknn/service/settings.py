@@ -191,11 +191,6 @@ class ServiceSettings(BaseSettings):
         "supervisor replaces one that dies); 0 = auto: 1 on a CPU, on a GPU half the cores (2 to 8). torch threads "
         "are split between them (docs/decisions/serving-processes.md)"
     )
-    worker_cores: Literal["shared", "split"] = Field(
-        "shared", description="with several --workers: shared, the kernel places every process's threads on any of "
-        "the cores this one may use; split, each process and its threads get a share of those cores of their own "
-        "(docs/decisions/serving-processes.md)"
-    )
     reload_wait_s: float = Field(
         60.0, ge=0, le=3600, description="with several processes, how long POST /admin/reload waits for every "
         "process to serve the new version before it answers"

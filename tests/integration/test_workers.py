@@ -107,47 +107,6 @@ def test_workers_answer_count_and_survive_sigkill_as_one_service(ds: Path, on_ev
         assert metric(svc.url, "bertknn_ready") == 2
 
 
-def threads_cores(pid: int) -> set[str]:
-    """The cores each thread of ``pid`` may run on (``Cpus_allowed_list``), as the distinct lists."""
-    found = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(FileNotFoundError):  # (a thread that ended meanwhile)
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-            found.add(next(line.split(":", 1)[1].strip() for line in status.splitlines()
-                           if line.startswith("Cpus_allowed_list")))  # fmt: skip
-    return found
-
-
-def test_split_worker_cores_put_each_process_and_all_its_threads_on_a_share_of_its_own(ds: Path):
-    """``worker_cores: split``: every thread of a worker (the model's, ONNX Runtime's, the pools') on its share of
-    the cores, the shares apart; a replacement takes the dead worker's share. Shared (the default): any core."""
-    from bertknn.core.runtime import core_share
-
-    def as_list(cores: set[int]) -> str:
-        return ",".join(str(c) for c in sorted(cores)) if len(cores) < 2 else f"{min(cores)}-{max(cores)}"
-
-    mine = os.sched_getaffinity(0)
-    shares = {as_list(core_share(mine, i, 2)) for i in range(2)}
-    with service_process(ds, env={**ENV, "BERTKNN_WORKER_CORES": "split"}, args=("--workers", "2")) as svc:
-        pids = wait_for_workers(svc, 2)
-        assert ask(svc.url, {"text": "zorblat was born in [MASK] ."}, 6)[-1].status_code == 200
-        got = [threads_cores(pid) for pid in pids]
-        assert all(len(g) == 1 for g in got), got  # every thread of a process on the same cores
-        assert {next(iter(g)) for g in got} == shares
-        os.kill(pids[0], signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while pids[0] in workers_of(svc.proc) or len(workers_of(svc.proc)) < 2:
-            assert time.monotonic() < deadline, "no replacement for the killed worker"
-            time.sleep(0.2)
-        new = next(pid for pid in workers_of(svc.proc) if pid not in pids)
-        while threads_cores(new) != got[0] and time.monotonic() < deadline:  # (pinned as its app is made)
-            time.sleep(0.2)
-        assert threads_cores(new) == got[0]
-        assert ask(svc.url, {"text": "zorblat was born in [MASK] ."}, 6)[-1].status_code == 200
-    with service_process(ds, env=ENV, args=("--workers", "2")) as svc:
-        assert {c for pid in wait_for_workers(svc, 2) for c in threads_cores(pid)} == {as_list(mine)}
-
-
 def socket_owners(pids: list[int], port: int) -> dict[int, int]:
     """Each established connection to the service's ``port``, by its client's port: the process that holds it
     (its socket among that process's open files, /proc/net/tcp giving the socket's ports)."""

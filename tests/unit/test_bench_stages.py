@@ -3,12 +3,50 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench import stages
+
+
+def _allowed(pid: int) -> dict[int, str]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        out[int(tid)] = next(line.split(":", 1)[1].strip() for line in status.splitlines()
+                             if line.startswith("Cpus_allowed_list"))  # fmt: skip
+    return out
+
+
+def test_pin_threads_pins_every_thread_of_a_running_process_and_those_it_starts_later() -> None:
+    script = ("import sys, threading, time\n"
+              "[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\n"
+              "sys.stdin.readline()\n"
+              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+              "time.sleep(60)\n")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(f"/proc/{proc.pid}/task")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        core = max(os.sched_getaffinity(0))
+        assert stages.pin_threads(proc.pid, {core}) == 4
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        while len(os.listdir(f"/proc/{proc.pid}/task")) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        allowed = _allowed(proc.pid)
+        assert len(allowed) == 5 and set(allowed.values()) == {str(core)}
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_the_service_s_cpu_less_the_stages_is_the_rest_and_the_pinned_service_is_compared(

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -90,48 +86,3 @@ def test_attention_without_cudnn_switches_off_cudnn_s_attention_kernel_alone():
         assert cuda.math_sdp_enabled() == before[3]
     finally:
         cuda.enable_cudnn_sdp(before[0])
-
-
-def _allowed(pid: int) -> dict[int, str]:
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        out[int(tid)] = next(line.split(":", 1)[1].strip() for line in status.splitlines()
-                             if line.startswith("Cpus_allowed_list"))  # fmt: skip
-    return out
-
-
-def test_pin_threads_pins_every_thread_of_a_running_process_and_those_it_starts_later() -> None:
-    script = ("import sys, threading, time\n"
-              "[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\n"
-              "sys.stdin.readline()\n"
-              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-              "time.sleep(60)\n")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while len(os.listdir(f"/proc/{proc.pid}/task")) < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        core = max(os.sched_getaffinity(0))
-        assert runtime.pin_threads(proc.pid, {core}) == 4
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        while len(os.listdir(f"/proc/{proc.pid}/task")) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        allowed = _allowed(proc.pid)
-        assert len(allowed) == 5 and set(allowed.values()) == {str(core)}
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-
-def test_core_share_splits_the_cores_into_consecutive_near_equal_runs_and_wraps_past_them() -> None:
-    cores = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
-    shares = [runtime.core_share(cores, i, 4) for i in range(4)]
-    assert shares == [{0, 1}, {2, 3, 4}, {5, 6}, {7, 8, 9}]
-    assert set().union(*shares) == cores
-    assert runtime.core_share(cores, 5, 4) == {2, 3, 4}  # a replacement's slot past the count: a share again
-    assert [runtime.core_share({3, 7}, i, 3) for i in range(4)] == [{3}, {7}, {3}, {7}]  # more shares than cores
-    assert runtime.core_share({5}, 0, 1) == {5}
