@@ -46,7 +46,7 @@ class QueryEncoding:
         return cls(
             np.asarray(embedding, dtype=np.float16),
             ids.astype(np.int32),
-            np.exp(values.astype(np.float64)).astype(np.float16),
+            probs_to_float16(np.exp(values.astype(np.float64))),
             vocab_size,
         )
 
@@ -128,6 +128,24 @@ class QueryEncoding:
         if (ids[1:] == ids[:-1]).any():
             raise CorruptCacheValue("repeated ids")
         return cls(emb, ids, probs, v)
+
+
+_F16_SMALLEST_NORMAL = 2.0**-14
+_F16_SUBNORMAL_STEP = 2.0**-24
+
+
+def probs_to_float16(probs: np.ndarray) -> np.ndarray:
+    """Probabilities (float64, at least 0) as float16, bit for bit numpy's ``astype(np.float16)`` (to nearest, ties
+    to even), without numpy's slow path for float16's subnormal range, where most of p_MLM's kept entries fall
+    (docs/decisions/float16-subnormals.md). There a float16's bits are its count of 2^-24 steps, and `np.rint`
+    rounds that count as the cast does (a count of 1024 is the smallest normal float16's bits)."""
+    small = probs < _F16_SMALLEST_NORMAL
+    if not small.any():
+        return probs.astype(np.float16)
+    bits = np.empty(probs.shape, dtype=np.uint16)
+    bits[small] = np.rint(probs[small] * (1.0 / _F16_SUBNORMAL_STEP)).astype(np.uint16)
+    bits[~small] = probs[~small].astype(np.float16).view(np.uint16)
+    return bits.view(np.float16)
 
 
 def _in_id_order(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -155,3 +155,27 @@ def test_p_mlm_at_reads_the_dense_distribution_without_building_it(vocab: int, n
     assert got.dtype == np.float32 and len(at) == vocab
     assert np.array_equal(got, enc.p_mlm()[ids])  # bit for bit
     assert np.array_equal(at[np.zeros(0, np.int64)], np.zeros(0, np.float32))
+
+
+def test_probabilities_become_the_float16_bits_numpys_cast_makes() -> None:
+    """`probs_to_float16` equals ``astype(np.float16)`` bit for bit: p_MLM's kept entries of real shape (mostly in
+    float16's subnormal range), the range's edges, the ties between two steps (to even), values that round up into
+    the normal range or down to 0, and arrays with no subnormal at all."""
+    from bertknn.service.codec import probs_to_float16
+
+    rng = np.random.default_rng(7)
+    step, normal = 2.0**-24, 2.0**-14
+    edges = [0.0, step / 2, step * 0.5000001, step, step * 1.5, step * 2.5, step * 3.5, normal - step / 2,
+             normal - step / 4, normal - step * 0.75, normal, normal * (1 + 2**-11), 0.5, 1.0]  # fmt: skip
+    cases = [
+        np.exp(rng.normal(-14, 3, 2048)),  # a question's top 2,048 entries, as exp(log p)
+        np.exp(rng.uniform(np.log(step / 4), np.log(normal * 4), 100_000)),  # across the subnormal range
+        (rng.integers(0, 2048, 10_000) + 0.5) * step,  # every tie between two steps
+        np.array(edges),
+        rng.uniform(0.01, 1.0, 500),  # no subnormal at all
+        np.array([]),
+    ]
+    for probs in cases:
+        got, want = probs_to_float16(probs), probs.astype(np.float16)
+        assert got.dtype == np.float16 and got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
