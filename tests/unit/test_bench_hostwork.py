@@ -71,7 +71,7 @@ def test_a_run_s_server_cpu_is_split_into_the_forward_at_its_batch_size_and_the_
 def test_a_setting_is_served_as_the_services_environment_variable_and_a_wrong_one_is_named() -> None:
     assert hostwork.setting_env("batching.on_event_loop=true") == {"BERTKNN_BATCHING__ON_EVENT_LOOP": "true"}
     assert hostwork.setting_env(" model.threads = 2") == {"BERTKNN_MODEL__THREADS": "2"}
-    assert hostwork.setting_env("worker_cores=split") == {"BERTKNN_WORKER_CORES": "split"}
+    assert hostwork.setting_env("reload_poll_s=5") == {"BERTKNN_RELOAD_POLL_S": "5"}
     for wrong in ("batching.on_event_loop", "batching.no_such=1", "nowhere.max_queue=3", "batching=1", "no_such=1"):
         with pytest.raises(ValueError, match=r"\[SECTION.\]NAME=VALUE") as err:
             hostwork.setting_env(wrong)
