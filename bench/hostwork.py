@@ -236,7 +236,10 @@ def setting_env(text: str) -> dict[str, str]:
     key, sep, value = text.partition("=")
     section, dot, name = key.strip().rpartition(".")
     top = ServiceSettings.model_fields
-    fields = getattr(top[section].annotation, "model_fields", {}) if section in top else {} if dot else top
+    if not dot:
+        fields = top
+    else:
+        fields = getattr(top[section].annotation, "model_fields", {}) if section in top else {}
     if not sep or name not in fields or hasattr(fields[name].annotation, "model_fields"):
         sections = sorted(k for k, f in top.items() if hasattr(f.annotation, "model_fields"))
         raise ValueError(f"--setting takes [SECTION.]NAME=VALUE with a setting of the service's (sections: "

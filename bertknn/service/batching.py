@@ -191,16 +191,17 @@ class MicroBatcher(Generic[T, R]):
                 # can take a result any more), instead of keeping the process from exiting
                 if not self._cond.wait(timeout=0.5) and self._orphaned():
                     return None
-            if self._calls and not (self._items and self._last_was_call):
-                self._last_was_call = True
-                return self._calls.popleft()
-            self._last_was_call = False
-            if not self._items:
-                return None  # stopping, and nothing left
+            if self._call_is_next() or not self._items:
+                return self._take()  # (None: stopping, and nothing left)
             deadline = self._company_deadline()
             while deadline is not None and (left := self._company_left(deadline)) > 0:
                 self._cond.wait(left)
+            self._last_was_call = False
             return self._batch()
+
+    def _call_is_next(self) -> bool:
+        """Whether a waiting `call` goes before the waiting items (calls and batches take turns)."""
+        return bool(self._calls) and not (self._items and self._last_was_call)
 
     def _company_deadline(self) -> float | None:
         """Until when a batch waits for more items to join it (``max_wait_ms``); None: it does not wait."""
@@ -216,7 +217,7 @@ class MicroBatcher(Generic[T, R]):
 
     def _take(self) -> tuple[Callable[[], Any], Future[Any]] | list[tuple[T, asyncio.Future[R]]] | None:
         """The next call, or batch (under the lock); None: stopping and nothing left."""
-        if self._calls and not (self._items and self._last_was_call):
+        if self._call_is_next():
             self._last_was_call = True
             return self._calls.popleft()
         self._last_was_call = False
@@ -273,25 +274,23 @@ class MicroBatcher(Generic[T, R]):
         while not self._items and not self._calls and not self._stopping:
             self._wake.clear()
             await self._wake.wait()
-        call_next = bool(self._calls) and not (self._items and self._last_was_call)  # (as `_take` decides)
-        deadline = None if call_next else self._company_deadline()
+        if self._call_is_next() or not self._items:
+            with self._cond:
+                return self._take()  # (None: stopping, and nothing left)
+        deadline = self._company_deadline()
         while deadline is not None and (left := self._company_left(deadline)) > 0:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), left)
         with self._cond:
-            return self._take()
+            self._last_was_call = False
+            return self._batch()
 
     def _do(self, work: tuple[Callable[[], Any], Future[Any]] | list[tuple[T, asyncio.Future[R]]]) -> bool:
         """One call or batch; False: the loop is closed (stop)."""
         assert self._loop is not None
         if isinstance(work, tuple):
-            fn, cfut = work
-            if cfut.set_running_or_notify_cancel():
-                try:
-                    cfut.set_result(fn())
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                    cfut.set_exception(exc)
+            _complete(work[1], work[0])
             return True
         live = [(x, f) for x, f in work if not f.done()]  # a waiter that gave up is not computed
         if not live:
@@ -328,10 +327,17 @@ class MicroBatcher(Generic[T, R]):
         return True
 
 
+def _complete(fut: Future[R], fn: Callable[[], R]) -> None:
+    """``fn``'s result, or the exception it raised, into ``fut`` (unless its caller cancelled it)."""
+    if fut.set_running_or_notify_cancel():
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(exc)
+
+
 def _run_now(fn: Callable[[], R]) -> Future[R]:
+    """``fn`` run here and now, as a finished `Future`."""
     fut: Future[R] = Future()
-    try:
-        fut.set_result(fn())
-    except BaseException as exc:  # noqa: BLE001 - handed to the caller
-        fut.set_exception(exc)
+    _complete(fut, fn)
     return fut

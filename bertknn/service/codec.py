@@ -144,7 +144,8 @@ def probs_to_float16(probs: np.ndarray) -> np.ndarray:
         return probs.astype(np.float16)
     bits = np.empty(probs.shape, dtype=np.uint16)
     bits[small] = np.rint(probs[small] * (1.0 / _F16_SUBNORMAL_STEP)).astype(np.uint16)
-    bits[~small] = probs[~small].astype(np.float16).view(np.uint16)
+    normal = ~small
+    bits[normal] = probs[normal].astype(np.float16).view(np.uint16)
     return bits.view(np.float16)
 
 

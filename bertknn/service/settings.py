@@ -90,8 +90,9 @@ class BatchingSettings(BaseModel):
     max_queue: int = Field(256, ge=1, description="queued queries before 503 + Retry-After")
     on_event_loop: bool = Field(
         False, description="run each batch (its forward pass and the answers finished after it) on the event loop's "
-        "thread instead of a model thread: no hand-offs of the GIL between the two, but no request is read while a "
-        "batch runs; meant for several --workers per device (docs/decisions/serving-processes.md)"
+        "thread instead of a model thread: no hand-offs of the GIL between the two, but no request is read or "
+        "answered, not even from the cache, while a batch or a whole word's or entity's extra forward pass runs; "
+        "meant for several --workers per device (docs/decisions/serving-processes.md)"
     )
 
 
