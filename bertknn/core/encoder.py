@@ -197,12 +197,7 @@ class MaskedLMEncoder:
             out = EncoderOutput(out.embeddings, self.words.vocab.merge_log_probs(out.mlm_log_probs))
         if not mlm_top or out.mlm_log_probs is None:
             return out
-        k = min(mlm_top, self.vocab_size)
-        values = np.empty((len(items), k), np.float32)
-        ids = np.empty((len(items), k), np.int64)
-        for i, row in enumerate(out.mlm_log_probs.numpy()):
-            values[i], ids[i] = top_entries(row, k)
-        return EncoderOutput(out.embeddings, out.mlm_log_probs, (values, ids))
+        return _with_top(out, min(mlm_top, self.vocab_size))
 
     @torch.inference_mode()
     def encode_async(self, items: Sequence[MaskedInput]) -> Callable[[], np.ndarray]:
@@ -253,3 +248,14 @@ class MaskedLMEncoder:
             return EncoderOutput(*self.compiled.fast(*self.eager.arrays(items)))
         emb, log_p = self.eager.run(items, with_mlm)
         return EncoderOutput(emb.float().cpu().numpy(), log_p.cpu() if log_p is not None else None)
+
+
+def _with_top(out: EncoderOutput, k: int) -> EncoderOutput:
+    """``out`` with each row's ``k`` most probable entries of p_MLM (`EncoderOutput.mlm_top`, `top_entries`)."""
+    assert out.mlm_log_probs is not None
+    rows = out.mlm_log_probs.numpy()
+    values = np.empty((len(rows), k), np.float32)
+    ids = np.empty((len(rows), k), np.int64)
+    for i, row in enumerate(rows):
+        values[i], ids[i] = top_entries(row, k)
+    return EncoderOutput(out.embeddings, out.mlm_log_probs, (values, ids))

@@ -24,6 +24,7 @@ from bertknn.service.codec import QueryEncoding
 from bertknn.service.device_vote import DeviceVote, VoteInput
 from bertknn.service.encoding import PendingEncoding
 from bertknn.service.finishing import Job
+from bertknn.service.metrics import Metrics
 from bertknn.service.results import ArticleHit, Query
 from bertknn.service.retrieval.device_knn import DeviceKnn
 from bertknn.service.retrieval.knn import ArticleSearch, Neighbours
@@ -143,3 +144,34 @@ def keep_rows(knn: DeviceKnn, jobs: Sequence[Job], failures: FailureLog, step_by
         knn.keep_rows(jobs[-1].pipe.neighbours_of.datastore, step_bytes)
     except Exception:
         failures.failed()
+
+
+class OnDeviceWork:
+    """What a batch does on the model's device after its forward pass: its kNN (`search_batch`), with ``vote``
+    its vote too (`vote_batch`), counted in ``metrics``; after its answers, a step of a new datastore's rows kept
+    there (`keep_rows`). On the model thread, as every torch call."""
+
+    def __init__(self, knn: DeviceKnn, vote: DeviceVote | None, metrics: Metrics):
+        self.knn = knn
+        self.vote = vote
+        self.metrics = metrics
+        self._failures = FailureLog()
+        self.count_kept_rows()
+
+    def after_forward(self, jobs: Sequence[Job], encs: Sequence[QueryEncoding | PendingEncoding]) -> None:
+        done = search_batch(self.knn, jobs, encs, self._failures)
+        self.metrics.knn_on_device.labels("searched").inc(done.done)
+        self.metrics.knn_on_device.labels("failed").inc(done.failed)
+        if self.vote is not None:
+            voted = vote_batch(self.vote, jobs, encs, self._failures)
+            self.metrics.vote_on_device.labels("voted").inc(voted.done)
+            self.metrics.vote_on_device.labels("failed").inc(voted.failed)
+
+    def keep_rows(self, jobs: Sequence[Job]) -> None:
+        """`keep_rows` after the batch ``jobs``, and the metrics' count of rows kept."""
+        keep_rows(self.knn, jobs, self._failures)
+        self.count_kept_rows()
+
+    def count_kept_rows(self) -> None:
+        if self.knn.resident is not None:
+            self.metrics.knn_device_rows.set(self.knn.resident.loaded)

@@ -12,7 +12,7 @@ from functools import partial
 
 from bertknn.core.inputs import MaskedInput
 from bertknn.service.batching import MicroBatcher
-from bertknn.service.device_search import FailureLog, keep_rows, search_batch, vote_batch
+from bertknn.service.device_search import OnDeviceWork
 from bertknn.service.device_vote import DeviceVote
 from bertknn.service.fair import FairExecutor, client_var
 from bertknn.service.finishing import Finisher, Job, Work, fills
@@ -60,10 +60,8 @@ class AsyncAnswerer:
         # of others; where batches are finished on the model thread (`Pace`), they mostly idle
         self._cpu_pool = FairExecutor(2, "knn")
         self.finisher = Finisher(self._retrieval_thread, self._cpu_pool)
-        self.device_knn = device_knn  # a batch's kNN on the model's device, after its forward (`device_search`)
-        self.device_vote = device_vote  # and its vote there, after the kNN (`vote_batch`)
-        self._device_failures = FailureLog()
-        self._count_kept_rows()
+        # a batch's kNN on the model's device after its forward, and its vote there after the kNN (`device_search`)
+        self.on_device = None if device_knn is None else OnDeviceWork(device_knn, device_vote, metrics)
         self.batcher: MicroBatcher[Job, None] = MicroBatcher(
             self._encode_batch,
             executor=None if batching.on_event_loop else self._model_thread,
@@ -75,6 +73,10 @@ class AsyncAnswerer:
             key=lambda job: job.client,
         )
         self._deferred: list[Callable[[], None]] = []  # cache writes of the last batch (model thread only)
+
+    @property
+    def device_knn(self) -> DeviceKnn | None:
+        return None if self.on_device is None else self.on_device.knn
 
     @property
     def pipeline(self) -> AnswerPipeline:
@@ -108,23 +110,17 @@ class AsyncAnswerer:
         t = time.perf_counter()
         encs, hits = self.pipeline.queries.forward(
             [j.inp for j in jobs], defer_store=self._deferred, keys=[j.key for j in jobs],
-            defer_heads=not idle and self.device_vote is None,  # (a batch voted on the device needs its heads)
+            defer_heads=not idle and (self.on_device is None or self.on_device.vote is None),  # (a batch voted on the device needs its heads)
             missed=True,  # each was looked up in an in-process cache as it came in (`answer`)
         )
         now = time.perf_counter()
         self.finisher.pace.forward(now - t, len(jobs))
         for job in jobs:
             job.stage.add("embedding", now - job.submitted)
-        if self.device_knn is not None:
-            done = search_batch(self.device_knn, jobs, encs, self._device_failures)
-            self.metrics.knn_on_device.labels("searched").inc(done.done)
-            self.metrics.knn_on_device.labels("failed").inc(done.failed)
-            if self.device_vote is not None:
-                voted = vote_batch(self.device_vote, jobs, encs, self._device_failures)
-                self.metrics.vote_on_device.labels("voted").inc(voted.done)
-                self.metrics.vote_on_device.labels("failed").inc(voted.failed)
+        if self.on_device is not None:
+            self.on_device.after_forward(jobs, encs)
             # rows of a datastore not all on the device yet: a step of them once this batch's answers are out
-            self._deferred.append(partial(self._keep_rows, jobs))
+            self._deferred.append(partial(self.on_device.keep_rows, jobs))
         # A query alone with an idle model is finished here, saving the hand-offs; a batch where `Pace` says so.
         # Whole-word and entity answers run forward passes of their own through this thread: never here.
         inline = idle or self.finisher.pace.finish_here()
@@ -145,15 +141,6 @@ class AsyncAnswerer:
         if self.device_knn is not None or not self.finisher.pace.retrieve_here():
             return False
         return job.pipe.articles.in_process(job.query)
-
-    def _keep_rows(self, jobs: Sequence[Job]) -> None:
-        assert self.device_knn is not None
-        keep_rows(self.device_knn, jobs, self._device_failures)
-        self._count_kept_rows()
-
-    def _count_kept_rows(self) -> None:
-        if self.device_knn is not None and self.device_knn.resident is not None:
-            self.metrics.knn_device_rows.set(self.device_knn.resident.loaded)
 
     def _store_encodings(self) -> None:
         """After a batch's answers went out: its new encodings into the cache (on the model thread)."""
