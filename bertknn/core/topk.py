@@ -11,6 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# Rows shorter than this are ranked by one stable sort of the whole row (the answer's few hundred candidates):
+# there, finding candidates first costs more than the sort it saves.
+SORT_WHOLE_BELOW = 512
+
 
 def _candidates(row: np.ndarray, k: int) -> np.ndarray:
     """Ids (ascending) of at least the ``k`` largest entries of ``row`` (0 < k < len(row)), about 1.5 k of them:
@@ -29,7 +33,7 @@ def top_entries(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     the row's float dtype (float32 or float64), so that no two of them are made equal by a conversion.
 
     Exact, and faster than ``argpartition`` over the whole vocabulary: `_candidates` keeps about 1.5 ``k``
-    candidates in id order, and a sort of those orders them.
+    candidates in id order, and a sort of those orders them. A row shorter than `SORT_WHOLE_BELOW` is sorted whole.
     """
     row = np.asarray(log_probs)
     if row.dtype.kind != "f":
@@ -38,6 +42,9 @@ def top_entries(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     k = min(k, n)
     if k <= 0:
         return np.zeros(0, row.dtype), np.zeros(0, np.int64)
+    if n < SORT_WHOLE_BELOW:  # the rule itself: a stable sort keeps equal values in id order
+        whole = np.argsort(-row, kind="stable")[:k]
+        return row[whole], whole.astype(np.int64)
     cand = _candidates(row, k) if k < n else np.arange(n)
     values = row[cand]
     # numpy's default sort is several times faster than its stable sort (SIMD), but it leaves equal values in

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 
@@ -86,6 +88,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
+from bertknn.core import topk  # noqa: E402
 from bertknn.core.topk import top_entries, top_set  # noqa: E402
 
 
@@ -102,11 +105,14 @@ def _full_sort_top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     k=st.integers(0, 450),
 )
 def test_top_entries_equals_a_full_stable_sort(row: np.ndarray, k: int) -> None:
-    # many ties (the sampled values) and rows where the sampled threshold keeps too few candidates
-    values, ids = top_entries(row, k)
+    # many ties (the sampled values) and rows where the sampled threshold keeps too few candidates; each row
+    # ranked both ways: sorted whole (as a row this short is) and through the candidates (as a longer row is)
     want_values, want_ids = _full_sort_top(row, k)
-    assert np.array_equal(ids, want_ids)
-    assert np.array_equal(values, want_values)
+    for whole_below in (topk.SORT_WHOLE_BELOW, 0):
+        with mock.patch.object(topk, "SORT_WHOLE_BELOW", whole_below):
+            values, ids = top_entries(row, k)
+        assert np.array_equal(ids, want_ids), whole_below
+        assert np.array_equal(values, want_values), whole_below
     # top_set: the same entries, in id order
     set_values, set_ids = top_set(row, k)
     order = np.argsort(want_ids)
