@@ -146,16 +146,20 @@ class TokenAnswerer:
         lam = lambda_for(query, dense, p_knn, nbrs)
         # The ids that may be answers: all, or the words (no special token, piece or punctuation)
         skip = None if query.any_token else self.non_words
-        mlm_ids, rank_ids, rank_probs = enc.top_ids, knn_ids, knn_probs
+        # (p_MLM at every stored id, read in one piece: `PMlmAt` returns its stored values for ``top_ids``)
+        mlm_ids, mlm_p, rank_ids, rank_probs = enc.top_ids, p_mlm[enc.top_ids], knn_ids, knn_probs
         if skip is not None:
-            mlm_ids = mlm_ids[~skip[mlm_ids]]
+            words = ~skip[mlm_ids]
+            mlm_ids, mlm_p = mlm_ids[words], mlm_p[words]
             keep = ~skip[knn_ids]
             rank_ids, rank_probs = knn_ids[keep], knn_probs[keep]
         # Rank the stored p_MLM entries and the neighbours' words only: every other id shares one p_MLM value
         # and has no kNN mass. The dense path runs when that value could reach the top k, or for evaluation.
         fast = None
         if not with_distributions:
-            fast = interpolated_top_k(p_mlm, mlm_ids, rank_ids, rank_probs, lam, query.top_k, mlm_rest=enc.rest_p_mlm())
+            fast = interpolated_top_k(
+                p_mlm, mlm_ids, rank_ids, rank_probs, lam, query.top_k, mlm_rest=enc.rest_p_mlm(), mlm_p=mlm_p
+            )
         if fast is None:
             p_mlm = enc.p_mlm()
             p_knn = dense_knn() if p_knn is None else p_knn

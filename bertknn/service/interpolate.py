@@ -151,10 +151,12 @@ def interpolated_top_k(
     k: int,
     *,
     mlm_rest: float | None,
+    mlm_p: np.ndarray | None = None,
 ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]] | None:
     """Top k of p = lam p_kNN + (1 - lam) p_MLM and of p_MLM, without touching the whole vocabulary.
 
     ``p_mlm``: the dense p_MLM, or anything that reads it at arrays of ids (`bertknn.service.codec.PMlmAt`).
+    ``mlm_p``: ``p_mlm`` at ``mlm_ids``, where the caller has it already (else read here).
 
     ``mlm_ids``: the ids whose p_MLM is stored exactly (every other id has one shared remainder value,
     ``mlm_rest``; None when there is no other id). Each candidate's p is computed exactly as `interpolate`
@@ -171,7 +173,7 @@ def interpolated_top_k(
     n = len(mlm_ids)
     m = min(n, k + len(knn_ids))
     if 0 < m < n:
-        pm = p_mlm[mlm_ids]
+        pm = p_mlm[mlm_ids] if mlm_p is None else mlm_p
         mth = np.partition(pm, n - m)[n - m]  # the m-th largest stored p_MLM
         head = pm >= mth  # the m most probable, with the m-th's ties
         if not head.all():

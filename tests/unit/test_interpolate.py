@@ -132,6 +132,9 @@ def test_interpolated_top_k_equals_the_dense_ranking(
     # stored ids in the encoding's order (ids ascending), most probable first, or in any other order
     mlm_ids = {"ids": enc.top_ids, "ranked": enc.ranked_ids(), "shuffled": rng.permutation(enc.top_ids)}[order]
     got = interpolated_top_k(p_mlm, mlm_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm())
+    # the same with p_MLM at the stored ids handed in (as the service does), and read through `PMlmAt`
+    at = enc.p_mlm_at()
+    assert interpolated_top_k(at, mlm_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm(), mlm_p=at[mlm_ids]) == got
     if got is None:  # only when the shared remainder value of p_MLM could reach the top k
         assert len(np.union1d(enc.top_ids, ids)) < vocab
         return
