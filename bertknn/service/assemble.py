@@ -86,7 +86,7 @@ class AnswerAssembler:
         refs = entity_of_words(
             self.datastore, nbrs, [p.token for p in parts.predictions], self._neighbour_words(nbrs), query.temperature
         )
-        preds = [replace(p, entity=ref) for p, ref in zip(parts.predictions, refs, strict=True)]
+        preds = [p.with_entity(ref) for p, ref in zip(parts.predictions, refs, strict=True)]
         return replace(parts, predictions=preds)
 
     def subject_popularity(self, subject: str | None) -> int:

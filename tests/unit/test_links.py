@@ -287,3 +287,19 @@ def test_prepared_rows_keep_each_anchor_s_span_through_splitting_and_masking(ber
     assert found == {"Florence": "Florence", "Divine Comedy": "Divine Comedy", "Ravenna": "Ravenna",
                      "Papal States": "Papal States"}  # fmt: skip
     assert "Exile" not in shard.entities  # an anchor across two sentences is in neither
+
+
+def test_a_prediction_with_its_entity_keeps_every_other_field() -> None:
+    from dataclasses import fields, replace
+
+    from bertknn.service.results import Context, EntityRef, Prediction
+
+    # every field set away from its default, so that a field with_entity forgot shows up as a difference
+    given = {"token": "pisa", "token_id": 7, "prob": 0.5, "p_mlm": 0.25, "p_knn": 0.75,
+             "contexts": [Context("Pisa", "**pisa** is a city", 1.5, 1)], "pieces": 2,
+             "entity": EntityRef("Pisa (town)", 3)}  # fmt: skip
+    assert set(given) == {f.name for f in fields(Prediction)}
+    p = Prediction(**given)  # type: ignore[arg-type]
+    ref = EntityRef("Pisa", 40)
+    assert p.with_entity(ref) == replace(p, entity=ref)
+    assert p.with_entity(None) == replace(p, entity=None)
