@@ -97,11 +97,12 @@ class AnswerAssembler:
         ref = self.datastore.links.entity(title)
         return ref.popularity if ref is not None else 0
 
-    def _neighbour_words(self, nbrs: Neighbours) -> dict[int, str]:
+    def _neighbour_words(self, nbrs: Neighbours) -> list[str]:
         """The word stored at each neighbour rank, spelt as the answers spell it."""
         if self.datastore.whole_words:
-            return {r: self.datastore.word_at(int(row)).text for r, row in enumerate(nbrs.rows.tolist())}
-        return {r: self.vocab[label] for r, label in enumerate(nbrs.labels.tolist())}
+            return [self.datastore.word_at(row).text for row in nbrs.rows.tolist()]
+        vocab = self.vocab
+        return [vocab[label] for label in nbrs.labels.tolist()]
 
     def language_warnings(self, text: str) -> list[str]:
         """A question in another script than the datastore's language's (`script_warning`)."""

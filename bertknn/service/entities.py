@@ -156,7 +156,7 @@ class EntityAnswerer:
 
 
 def entity_of_words(
-    datastore: Datastore, nbrs: Neighbours, words: Sequence[str], word_at: dict[int, str], temperature: float
+    datastore: Datastore, nbrs: Neighbours, words: Sequence[str], word_at: Sequence[str], temperature: float
 ) -> list[EntityRef | None]:
     """For each answer word, the entity it stands for: among the neighbours stored with that word, the entity their
     links name with the most kNN weight (softmax(-d/l), as p_kNN); else the entity titled like the word; else None.
@@ -166,16 +166,17 @@ def entity_of_words(
         return [None] * len(words)
     votes: dict[str, dict[str, tuple[float, EntityRef]]] = {}
     wanted = set(words)
-    ranks = [r for r in range(len(nbrs)) if word_at.get(r) in wanted]
-    found = datastore.links.entity_indexes([int(nbrs.rows[r]) for r in ranks])
+    ranks = [r for r, word in enumerate(word_at) if word in wanted]
+    found = datastore.links.entity_indexes(nbrs.rows[ranks].tolist())
     refs = _refs(datastore, found)
-    d0 = float(nbrs.distances[0]) if len(nbrs) else 0.0
+    distances = nbrs.distances.tolist()
+    d0 = distances[0] if distances else 0.0
     for rank, where in zip(ranks, found, strict=True):
         if where is None:
             continue
         ref = refs[where]
         word = word_at[rank]
-        weight = math.exp(-(float(nbrs.distances[rank]) - d0) / temperature)
+        weight = math.exp(-(distances[rank] - d0) / temperature)
         held = votes.setdefault(word, {}).get(ref.title)
         votes[word][ref.title] = ((held[0] if held else 0.0) + weight, ref)
     unvoted = [w for w in words if w not in votes]

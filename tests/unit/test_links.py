@@ -185,13 +185,13 @@ def test_neighbours_vote_for_their_entity_whatever_the_surface() -> None:
 def test_a_word_answer_names_the_entity_its_neighbours_link_to() -> None:
     ds = _Linked({0: EntityRef("Pisa", 9), 1: None, 2: EntityRef("Pisa (film)", 1), 3: EntityRef("Pisa (film)", 1)})
     nbrs = Neighbours(np.array([0.0, 1.0, 5.0, 6.0], np.float32), np.arange(4), np.zeros(4, np.int32))
-    words = {0: "pisa", 1: "pisa", 2: "pisa", 3: "pisa"}
+    words = ["pisa", "pisa", "pisa", "pisa"]
     # weights exp(-d/1): 1 for Pisa against e^-5 + e^-6 for the film: the nearer link wins, not the count
     (ref,) = entity_of_words(ds, nbrs, ["pisa"], words, 1.0)  # type: ignore[arg-type]
     assert ref == EntityRef("Pisa", 9)
     (ref,) = entity_of_words(ds, nbrs, ["pisa"], words, 100.0)  # type: ignore[arg-type]
     assert ref == EntityRef("Pisa (film)", 1)  # at a high temperature the two film links outweigh the one
-    (ref,) = entity_of_words(ds, Neighbours(nbrs.distances[1:2], np.array([1]), np.zeros(1, np.int32)), ["pisa"], {0: "pisa"}, 1.0)  # type: ignore[arg-type]
+    (ref,) = entity_of_words(ds, Neighbours(nbrs.distances[1:2], np.array([1]), np.zeros(1, np.int32)), ["pisa"], ["pisa"], 1.0)  # type: ignore[arg-type]
     assert ref == EntityRef("Pisa", 9)  # no neighbour links: the entity titled like the word
 
 
