@@ -261,9 +261,10 @@ def test_the_setting_serves_the_same_answers_through_the_api(tiny_datastore: Pat
         model = {"device": "cpu", "knn_device": where, "knn_device_rows": rows, "vote_device": vote}
         app = create_app(ServiceSettings(datastore=tiny_datastore, model=model))
         with TestClient(app) as c:
-            knn = app.state.resources.answerer.device_knn
+            on_device = app.state.resources.answerer.on_device
+            knn = None if on_device is None else on_device.knn
             assert (knn is not None) == (where == "model")
-            assert (app.state.resources.answerer.device_vote is not None) == (vote == "model")
+            assert (on_device is not None and on_device.vote is not None) == (vote == "model")
             if knn is not None:  # auto keeps rows on a GPU only; resident loads them all before the service is ready
                 resident = knn.resident
                 assert (resident is not None) == (rows == "resident")
