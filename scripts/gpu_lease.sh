@@ -15,6 +15,9 @@ if [ "${GPU_LEASE_INSTALL:-1}" = 1 ]; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 [ -e ../shared ] || ln -s "$PWD/.gpu/shared" ../shared
+# the carried redis-server (gpu_pack.sh): bench.serving's several processes share a Redis cache
+[ -x .gpu/redis/bin/redis-server ] && export PATH="$PWD/.gpu/redis/bin:$PATH"
+command -v redis-server >/dev/null || echo "gpu_lease: no redis-server: the serving stages with several processes will fail" >&2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
 # stopped short of the call's own limit (600 s at most) so that the stages done so far still come back:
 # bench.gpu writes gpu.json after every stage

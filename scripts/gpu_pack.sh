@@ -32,6 +32,19 @@ cp "$SHARED/data/wiki/vital_articles.jsonl" "$PACK/shared/data/wiki/"
 cp "$SHARED/data/lama/relations.jsonl" "$PACK/shared/data/lama/"
 for f in "$SHARED"/data/lama/TREx/P*.jsonl; do head -n 400 "$f" >"$PACK/shared/data/lama/TREx/$(basename "$f")"; done
 
+# bench.serving's processes share a Redis cache (several workers) and the image has no redis-server: this machine's
+# binary travels with the libraries the image lacks, behind a wrapper that gpu_lease.sh puts on PATH
+mkdir -p "$PACK/redis/lib" "$PACK/redis/bin"
+cp "$(readlink -f "$(command -v redis-server)")" "$PACK/redis/redis-server.bin"
+for lib in liblzf.so.1 libjemalloc.so.2 libatomic.so.1; do cp -L "/lib/x86_64-linux-gnu/$lib" "$PACK/redis/lib/"; done
+cat >"$PACK/redis/bin/redis-server" <<'WRAP'
+#!/usr/bin/env bash
+d="$(cd "$(dirname "$0")/.." && pwd)"
+LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/redis-server.bin" "$@"
+WRAP
+chmod +x "$PACK/redis/bin/redis-server"
+"$PACK/redis/bin/redis-server" --version >/dev/null || { echo "gpu_pack: the carried redis-server does not run" >&2; exit 1; }
+
 total=$(( $(du -sb "$PACK" | cut -f1) + $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) ))
 echo "gpu_pack: $(ls "$PACK/whl" | wc -l) wheels; the call carries $((total / 1048576)) MiB with the tracked tree (limit 64)"
 [ "$total" -lt $((64 * 1048576)) ] || { echo "gpu_pack: over the 64 MiB a call carries" >&2; exit 1; }
