@@ -107,10 +107,11 @@ class AsyncAnswerer:
             if not mine:
                 job.start_retrieval(self._retrieval_thread, prepare=idle or knn is not None,
                                     read=knn is None or knn.reads_rows)  # fmt: skip
+        voted_there = self.on_device is not None and self.on_device.vote is not None  # (it needs the batch's heads)
         t = time.perf_counter()
         encs, hits = self.pipeline.queries.forward(
             [j.inp for j in jobs], defer_store=self._deferred, keys=[j.key for j in jobs],
-            defer_heads=not idle and (self.on_device is None or self.on_device.vote is None),  # (a batch voted on the device needs its heads)
+            defer_heads=not idle and not voted_there,
             missed=True,  # each was looked up in an in-process cache as it came in (`answer`)
         )
         now = time.perf_counter()
