@@ -73,7 +73,7 @@ def evidence_scores(datastore: Path, settings: list[Setting], limit: int) -> dic
 
     pipeline = AnswerPipeline.open(datastore, device="cpu")
     try:
-        pipeline.encoder.set_backend("auto")
+        pipeline.local_encoder.set_backend("auto")
         relations = select_relations(discover_relations(SHARED / "data" / "lama", trex="evidence"), datasets=["T-REx"])
         probe = load_probe(relations, ObjectVocabulary(pipeline.encoder.tokenizer), limit=limit)
         runner = PipelineRunner(pipeline, progress=False)

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ds = build_datastore([args.dump], args.work / f"ds-{args.articles}", args.model, limit=args.articles)
     pipe = AnswerPipeline.open(ds, device="cpu", cache=InMemoryCache(max_items=0))  # every answer uncached
-    pipe.encoder.set_backend("auto")
+    pipe.local_encoder.set_backend("auto")
     subjects = [title for title, _ in pipe.datastore.iter_article_texts()][: args.subjects]
     one = _Round(pipe, args)
     pipe.predict(Query(text=one.question(TEMPLATES[0], subjects[0]), subject=subjects[0]))  # warm-up (JVM, forward)

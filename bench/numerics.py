@@ -39,7 +39,7 @@ def _answers(datastore: Path, dtype: str, backend: str, questions: list[tuple[st
 
     pipe = AnswerPipeline.open(datastore, device="cpu", dtype=dtype, cache=InMemoryCache(max_items=0))
     try:
-        pipe.encoder.set_backend(backend)
+        pipe.local_encoder.set_backend(backend)
         lower = pipe.encoder.words.lowercase
         texts = [(t.lower().replace("[mask]", "[MASK]") if lower else t, s) for t, s in questions]
         top, prob, emb = [], [], []

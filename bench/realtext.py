@@ -224,7 +224,7 @@ def open_datastore(args: argparse.Namespace) -> tuple[Any, list[Fact], dict[str,
     from bertknn.service.pipeline import AnswerPipeline
 
     pipeline = AnswerPipeline.open(args.datastore, device="cpu")
-    pipeline.encoder.set_backend("auto")
+    pipeline.local_encoder.set_backend("auto")
     texts = dict(pipeline.datastore.iter_article_texts())
     whole = pipeline.datastore.whole_words
     facts = load_facts(pipeline.encoder.words, texts, probe_files(args.probe), "datastore", whole_words=whole)
@@ -261,7 +261,7 @@ def open_benchmark(args: argparse.Namespace) -> tuple[Any, list[Fact], dict[str,
     ds = build_datastore([corpus], args.work / f"ds-{Path(args.model).name}-{name}", args.model,
                          targets=args.answers)
     pipeline = AnswerPipeline.open(ds, device="cpu")
-    pipeline.encoder.set_backend("auto")
+    pipeline.local_encoder.set_backend("auto")
     sizes = {"subject_leads": len(subjects), "other_leads": len(others),
              "contexts": pipeline.datastore.manifest.counts.contexts}  # fmt: skip
     return pipeline, facts, sizes

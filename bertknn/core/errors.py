@@ -83,6 +83,12 @@ class NotReady(BertKnnError):
     """The service is starting, reloading its model or shutting down."""
 
 
+class ModelUnavailable(NotReady):
+    """The model process of the split layout cannot be reached (it is being replaced); retry shortly."""
+
+    retry_after_s = 1
+
+
 class Overloaded(BertKnnError):
     """The queue in front of the model is full; retry after a short delay."""
 

@@ -39,6 +39,17 @@ def stored_layer(layer: int | None, num_layers: int, name: str) -> int:
     return index
 
 
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The fast tokenizer of a hub name or local directory alone (a process that tokenises for a model run
+    elsewhere)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {name_or_path!r}: {_first_line(exc)}") from exc
+
+
 def from_pretrained(name_or_path: str) -> tuple[Any, Any, list[str]]:
     """The tokenizer and masked LM of a hub name or local directory (float32, safetensors preferred), and the
     head's weights the checkpoint lacks (sorted; none for a full masked LM)."""

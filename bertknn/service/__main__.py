@@ -17,6 +17,7 @@ from bertknn.core.errors import BertKnnError
 from bertknn.core.format import read_manifest
 from bertknn.core.model_ref import locate_model
 from bertknn.core.settings_cli import add_settings_flags, flag_for, settings_overrides
+from bertknn.service.model_process import ModelProcess
 from bertknn.service.processes import (
     ARGV_ENV,
     default_workers,
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     workers = settings.workers or default_workers(_device(settings), runtime.cpu_quota_threads())
-    if workers > 1:
+    if workers > 1 or settings.layout == "split":
         argv = list(sys.argv[1:] if argv is None else argv)
         return serve_workers(settings, [*argv, "--workers", str(workers)], workers)
     import uvicorn
@@ -104,7 +105,8 @@ def _device(settings: ServiceSettings) -> str:
 
 
 def serve_workers(settings: ServiceSettings, argv: list[str], workers: int) -> int:
-    """``workers`` server processes on one port under uvicorn's supervisor (`bertknn.service.processes`)."""
+    """``workers`` server processes on one port under uvicorn's supervisor (`bertknn.service.processes`); with
+    layout split, beside the model process they share (`bertknn.service.model_process`)."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
@@ -113,6 +115,15 @@ def serve_workers(settings: ServiceSettings, argv: list[str], workers: int) -> i
         log.info("removed %s, left by a server that did not stop cleanly", stale)
     run_dir = make_run_dir()
     os.environ.update(worker_env(run_dir.root, argv))
+    model = ModelProcess(settings, run_dir.root) if settings.layout == "split" else None
+    if model is not None:  # started and serving before any API process: a model that cannot load stops here
+        problem = model.start()
+        if problem is not None:
+            run_dir.remove()
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        os.environ.update(model.env())
+        model.watch()
     config = uvicorn.Config(
         "bertknn.service.__main__:worker_app",
         factory=True,
@@ -128,6 +139,8 @@ def serve_workers(settings: ServiceSettings, argv: list[str], workers: int) -> i
         supervisor = Multiprocess(config, sockets=[config.bind_socket()])
         supervisor.run()
     finally:
+        if model is not None:
+            model.stop()
         run_dir.remove()
     # a worker that could not start (its line is in the log) stops them all, as a single process would
     return 2 if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0

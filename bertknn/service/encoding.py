@@ -9,9 +9,9 @@ from typing import cast
 
 import numpy as np
 
-from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import CorruptCacheValue
 from bertknn.core.inputs import MaskedInput
+from bertknn.core.query_model import QueryModel
 from bertknn.core.topk import top_set
 from bertknn.service.cache import Cache, InMemoryCache, cache_key, count_corrupt, count_hits
 from bertknn.service.codec import QueryEncoding
@@ -32,7 +32,7 @@ class PendingEncoding:
 class QueryEncoder:
     """Embeddings and p_MLM heads of queries: cache first, one batched forward pass for the misses."""
 
-    def __init__(self, encoder: MaskedLMEncoder, cache: Cache, *, key_prefix: str, mlm_top_entries: int):
+    def __init__(self, encoder: QueryModel, cache: Cache, *, key_prefix: str, mlm_top_entries: int):
         self.encoder = encoder
         self.cache = cache
         self.key_prefix = key_prefix

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import check_deadline
 from bertknn.core.inputs import MaskedInput
+from bertknn.core.query_model import QueryModel
 from bertknn.service.cache import cache_key
 from bertknn.service.encoding import QueryEncoder
 
@@ -63,14 +63,14 @@ def _scores(groups: list[_Group], log_p: np.ndarray) -> np.ndarray:
     return out
 
 
-def _encode_by(encoder: MaskedLMEncoder, items: Sequence[MaskedInput], deadline: float | None) -> Any:
+def _encode_by(encoder: QueryModel, items: Sequence[MaskedInput], deadline: float | None) -> Any:
     """One fill forward pass, unless the request's deadline passed while it waited for the model thread."""
     check_deadline(deadline)
     return encoder.encode(items, with_mlm=True)
 
 
 def _log_probs_by(
-    encoder: MaskedLMEncoder, sequences: Sequence[Sequence[int]], reads: Sequence[tuple[int, int]], deadline: float | None
+    encoder: QueryModel, sequences: Sequence[Sequence[int]], reads: Sequence[tuple[int, int]], deadline: float | None
 ) -> Any:
     """The one-pass fill's forward, unless the request's deadline passed while it waited for the model thread."""
     check_deadline(deadline)
@@ -80,7 +80,7 @@ def _log_probs_by(
 class WordFill:
     """The fill passes of one model, their scores cached in the query encoder's cache."""
 
-    def __init__(self, encoder: MaskedLMEncoder, queries: QueryEncoder):
+    def __init__(self, encoder: QueryModel, queries: QueryEncoder):
         self.encoder = encoder
         self.queries = queries  # its cache and key prefix hold the fill scores
         self.mask_id = int(encoder.tokenizer.mask_token_id)

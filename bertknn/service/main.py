@@ -20,9 +20,8 @@ from starlette.datastructures import MutableHeaders
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bertknn.core import runtime
+from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BertKnnError
-from bertknn.core.onnx_cache import onnx_cache
 from bertknn.core.vocab_cache import VocabCache
 from bertknn.service import heap
 from bertknn.service.api.admin import router as admin_router
@@ -40,6 +39,8 @@ from bertknn.service.cache import Cache, InMemoryCache, RedisCache
 from bertknn.service.device_vote import DeviceVote
 from bertknn.service.jvm import configure_jvm
 from bertknn.service.metrics import Metrics
+from bertknn.service.model_client import RemoteEncoder
+from bertknn.service.model_load import default_threads, prepare_forward
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.processes import WorkerSlot, run_dir_from_env
 from bertknn.service.reload import DatastoreReloader, PeerReloads
@@ -64,18 +65,11 @@ def make_cache(settings: ServiceSettings) -> Cache:
     return InMemoryCache(c.lru_size)
 
 
-def default_threads(workers: int = 1) -> int:
-    """torch threads when none are set: the container's CPU quota less one, at least one, split between the
-    server processes.
-
-    The spare core serves the event loop, Lucene and the kNN pool; with every core in the model's OpenMP team,
-    that work stalls the team at its barriers (docs/decisions/thread-counts.md).
-    """
-    return max(1, (runtime.cpu_quota_threads() - 1) // max(1, workers))
-
-
 def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
-    torch.set_num_threads(settings.model.threads or default_threads(settings.workers))
+    """The pipeline with its model loaded here, or (layout split) with the model process's (`RemoteEncoder`)."""
+    remote = RemoteEncoder.from_env()
+    # an API process of the split layout runs no forward pass: one thread for what torch it calls
+    torch.set_num_threads(1 if remote is not None else settings.model.threads or default_threads(settings.workers))
     jvm_options = settings.jvm_options.split()
     if jvm_options and not configure_jvm(jvm_options):
         logger.warning("jvm_options ignored: the JVM of this process is already running")
@@ -90,14 +84,13 @@ def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
         verify_checksums=settings.verify_checksums,
         mlm_head="knn-only" if settings.model.knn_only else "required",
         vocab_cache=VocabCache.from_setting(settings.model.vocab_cache),
+        encoder=remote,
     )
     enc = pipeline.encoder
-    asked = settings.model.backend
-    backend = enc.set_backend(asked, onnx_cache=onnx_cache(asked, settings.model.onnx_cache, enc.device))
-    if settings.model.cuda_graphs and enc.device.type == "cuda" and enc.compiled.fast is None:
-        graphs = enc.eager.use_graphs(enc.query_input, enc.tokenizer.mask_token, max_rows=settings.batching.max_batch_size,
-                                      max_width=enc.max_seq_len, name=enc.name)  # fmt: skip
-        backend += " with CUDA graphs" if graphs else ""
+    if isinstance(enc, MaskedLMEncoder):
+        backend = prepare_forward(enc, settings, max_rows=settings.batching.max_batch_size)
+    else:
+        backend = enc.backend
     logger.info("model backend: %s, %d torch threads", backend, torch.get_num_threads())
     return pipeline
 

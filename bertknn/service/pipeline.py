@@ -18,6 +18,7 @@ from bertknn.core.format import Datastore, validate_datastore
 from bertknn.core.inputs import MaskedInput
 from bertknn.core.model_files import MlmHeadPolicy
 from bertknn.core.model_ref import locate_model, public_model_name
+from bertknn.core.query_model import QueryModel
 from bertknn.core.vocab_cache import VocabCache
 from bertknn.service.answer import Answerer, ContextReader, TokenAnswerer
 from bertknn.service.assemble import AnswerAssembler
@@ -39,13 +40,13 @@ NO_LINKS = (
 )
 
 
-def vocabulary(encoder: MaskedLMEncoder) -> list[str]:
+def vocabulary(encoder: QueryModel) -> list[str]:
     """Every token id's shown text, in id order (a word as it reads: ``Paris``, not ``ĠParis``)."""
     return encoder.words.vocab.texts
 
 
 def default_answerer(
-    encoder: MaskedLMEncoder, datastore: Datastore, queries: QueryEncoder, reader: ContextReader, vocab: list[str]
+    encoder: QueryModel, datastore: Datastore, queries: QueryEncoder, reader: ContextReader, vocab: list[str]
 ) -> Answerer:
     """Tokens for a single-piece datastore; whole words (`bertknn.service.words`) for a whole-word one."""
     if datastore.whole_words:
@@ -66,7 +67,7 @@ class AnswerPipeline:
 
     def __init__(
         self,
-        encoder: MaskedLMEncoder,
+        encoder: QueryModel,
         datastore: Datastore,
         *,
         cache: Cache | None = None,
@@ -115,20 +116,23 @@ class AnswerPipeline:
         verify_checksums: bool = False,
         mlm_head: MlmHeadPolicy = "required",
         vocab_cache: VocabCache | None = None,
+        encoder: QueryModel | None = None,
     ) -> AnswerPipeline:
         """Load and check everything once: datastore (validated), model (hash-checked), indexes, JVM.
 
         ``vocab_cache``: where the vocabulary's word table is kept across processes (`bertknn.core.vocab_cache`);
-        None makes it here."""
+        None makes it here. ``encoder``: a model loaded elsewhere (the split layout's model process), checked
+        against the datastore as one loaded here would be."""
         problems = validate_datastore(datastore_dir, hashes=verify_checksums, deep=verify_checksums)
         if problems:
             raise DatastoreError(f"datastore failed validation: {problems[0]}")
         datastore = opened(datastore_dir)
         man = datastore.manifest
-        name = locate_model(man.model.name, man.model.path, model)
-        encoder = MaskedLMEncoder.load(
-            name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len, mlm_head=mlm_head
-        )
+        if encoder is None:
+            name = locate_model(man.model.name, man.model.path, model)
+            encoder = MaskedLMEncoder.load(
+                name, layer=man.layer, device=device, dtype=dtype, max_seq_len=man.max_seq_len, mlm_head=mlm_head
+            )
         if vocab_cache is not None:
             encoder.words.vocab = vocab_cache.words(encoder.words)
         return cls(encoder, datastore, cache=cache, key_prefix=key_prefix, mlm_top_entries=mlm_top_entries)
@@ -149,6 +153,14 @@ class AnswerPipeline:
             key_prefix=self.key_prefix,
             mlm_top_entries=self.mlm_top_entries,
         )
+
+    @property
+    def local_encoder(self) -> MaskedLMEncoder:
+        """The model as loaded in this process (evaluation and benchmarks set its backend); `ModelLoadError` where
+        another process runs it (the split layout's API processes)."""
+        if not isinstance(self.encoder, MaskedLMEncoder):
+            raise ModelLoadError(f"the model {self.encoder.name!r} runs in another process, not in this one")
+        return self.encoder
 
     def identity(self) -> dict[str, dict[str, object]]:
         """The model and datastore this pipeline answers with (every response carries it): made once."""
@@ -268,7 +280,7 @@ def check_numerics(built: str | None, served: str) -> None:
                 built, served)
 
 
-def check_compatible(encoder: MaskedLMEncoder, datastore: Datastore) -> None:
+def check_compatible(encoder: QueryModel, datastore: Datastore) -> None:
     """Refuse a model that is not the one the datastore was built with, or a layer it does not have."""
     man = datastore.manifest
     if man.model.weights_sha256 != encoder.weights_sha256:

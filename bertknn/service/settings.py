@@ -88,6 +88,10 @@ class BatchingSettings(BaseModel):
         "it is busy are batched anyway)"
     )
     max_queue: int = Field(256, ge=1, description="queued queries before 503 + Retry-After")
+    merged_rows: int = Field(
+        64, ge=1, le=4096, description="with layout split: the most rows the model process merges into one forward "
+        "pass from the batches the API processes send at the same time"
+    )
     on_event_loop: bool = Field(
         False, description="run each batch (its forward pass and the answers finished after it) on the event loop's "
         "thread instead of a model thread: no hand-offs of the GIL between the two, but no request is read or "
@@ -188,9 +192,16 @@ class ServiceSettings(BaseSettings):
     )
     admin_token: SecretStr | None = Field(None, description="bearer token for /admin endpoints; unset disables them")
     workers: int = Field(
-        0, ge=0, le=64, description="server processes behind the port, each with the model loaded (uvicorn's "
-        "supervisor replaces one that dies); 0 = auto: 1 on a CPU, on a GPU half the cores (2 to 8). torch threads "
-        "are split between them (docs/decisions/serving-processes.md)"
+        0, ge=0, le=64, description="server processes behind the port (uvicorn's supervisor replaces one that "
+        "dies), each with the model loaded, or with layout split beside one model process; 0 = auto: 1 on a CPU, "
+        "on a GPU half the cores (2 to 8). torch threads are split between the processes that run the model "
+        "(docs/decisions/serving-processes.md)"
+    )
+    layout: Literal["full", "split"] = Field(
+        "full", description="full: each of the --workers processes loads the model and answers its requests from "
+        "start to end; split: the --workers processes answer HTTP, retrieve, search and vote, and send their "
+        "forward passes to one model process, which merges those of all of them into one batch "
+        "(docs/decisions/serving-processes.md)"
     )
     reload_wait_s: float = Field(
         60.0, ge=0, le=3600, description="with several processes, how long POST /admin/reload waits for every "
@@ -234,4 +245,7 @@ class ServiceSettings(BaseSettings):
         if self.model.vote_device == "model" and self.model.knn_device != "model":
             raise ValueError("model.vote_device model votes the questions searched on the device: set "
                              "model.knn_device to model as well, or vote_device to host")
+        if self.layout == "split" and (self.model.knn_device == "model" or self.batching.on_event_loop):
+            raise ValueError("layout split runs the model in a process of its own: model.knn_device model and "
+                             "batching.on_event_loop need the model in the serving process (layout full)")
         return self

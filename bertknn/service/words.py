@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.format import Datastore
+from bertknn.core.query_model import QueryModel
 from bertknn.core.text import is_punctuation
 from bertknn.core.words import WordEntry as Word
 from bertknn.service.answer import ContextReader, knn_offsets, lambda_for
@@ -63,7 +63,7 @@ class WordDistributions(Distributions):
 class WordAnswerer:
     """The whole-word counterpart of `AnswerAssembler.answer` (see the module docstring for the method)."""
 
-    def __init__(self, encoder: MaskedLMEncoder, datastore: Datastore, queries: QueryEncoder, reader: ContextReader):
+    def __init__(self, encoder: QueryModel, datastore: Datastore, queries: QueryEncoder, reader: ContextReader):
         self.encoder = encoder
         self.datastore = datastore
         self.queries = queries  # its cache and key prefix hold the fill scores too

@@ -24,6 +24,7 @@ from bertknn.core.errors import (
     Forbidden,
     InvalidRequest,
     ModelLoadError,
+    ModelUnavailable,
     NotReady,
     Overloaded,
     QueryError,
@@ -157,7 +158,7 @@ def install_error_handlers(app: FastAPI) -> None:
             logger.error("request %s: %s", request_id_var.get(), exc)
             return error_response(status, code, private)
         headers = None
-        if isinstance(exc, Overloaded | DeadlineExceeded):
+        if isinstance(exc, Overloaded | DeadlineExceeded | ModelUnavailable):
             headers = {"Retry-After": str(exc.retry_after_s)}
         elif isinstance(exc, Unauthorized):
             headers = {"WWW-Authenticate": 'Bearer realm="bertknn-admin"'}
