@@ -33,6 +33,9 @@ leaves the others' figures:
   add;
 - ``serving_event_loop``: ``serving`` with each process's batches on its event loop (``--on-event-loop``): whether
   that should be the default for several processes on a GPU (docs/decisions/serving-processes.md);
+- ``serving_split`` / ``serving_split_4``: ``serving`` in the split layout (``--layout split``): its default API
+  processes, or 4, beside one model process that merges their batches into one forward pass
+  (docs/decisions/serving-processes.md);
 - ``steps``: where one uncached question's time goes in one service process on the GPU, step by step from the
   HTTP layer to the response (`bench.steps --device cuda`): what the one-client p50 consists of beside the forward;
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
@@ -62,7 +65,8 @@ from bench.common import REPO, RESULTS, RUNS, SHARED, device_sync, machine
 
 NO_DEVICE = 3
 STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "device_vote", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving",
-          "serving_device_knn", "serving_device_vote", "serving_one_process", "serving_event_loop", "steps", "ivfpq_training")
+          "serving_device_knn", "serving_device_vote", "serving_one_process", "serving_event_loop", "serving_split", "serving_split_4", "steps",
+          "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
 
@@ -243,6 +247,8 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
         "serving_device_vote": [*serving, "--knn-device", "model", "--vote-device", "model"],
         "serving_one_process": [*serving, "--workers", "1"],
         "serving_event_loop": [*serving, "--on-event-loop"],
+        "serving_split": [*serving, "--layout", "split"],
+        "serving_split_4": [*serving, "--layout", "split", "--workers", "4"],
         "steps": [py, "-m", "bench.steps", "--model", model, "--device", "cuda", "--retriever", retriever,
                   "--work", str(RUNS / "bench-steps-gpu"), "--out", str(_report("steps"))],
         "ivfpq_training": [py, "-m", "bench.gpu", "--stage", "ivfpq", "--ivfpq-rows", str(args.ivfpq_rows)],
@@ -257,12 +263,14 @@ def _report(stage: str) -> Path:
 def _stage_result(name: str, model: Path, since: float) -> object:
     """What a finished stage wrote (at or after ``since``, a `time.time()`): its JSON, read back; ValueError
     when it wrote none, so that an older run's file is never taken for this one's."""
-    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-1w][-knn-model[-vote-model]][-loop]-MODEL.json
+    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-Nw][-knn-model[-vote-model]][-loop][-split]-MODEL.json
         one, vote, loop = name == "serving_one_process", name == "serving_device_vote", name == "serving_event_loop"
         knn = vote or name == "serving_device_knn"
+        split, four = name.startswith("serving_split"), name == "serving_split_4"
         found = [p for p in RESULTS.glob(f"serving-cuda*-{model.name}.json")
                  if p.name.endswith(f"-1w-{model.name}.json") == one and ("-knn-model-" in p.name) == knn
-                 and ("-vote-model-" in p.name) == vote and ("-loop-" in p.name) == loop]  # fmt: skip
+                 and ("-vote-model-" in p.name) == vote and ("-loop-" in p.name) == loop
+                 and ("-split-" in p.name) == split and ("-4w-" in p.name) == four]  # fmt: skip
     else:
         found = [_report(name)]
     fresh = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
@@ -423,7 +431,9 @@ def gpu_table(out: dict[str, Any]) -> str:
                         f"by one (p50 ms; same answers) | {r['device_ms_p50']} / {r['host_ms_p50']} ms = "
                         f"{r['device_over_host']}x; {r['same_answers']} |")  # fmt: skip
     how = {"serving": None, "serving_one_process": "one process", "serving_device_knn": "kNN on the device",
-           "serving_device_vote": "kNN and vote on the device", "serving_event_loop": "batches on the event loop"}
+           "serving_device_vote": "kNN and vote on the device", "serving_event_loop": "batches on the event loop",
+           "serving_split": "API processes beside one model process", "serving_split_4": "4 API processes beside one "
+           "model process"}
     for stage, label in how.items():
         rows += _serving_rows(out.get(stage, {}), label)
     steps = out.get("steps")
@@ -461,6 +471,9 @@ def _serving_rows(serving: object, processes: str | None) -> list[str]:
                             f"{stages} |")  # fmt: skip
             rows.append(f"| - server CPU per request ({how}{level} {client} clients) | "
                         f"{t['server_cpu_ms_per_request']:.1f} ms |")  # fmt: skip
+            if "latency_ms" in t:
+                rows.append(f"| - latency p50 / p99 under that load ({how}{level} {client} clients) | "
+                            f"{t['latency_ms']['p50']:.1f} / {t['latency_ms']['p99']:.1f} ms |")  # fmt: skip
     return rows
 
 

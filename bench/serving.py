@@ -114,17 +114,23 @@ def http_latencies(url: str, queries: list[tuple[str, str]], client: str = "http
     return out, bodies
 
 
-async def _load(url: str, queries: list[tuple[str, str]], concurrency: int, kind: str = "httpx") -> tuple[float, int, int]:
-    """Every query once, `concurrency` clients (of `CLIENTS`' ``kind``) at a time; returns (seconds, ok, errors)."""
+async def _load(
+    url: str, queries: list[tuple[str, str]], concurrency: int, kind: str = "httpx", latencies: list[float] | None = None
+) -> tuple[float, int, int]:
+    """Every query once, `concurrency` clients (of `CLIENTS`' ``kind``) at a time; returns (seconds, ok, errors).
+    ``latencies``: where each answered request's seconds go."""
     it = iter(queries)
     ok = err = 0
 
     async def worker(post: _AsyncPost) -> None:
         nonlocal ok, err
         for text, subject in it:
+            t0 = time.perf_counter()
             status, _ = await post({"text": text, "subject": subject})
             if status == 200:
                 ok += 1
+                if latencies is not None:
+                    latencies.append(time.perf_counter() - t0)
             else:
                 err += 1
 
@@ -228,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--knn-device model: the rows kept on the device or copied each batch (model.knn_device_rows)")
     p.add_argument("--vote-device", choices=["host", "model"], default="host", help="with --knn-device model: where "
                    "the questions searched on the device are voted (model.vote_device)")
+    p.add_argument("--layout", choices=["full", "split"], default="full", help="the service's layout: full processes, "
+                   "or API processes beside one model process (split)")
     p.add_argument("--on-event-loop", action="store_true", help="each service process runs its batches on its "
                    "event loop's thread (batching.on_event_loop) instead of a model thread")
     p.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="the service's default article "
@@ -286,7 +294,8 @@ def scrape_stages(url: str) -> dict[str, float]:
         name, _, value = line.rpartition(" ")
         if name.startswith(("bertknn_knn_on_device_total{", "bertknn_vote_on_device_total{")) or name == "bertknn_knn_device_rows":
             out[name.removeprefix("bertknn_").replace('{outcome="', ":").rstrip('"}')] = float(value)
-        for metric, key in (("bertknn_stage_seconds", "stage"), ("bertknn_batch_size", "batch")):
+        for metric, key in (("bertknn_stage_seconds", "stage"), ("bertknn_batch_size", "batch"),
+                            ("bertknn_model_batch_rows", "model_batch")):  # (the last: the split layout's)
             for part in ("sum", "count"):
                 if name.startswith(f"{metric}_{part}"):
                     label = name.partition('stage="')[2].partition('"')[0]
@@ -305,6 +314,8 @@ def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
            if k.startswith("stage:") and k.endswith(":sum") and delta(k[:-3] + "count") > 0}  # fmt: skip
     if delta("batch:count") > 0:
         out["rows_per_batch"] = round(delta("batch:sum") / delta("batch:count"), 2)
+    if delta("model_batch:count") > 0:  # the split layout: the model process's merged passes
+        out["rows_per_model_pass"] = round(delta("model_batch:sum") / delta("model_batch:count"), 2)
     for side, outcome in (("knn", "searched"), ("knn", "failed"), ("vote", "voted"), ("vote", "failed")):
         key = f"{side}_on_device_total:{outcome}"  # with the kNN (or the vote) on the device: the level's share
         if key in after:
@@ -340,7 +351,8 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
             bare_before = sum(bare_forward(enc, [t for t, _ in qs], batch=c))
             stages0 = scrape_stages(svc.url)
             server0, client0 = tree_cpu_s(svc.proc.pid), time.process_time()
-            secs, ok, err = run_async(_load(svc.url, qs, c, client))
+            latencies: list[float] = []
+            secs, ok, err = run_async(_load(svc.url, qs, c, client, latencies))
             client_cpu = time.process_time() - client0
             stages = stage_means(stages0, scrape_stages(svc.url))
             server_ms = (tree_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
@@ -351,6 +363,7 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
                 "requests": ok + err, "requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput,
                 "ratio": (ok / secs) / bare_tput, "server_cpu_ms_per_request": server_ms,
                 "load_generator_cpu_ms_per_request": client_ms, "stage_ms_mean": stages,
+                "latency_ms": _ms(percentiles(latencies)),
             }  # fmt: skip
 
 
@@ -391,6 +404,8 @@ def _report(result: dict, backend: str, threads: int) -> None:
                   f" CPU per request: server {t['server_cpu_ms_per_request']:.1f} ms, load generator "
                   f"{t['load_generator_cpu_ms_per_request']:.1f} ms)")  # fmt: skip
             print(f"    mean ms per request by stage (they overlap), rows per batch: {t.get('stage_ms_mean')}")
+            if "latency_ms" in t:
+                print(f"    latency under this load: p50 {t['latency_ms']['p50']:.1f} ms p99 {t['latency_ms']['p99']:.1f} ms")
     for k, v in result.get("scale", {}).items():
         if k.startswith("x"):
             print(f"datastore {k} ({v['contexts']} contexts): p50 {v['p50_ms']:.1f} ms -> {v['ratio']:.2f}x")
@@ -431,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     lat_q = {"raw": pool[: args.queries], "httpx": pool[args.queries : 2 * args.queries]}
     scale_q, rest = pool[2 * args.queries : 3 * args.queries], pool[3 * args.queries :]
 
-    from bertknn.service.main import default_threads
+    from bertknn.service.model_load import default_threads
 
     threads = args.threads or default_threads(max(1, args.workers))  # split between the processes
     torch.set_num_threads(threads)
@@ -439,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
            "BERTKNN_MODEL__DEVICE": args.device, "BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_WORKERS": str(args.workers),
            "BERTKNN_MODEL__KNN_DEVICE": args.knn_device, "BERTKNN_MODEL__KNN_DEVICE_ROWS": args.knn_device_rows,
            "BERTKNN_MODEL__VOTE_DEVICE": args.vote_device,
-           "BERTKNN_BATCHING__ON_EVENT_LOOP": "true" if args.on_event_loop else "false"}  # fmt: skip
+           "BERTKNN_BATCHING__ON_EVENT_LOOP": "true" if args.on_event_loop else "false", "BERTKNN_LAYOUT": args.layout}  # fmt: skip
     ds = build_datastore([args.corpus], args.work / ("ds" if args.retriever == "bm25" else "ds-tfidf"), args.model, limit=args.articles,
                          bm25=args.retriever == "bm25")  # fmt: skip
     man = Datastore(ds).manifest
@@ -456,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
         "retriever": args.retriever, "workers": args.workers or "auto", "knn_device": args.knn_device,
         "knn_device_rows": args.knn_device_rows, "vote_device": args.vote_device, "on_event_loop": args.on_event_loop,
-        "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
+        "layout": args.layout, "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
     # Several processes share one cache, as a deployment's share Redis (each process's own in-process cache would
     # miss a question the other process answered): a redis-server of the run's own.
     several = args.workers > 1 or (args.workers == 0 and enc.device.type == "cuda")
@@ -475,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     result["bare_forward_ms"] = _ms(percentiles(all_bare))
     # the default settings write serving.json; other backends, thread counts or a GPU their own file beside it
     default = args.backend == "auto" and not args.threads and args.retriever == "bm25" and not args.workers
-    default = default and args.knn_device == "host" and not args.on_event_loop
+    default = default and args.knn_device == "host" and not args.on_event_loop and args.layout == "full"
     name = "serving" if default else f"serving-{backend}-{threads}t" + ("" if args.retriever == "bm25" else "-tfidf")
     if result["device"] != "cpu":
         name = f"serving-{result['device']}"
@@ -485,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         name += f"-knn-{args.knn_device}" + ("" if args.knn_device_rows == "auto" else f"-{args.knn_device_rows}")
         name += "-vote-model" if args.vote_device == "model" else ""
     name += "-loop" if args.on_event_loop else ""
+    name += "-split" if args.layout == "split" else ""
     path = write_result(result_name(name, args.model), result)
     _report(result, backend, threads)
     print(f"wrote {path}")

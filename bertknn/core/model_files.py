@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from bertknn.core.errors import ModelLoadError
@@ -64,7 +65,7 @@ def from_pretrained(name_or_path: str) -> tuple[Any, Any, list[str]]:
             model, info = AutoModelForMaskedLM.from_pretrained(
                 name_or_path, dtype=torch.float32, use_safetensors=None, output_loading_info=True
             )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # (the last: a damaged weights file)
         raise ModelLoadError(
             f"cannot load the masked LM {name_or_path!r}: {_first_line(exc)}. Pass a local model directory "
             "(--model /path or BERTKNN_MODEL) where the Hugging Face hub is unreachable."

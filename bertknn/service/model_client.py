@@ -115,9 +115,16 @@ class RemoteEncoder:
         return result
 
     def _connected(self) -> Connection:
-        """The open connection, or a new one to the model process (waiting for it to start, up to the timeout)."""
+        """The open connection, or a new one to the model process (waiting for it to start, up to the timeout).
+        Between asks nothing is due to arrive: a connection with something to read was hung up by a model process
+        that went away while this one had no ask in flight, and that must not fail the next ask."""
         if self._conn is not None:
-            return self._conn
+            try:
+                if not self._conn.poll(0):
+                    return self._conn
+            except (EOFError, OSError):
+                pass
+            self._drop()
         deadline = time.monotonic() + self.connect_timeout_s
         while True:
             try:

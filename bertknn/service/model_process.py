@@ -25,6 +25,7 @@ from bertknn.service.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 SOCKET_NAME = "model.sock"
+PID_NAME = "model.pid"  # the model process now serving (for an operator, and the tests)
 RESTART_PAUSE_S = 1.0  # between a replacement that failed to start and the next
 
 
@@ -43,8 +44,11 @@ def run_model_process(settings: ServiceSettings, address: str, authkey: bytes, s
     max_rows = settings.batching.merged_rows
     try:
         encoder = load_model(settings, max_rows=max_rows)
-    except BertKnnError as exc:
-        status.send(("error", str(exc)))
+    except Exception as exc:  # the parent prints the line; a failure nobody explained keeps its traceback here
+        if not isinstance(exc, BertKnnError):
+            logging.getLogger(__name__).exception("the model process could not load its model")
+        line = str(exc) if isinstance(exc, BertKnnError) else f"the model process failed: {type(exc).__name__}: {exc}"
+        status.send(("error", line))
         raise SystemExit(2) from None
     with suppress(FileNotFoundError):
         os.unlink(address)  # a dead predecessor's socket
@@ -63,6 +67,7 @@ class ModelProcess:
     def __init__(self, settings: ServiceSettings, run_dir: Path):
         self.settings = settings
         self.address = str(run_dir / SOCKET_NAME)
+        self._pid_file = run_dir / PID_NAME
         self.authkey = secrets.token_bytes(32)
         self._ctx = multiprocessing.get_context("spawn")
         self._proc: multiprocessing.process.BaseProcess | None = None
@@ -98,7 +103,8 @@ class ModelProcess:
         if kind != "ready":
             proc.join(5)
             return str(detail)
-        logger.info("model process %d serves at %s", detail, self.address)
+        self._pid_file.write_text(f"{proc.pid}\n")
+        logger.info("model process %d serves at %s", proc.pid, self.address)
         return None
 
     def watch(self) -> threading.Thread:

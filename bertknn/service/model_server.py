@@ -11,10 +11,12 @@ into one forward pass, and answers each from its rows. The other asks run one at
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection, Listener
 from typing import Any
@@ -87,6 +89,13 @@ class Peer:
             except OSError:
                 logger.debug("%s went away before its reply", self.name)
 
+    def close(self) -> None:
+        """Hang up: the API process's ask in flight, and its reader here, see the connection end."""
+        with suppress(OSError):
+            sock = socket.socket(fileno=self.conn.fileno())
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.detach()
+
 
 @dataclass
 class Ask:
@@ -151,7 +160,7 @@ class ModelServer:
         self.listener = listener
         self.queue = AskQueue(max_rows)
         self._on_batch = on_batch
-        self._peers = 0
+        self._peers: list[Peer] = []
 
     def serve(self) -> None:
         """Accept connections on a thread and run the model here until `stop`."""
@@ -160,7 +169,10 @@ class ModelServer:
             self._run(asks)
 
     def stop(self) -> None:
+        """No more asks taken; every API process's connection hung up."""
         self.queue.stop()
+        for peer in self._peers:
+            peer.close()
 
     def _accept(self) -> None:
         while not self.queue.stopping:
@@ -171,8 +183,8 @@ class ModelServer:
                     return
                 logger.warning("a connection to the model process failed its handshake", exc_info=True)
                 continue
-            self._peers += 1
-            peer = Peer(conn, f"api connection {self._peers}")
+            peer = Peer(conn, f"api connection {len(self._peers) + 1}")
+            self._peers.append(peer)
             threading.Thread(target=self._read, args=(peer,), name=peer.name, daemon=True).start()
 
     def _read(self, peer: Peer) -> None:

@@ -299,13 +299,13 @@ def test_a_client_cost_cap_holds_across_processes(tmp_path: Path):
 
 
 def test_worker_count_defaults(monkeypatch: pytest.MonkeyPatch):
-    from bertknn.service import main as service_main
+    from bertknn.service import model_load
     from bertknn.service.processes import default_workers
 
     assert default_workers("cpu", 16) == 1
     assert [default_workers("cuda", c) for c in (1, 4, 16, 64)] == [2, 2, 8, 8]
-    monkeypatch.setattr(service_main.runtime, "cpu_quota_threads", lambda: 17)
-    assert [service_main.default_threads(w) for w in (1, 2, 8, 32)] == [16, 8, 2, 1]
+    monkeypatch.setattr(model_load.runtime, "cpu_quota_threads", lambda: 17)
+    assert [model_load.default_threads(w) for w in (1, 2, 8, 32)] == [16, 8, 2, 1]
 
 
 @pytest.fixture(autouse=True)

@@ -47,7 +47,7 @@ def test_backend_threads_and_jvm_options(monkeypatch):
 
 def test_default_threads_leave_a_core(monkeypatch):
     import bertknn.core.runtime as build
-    from bertknn.service.main import default_threads
+    from bertknn.service.model_load import default_threads
 
     for quota, want in ((1, 1), (2, 1), (8, 7)):
         monkeypatch.setattr(build, "cpu_quota_threads", lambda q=quota: q)
