@@ -12,13 +12,12 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.update import add_articles
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import Query
-from tests.conftest import TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
+from tests.conftest import write_jsonl
 from tests.integration.test_live_update import BRINDLE, TOKEN, UPDATE
 from tests.integration.test_workers import ENV, ask, metric, served_versions, workers_of
 from tests.support.processes import ServiceProcess, service_process
@@ -129,13 +128,3 @@ def test_split_layout_settings_that_need_the_model_in_the_serving_process_are_re
         cmd = [sys.executable, "-m", "service", "--datastore", str(ds), "--layout", "split", *setting]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **ENV})
         assert done.returncode == 2 and "layout split runs the model in a process of its own" in done.stderr
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_bert(tmp_path_factory.mktemp("split-bert"), corpus_words(TINY_ARTICLES + UPDATE))
-
-
-@pytest.fixture
-def ds(tmp_path: Path, model: Path) -> Path:
-    return build_tiny(tmp_path / "ds", [write_jsonl(tmp_path / "base.jsonl", TINY_ARTICLES)], model)

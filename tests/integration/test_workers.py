@@ -25,21 +25,11 @@ import pytest
 from bench.rawhttp import AsyncRawClient
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.update import add_articles
-from tests.conftest import TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
+from tests.conftest import write_jsonl
 from tests.integration.test_live_update import BRINDLE, TOKEN, UPDATE
 from tests.support.processes import ServiceProcess, service_process
 
 ENV = {"BERTKNN_MODEL__DEVICE": "cpu", "BERTKNN_DEFAULTS__RETRIEVER": "tfidf", "BERTKNN_ADMIN_TOKEN": TOKEN}
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_bert(tmp_path_factory.mktemp("workers-bert"), corpus_words(TINY_ARTICLES + UPDATE))
-
-
-@pytest.fixture
-def ds(tmp_path: Path, model: Path) -> Path:
-    return build_tiny(tmp_path / "ds", [write_jsonl(tmp_path / "base.jsonl", TINY_ARTICLES)], model)
 
 
 def workers_of(proc: subprocess.Popen) -> list[int]:
