@@ -36,6 +36,9 @@ leaves the others' figures:
 - ``serving_split`` / ``serving_split_4``: ``serving`` in the split layout (``--layout split``): its default API
   processes, or 4, beside one model process that merges their batches into one forward pass
   (docs/decisions/serving-processes.md);
+- ``serving_block_wait``: ``serving`` with each process's model thread sleeping on a blocking CUDA event while
+  its forward runs (``--cuda-wait block``) instead of busy-waiting on its core: whether the default processes' CPU
+  per request is partly that wait (docs/decisions/serving-processes.md);
 - ``steps``: where one uncached question's time goes in one service process on the GPU, step by step from the
   HTTP layer to the response (`bench.steps --device cuda`): what the one-client p50 consists of beside the forward;
 - ``ivfpq_training``: the IVF-PQ index's training time for a ``--ivfpq-rows`` datastore (its plan's sample,
@@ -65,7 +68,7 @@ from bench.common import REPO, RESULTS, RUNS, SHARED, device_sync, machine
 
 NO_DEVICE = 3
 STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "device_vote", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving",
-          "serving_device_knn", "serving_device_vote", "serving_one_process", "serving_event_loop", "serving_split", "serving_split_4", "steps",
+          "serving_device_knn", "serving_device_vote", "serving_one_process", "serving_event_loop", "serving_split", "serving_split_4", "serving_block_wait", "steps",
           "ivfpq_training")
 VITAL = SHARED / "data" / "wiki" / "vital_articles.jsonl"
 
@@ -249,6 +252,7 @@ def _stage_commands(args: argparse.Namespace) -> dict[str, list[str]]:
         "serving_event_loop": [*serving, "--on-event-loop"],
         "serving_split": [*serving, "--layout", "split"],
         "serving_split_4": [*serving, "--layout", "split", "--workers", "4"],
+        "serving_block_wait": [*serving, "--cuda-wait", "block"],
         "steps": [py, "-m", "bench.steps", "--model", model, "--device", "cuda", "--retriever", retriever,
                   "--work", str(RUNS / "bench-steps-gpu"), "--out", str(_report("steps"))],
         "ivfpq_training": [py, "-m", "bench.gpu", "--stage", "ivfpq", "--ivfpq-rows", str(args.ivfpq_rows)],
@@ -263,14 +267,15 @@ def _report(stage: str) -> Path:
 def _stage_result(name: str, model: Path, since: float) -> object:
     """What a finished stage wrote (at or after ``since``, a `time.time()`): its JSON, read back; ValueError
     when it wrote none, so that an older run's file is never taken for this one's."""
-    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-Nw][-knn-model[-vote-model]][-loop][-split]-MODEL.json
+    if name.startswith("serving"):  # bench.serving's serving-cuda[:0][-Nw][-knn-model[-vote-model]][-loop][-split][-block]-MODEL.json
         one, vote, loop = name == "serving_one_process", name == "serving_device_vote", name == "serving_event_loop"
         knn = vote or name == "serving_device_knn"
-        split, four = name.startswith("serving_split"), name == "serving_split_4"
+        split, four, block = name.startswith("serving_split"), name == "serving_split_4", name == "serving_block_wait"
         found = [p for p in RESULTS.glob(f"serving-cuda*-{model.name}.json")
                  if p.name.endswith(f"-1w-{model.name}.json") == one and ("-knn-model-" in p.name) == knn
                  and ("-vote-model-" in p.name) == vote and ("-loop-" in p.name) == loop
-                 and ("-split-" in p.name) == split and ("-4w-" in p.name) == four]  # fmt: skip
+                 and ("-split-" in p.name) == split and ("-4w-" in p.name) == four
+                 and ("-block-" in p.name) == block]  # fmt: skip
     else:
         found = [_report(name)]
     fresh = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
@@ -433,7 +438,7 @@ def gpu_table(out: dict[str, Any]) -> str:
     how = {"serving": None, "serving_one_process": "one process", "serving_device_knn": "kNN on the device",
            "serving_device_vote": "kNN and vote on the device", "serving_event_loop": "batches on the event loop",
            "serving_split": "API processes beside one model process", "serving_split_4": "4 API processes beside one "
-           "model process"}
+           "model process", "serving_block_wait": "each process sleeping while its forward runs"}
     for stage, label in how.items():
         rows += _serving_rows(out.get(stage, {}), label)
     steps = out.get("steps")

@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--knn-device model: the rows kept on the device or copied each batch (model.knn_device_rows)")
     p.add_argument("--vote-device", choices=["host", "model"], default="host", help="with --knn-device model: where "
                    "the questions searched on the device are voted (model.vote_device)")
+    p.add_argument("--cuda-wait", choices=["spin", "block"], default="spin", help="how each service process waits "
+                   "for its forward on a GPU (model.cuda_wait)")
     p.add_argument("--layout", choices=["full", "split"], default="full", help="the service's layout: full processes, "
                    "or API processes beside one model process (split)")
     p.add_argument("--on-event-loop", action="store_true", help="each service process runs its batches on its "
@@ -454,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
            "BERTKNN_MODEL__DEVICE": args.device, "BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_WORKERS": str(args.workers),
            "BERTKNN_MODEL__KNN_DEVICE": args.knn_device, "BERTKNN_MODEL__KNN_DEVICE_ROWS": args.knn_device_rows,
            "BERTKNN_MODEL__VOTE_DEVICE": args.vote_device,
-           "BERTKNN_BATCHING__ON_EVENT_LOOP": "true" if args.on_event_loop else "false", "BERTKNN_LAYOUT": args.layout}  # fmt: skip
+           "BERTKNN_BATCHING__ON_EVENT_LOOP": "true" if args.on_event_loop else "false", "BERTKNN_LAYOUT": args.layout,
+           "BERTKNN_MODEL__CUDA_WAIT": args.cuda_wait}  # fmt: skip
     ds = build_datastore([args.corpus], args.work / ("ds" if args.retriever == "bm25" else "ds-tfidf"), args.model, limit=args.articles,
                          bm25=args.retriever == "bm25")  # fmt: skip
     man = Datastore(ds).manifest
@@ -471,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         "articles": man.counts.articles, "contexts": man.counts.contexts}, "backend": backend,
         "retriever": args.retriever, "workers": args.workers or "auto", "knn_device": args.knn_device,
         "knn_device_rows": args.knn_device_rows, "vote_device": args.vote_device, "on_event_loop": args.on_event_loop,
-        "layout": args.layout, "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
+        "layout": args.layout, "cuda_wait": args.cuda_wait, "bare_forward_eager_ms": _ms(eager), "clients": {}}  # fmt: skip
     # Several processes share one cache, as a deployment's share Redis (each process's own in-process cache would
     # miss a question the other process answered): a redis-server of the run's own.
     several = args.workers > 1 or (args.workers == 0 and enc.device.type == "cuda")
@@ -491,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     # the default settings write serving.json; other backends, thread counts or a GPU their own file beside it
     default = args.backend == "auto" and not args.threads and args.retriever == "bm25" and not args.workers
     default = default and args.knn_device == "host" and not args.on_event_loop and args.layout == "full"
+    default = default and args.cuda_wait == "spin"
     name = "serving" if default else f"serving-{backend}-{threads}t" + ("" if args.retriever == "bm25" else "-tfidf")
     if result["device"] != "cpu":
         name = f"serving-{result['device']}"
@@ -501,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         name += "-vote-model" if args.vote_device == "model" else ""
     name += "-loop" if args.on_event_loop else ""
     name += "-split" if args.layout == "split" else ""
+    name += "-block" if args.cuda_wait == "block" else ""
     path = write_result(result_name(name, args.model), result)
     _report(result, backend, threads)
     print(f"wrote {path}")

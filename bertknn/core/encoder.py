@@ -32,7 +32,14 @@ from bertknn.core.model_files import (
     stored_layer,
 )
 from bertknn.core.onnx_cache import OnnxCache
-from bertknn.core.runtime import DeviceName, DtypeName, attention_without_cudnn, resolve_device, resolve_dtype
+from bertknn.core.runtime import (
+    DeviceName,
+    DeviceWait,
+    DtypeName,
+    attention_without_cudnn,
+    resolve_device,
+    resolve_dtype,
+)
 from bertknn.core.topk import top_entries, top_set_torch
 
 logger = logging.getLogger(__name__)
@@ -77,6 +84,7 @@ class MaskedLMEncoder:
         if self.device.type == "cuda":  # every batch shape new to cuDNN's attention costs a graph build
             attention_without_cudnn()
         self.model = model.to(self.device, dtype).eval()
+        self.wait = DeviceWait(self.device)  # how a forward's results are waited for (`DeviceWait.blocking`)
         self.head: torch.nn.Module | None = mlm_head(self.model)  # None: no single head module (`EagerForward`)
         self.vocab_size, self.hidden_size = int(config.vocab_size), int(config.hidden_size)
         self.inputs = ContextTokenizer(tokenizer, max_seq_len, self.vocab_size)
@@ -237,6 +245,7 @@ class MaskedLMEncoder:
         if self.words.vocab.merge_layers:
             log_p = self.words.vocab.merge_log_probs(log_p)
         values, ids = top_set_torch(log_p, n_top)
+        self.wait()
         return emb.float().cpu().numpy(), values.float().cpu().numpy(), ids.cpu().numpy()
 
     def _forward(self, items: Sequence[MaskedInput], with_mlm: bool) -> EncoderOutput:
@@ -247,6 +256,7 @@ class MaskedLMEncoder:
         if self.compiled.fast is not None and with_mlm == self.compiled.with_mlm:
             return EncoderOutput(*self.compiled.fast(*self.eager.arrays(items)))
         emb, log_p = self.eager.run(items, with_mlm)
+        self.wait()
         return EncoderOutput(emb.float().cpu().numpy(), log_p.cpu() if log_p is not None else None)
 
 

@@ -139,3 +139,24 @@ def return_free_memory() -> None:
             _LIBC = None
     if _LIBC:
         _LIBC.malloc_trim(0)  # type: ignore[union-attr]
+
+
+class DeviceWait:
+    """How a thread waits for the work it queued on a GPU before reading its results: CUDA's default busy-waits on
+    its core; ``blocking`` sleeps until the device signals (a blocking CUDA event), leaving the core to other
+    threads and processes (several service processes per GPU: docs/decisions/serving-processes.md). Nothing to
+    wait for off CUDA."""
+
+    def __init__(self, device: torch.device, *, blocking: bool = False):
+        self.device = device
+        self.blocking = blocking
+        self._event: torch.cuda.Event | None = None
+
+    def __call__(self) -> None:
+        """Return once the device finished what this thread queued (at once where it need not wait)."""
+        if not self.blocking or self.device.type != "cuda":
+            return
+        if self._event is None:
+            self._event = torch.cuda.Event(blocking=True)
+        self._event.record()
+        self._event.synchronize()

@@ -30,7 +30,9 @@ def default_threads(workers: int = 1) -> int:
 
 def prepare_forward(enc: MaskedLMEncoder, settings: ServiceSettings, *, max_rows: int) -> str:
     """The backend the service's forward runs (``model.backend``), and CUDA graphs over it on a GPU
-    (``model.cuda_graphs``) for batches of up to ``max_rows``; returns what is in use, for the log."""
+    (``model.cuda_graphs``) for batches of up to ``max_rows``, its results waited for as ``model.cuda_wait``
+    says; returns what is in use, for the log."""
+    enc.wait.blocking = settings.model.cuda_wait == "block"
     asked = settings.model.backend
     backend = enc.set_backend(asked, onnx_cache=onnx_cache(asked, settings.model.onnx_cache, enc.device))
     if settings.model.cuda_graphs and enc.device.type == "cuda" and enc.compiled.fast is None:

@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import secrets
+import signal
 import threading
 import time
 from contextlib import suppress
@@ -31,6 +32,8 @@ RESTART_PAUSE_S = 1.0  # between a replacement that failed to start and the next
 
 def run_model_process(settings: ServiceSettings, address: str, authkey: bytes, status: Connection) -> None:
     """The model process's body: load the model, listen, say ready (or the one line why not), serve."""
+    # Ctrl-C reaches the whole process group: the parent stops this process itself, after the API processes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from prometheus_client import Histogram
     from tqdm import tqdm

@@ -46,6 +46,12 @@ class ModelSettings(BaseModel):
         "width) bucket, each used once it gave the eager forward's outputs; eager where capture fails or differs. "
         "Short and medium questions' buckets are captured at start-up, others when first needed"
     )
+    cuda_wait: Literal["spin", "block"] = Field(
+        "spin", description="on a GPU, how the model thread waits for its forward pass: spin (CUDA's default: it "
+        "busy-waits on its core) or block (it sleeps until the device signals, leaving the core to the host work of "
+        "the other processes sharing the GPU; meant for several --workers per GPU). "
+        "docs/decisions/serving-processes.md"
+    )
     knn_device: Literal["host", "model"] = Field(
         "host", description="where a batch's restricted kNN runs: host (FAISS over each question's rows, one question "
         "at a time) or model (the model's device: after the batch's forward pass, the rows of its questions whose "

@@ -86,3 +86,42 @@ def test_attention_without_cudnn_switches_off_cudnn_s_attention_kernel_alone():
         assert cuda.math_sdp_enabled() == before[3]
     finally:
         cuda.enable_cudnn_sdp(before[0])
+
+
+def test_device_wait_sleeps_on_a_blocking_event_only_on_cuda_and_only_when_asked(monkeypatch):
+    from bertknn.core.runtime import DeviceWait
+
+    made: list[bool] = []
+
+    class Event:  # torch.cuda.Event's surface, recording what the wait asks of it
+        def __init__(self, blocking: bool = False):
+            made.append(blocking)
+            self.calls: list[str] = []
+
+        def record(self) -> None:
+            self.calls.append("record")
+
+        def synchronize(self) -> None:
+            self.calls.append("synchronize")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    DeviceWait(torch.device("cpu"), blocking=True)()
+    DeviceWait(torch.device("cuda"))()  # CUDA's default wait: the copy that follows waits (spinning)
+    assert made == []
+    wait = DeviceWait(torch.device("cuda"), blocking=True)
+    wait()
+    wait()
+    assert made == [True]  # one blocking event, recorded after each forward and waited on
+    assert wait._event is not None and wait._event.calls == ["record", "synchronize"] * 2
+
+
+def test_the_cuda_wait_setting_reaches_the_service_s_encoder(tiny_model_dir):
+    from bertknn.core.encoder import MaskedLMEncoder
+    from bertknn.service.model_load import prepare_forward
+    from bertknn.service.settings import ServiceSettings
+
+    enc = MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", max_seq_len=32)
+    for wait, blocking in (("block", True), ("spin", False)):
+        settings = ServiceSettings(model={"backend": "eager", "cuda_wait": wait})
+        prepare_forward(enc, settings, max_rows=8)
+        assert enc.wait.blocking is blocking
