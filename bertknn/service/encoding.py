@@ -105,11 +105,7 @@ class QueryEncoder:
         hits = [enc is not None for enc in out]
         todo = [i for i, enc in enumerate(out) if enc is None]
         if todo and self.encoder.heads_on_device:  # the heads picked on the GPU: only they reach the host
-            emb, values, ids = self.encoder.encode_heads([inputs[i] for i in todo], self.mlm_top_entries)
-            made = {
-                keys[i]: QueryEncoding.from_top(emb[j], values[j], ids[j], self.encoder.vocab_size)
-                for j, i in enumerate(todo)
-            }
+            made = dict(zip([keys[i] for i in todo], self.uncached([inputs[i] for i in todo]), strict=True))
             self._store(made, defer_store)
             for i in todo:
                 out[i] = made[keys[i]]
@@ -126,6 +122,17 @@ class QueryEncoder:
                 out[i] = enc
         count_hits(self.cache, sum(hits), len(hits) - sum(hits))
         return [e for e in out if e is not None], hits
+
+    def uncached(self, inputs: Sequence[MaskedInput]) -> list[QueryEncoding]:
+        """The inputs' encodings from one forward pass, neither looked up in the cache nor kept there."""
+        if self.encoder.heads_on_device:
+            emb, values, ids = self.encoder.encode_heads(inputs, self.mlm_top_entries)
+            return [QueryEncoding.from_top(emb[j], values[j], ids[j], self.encoder.vocab_size) for j in range(len(inputs))]
+        result = self.encoder.encode(inputs, with_mlm=True)
+        assert result.mlm_log_probs is not None
+        rows = result.mlm_log_probs.numpy()
+        return [QueryEncoding.from_top(result.embeddings[j], *top_set(rows[j], self.mlm_top_entries),
+                                       self.encoder.vocab_size) for j in range(len(inputs))]  # fmt: skip
 
     def complete(
         self, pending: PendingEncoding, *, defer_store: list[Callable[[], None]] | None = None

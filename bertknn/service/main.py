@@ -50,6 +50,7 @@ from bertknn.service.retrieval.resident_rows import ResidentRows, fits_in_half_t
 from bertknn.service.serving import AsyncAnswerer
 from bertknn.service.settings import ServiceSettings
 from bertknn.service.shared_gate import SharedCostGate
+from bertknn.service.warmup import warm_up
 
 logger = logging.getLogger("service")
 _RID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -288,6 +289,8 @@ async def _start(
         raise
     resources.pipeline = pipeline
     _warn_default_retriever(settings, pipeline)
+    if settings.warmup:  # a few questions of its own, so that no client's first request pays for what runs once
+        await asyncio.get_running_loop().run_in_executor(model_thread, warm_up, pipeline, settings)
     resources.metrics.watch_cache(pipeline.cache)
     device_knn = _device_knn(settings, pipeline)
     if device_knn is not None and device_knn.resident is not None:  # (on the model's thread, as every torch call)

@@ -209,6 +209,10 @@ class ServiceSettings(BaseSettings):
         "forward passes to one model process, which merges those of all of them into one batch "
         "(docs/decisions/serving-processes.md)"
     )
+    warmup: bool = Field(
+        True, description="before a server process says it is ready, it runs a few questions of its own the whole "
+        "way (nothing of them cached or counted), so that no client's first request pays for what a process runs once"
+    )
     reload_wait_s: float = Field(
         60.0, ge=0, le=3600, description="with several processes, how long POST /admin/reload waits for every "
         "process to serve the new version before it answers"
