@@ -32,6 +32,7 @@ BENCHMARKS = (
     Benchmark("stages", "stages*.json", "speed"),
     Benchmark("steps", "steps*.json", "speed"),
     Benchmark("startup", "startup*.json", "speed"),
+    Benchmark("first_requests", "first_requests*.json", "speed"),
     Benchmark("builder", "builder*.json", "speed"),
     Benchmark("build_memory", "build_memory*.json", "speed"),
     Benchmark("preprocess", "preprocess.json", "speed"),
