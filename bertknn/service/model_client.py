@@ -32,9 +32,11 @@ AUTHKEY_ENV = "BERTKNN_MODEL_AUTHKEY"  # hex; the connection's handshake proves 
 class RemoteEncoder:
     """A `bertknn.core.query_model.QueryModel` whose forward passes run in the model process at ``address``."""
 
-    def __init__(self, address: str, authkey: bytes, *, connect_timeout_s: float = 10.0):
+    def __init__(self, address: str, authkey: bytes, *, connect_timeout_s: float = 10.0, reply_timeout_s: float = 300.0):
+        """``connect_timeout_s``: how long an ask waits for a (new) model process to answer the connection;
+        ``reply_timeout_s``: for its reply (far longer than any forward pass)."""
         self.address, self._authkey = address, authkey
-        self.connect_timeout_s = connect_timeout_s
+        self.connect_timeout_s, self.reply_timeout_s = connect_timeout_s, reply_timeout_s
         self._conn: Connection | None = None
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -103,9 +105,9 @@ class RemoteEncoder:
             req_id = next(self._ids)
             try:
                 conn.send((req_id, kind, args))
-                got, result, error = conn.recv()
+                got, result, error = self._reply(conn)
                 while got != req_id:  # (a reply to an ask whose caller gave up)
-                    got, result, error = conn.recv()
+                    got, result, error = self._reply(conn)
             except (EOFError, OSError) as exc:
                 self._drop()
                 raise ModelUnavailable("the model process went away while answering; a new one is starting: "
@@ -113,6 +115,14 @@ class RemoteEncoder:
         if error is not None:
             raise RuntimeError(f"the model process failed this forward pass: {error}")
         return result
+
+    def _reply(self, conn: Connection) -> tuple[int, Any, str | None]:
+        """The next reply; `TimeoutError` (an `OSError`: the connection is dropped) when none comes within
+        ``reply_timeout_s``: a model process that hangs is treated as one that went away."""
+        if not conn.poll(self.reply_timeout_s):
+            raise TimeoutError(f"no reply from the model process in {self.reply_timeout_s:.0f} s")
+        got: tuple[int, Any, str | None] = conn.recv()
+        return got
 
     def _connected(self) -> Connection:
         """The open connection, or a new one to the model process (waiting for it to start, up to the timeout).

@@ -4,6 +4,7 @@ same numbers as the model run in the asking process, and a client that outlives 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Listener
@@ -44,12 +45,14 @@ def serving(enc: MaskedLMEncoder, address: str, *, max_rows: int = 64) -> Iterat
         thread.join(5)
 
 
-def hang_up_on_first_ask(address: str, info: dict) -> None:
-    """A model process that answers who it is, then dies with the first forward pass asked of it."""
+def hang_up_on_first_ask(address: str, info: dict, hang_s: float = 0.0) -> None:
+    """A model process that answers who it is, then dies with the first forward pass asked of it (after
+    ``hang_s`` without a word)."""
     with Listener(address, family="AF_UNIX", authkey=KEY) as listener, listener.accept() as conn:
         while True:
             req_id, kind, _ = conn.recv()
             if kind != "info":
+                time.sleep(hang_s)
                 return
             conn.send((req_id, info, None))
 
@@ -135,6 +138,16 @@ def test_a_client_waits_for_the_replacement_of_its_model_process_and_refuses_ano
     with pytest.raises(ModelUnavailable, match="went away while answering"):  # gone with the ask in flight
         remote.encode_heads(inputs, 8)
     dying.join(5)
+    Path(address).unlink(missing_ok=True)
+    hung = threading.Thread(target=hang_up_on_first_ask, args=(address, ModelInfo.of(encoder).as_dict(), 2.0))
+    hung.start()
+    remote.reply_timeout_s = 0.3
+    t = time.monotonic()
+    with pytest.raises(ModelUnavailable, match="went away while answering"):  # hung: given up on, as gone
+        remote.encode_heads(inputs, 8)
+    assert time.monotonic() - t < 1.5
+    hung.join(5)
+    remote.reply_timeout_s = 300.0
     Path(address).unlink(missing_ok=True)
     with serving(encoder, address):  # the replacement: the same model, so the client goes on
         np.testing.assert_array_equal(remote.encode_heads(inputs, 8)[0], before)
