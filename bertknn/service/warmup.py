@@ -18,19 +18,19 @@ from bertknn.service.results import ArticleHit, Query
 from bertknn.service.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
-WORDS = 12  # of an article's text, before the mask
+WORDS, CHARS = 12, 200  # of an article's text before the mask (CHARS: scripts written without spaces)
 BATCH = 8  # questions of the batch after the first question alone
 
 
 def warm_questions(pipeline: AnswerPipeline, settings: ServiceSettings, n: int) -> list[Query]:
-    """Up to ``n`` questions from the datastore's first articles (the opening words of each, then the mask), with
+    """Up to ``n`` questions from the datastore's first articles (the opening of each, then the mask), with
     the server's defaults, so that the retriever finds their articles."""
     mask = pipeline.encoder.tokenizer.mask_token
     out = []
     for _, text in itertools.islice(pipeline.datastore.iter_article_texts(), n):
-        words = text.split()[:WORDS]
-        if words:
-            out.append(to_query(PredictRequest(text=" ".join([*words, mask, "."])), settings))
+        opening = " ".join(text.split()[:WORDS])[:CHARS]
+        if opening:
+            out.append(to_query(PredictRequest(text=f"{opening} {mask} ."), settings))
     return out
 
 
