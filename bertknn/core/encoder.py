@@ -154,15 +154,13 @@ class MaskedLMEncoder:
         builder); the other call stays eager.
 
         The same modules either way (`MaskCore`: the [MASK] row at ``layer``, the head on that row only).
-        ``onnx`` runs the whole forward outside Python with fused CPU kernels (docs/decisions/onnx-runtime-on-cpu.md).
-        ``auto``: onnx on the CPU, eager on a GPU. A backend is used only after its outputs
-        matched the eager forward on padded batches of other shapes than the one it was built from; one that
-        cannot be built, or differs, falls back (logged). Returns the backend in use.
-
-        Asking again for the compiled backend already in use (same ``backend`` and ``with_mlm``) keeps it: an
-        ONNX export of a base-sized model takes seconds, which a builder handed a ready encoder should not pay twice.
-        ``onnx_cache``: where exported graphs are kept across processes (`bertknn.core.onnx_cache`); None exports
-        each time.
+        ``onnx`` runs the whole forward outside Python with fused CPU kernels (docs/decisions/onnx-runtime-on-cpu.md);
+        ``auto``: onnx on the CPU, eager on a GPU. A backend is used only after its outputs matched the eager
+        forward on padded batches of other shapes than the one it was built from; one that cannot be built, or
+        differs, falls back (logged). Returns the backend in use. Asking again for the compiled backend in use (same
+        ``backend`` and ``with_mlm``) keeps it: an ONNX export of a base-sized model takes seconds, which a builder
+        handed a ready encoder should not pay twice. ``onnx_cache``: where exported graphs are kept across processes
+        (`bertknn.core.onnx_cache`); None exports each time.
         """
         return self.compiled.set(backend, with_mlm, onnx_cache)
 

@@ -188,7 +188,9 @@ def test_a_shard_that_cannot_be_read_is_a_503_without_paths_and_the_log_has_them
     import shutil
 
     ds = Path(shutil.copytree(tiny_datastore, tmp_path / "ds"))
-    with _client(ds) as c:
+    # (without the warm-up, which would open the first articles' shards before they go: an open file stays readable)
+    settings = ServiceSettings(datastore=ds, model={"device": "cpu"}, warmup=False)
+    with TestClient(create_app(settings)) as c:
         for shard in sorted((ds / "shards").iterdir()):
             shutil.move(shard, tmp_path / shard.name)  # gone after start-up (a disk unmounted, a bad sync)
         r = c.post("/predict", json={"text": "zorblat was born in [MASK] .", "subject": "Zorblat"})
