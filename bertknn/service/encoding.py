@@ -11,7 +11,7 @@ import numpy as np
 
 from bertknn.core.errors import CorruptCacheValue
 from bertknn.core.inputs import MaskedInput
-from bertknn.core.query_model import QueryModel
+from bertknn.core.query_model import QueryModel, heads
 from bertknn.core.topk import top_set
 from bertknn.service.cache import Cache, InMemoryCache, cache_key, count_corrupt, count_hits
 from bertknn.service.codec import QueryEncoding
@@ -125,14 +125,8 @@ class QueryEncoder:
 
     def uncached(self, inputs: Sequence[MaskedInput]) -> list[QueryEncoding]:
         """The inputs' encodings from one forward pass, neither looked up in the cache nor kept there."""
-        if self.encoder.heads_on_device:
-            emb, values, ids = self.encoder.encode_heads(inputs, self.mlm_top_entries)
-            return [QueryEncoding.from_top(emb[j], values[j], ids[j], self.encoder.vocab_size) for j in range(len(inputs))]
-        result = self.encoder.encode(inputs, with_mlm=True)
-        assert result.mlm_log_probs is not None
-        rows = result.mlm_log_probs.numpy()
-        return [QueryEncoding.from_top(result.embeddings[j], *top_set(rows[j], self.mlm_top_entries),
-                                       self.encoder.vocab_size) for j in range(len(inputs))]  # fmt: skip
+        emb, values, ids = heads(self.encoder, inputs, self.mlm_top_entries)
+        return [QueryEncoding.from_top(emb[j], values[j], ids[j], self.encoder.vocab_size) for j in range(len(inputs))]
 
     def complete(
         self, pending: PendingEncoding, *, defer_store: list[Callable[[], None]] | None = None

@@ -15,17 +15,14 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
-import numpy as np
-
 from bertknn.core.encoder import MaskedLMEncoder
-from bertknn.core.inputs import MaskedInput
-from bertknn.core.topk import top_set
+from bertknn.core.query_model import Heads, heads
 
 logger = logging.getLogger(__name__)
 
@@ -53,24 +50,6 @@ class ModelInfo:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-Heads = tuple[np.ndarray, np.ndarray, np.ndarray]  # embeddings [n, hidden], top values [n, t], their ids [n, t]
-
-
-def heads_of(enc: MaskedLMEncoder, inputs: Sequence[MaskedInput], n_top: int) -> Heads:
-    """Each input's [MASK] embedding and the ``n_top`` entries of p_MLM the service keeps: the entries
-    `QueryEncoder` keeps when the model runs in its own process (`top_set`, on the device where it picks them)."""
-    if enc.heads_on_device:
-        return enc.encode_heads(inputs, n_top)
-    out = enc.encode(inputs, with_mlm=True)
-    assert out.mlm_log_probs is not None
-    rows = out.mlm_log_probs.numpy()
-    n = min(n_top, rows.shape[1])
-    values, ids = np.empty((len(rows), n), np.float32), np.empty((len(rows), n), np.int64)
-    for j, row in enumerate(rows):
-        values[j], ids[j] = top_set(row, n)
-    return out.embeddings, values, ids
 
 
 class Peer:
@@ -218,7 +197,7 @@ class ModelServer:
     def _heads(self, asks: list[Ask]) -> list[Heads]:
         inputs = [x for ask in asks for x in ask.args[0]]
         t = time.perf_counter()
-        emb, values, ids = heads_of(self.encoder, inputs, int(asks[0].args[1]))
+        emb, values, ids = heads(self.encoder, inputs, int(asks[0].args[1]))
         logger.debug("a batch of %d rows from %d asks in %.2f ms", len(inputs), len(asks),
                      (time.perf_counter() - t) * 1000)  # fmt: skip
         if self._on_batch is not None:
