@@ -664,38 +664,22 @@ def test_entity_answers_and_follow_are_the_same_in_the_split_layout(
 ) -> None:
     """``layout: split``: the API process's fill passes (entity names, a /follow's hops) go to the model process
     as asks of their own, and give the answers of the model run in the serving process."""
-    import threading
-    from multiprocessing.connection import Listener
-
-    from bertknn.service.model_client import ADDRESS_ENV, AUTHKEY_ENV, RemoteEncoder
-    from bertknn.service.model_load import load_model
-    from bertknn.service.model_server import ModelServer
+    from bertknn.service.model_client import RemoteEncoder
+    from tests.support.split import model_process_here
 
     settings = ServiceSettings(datastore=ds, model={"device": "cpu"})
-    address, key = str(tmp_path / "model.sock"), b"entity-test"
-    server = ModelServer(load_model(settings, max_rows=64), Listener(address, family="AF_UNIX", authkey=key),
-                         max_rows=64)  # fmt: skip
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    monkeypatch.setenv(ADDRESS_ENV, address)
-    monkeypatch.setenv(AUTHKEY_ENV, key.hex())
     asks = [("/predict", {"text": "orvin tasker was born in [MASK] .", "subject": "Orvin Tasker", "answer": "entity",
                           "top_k": 3}),
             ("/predict", {"text": "the capital is [MASK] .", "answer": "entity"}),
             ("/follow", {"subject": "orvin tasker", "relations": ["[X] was born in [Y] .", "[X] is a city in the [Y] ."],
                          "top_k": 3, "beam": 2})]  # fmt: skip
-    try:
-        with TestClient(create_app(settings)) as split:
-            # no model in this process: every forward pass, the fill passes too, is the model process's
-            assert isinstance(split.app.state.resources.pipeline.encoder, RemoteEncoder)  # type: ignore[attr-defined]
-            for path, body in asks:
-                got, want = split.post(path, json=body).json(), client.post(path, json=body).json()
-                key_of = "predictions" if path == "/predict" else "answers"
-                assert [p.get("token", p.get("title")) for p in got[key_of]] == [
-                    p.get("token", p.get("title")) for p in want[key_of]], body  # fmt: skip
-                for a, b in zip(got[key_of], want[key_of], strict=True):
-                    assert a["prob"] == pytest.approx(b["prob"], abs=1e-5)
-    finally:
-        server.stop()
-        server.listener.close()
-        thread.join(5)
+    with model_process_here(settings, tmp_path, monkeypatch), TestClient(create_app(settings)) as split:
+        # no model in this process: every forward pass, the fill passes too, is the model process's
+        assert isinstance(split.app.state.resources.pipeline.encoder, RemoteEncoder)  # type: ignore[attr-defined]
+        for path, body in asks:
+            got, want = split.post(path, json=body).json(), client.post(path, json=body).json()
+            key_of = "predictions" if path == "/predict" else "answers"
+            assert [p.get("token", p.get("title")) for p in got[key_of]] == [
+                p.get("token", p.get("title")) for p in want[key_of]], body  # fmt: skip
+            for a, b in zip(got[key_of], want[key_of], strict=True):
+                assert a["prob"] == pytest.approx(b["prob"], abs=1e-5)

@@ -169,6 +169,26 @@ def test_entity_answers_and_follow(family: tuple[str, Path, Path], client: TestC
     assert out["answers"] and out["answers"][0]["path"][0]["title"] == "Zorblat"
 
 
+def test_the_split_layout_answers_as_the_model_in_the_serving_process(
+    family: tuple[str, Path, Path], client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every family through the model process: tokenised in the API process from the model's directory, its
+    forward passes and p_MLM entries (merged word forms, RoBERTa's ``Ġ``) made in the model process."""
+    from tests.support.split import model_process_here
+
+    _, model, ds = family
+    settings = ServiceSettings(datastore=ds, model={"name": str(model), "device": "cpu"})
+    asks = [{"text": "Zorblat was born in [MASK].", "subject": "Zorblat", "top_k": 5},
+            {"text": "Quimby lies in [MASK].", "top_k": 5},
+            {"text": "Zorblat was born in [MASK].", "subject": "Zorblat", "answer": "entity"}]  # fmt: skip
+    with model_process_here(settings, tmp_path, monkeypatch), TestClient(create_app(settings)) as split:
+        for body in asks:
+            got, want = split.post("/predict", json=body).json(), client.post("/predict", json=body).json()
+            assert [p["token"] for p in got["predictions"]] == [p["token"] for p in want["predictions"]], body
+            for a, b in zip(got["predictions"], want["predictions"], strict=True):
+                assert a["prob"] == pytest.approx(b["prob"], abs=1e-5) and a["entity"] == b["entity"]
+
+
 def test_lama_runs_and_finds_the_stored_facts(family: tuple[str, Path, Path], tmp_path: Path) -> None:
     name, model, ds = family
     lama = tmp_path / "lama"

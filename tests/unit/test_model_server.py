@@ -106,10 +106,13 @@ def test_the_batches_of_several_api_processes_run_as_one_forward_pass(encoder: M
         gate = threading.Barrier(len(clients))
         got: dict[int, np.ndarray] = {}
 
+        def mine(i: int) -> list:  # each client its own order: a pass that mixed up rows would show
+            return inputs[i % 3 :] + inputs[: i % 3]
+
         def run(i: int) -> None:
             gate.wait()
             for _ in range(20):
-                got[i] = clients[i].encode_heads(inputs, 16)[0]
+                got[i] = clients[i].encode_heads(mine(i), 16)[0]
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
         for t in threads:
@@ -118,8 +121,8 @@ def test_the_batches_of_several_api_processes_run_as_one_forward_pass(encoder: M
             t.join(60)
     assert sum(rows) == 6 * 20 * 3  # every row, once
     assert max(rows) > 3  # at least one pass held the rows of several clients' asks
-    for emb in got.values():
-        np.testing.assert_allclose(emb, encoder.encode(inputs).embeddings, rtol=1e-5, atol=1e-5)
+    for i, emb in got.items():
+        np.testing.assert_allclose(emb, encoder.encode(mine(i)).embeddings, rtol=1e-5, atol=1e-5)
 
 
 def test_a_client_waits_for_the_replacement_of_its_model_process_and_refuses_another_model(
