@@ -23,15 +23,11 @@ BATCH = 8  # questions of the batch after the first question alone
 
 
 def warm_questions(pipeline: AnswerPipeline, settings: ServiceSettings, n: int) -> list[Query]:
-    """Up to ``n`` questions from the datastore's first articles (the opening of each, then the mask), with
+    """Up to ``n`` questions from the datastore's first articles with text (the opening of each, then the mask), with
     the server's defaults, so that the retriever finds their articles."""
     mask = pipeline.encoder.tokenizer.mask_token
-    out = []
-    for _, text in itertools.islice(pipeline.datastore.iter_article_texts(), n):
-        opening = " ".join(text.split()[:WORDS])[:CHARS]
-        if opening:
-            out.append(to_query(PredictRequest(text=f"{opening} {mask} ."), settings))
-    return out
+    openings = (" ".join(text.split()[:WORDS])[:CHARS] for _, text in pipeline.datastore.iter_article_texts())
+    return [to_query(PredictRequest(text=f"{o} {mask} ."), settings) for o in itertools.islice(filter(None, openings), n)]
 
 
 def warm_up(pipeline: AnswerPipeline, settings: ServiceSettings) -> int:

@@ -165,3 +165,15 @@ def test_the_playground_shows_the_answer_in_the_datastore_s_language(
         assert [r.get_attribute("data-token") for r in rows] == [p["token"] for p in api["predictions"]]
         assert browser.find_element(By.CSS_SELECTOR, "#preview").text == item.question  # shown as asked
         shot(browser, f"playground-{language}")
+
+
+def test_the_warm_up_runs_every_question_in_the_dump_s_language(built: tuple[str, Path], pipeline: AnswerPipeline):
+    """Japanese writes no spaces: a question's opening is cut by characters too, and each question runs through
+    the language's own analyzer, the kNN and the vote like a client's."""
+    from bertknn.service.settings import ServiceSettings
+    from bertknn.service.warmup import warm_questions, warm_up
+
+    settings = ServiceSettings(datastore=built[1])
+    questions = warm_questions(pipeline, settings, 9)
+    assert len(questions) == 9 and all(len(q.text) <= 200 + len(" <mask> .") for q in questions)
+    assert warm_up(pipeline, settings) == 9
