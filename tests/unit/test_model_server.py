@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from multiprocessing.connection import Listener
 from pathlib import Path
 
@@ -17,32 +15,16 @@ from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import ModelLoadError, ModelUnavailable
 from bertknn.core.topk import top_set
 from bertknn.service.model_client import RemoteEncoder
-from bertknn.service.model_server import Ask, AskQueue, ModelInfo, ModelServer, Peer
+from bertknn.service.model_server import Ask, AskQueue, ModelInfo, Peer
 from tests.conftest import TINY_ARTICLES, corpus_words, make_tiny_bert
+from tests.support.split import KEY, serving
 
-KEY = b"test-key"
 QUESTIONS = ["zorblat was born in [MASK] .", "quimby is a [MASK] .", "[MASK] wrote many songs about rivers ."]
 
 
 @pytest.fixture(scope="module")
 def encoder(tiny_model_dir: Path) -> MaskedLMEncoder:
     return MaskedLMEncoder.load(str(tiny_model_dir), device="cpu", dtype="float32", max_seq_len=32)
-
-
-@contextmanager
-def serving(enc: MaskedLMEncoder, address: str, *, max_rows: int = 64) -> Iterator[list[int]]:
-    """A `ModelServer` for ``enc`` on a thread; yields the rows of each forward pass it ran."""
-    rows: list[int] = []
-    server = ModelServer(enc, Listener(address, family="AF_UNIX", authkey=KEY), max_rows=max_rows,
-                         on_batch=rows.append)  # fmt: skip
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    try:
-        yield rows
-    finally:
-        server.stop()
-        server.listener.close()
-        thread.join(5)
 
 
 def hang_up_on_first_ask(address: str, info: dict, hang_s: float = 0.0) -> None:
