@@ -476,6 +476,9 @@ def _serving_rows(serving: object, processes: str | None) -> list[str]:
                             f"{stages} |")  # fmt: skip
             rows.append(f"| - server CPU per request ({how}{level} {client} clients) | "
                         f"{t['server_cpu_ms_per_request']:.1f} ms |")  # fmt: skip
+            if "model_process_busy_cores" in t:  # the split layout: is its one model process the limit?
+                rows.append(f"| - the model process: CPU per request, cores busy ({how}{level} {client} clients) | "
+                            f"{t['model_process_cpu_ms_per_request']:.2f} ms, {t['model_process_busy_cores']:.2f} |")  # fmt: skip
             if "latency_ms" in t:
                 rows.append(f"| - latency p50 / p99 under that load ({how}{level} {client} clients) | "
                             f"{t['latency_ms']['p50']:.1f} / {t['latency_ms']['p99']:.1f} ms |")  # fmt: skip

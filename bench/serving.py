@@ -296,6 +296,8 @@ def scrape_stages(url: str) -> dict[str, float]:
         name, _, value = line.rpartition(" ")
         if name.startswith(("bertknn_knn_on_device_total{", "bertknn_vote_on_device_total{")) or name == "bertknn_knn_device_rows":
             out[name.removeprefix("bertknn_").replace('{outcome="', ":").rstrip('"}')] = float(value)
+        if name == "bertknn_model_process_cpu_seconds_total":  # the split layout's model process
+            out["model_cpu_s"] = float(value)
         for metric, key in (("bertknn_stage_seconds", "stage"), ("bertknn_batch_size", "batch"),
                             ("bertknn_model_batch_rows", "model_batch")):  # (the last: the split layout's)
             for part in ("sum", "count"):
@@ -316,8 +318,9 @@ def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
            if k.startswith("stage:") and k.endswith(":sum") and delta(k[:-3] + "count") > 0}  # fmt: skip
     if delta("batch:count") > 0:
         out["rows_per_batch"] = round(delta("batch:sum") / delta("batch:count"), 2)
-    if delta("model_batch:count") > 0:  # the split layout: the model process's merged passes
+    if delta("model_batch:count") > 0:  # the split layout: the model process's merged passes, and its CPU
         out["rows_per_model_pass"] = round(delta("model_batch:sum") / delta("model_batch:count"), 2)
+        out["model_process_cpu_s"] = round(delta("model_cpu_s"), 3)
     for side, outcome in (("knn", "searched"), ("knn", "failed"), ("vote", "voted"), ("vote", "failed")):
         key = f"{side}_on_device_total:{outcome}"  # with the kNN (or the vote) on the device: the level's share
         if key in after:
@@ -325,6 +328,16 @@ def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     if "knn_device_rows" in after:
         out["knn_device_rows"] = after["knn_device_rows"]
     return out
+
+
+def model_process_load(cpu_s: float | None, ok: int, secs: float) -> dict[str, float]:
+    """The split layout's model process during a level (its CPU seconds ``cpu_s``): its CPU ms per answered
+    request, and the cores it kept busy (CPU seconds per wall second; near 1.0, its one interpreter is what
+    limits the service). Empty in the full layout."""
+    if cpu_s is None:
+        return {}
+    return {"model_process_cpu_ms_per_request": round(cpu_s * 1000 / max(1, ok), 3),
+            "model_process_busy_cores": round(cpu_s / secs, 3)}  # fmt: skip
 
 
 WARM_PER_CLIENT = 8  # unmeasured requests per simulated client before each throughput level
@@ -366,6 +379,7 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
                 "ratio": (ok / secs) / bare_tput, "server_cpu_ms_per_request": server_ms,
                 "load_generator_cpu_ms_per_request": client_ms, "stage_ms_mean": stages,
                 "latency_ms": _ms(percentiles(latencies)),
+                **model_process_load(stages.pop("model_process_cpu_s", None), ok, secs),
             }  # fmt: skip
 
 
@@ -406,6 +420,9 @@ def _report(result: dict, backend: str, threads: int) -> None:
                   f" CPU per request: server {t['server_cpu_ms_per_request']:.1f} ms, load generator "
                   f"{t['load_generator_cpu_ms_per_request']:.1f} ms)")  # fmt: skip
             print(f"    mean ms per request by stage (they overlap), rows per batch: {t.get('stage_ms_mean')}")
+            if "model_process_busy_cores" in t:
+                print(f"    the model process: {t['model_process_cpu_ms_per_request']:.2f} ms of CPU per request, "
+                      f"{t['model_process_busy_cores']:.2f} cores busy")  # fmt: skip
             if "latency_ms" in t:
                 print(f"    latency under this load: p50 {t['latency_ms']['p50']:.1f} ms p99 {t['latency_ms']['p99']:.1f} ms")
     for k, v in result.get("scale", {}).items():

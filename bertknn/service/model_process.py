@@ -35,7 +35,6 @@ def run_model_process(settings: ServiceSettings, address: str, authkey: bytes, s
     # Ctrl-C reaches the whole process group: the parent stops this process itself, after the API processes
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from prometheus_client import Histogram
     from tqdm import tqdm
 
     # (as in an API process: the loader's progress bar would register a lock with the parent's resource tracker)
@@ -56,12 +55,31 @@ def run_model_process(settings: ServiceSettings, address: str, authkey: bytes, s
     with suppress(FileNotFoundError):
         os.unlink(address)  # a dead predecessor's socket
     listener = Listener(address, family="AF_UNIX", authkey=authkey)
-    rows = Histogram("bertknn_model_batch_rows", "rows per forward pass of the model process (the split layout)",
-                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))  # fmt: skip
-    server = ModelServer(encoder, listener, max_rows=max_rows, on_batch=rows.observe)
+    server = ModelServer(encoder, listener, max_rows=max_rows, on_batch=PassMeter())
     status.send(("ready", os.getpid()))
     status.close()
     server.serve()
+
+
+class PassMeter:
+    """The model process's metrics, updated after each forward pass: its rows (``bertknn_model_batch_rows``) and
+    the CPU time the process has used so far, every thread of it (``bertknn_model_process_cpu_seconds_total``):
+    against the wall clock, how much of a core the one process that feeds the device keeps busy."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self.rows = Histogram("bertknn_model_batch_rows", "rows per forward pass of the model process (the split "
+                              "layout)", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))  # fmt: skip
+        self.cpu = Counter("bertknn_model_process_cpu_seconds", "CPU seconds the model process has used, all its "
+                           "threads (the split layout; against wall time: how busy it is)")  # fmt: skip
+        self._cpu_s = time.process_time()
+
+    def __call__(self, rows: int) -> None:
+        self.rows.observe(rows)
+        now = time.process_time()
+        self.cpu.inc(now - self._cpu_s)
+        self._cpu_s = now
 
 
 class ModelProcess:

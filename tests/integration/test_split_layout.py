@@ -62,6 +62,12 @@ def gone(pid: int, timeout_s: float = 30) -> None:
         time.sleep(0.05)
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process so far, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def same_answers(got: httpx.Response, want: list[tuple[str, float, float]]) -> bool:
     """The same tokens in the same order, their p and p_MLM within float rounding (other batch shapes)."""
     have = [(p["token"], p["prob"], p["p_mlm"]) for p in got.json()["predictions"]]
@@ -74,12 +80,16 @@ def test_split_layout_answers_as_one_process_and_outlives_sigkill_of_either_proc
     want = [[(p.token, p.prob, p.p_mlm) for p in pipe.predict(Query(**q, retriever="tfidf")).predictions]
             for q in QUESTIONS]  # fmt: skip
     pipe.close()
-    with service_process(ds, env=EAGER, args=SPLIT) as svc:
+    # a replacement model process imports torch and loads the model: on a slow host longer than the default
+    # deadline, which would then (rightly) stop the requests that wait for it
+    with service_process(ds, env={**EAGER, "BERTKNN_LIMITS__DEADLINE_MS": "60000"}, args=SPLIT) as svc:
         first_api = api_pids(svc, 2)
         for q, expected in zip(QUESTIONS, want, strict=True):
             answers = ask(svc.url, q, 4)
             assert all(same_answers(r, expected) for r in answers), (q, [r.json() for r in answers], expected)
         assert metric(svc.url, "bertknn_model_batch_rows_count") >= 1  # the model process's passes, counted
+        # its CPU seconds: counted, and no more than the kernel says that process has used
+        assert 0 < metric(svc.url, "bertknn_model_process_cpu_seconds_total") <= process_cpu_s(model_pid(svc))
         assert metric(svc.url, 'bertknn_requests_total{path="/predict",status="200"}') == 16
 
         model = model_pid(svc)

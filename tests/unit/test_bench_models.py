@@ -404,3 +404,27 @@ def test_bench_serving_reads_the_device_knns_share_from_the_metrics(monkeypatch:
                    "vote_on_device_voted": 7.0, "vote_on_device_failed": 0.0}  # (counters new since `before`)
     host = serving.stage_means({"stage:knn:sum": 1.0, "stage:knn:count": 1.0}, {"stage:knn:sum": 2.0, "stage:knn:count": 2.0})
     assert host == {"knn": 1000.0}  # the host's search: no device figures
+
+
+def test_bench_serving_reports_the_split_layout_s_model_process_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A level's model-process CPU comes from its metric's difference across the level: per answered request and
+    as cores kept busy, tabulated by `bench.gpu`; the full layout (no such metric) reports neither."""
+    import bench.serving as serving
+    from bench.gpu import _serving_rows
+
+    pages = iter([
+        "bertknn_model_batch_rows_sum 10.0\nbertknn_model_batch_rows_count 5.0\n"
+        "bertknn_model_process_cpu_seconds_total 2.5\n",
+        "bertknn_model_batch_rows_sum 90.0\nbertknn_model_batch_rows_count 10.0\n"
+        "bertknn_model_process_cpu_seconds_total 4.0\n",
+    ])  # fmt: skip
+    monkeypatch.setattr(serving.httpx, "get", lambda *a, **k: type("R", (), {"text": next(pages)})())
+    means = serving.stage_means(serving.scrape_stages("http://x"), serving.scrape_stages("http://x"))
+    assert means["rows_per_model_pass"] == 16.0 and means["model_process_cpu_s"] == 1.5
+    load = serving.model_process_load(means.pop("model_process_cpu_s"), ok=500, secs=2.0)
+    assert load == {"model_process_cpu_ms_per_request": 3.0, "model_process_busy_cores": 0.75}
+    assert serving.model_process_load(None, ok=500, secs=2.0) == {}
+    level = {"requests_per_s": 250.0, "bare_batched_per_s": 900.0, "errors": 0, "server_cpu_ms_per_request": 9.0,
+             **load}  # fmt: skip
+    rows = _serving_rows({"dtype": "bfloat16", "clients": {"raw": {"throughput": {"64": level}}}}, "split")
+    assert "| - the model process: CPU per request, cores busy (split, 64 raw clients) | 3.00 ms, 0.75 |" in rows
