@@ -24,7 +24,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -191,13 +191,14 @@ class WordModel:
             s, e = tok.offsets[i]
             piece = tok.text[s:e]
             # a space-only token (SentencePiece's lone "▁") belongs to the word after it
-            if w is None or tid in self.special_ids or is_word_break(piece.strip()):
+            breaks, unspaced = _piece_kind(piece)
+            if w is None or tid in self.special_ids or breaks:
                 close()
                 previous = None
                 continue
             if w != previous:
                 close()
-            if _unspaced(piece):
+            if unspaced:
                 # a script without spaces (Japanese, Chinese, Thai): the tokenizer's pre-tokenizer sees a whole
                 # clause as one "word"; each of its tokens is a word (with a lone "▁" before it, if any)
                 if any(tok.offsets[j][1] > tok.offsets[j][0] for j in run):
@@ -368,6 +369,13 @@ def _join_unspaced(text: str, words: list[WordSpan]) -> list[WordSpan]:
         else:
             out.append(w)
     return out
+
+
+@lru_cache(maxsize=65536)
+def _piece_kind(piece: str) -> tuple[bool, bool]:
+    """(a word break: punctuation only, without its spaces; of an unspaced script) of a token's text, for `words`:
+    texts repeat (a vocabulary's few thousand common pieces), and each test is a loop over characters."""
+    return is_word_break(piece.strip()), _unspaced(piece)
 
 
 def _unspaced(piece: str) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -125,15 +126,13 @@ class NgramHasher:
         vectorizer: the same murmurhash3 (x86, 32 bits, seed 0, signed, over the UTF-8 bytes: mmh3's, which is
         scikit-learn's ``murmurhash3_32``) and bucket rule, without its per-call set-up, and without importing
         scikit-learn in the service (docs/decisions/tfidf-query-hashing.md). A query's n-grams are a few dozen."""
-        grams = self.ngrams(text)
-        if not grams:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        h = np.fromiter((mmh3.hash(g, 0, signed=True) for g in grams), np.int64, len(grams))
         n = self.n_features
-        # HashingVectorizer's rule: abs(h) % n, with abs(-2**31) (undefined in C) given its own bucket
-        buckets = np.where(h == -(2**31), (2**31 - 1 - (n - 1)) % n, np.abs(h) % n)
-        found, counts = np.unique(buckets, return_counts=True)
-        return found.astype(np.int64), counts.astype(np.float32)
+        odd = (2**31 - 1 - (n - 1)) % n  # HashingVectorizer's rule: abs(h) % n, abs(-2**31) (undefined in C) here
+        # a few dozen n-grams: counted in Python, where numpy's per-call cost would be most of the work
+        counts = Counter(odd if (h := mmh3.hash(g, 0, signed=True)) == -(2**31) else abs(h) % n
+                         for g in self.ngrams(text))  # fmt: skip
+        found = sorted(counts)
+        return np.array(found, np.int64), np.array([counts[b] for b in found], np.float32)
 
     def to_params(self) -> dict[str, object]:
         english = self.language == "en"
