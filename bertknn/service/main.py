@@ -138,11 +138,7 @@ class RequestContextMiddleware:
         finally:
             elapsed = time.perf_counter() - t0
             path = route_label(scope)
-            metrics = self.resources.metrics
-            metrics.requests.labels(path, str(status)).inc()
-            metrics.latency.labels(path).observe(elapsed)
-            if status >= 400:
-                metrics.errors.labels(str(status)).inc()
+            self.resources.metrics.observe_request(path, status, elapsed)
             if logger.isEnabledFor(logging.INFO):
                 logger.info(
                     "request id=%s method=%s path=%s status=%d latency_ms=%.1f",

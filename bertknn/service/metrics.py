@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -49,6 +50,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._cache: Cache | None = None
         self._synced = dict.fromkeys(_CACHE_EVENTS, 0)
+        self._request_series: dict[tuple[str, int], tuple[Any, Any, Any]] = {}  # (`observe_request`)
+        self._stage_series: dict[str, Any] = {}
         # several processes: the gauges are summed over the live ones (the default would list them per process)
         self.requests = Counter(
             "bertknn_requests", "HTTP requests", ["path", "status"], registry=self.registry
@@ -97,6 +100,29 @@ class Metrics:
                 registry=self.registry, multiprocess_mode="livemax",
             )  # fmt: skip
             _forget_dead(shared_dir)
+
+    def observe_request(self, path: str, status: int, seconds: float) -> None:
+        """One HTTP request: counted by route and status, its latency by route, an error response by status. The
+        labelled series are looked up once per (route, status) and kept (prometheus_client's ``labels`` checks
+        and locks on every call); routes are templates and ``unmatched``, so the pairs are few."""
+        series = self._request_series.get((path, status))
+        if series is None:
+            series = (self.requests.labels(path, str(status)), self.latency.labels(path),
+                      self.errors.labels(str(status)) if status >= 400 else None)  # fmt: skip
+            self._request_series[(path, status)] = series
+        series[0].inc()
+        series[1].observe(seconds)
+        if series[2] is not None:
+            series[2].inc()
+
+    def observe_stages(self, timings_ms: dict[str, float]) -> None:
+        """A request's stage timings (ms; ``total`` is the request's, counted by `observe_request`)."""
+        for name, ms in timings_ms.items():
+            if name != "total":
+                child = self._stage_series.get(name)
+                if child is None:
+                    child = self._stage_series[name] = self.stage.labels(name)
+                child.observe(ms / 1000.0)
 
     def watch_cache(self, cache: Cache) -> None:
         if self.shared_dir:

@@ -193,9 +193,7 @@ class AsyncAnswerer:
             self.metrics.knn_skipped.inc()
         # stages overlap: total is the wall time, not their sum
         answer.timings_ms["total"] = round((time.perf_counter() - t0) * 1000.0, 3)
-        for name, ms in answer.timings_ms.items():
-            if name != "total":
-                self.metrics.stage.labels(name).observe(ms / 1000.0)
+        self.metrics.observe_stages(answer.timings_ms)
         return answer
 
     async def answer_many(

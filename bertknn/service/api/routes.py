@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -44,7 +43,9 @@ def temperature_value(value: float | str) -> float | None:
     return None if value == "auto" else float(value)
 
 
-def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
+def to_query(req: PredictRequest, settings: ServiceSettings, *, deadline: float | None = None) -> Query:
+    """The pipeline's query for a request: the server's defaults where it names none, its limits checked;
+    ``deadline``: `monotonic_deadline`'s, or None."""
     d, lim = settings.defaults, settings.limits
     if req.interpolation == "adaptive" and req.lambda_ is not None:
         raise InvalidRequest("lambda: a fixed kNN weight does not apply to interpolation 'adaptive'; drop one of them")
@@ -67,6 +68,7 @@ def to_query(req: PredictRequest, settings: ServiceSettings) -> Query:
         interpolation=interpolation,
         rule=d.adaptive_rule,
         answer=req.answer,
+        deadline=deadline,
     )
     checks = [
         ("text", len(q.text), lim.max_text_chars, "characters"),
@@ -122,7 +124,7 @@ async def predict(
     body: PredictRequest, request: Request, answerer: AnswererDep, resources: ResourcesDep
 ) -> PredictResponse:
     seconds = deadline_s(resources, body.deadline_ms)
-    query = replace(to_query(body, resources.settings), deadline=monotonic_deadline(seconds))
+    query = to_query(body, resources.settings, deadline=monotonic_deadline(seconds))
     with answerer.lease() as pipe:  # one datastore version for the whole request, even across a live reload
         cost = query_cost(query, pipe.datastore)
         answer = await admitted(
@@ -140,7 +142,7 @@ def checked_batch(
     queries, inputs, bad = [], [], []
     for i, req in enumerate(body.queries):
         try:
-            q = replace(to_query(req, resources.settings), deadline=deadline)
+            q = to_query(req, resources.settings, deadline=deadline)
             inputs.append(pipe.check_query(q))
             queries.append(q)
         except (InvalidRequest, QueryError) as exc:
