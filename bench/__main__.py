@@ -30,6 +30,7 @@ BENCHMARKS = (
     Benchmark("serving", "serving*.json", "speed"),
     Benchmark("hostwork", "hostwork*.json", "speed"),
     Benchmark("stages", "stages*.json", "speed"),
+    Benchmark("width_groups", "width-groups*.json", "speed"),
     Benchmark("steps", "steps*.json", "speed"),
     Benchmark("startup", "startup*.json", "speed"),
     Benchmark("first_requests", "first_requests*.json", "speed"),

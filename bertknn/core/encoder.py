@@ -23,7 +23,7 @@ from bertknn.core.context_tokenizer import ContextTokenizer
 from bertknn.core.eager import EagerForward
 from bertknn.core.hashing import weights_sha256
 from bertknn.core.heads import mlm_head
-from bertknn.core.inputs import MaskedInput
+from bertknn.core.inputs import MaskedInput, PackedInputs
 from bertknn.core.model_files import (
     MlmHeadPolicy,
     check_model,
@@ -41,6 +41,7 @@ from bertknn.core.runtime import (
     resolve_dtype,
 )
 from bertknn.core.topk import top_entries, top_set_torch
+from bertknn.core.width_groups import call_positions, in_groups, width_groups
 
 logger = logging.getLogger(__name__)
 
@@ -251,11 +252,28 @@ class MaskedLMEncoder:
             return EncoderOutput(
                 np.zeros((0, self.hidden_size), np.float32), torch.zeros((0, self.vocab_size)) if with_mlm else None
             )
-        if self.compiled.fast is not None and with_mlm == self.compiled.with_mlm:
-            return EncoderOutput(*self.compiled.fast(*self.eager.arrays(items)))
-        emb, log_p = self.eager.run(items, with_mlm)
-        self.wait()
-        return EncoderOutput(emb.float().cpu().numpy(), log_p.cpu() if log_p is not None else None)
+        return EncoderOutput(*_grouped_forward(self, items, with_mlm))
+
+
+def _grouped_forward(
+    enc: MaskedLMEncoder, items: Sequence[MaskedInput], with_mlm: bool
+) -> tuple[np.ndarray, torch.Tensor | None]:
+    """`MaskedLMEncoder._forward`'s padded forwards: on a CPU, a service's batch of mixed lengths in groups of
+    similar width (`width_groups`); the builder's batches (`PackedInputs`) come sorted by length and run whole, as
+    does every batch on a GPU (whose CUDA graphs pad to buckets anyway)."""
+    compiled = enc.compiled.fast is not None and with_mlm == enc.compiled.with_mlm
+
+    def padded(part: Sequence[MaskedInput]) -> tuple[np.ndarray, torch.Tensor | None]:
+        if compiled:
+            return enc.compiled.fast(*enc.eager.arrays(part))  # type: ignore[misc]
+        emb, log_p = enc.eager.run(part, with_mlm)
+        enc.wait()
+        return emb.float().cpu().numpy(), log_p.cpu() if log_p is not None else None
+
+    if enc.device.type == "cuda" or isinstance(items, PackedInputs):
+        return padded(items)
+    per_call = call_positions(enc.config, "onnx" if compiled else "eager")
+    return in_groups(padded, items, width_groups([len(x.input_ids) for x in items], per_call))
 
 
 def _with_top(out: EncoderOutput, k: int) -> EncoderOutput:
