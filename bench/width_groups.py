@@ -1,13 +1,14 @@
 """A CPU batch's forward in groups of similar width against the same batch padded whole, in one run. ::
 
-    python -m bench.width_groups [--model runs/bert-base-shaped] [--batches 8,32] [--rounds 3]
+    python -m bench.width_groups [--model runs/bert-base-shaped] [--batches 8,32] [--rounds 3] [--backend onnx]
 
-The service's forward as it runs on a CPU (the model's ONNX Runtime backend, one thread), over batches of
-distinct LAMA questions, two ways in alternating rounds: grouped by width (`bertknn.core.width_groups`, the
-default) and padded to each batch's longest question (a call price too high to split). Reports the thread CPU ms
+The service's forward as it runs on a CPU (ONNX Runtime, the default there, or ``--backend eager``; one thread),
+over batches of distinct LAMA questions, two ways in alternating rounds: grouped by width
+(`bertknn.core.width_groups`, the default) and padded to each batch's longest question (a call price too high to
+split). Reports the thread CPU ms
 per question of each, their ratio, the padding of each way, and the largest difference between their outputs.
 The default model is bert-base-uncased's shape (`python -m bench.bert_base`); ``--model`` takes another. Writes
-``bench/results/width-groups-MODEL.json``.
+``bench/results/width-groups-MODEL.json`` (``-eager`` added for the eager forward).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="8,32", help="comma-separated batch sizes")
     p.add_argument("--questions", type=int, default=128, help="distinct questions, in batches of each size")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds of each way (alternating)")
+    p.add_argument("--backend", choices=("onnx", "eager"), default="onnx", help="the forward's backend")
     args = p.parse_args(argv)
     try:
         sizes = [int(x) for x in args.batches.split(",")]
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     model = args.model or make(RUNS / "bert-base-shaped")
     enc = MaskedLMEncoder.load(str(model), device="cpu", dtype="float32")
-    enc.set_backend("onnx")
+    if enc.set_backend(args.backend) != args.backend:
+        p.error(f"the {args.backend} backend could not be used for this model (the log says why)")
     inputs = [enc.query_input(t) for t, _ in lama_queries(args.questions, seed=11)]
     result: dict = {"model": "bert-base-uncased's shape" if args.model is None else Path(model).name,
                     "machine": machine(), "backend": enc.backend, "threads": 1, "sizes": []}  # fmt: skip
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['whole_ms_per_question']:.3f}: {row['grouped_over_whole']}x; padded/real {row['padded_over_real']}; "
               f"outputs differ by at most {row['max_output_difference']:.2g}", flush=True)  # fmt: skip
     name = "width-groups-bert-base-shaped" if args.model is None else f"width-groups-{Path(model).name}"
+    name += "-eager" if args.backend == "eager" else ""
     print(f"wrote {write_result(name, result)}")
     return 0
 

@@ -17,9 +17,11 @@ import torch
 
 T = TypeVar("T")
 
-# One forward call's fixed cost, two parts. Its operators' dispatch, as the floating-point operations a CPU core
-# could have done instead (ONNX Runtime's fused kernels, or PyTorch's eager Python loop): it weighs on small models.
-CALL_FLOPS = {"onnx": 3e7, "eager": 1.5e8}
+# One forward call's fixed cost, two parts. The first, as the floating-point operations a CPU core could have done
+# instead: ONNX Runtime's dispatch of its fused kernels, which weighs on small models; or the eager forward's
+# larger cost per call (PyTorch's Python loop, its kernels' set-up), so that it splits a batch only where the saving
+# is large. Fitted to forwards timed on one thread (docs/decisions/cpu-width-groups.md).
+CALL_FLOPS = {"onnx": 3e7, "eager": 2.7e9}
 # And every weight read from memory once per call: a model's weights and its dense work per position both grow with
 # its hidden size squared, so this part is about the same number of positions for every size of an encoder.
 CALL_WEIGHT_POSITIONS = 9.0
