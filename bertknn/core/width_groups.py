@@ -21,10 +21,10 @@ T = TypeVar("T")
 # instead: ONNX Runtime's dispatch of its fused kernels, which weighs on small models; or the eager forward's
 # larger cost per call (PyTorch's Python loop, its kernels' set-up), so that it splits a batch only where the saving
 # is large. Fitted to forwards timed on one thread (docs/decisions/cpu-width-groups.md).
-CALL_FLOPS = {"onnx": 3e7, "eager": 2.7e9}
+CALL_FLOPS = {"onnx": 6e7, "eager": 2.7e9}
 # And every weight read from memory once per call: a model's weights and its dense work per position both grow with
 # its hidden size squared, so this part is about the same number of positions for every size of an encoder.
-CALL_WEIGHT_POSITIONS = 9.0
+CALL_WEIGHT_POSITIONS = 16.0
 
 
 def call_positions(config: Any, backend: str) -> float:
