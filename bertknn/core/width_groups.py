@@ -2,8 +2,9 @@
 much as a real one, a batch padded to its longest input spends a large share of its forward on padding.
 
 Each group is a run of the inputs sorted by length, padded to its own longest. The grouping minimises the padded
-positions plus a fixed price per group, in positions: what one more forward call costs (its operators' dispatch),
-priced by the model's size (`call_positions`), so a small model takes fewer, larger groups and a large one more.
+positions plus a fixed price per group, in positions: what one more forward call costs (its operators' dispatch,
+and its weights read from memory again), priced by the model's size and backend (`call_positions`), so that a
+small model takes fewer, larger groups than a large one.
 The outputs are each input's as if it ran alone, up to the float rounding of other shapes: padding is masked out.
 """
 
