@@ -1,6 +1,6 @@
 """The service's host work per request: req/s, server CPU per uncached request and how much of it the forward is. ::
 
-    python -m bench.hostwork [--workers 1,2] [--baseline REV] [--requests 1500]
+    python -m bench.hostwork [--workers 1,2] [--baseline REV] [--requests 1500] [--threads 1]
 
 The model is bert-base-uncased's shape (12 layers, its vocabulary and tokenizer) at hidden size 64, so that its
 forward costs little and most of what is left is what every request costs the host's Python: HTTP, validation,
@@ -17,8 +17,9 @@ both services are up at once and each level's questions go to them in ``--blocks
 B A, ...), so that the host's drift falls on both; their answers to the same questions are compared (top-1 and
 every prediction's probability). ``--setting [SECTION.]NAME=VALUE`` (repeatable) serves this tree a second time
 with those of the service's settings changed (e.g. ``batching.on_event_loop=true``), the same way, at every
-``--workers`` count. ``--model DIR`` serves another model (the proxy, for answers that
-mean something); the default is the hidden-size-64 one.
+``--workers`` count. ``--threads N`` gives every service process of every tree N model threads (one by default,
+the service's own default on two cores). ``--model DIR`` serves another model (the proxy, for answers that mean
+something); the default is the hidden-size-64 one.
 
 Before the load, each tree's service is started ``--starts`` times (the trees taking turns) for its start-up: the
 seconds from its launch until it answers ``/readyz``, and its resident memory then (before any request), against
@@ -222,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "hidden size 64, written here)")
     p.add_argument("--compare", type=int, default=300, help="questions whose answers are compared with --baseline's")
     p.add_argument("--work", type=Path, default=RUNS / "bench-hostwork")
+    p.add_argument("--threads", type=int, default=1, help="the model's threads in every service process of every "
+                   "tree (model.threads; the bare forward's stay one)")
     p.add_argument("--starts", type=int, default=3, help="service starts per tree for the start-up figures")
     p.add_argument("--blocks", type=int, default=4, help="blocks of each level, the trees taking turns")
     p.add_argument("--name", default=None, help="the results file, bench/results/NAME.json (default: hostwork, or "
@@ -261,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     workers, clients = _ints(args.workers, "--workers", p), _ints(args.clients, "--clients", p)
-    if args.requests < 100 or args.starts < 1 or args.blocks < 1:
-        p.error("--requests must be at least 100, --starts and --blocks at least 1")
+    if args.requests < 100 or args.starts < 1 or args.blocks < 1 or args.threads < 1:
+        p.error("--requests must be at least 100, --starts, --blocks and --threads at least 1")
     model = args.model or make(args.work / "bert-base-h64", shape=TINY)
     ds_name = f"ds-{args.articles}" + ("" if args.model is None else f"-{Path(args.model).name}")
     ds_name += "-bm25" if args.retriever == "bm25" else ""
@@ -277,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         ways[f"baseline {args.baseline}"] = (baseline_tree(args.baseline), {})
     if changed is not None:
         ways[f"this tree, {', '.join(args.setting)}"] = (REPO, changed)
-    env = {"BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_MODEL__THREADS": "1"}
+    env = {"BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_MODEL__THREADS": str(args.threads)}
     # distinct within a service process (its cache lives as long as it does); every process starts from the first
     need = sum(args.requests + max(c, 20) for c in clients) + args.compare
     pool = [{"text": t} for t, _ in lama_queries(need, seed=5)]
@@ -285,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--requests and --compare ask for {need} distinct questions; the LAMA templates give {len(pool)}")
     model_name = "bert-base-uncased's shape at hidden size 64" if args.model is None else Path(args.model).name
     result: dict = {"model": model_name, "machine": machine(), "articles": args.articles, "retriever": args.retriever,
-                    "runs": []}  # fmt: skip
+                    "model_threads": args.threads, "runs": []}  # fmt: skip
     enc = _encoder(model, ds)  # the bare forward's, in this process, before the load and after it
     result["bare_forward_ms"] = forward_ms(enc, [p["text"] for p in pool[:200]])
     print(f"bare forward of one question, ms (p50): {result['bare_forward_ms']}", flush=True)

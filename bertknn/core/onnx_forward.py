@@ -7,6 +7,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,16 +39,28 @@ def export_onnx(core: torch.nn.Module, example: tuple[torch.Tensor, ...], path: 
         torch.onnx.export(core, example, path, output_names=outputs_of(core), **EXPORT)  # type: ignore[arg-type]
 
 
-def load_onnx(path: Path) -> FastForward:
-    """The graph at ``path`` in an ONNX Runtime session with the threads this process gave torch. (Read from the
-    path, not from bytes: the session then skips a copy of the whole model.)"""
+def session_options() -> Any:
+    """ONNX Runtime's options for the forward: the threads this process gave torch, every graph optimisation,
+    and the intra-op pool's threads asleep as soon as a run returns (`session.force_spinning_stop`): by default
+    they spin for a while after each run, which keeps a core busy doing nothing between a service's batches, on
+    the cores its event loop and other threads need (docs/decisions/onnx-spinning.md). Within a run they still
+    spin between operators, which is where it saves time."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()  # the thread setting the process chose for torch
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
+    return opts
+
+
+def load_onnx(path: Path) -> FastForward:
+    """The graph at ``path`` in an ONNX Runtime session with the threads this process gave torch. (Read from the
+    path, not from bytes: the session then skips a copy of the whole model.)"""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
 
     def run(*arrays: np.ndarray) -> tuple[np.ndarray, torch.Tensor | None]:
         out = session.run(None, dict(zip(NAMES, arrays, strict=True)))
