@@ -7,10 +7,13 @@ import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 # (input_ids, attention_mask, rows, mask_pos as host int64 arrays) -> ([MASK] embeddings float32, log p_MLM at [MASK])
 FastForward = Callable[..., tuple[np.ndarray, torch.Tensor | None]]
@@ -39,7 +42,7 @@ def export_onnx(core: torch.nn.Module, example: tuple[torch.Tensor, ...], path: 
         torch.onnx.export(core, example, path, output_names=outputs_of(core), **EXPORT)  # type: ignore[arg-type]
 
 
-def session_options() -> Any:
+def session_options() -> onnxruntime.SessionOptions:
     """ONNX Runtime's options for the forward: the threads this process gave torch, every graph optimisation,
     and the intra-op pool's threads asleep as soon as a run returns (`session.force_spinning_stop`): by default
     they spin for a while after each run, which keeps a core busy doing nothing between a service's batches, on
