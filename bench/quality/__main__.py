@@ -18,7 +18,9 @@
    once with l up to 32 (``tuned_wide_l``: the l range suits bert-base's distance scale, not every model's), and
    the default settings on that same rest (``retrieval_test``), to compare like with like; ``--no-grid`` skips
    the three;
-   - ``--factor-sweep``: the defaults with temperature auto's factor scaled, on all facts and on that rest.
+   - ``--factor-sweep``: the defaults with temperature auto's factor scaled, on all facts and on that rest;
+   - ``--prior-sweep``: the defaults with the vote's ``mlm_prior`` set to each value, over both vocabularies (the
+     figures behind docs/decisions/mlm-weighted-vote.md).
 
 Writes ``bench/results/quality.json`` (every report in the ``--out`` format of ``python -m evaluation lama``,
 with the subset, corpus, datastore and wall times) and ``bench/results/quality.md`` (the table).
@@ -56,6 +58,17 @@ def _multiples(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. 0.75,1,1.5") from None
     if not all(v > 0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: every multiple must be > 0")
+    return values
+
+
+def _priors(text: str) -> list[float]:
+    """``--prior-sweep``: comma-separated numbers >= 0 (empty: none)."""
+    try:
+        values = [float(m) for m in text.split(",") if m.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. 0,0.15,0.5") from None
+    if not all(v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every mlm_prior must be >= 0")
     return values
 
 
@@ -108,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="0.75,0.9,1,1.1,1.25,1.5,2",
         help="multiples of temperature auto's factor (the builder's a) evaluated at otherwise default settings, on all "
         "facts and on the grid's test split; empty: none",
+    )
+    p.add_argument(
+        "--prior-sweep",
+        type=_priors,
+        default="0,0.05,0.1,0.15,0.2,0.25,0.5",
+        help="values of the vote's mlm_prior evaluated at otherwise default settings, over the full and the common "
+        "vocabulary; empty: none",
     )
     return p
 
@@ -315,6 +335,22 @@ def _factor_rows(args, pipeline, ds: Path, man, probe, run) -> list[dict]:  # no
     return rows
 
 
+def _prior_rows(args, qs: _Queries, run) -> list[dict]:  # noqa: ANN001
+    """--prior-sweep: the default settings with the vote's ``mlm_prior`` set to each value (``article_sharpness``
+    stays the default's), over all facts in both vocabularies. The pipeline's cache keeps every query's forward
+    pass and retrieval, so each row costs only its votes."""
+    from bertknn.evaluation.runner import RunSettings
+
+    rows = []
+    for b in args.prior_sweep:
+        keys = {vocab: f"prior_{b:g}_{vocab}" for vocab in ("full", "common")}
+        for vocab, queries in (("full", qs.probe.queries), ("common", qs.common_queries)):
+            settings = RunSettings(batch_size=args.batch_size).with_(mlm_prior=b)
+            run("retrieval", vocab, queries, settings, {"prior_sweep": b}, None, keys[vocab])
+        rows.append({"mlm_prior": b, "runs": keys})
+    return rows
+
+
 def _md_header(runs: dict[str, dict], meta: dict) -> list[str]:
     """The report's title, model, datastore, settings, timings and grid lines."""
     t = meta["timings_s"]
@@ -360,7 +396,7 @@ def _md_vocab_tables(runs: dict[str, dict], meta: dict) -> list[str]:
     ):
         subset = {
             k: v for k, v in runs.items()
-            if v["settings"]["vocab_name"] == vocab_name and not {"codec", "factor_multiple"} & set(v["settings"])
+            if v["settings"]["vocab_name"] == vocab_name and not {"codec", "factor_multiple", "prior_sweep"} & set(v["settings"])
         }
         if not subset:
             continue
@@ -465,9 +501,33 @@ def _md_factor_sweep(runs: dict[str, dict], meta: dict) -> list[str]:
     return lines
 
 
+def _md_prior_sweep(runs: dict[str, dict], meta: dict) -> list[str]:
+    """The vote's mlm_prior: BERT-kNN's and kNN's P@1 / P@10 per value, in both vocabularies."""
+    sweep = meta.get("prior_sweep") or []
+    if not sweep:
+        return []
+    lines = [
+        "## The vote's mlm_prior (default settings otherwise)",
+        "",
+        "Each row weights the neighbours' vote by p_MLM to this power (0: the paper's plain vote); the articles stay "
+        "weighted by their score (article_sharpness 10). Macro P@1 / P@10.",
+        "",
+        "| mlm_prior | BERT-kNN, full | kNN, full | BERT-kNN, common | kNN, common |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for row in sweep:
+        cells = [f"{row['mlm_prior']:g}"]
+        for vocab in ("full", "common"):
+            m = runs[row["runs"][vocab]]["macro"]
+            cells += [f"{m[c]['p@1']:.1f} / {m[c]['p@10']:.1f}" for c in ("bert_knn", "knn")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def _markdown(runs: dict[str, dict], meta: dict) -> str:
     lines = [
-        *_md_header(runs, meta), *_md_vocab_tables(runs, meta), *_md_codecs(runs, meta), *_md_factor_sweep(runs, meta)
+        *_md_header(runs, meta), *_md_vocab_tables(runs, meta), *_md_codecs(runs, meta), *_md_factor_sweep(runs, meta),
+        *_md_prior_sweep(runs, meta),
     ]
     return "\n".join(lines) + "\n"
 
@@ -617,7 +677,8 @@ class _Runs:
 
 
 def _meta(args: argparse.Namespace, qs: _Queries, limit: int | None, distractors: int | None, corpus_stats: Any,
-          man: Any, reused: bool, codecs: dict, sweep: list, timings: dict[str, float], threads: int) -> dict:  # fmt: skip
+          man: Any, reused: bool, codecs: dict, sweep: list, priors: list, timings: dict[str, float],
+          threads: int) -> dict:  # fmt: skip
     """The report's description of what was run, on what, and how long it took."""
     probe, common_queries = qs.probe, qs.common_queries
     n_rel = len({q.relation for q in probe.queries})
@@ -648,6 +709,7 @@ def _meta(args: argparse.Namespace, qs: _Queries, limit: int | None, distractors
         "codecs": codecs,
         "temperature_auto": codecs["fp16"]["temperature_auto"],
         "factor_sweep": sweep,
+        "prior_sweep": priors,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "machine": {"cores": os.cpu_count(), "torch_threads": threads, "python": platform.python_version()},
     }
@@ -699,10 +761,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs.grid_rows(base)
         codecs = _codec_rows(args, encoder, ds, man, qs.probe.queries, runs.pipeline, runs.run)
         sweep = _factor_rows(args, runs.pipeline, ds, man, qs.probe, runs.run)
+        priors = _prior_rows(args, qs, runs.run)
     finally:
         runs.pipeline.close()
     timings["total"] = time.perf_counter() - t_start
-    meta = _meta(args, qs, limit, distractors, corpus_stats, man, reused, codecs, sweep, timings, threads)
+    meta = _meta(args, qs, limit, distractors, corpus_stats, man, reused, codecs, sweep, priors, timings, threads)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "quality.json").write_text(json.dumps({**meta, "runs": runs.runs}, indent=1, ensure_ascii=False) + "\n")
     md = _markdown(runs.runs, meta)
