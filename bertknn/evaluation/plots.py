@@ -35,9 +35,13 @@ def _save(fig: Any, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     fig.tight_layout()
-    for path in paths:
-        fig.savefig(path, dpi=120, metadata={"Date": None} if path.suffix == ".svg" else None)
-    _pyplot().close(fig)
+    plt = _pyplot()
+    # no date, and element ids from a fixed salt: the same report draws the same SVG bytes, so a re-run does not
+    # show unchanged plots as changed
+    with plt.rc_context({"svg.hashsalt": "bertknn"}):
+        for path in paths:
+            fig.savefig(path, dpi=120, metadata={"Date": None} if path.suffix == ".svg" else None)
+    plt.close(fig)
     return paths
 
 
