@@ -50,12 +50,17 @@ PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
 logger = logging.getLogger("bench.quality")
 
 
+def _numbers(text: str, example: str) -> list[float]:
+    """Comma-separated numbers (empty: none); ``example`` goes into the error."""
+    try:
+        return [float(m) for m in text.split(",") if m.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. {example}") from None
+
+
 def _multiples(text: str) -> list[float]:
     """``--factor-sweep``: comma-separated positive numbers (empty: none)."""
-    try:
-        values = [float(m) for m in text.split(",") if m.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. 0.75,1,1.5") from None
+    values = _numbers(text, "0.75,1,1.5")
     if not all(v > 0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: every multiple must be > 0")
     return values
@@ -63,10 +68,7 @@ def _multiples(text: str) -> list[float]:
 
 def _priors(text: str) -> list[float]:
     """``--prior-sweep``: comma-separated numbers >= 0 (empty: none)."""
-    try:
-        values = [float(m) for m in text.split(",") if m.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. 0,0.15,0.5") from None
+    values = _numbers(text, "0,0.15,0.5")
     if not all(v >= 0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: every mlm_prior must be >= 0")
     return values
