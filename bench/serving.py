@@ -340,6 +340,12 @@ def model_process_load(cpu_s: float | None, ok: int, secs: float) -> dict[str, f
             "model_process_busy_cores": round(cpu_s / secs, 3)}  # fmt: skip
 
 
+def service_batch_rows(stages: dict[str, float], clients: int) -> int:
+    """The batch size the service formed in a level: its mean rows per forward batch, rounded (at least 1);
+    ``clients`` where the metrics give none."""
+    return max(1, round(stages.get("rows_per_batch", clients)))
+
+
 WARM_PER_CLIENT = 8  # unmeasured requests per simulated client before each throughput level
 
 
@@ -373,10 +379,15 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
             server_ms = (tree_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
             client_ms = client_cpu * 1000 / max(1, ok)
             bare_tput = 2 * len(qs) / (bare_before + sum(bare_forward(enc, [t for t, _ in qs], batch=c)))
+            # the bare forward again in batches of the size the service formed (closed-loop clients split into
+            # cohorts: one in the forward while the other is answered): how much of the ratio is the batches' size
+            own = service_batch_rows(stages, c)
+            bare_own = len(qs) / sum(bare_forward(enc, [t for t, _ in qs], batch=own))
             # both share this machine's cores: the load generator's CPU per request is part of the picture
             result["clients"].setdefault(client, {"throughput": {}})["throughput"][c] = {
                 "requests": ok + err, "requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput,
-                "ratio": (ok / secs) / bare_tput, "server_cpu_ms_per_request": server_ms,
+                "ratio": (ok / secs) / bare_tput, "service_batch_rows": own, "bare_at_service_batch_per_s": bare_own,
+                "ratio_at_service_batch": (ok / secs) / bare_own, "server_cpu_ms_per_request": server_ms,
                 "load_generator_cpu_ms_per_request": client_ms, "stage_ms_mean": stages,
                 "latency_ms": _ms(percentiles(latencies)),
                 **model_process_load(stages.pop("model_process_cpu_s", None), ok, secs),
@@ -419,6 +430,9 @@ def _report(result: dict, backend: str, threads: int) -> None:
                   f"{t['bare_batched_per_s']:.1f}/s -> {t['ratio']:.2f}x ({t['requests']} requests, {t['errors']} errors;"
                   f" CPU per request: server {t['server_cpu_ms_per_request']:.1f} ms, load generator "
                   f"{t['load_generator_cpu_ms_per_request']:.1f} ms)")  # fmt: skip
+            if "ratio_at_service_batch" in t:
+                print(f"    the bare forward in the service's batch size ({t['service_batch_rows']} rows): "
+                      f"{t['bare_at_service_batch_per_s']:.1f}/s -> {t['ratio_at_service_batch']:.2f}x")  # fmt: skip
             print(f"    mean ms per request by stage (they overlap), rows per batch: {t.get('stage_ms_mean')}")
             if "model_process_busy_cores" in t:
                 print(f"    the model process: {t['model_process_cpu_ms_per_request']:.2f} ms of CPU per request, "

@@ -428,3 +428,25 @@ def test_bench_serving_reports_the_split_layout_s_model_process_load(monkeypatch
              **load}  # fmt: skip
     rows = _serving_rows({"dtype": "bfloat16", "clients": {"raw": {"throughput": {"64": level}}}}, "split")
     assert "| - the model process: CPU per request, cores busy (split, 64 raw clients) | 3.00 ms, 0.75 |" in rows
+
+
+def test_bench_serving_sets_the_service_batch_size_beside_the_clients_count(capsys: pytest.CaptureFixture[str]) -> None:
+    """A throughput level is compared with the bare forward twice: in batches of one per client, and in batches
+    of the size the service itself formed (its mean rows per batch, rounded); the report prints both."""
+    from bench.serving import _report, service_batch_rows
+
+    assert service_batch_rows({"rows_per_batch": 15.9}, 32) == 16
+    assert service_batch_rows({"rows_per_batch": 0.3}, 8) == 1  # never a batch of none
+    assert service_batch_rows({}, 32) == 32  # no metrics: the clients' count
+    level = {"requests": 768, "requests_per_s": 75.0, "errors": 0, "bare_batched_per_s": 80.0, "ratio": 0.9375,
+             "service_batch_rows": 16, "bare_at_service_batch_per_s": 70.0, "ratio_at_service_batch": 75.0 / 70.0,
+             "server_cpu_ms_per_request": 15.4, "load_generator_cpu_ms_per_request": 0.1}  # fmt: skip
+    older = {k: v for k, v in level.items() if "service_batch" not in k}  # a report from before the second figure
+    result = {"model": "m", "datastore": {"contexts": 10}, "machine": {}, "device": "cpu", "dtype": "float32",
+              "bare_forward_ms": {"p50": 38.0}, "bare_forward_eager_ms": {"p50": 70.0},
+              "clients": {"raw": {"throughput": {32: level}}, "httpx": {"throughput": {32: older}}}}  # fmt: skip
+    _report(result, "onnx", 1)
+    lines = capsys.readouterr().out.splitlines()
+    assert "the bare forward in the service's batch size (16 rows): 70.0/s -> 1.07x" in lines[3]
+    assert sum("service's batch size" in line for line in lines) == 1
+    assert "[raw client] clients  32: 75.0 req/s vs bare batched 80.0/s -> 0.94x" in lines[2]
