@@ -382,7 +382,7 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
             # the bare forward again in batches of the size the service formed (closed-loop clients split into
             # cohorts: one in the forward while the other is answered): how much of the ratio is the batches' size
             own = service_batch_rows(stages, c)
-            bare_own = len(qs) / sum(bare_forward(enc, [t for t, _ in qs], batch=own))
+            bare_own = bare_tput if own == c else len(qs) / sum(bare_forward(enc, [t for t, _ in qs], batch=own))
             # both share this machine's cores: the load generator's CPU per request is part of the picture
             result["clients"].setdefault(client, {"throughput": {}})["throughput"][c] = {
                 "requests": ok + err, "requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput,
