@@ -474,6 +474,9 @@ def _serving_rows(serving: object, processes: str | None) -> list[str]:
                 stages = ", ".join(f"{k} {v}" for k, v in t["stage_ms_mean"].items())
                 rows.append(f"| - mean ms per request by stage, rows per batch ({how}{level} {client} clients) | "
                             f"{stages} |")  # fmt: skip
+            if "bare_at_service_batch_per_s" in t:  # reports from before this figure lack it
+                rows.append(f"| - the bare forward in the service's batch size ({how}{level} {client} clients, "
+                            f"{t['service_batch_rows']} rows) | {t['bare_at_service_batch_per_s']:,.0f}/s |")  # fmt: skip
             rows.append(f"| - server CPU per request ({how}{level} {client} clients) | "
                         f"{t['server_cpu_ms_per_request']:.1f} ms |")  # fmt: skip
             if "model_process_busy_cores" in t:  # the split layout: is its one model process the limit?

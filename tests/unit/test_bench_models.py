@@ -450,3 +450,20 @@ def test_bench_serving_sets_the_service_batch_size_beside_the_clients_count(caps
     assert "the bare forward in the service's batch size (16 rows): 70.0/s -> 1.07x" in lines[3]
     assert sum("service's batch size" in line for line in lines) == 1
     assert "[raw client] clients  32: 75.0 req/s vs bare batched 80.0/s -> 0.94x" in lines[2]
+
+
+def test_bench_gpu_shows_the_bare_forward_in_the_service_batch_size_where_the_report_has_it() -> None:
+    import copy
+    import json
+
+    from bench.common import RESULTS
+    from bench.gpu import gpu_table
+
+    report = json.loads((RESULTS / "gpu.json").read_text())
+    assert "service's batch size" not in gpu_table(report)  # that lease's report predates the figure
+    newer = copy.deepcopy(report)
+    client = next(iter(newer["serving"]["clients"].values()))
+    level, t = next(iter(client["throughput"].items()))
+    t.update(service_batch_rows=12, bare_at_service_batch_per_s=1234.4)
+    rows = [r for r in gpu_table(newer).splitlines() if "service's batch size" in r]
+    assert len(rows) == 1 and rows[0].endswith("12 rows) | 1,234/s |") and f"{level} " in rows[0]
