@@ -6,11 +6,12 @@ latency on datastores 10x and 100x larger (synthetic extra articles). One comman
 Prints a table and writes bench/results/serving.json (with ``--backend`` or ``--threads``:
 serving-BACKEND-Nt.json). All ratios are measured in the same run. Latency and throughput are measured with two
 load generators against the same server: a lean keep-alive HTTP/1.1 client (``raw``, bench/rawhttp.py) and
-httpx, each simulated client with its own connection. Both share this machine's cores with the server; the CPU each spends per request
-is printed beside it. Each throughput level is compared with the bare forward twice: in batches of one row per
-client, and in batches of the size the service itself formed (clients that wait for each answer before asking
-again reach the model in cohorts, so its batches hold fewer rows than there are clients). With several service processes (``--workers`` above 1, or auto on a GPU) the service's
-cache is a redis-server of the run's own, as a deployment's processes share Redis.
+httpx, each simulated client with its own connection. Both share this machine's cores with the server; the CPU
+each spends per request is printed beside it. Each throughput level is compared with the bare forward twice: in
+batches of one row per client, and in batches of the size the service itself formed (clients that wait for each
+answer before asking again reach the model in cohorts, so its batches hold fewer rows than there are clients).
+With several service processes (``--workers`` above 1, or auto on a GPU) the service's cache is a redis-server
+of the run's own, as a deployment's processes share Redis.
 """
 
 from __future__ import annotations
