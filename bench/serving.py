@@ -372,7 +372,8 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
             offset += warm
             qs = rest[offset : offset + per_level[c]]
             offset += per_level[c]
-            bare_before = sum(bare_forward(enc, [t for t, _ in qs], batch=c))
+            texts = [t for t, _ in qs]
+            bare_before = sum(bare_forward(enc, texts, batch=c))
             stages0 = scrape_stages(svc.url)
             server0, client0 = tree_cpu_s(svc.proc.pid), time.process_time()
             latencies: list[float] = []
@@ -381,11 +382,11 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
             stages = stage_means(stages0, scrape_stages(svc.url))
             server_ms = (tree_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
             client_ms = client_cpu * 1000 / max(1, ok)
-            bare_tput = 2 * len(qs) / (bare_before + sum(bare_forward(enc, [t for t, _ in qs], batch=c)))
+            bare_tput = 2 * len(qs) / (bare_before + sum(bare_forward(enc, texts, batch=c)))
             # the bare forward again in batches of the size the service formed (closed-loop clients split into
             # cohorts: one in the forward while the other is answered): how much of the ratio is the batches' size
             own = service_batch_rows(stages, c)
-            bare_own = bare_tput if own == c else len(qs) / sum(bare_forward(enc, [t for t, _ in qs], batch=own))
+            bare_own = bare_tput if own == c else len(qs) / sum(bare_forward(enc, texts, batch=own))
             # both share this machine's cores: the load generator's CPU per request is part of the picture
             result["clients"].setdefault(client, {"throughput": {}})["throughput"][c] = {
                 "requests": ok + err, "requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput,
