@@ -82,44 +82,63 @@ async def _load(url: str, payloads: list[dict], clients: int) -> tuple[float, in
             await c.close()
 
 
-def batches(url: str) -> tuple[float, float]:
-    """(rows, forward batches) so far, from the service's /metrics (summed over its processes)."""
+METRICS = {"bertknn_batch_size_sum": "rows", "bertknn_batch_size_count": "batches",
+           "bertknn_model_batch_rows_sum": "model_rows", "bertknn_model_batch_rows_count": "model_passes",
+           "bertknn_model_process_cpu_seconds_total": "model_cpu_s"}  # the last three: the split layout's model process
+
+
+def counters(url: str) -> dict[str, float]:
+    """The service's running sums from its /metrics (summed over its processes): the rows and forward batches of
+    its processes (``rows``, ``batches``) and, in the split layout, its model process's merged passes
+    (``model_rows``, ``model_passes``) and CPU seconds (``model_cpu_s``); 0 where the service has none."""
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    got = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-           if line.startswith(("bertknn_batch_size_sum ", "bertknn_batch_size_count "))}  # fmt: skip
-    return got.get("bertknn_batch_size_sum", 0.0), got.get("bertknn_batch_size_count", 0.0)
+    got = dict.fromkeys(METRICS.values(), 0.0)
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in METRICS:
+            got[METRICS[name]] = float(value)
+    return got
 
 
 def measure(services: dict[str, tuple[str, int]], payloads: list[dict], clients: int, blocks: int) -> dict[str, dict]:
     """One level for each running service (name: (url, pid)), the same questions to each, in ``blocks`` blocks that
     take turns (A B, B A, ...) so that the host's drift falls on every service alike: req/s, errors, the service's
-    CPU ms per answered request (all its processes), rows per batch."""
+    CPU ms per answered request (all its processes), rows per batch; in the split layout also its model process's
+    rows per merged pass and CPU ms per answered request."""
     warm = max(clients, 20)
     for url, _ in services.values():
         run_async(_load(url, payloads[:warm], clients))  # warm-up: connections, first batches
     rest = payloads[warm:]
     size = -(-len(rest) // blocks)
-    sums = {name: {"secs": 0.0, "ok": 0, "err": 0, "cpu_s": 0.0, "rows": 0.0, "batches": 0.0} for name in services}
+    sums = {name: {"secs": 0.0, "ok": 0, "err": 0, "cpu_s": 0.0, **dict.fromkeys(METRICS.values(), 0.0)}
+            for name in services}  # fmt: skip
     for b in range(blocks):
         part = rest[b * size : (b + 1) * size]
         for name in list(services) if b % 2 == 0 else list(services)[::-1]:
             url, pid = services[name]
-            rows0, count0 = batches(url)
-            cpu0 = tree_cpu_s(pid)
+            before, cpu0 = counters(url), tree_cpu_s(pid)
             secs, ok, err = run_async(_load(url, part, clients))
-            cpu1 = tree_cpu_s(pid)
-            rows1, count1 = batches(url)
+            cpu1, after = tree_cpu_s(pid), counters(url)
             got = sums[name]
-            for key, value in (("secs", secs), ("ok", ok), ("err", err), ("cpu_s", cpu1 - cpu0),
-                               ("rows", rows1 - rows0), ("batches", count1 - count0)):  # fmt: skip
+            for key, value in (("secs", secs), ("ok", ok), ("err", err), ("cpu_s", cpu1 - cpu0)):
                 got[key] += value
-    return {name: {"requests_per_s": round(g["ok"] / g["secs"], 1),
-                   "server_cpu_ms_per_request": round(g["cpu_s"] * 1000 / max(1, g["ok"]), 3),
-                   "requests": g["ok"] + g["err"], "errors": g["err"], "blocks": blocks,
-                   "rows_per_batch": round(g["rows"] / max(1.0, g["batches"]), 2)}
-            for name, g in sums.items()}  # fmt: skip
+            for key in METRICS.values():
+                got[key] += after[key] - before[key]
+    return {name: _level(g, blocks) for name, g in sums.items()}
+
+
+def _level(g: dict[str, float], blocks: int) -> dict[str, Any]:
+    """A level's figures from its summed counters (`measure`)."""
+    ok = max(1, int(g["ok"]))
+    out: dict[str, Any] = {"requests_per_s": round(g["ok"] / g["secs"], 1),
+                           "server_cpu_ms_per_request": round(g["cpu_s"] * 1000 / ok, 3),
+                           "requests": int(g["ok"] + g["err"]), "errors": int(g["err"]), "blocks": blocks,
+                           "rows_per_batch": round(g["rows"] / max(1.0, g["batches"]), 2)}  # fmt: skip
+    if g["model_passes"] > 0:  # the split layout
+        out["rows_per_model_pass"] = round(g["model_rows"] / g["model_passes"], 2)
+        out["model_process_cpu_ms_per_request"] = round(g["model_cpu_s"] * 1000 / ok, 3)
+    return out
 
 
 def answers(url: str, payloads: list[dict]) -> list[list[tuple[str, float]]]:
@@ -188,13 +207,43 @@ def forward_per_row_ms(enc: Any, texts: list[str], sizes: set[int]) -> dict[int,
     return out
 
 
+def forward_rows(run: dict) -> int:
+    """The rows per forward pass a run's forward ran at: its model process's merged passes in the split layout,
+    else its processes' batches."""
+    return max(1, round(run.get("rows_per_model_pass", run["rows_per_batch"])))
+
+
 def split_forward(runs: list[dict], per_row: dict[int, float]) -> None:
     """Each run's server CPU per request split into the forward's (`forward_per_row_ms` at the run's mean batch
-    size, rounded) and the rest, the host work a GPU would not take over."""
+    size, rounded) and the rest, the host work a GPU would not take over. In the split layout, the model
+    process's CPU per request is split the same way: its rest (the asks, the merge, the heads, the replies) is
+    work that one interpreter does for every request, so it bounds the requests per second of one model process
+    whatever its device (``model_process_bound_per_s``, at this host's speed); the API processes' share is what
+    is left."""
     for r in runs:
-        fwd = per_row[max(1, round(r["rows_per_batch"]))]
+        fwd = per_row[forward_rows(r)]
         r["forward_ms_per_request"] = fwd
         r["host_ms_per_request"] = round(r["server_cpu_ms_per_request"] - fwd, 3)
+        if "model_process_cpu_ms_per_request" in r:
+            rest = r["model_process_cpu_ms_per_request"] - fwd
+            r["model_process_host_ms_per_request"] = round(rest, 3)
+            r["model_process_bound_per_s"] = round(1000 / rest, 1) if rest > 0 else None
+            r["api_processes_cpu_ms_per_request"] = round(
+                r["server_cpu_ms_per_request"] - r["model_process_cpu_ms_per_request"], 3)
+
+
+def split_line(r: dict) -> str:
+    """A run's `split_forward` figures, as printed."""
+    head = f"{r['tree']:>20}  workers {r['workers']:>2}  clients {r['clients']:>3}:"
+    line = (f"{head} of the server CPU per request, the bare forward at {forward_rows(r)} rows per batch "
+            f"{r['forward_ms_per_request']:.2f} ms, the rest {r['host_ms_per_request']:.2f} ms")  # fmt: skip
+    if "model_process_host_ms_per_request" in r:
+        bound = r["model_process_bound_per_s"]
+        line += (f"\n{head} the model process {r['model_process_cpu_ms_per_request']:.2f} ms of it ({forward_rows(r)} "
+                 f"rows per merged pass), of that the rest {r['model_process_host_ms_per_request']:.2f} ms: one model "
+                 f"process answers at most {bound if bound is not None else 'n/a'} req/s on this host, whatever its "
+                 f"device; the API processes {r['api_processes_cpu_ms_per_request']:.2f} ms")  # fmt: skip
+    return line
 
 
 def baseline_tree(rev: str) -> Path:
@@ -315,12 +364,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:>20}  workers {n:>2}  clients {c:>3}: {row['requests_per_s']:>7.1f} req/s, "
                           f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows "
                           f"per batch, {row['errors']} errors", flush=True)  # fmt: skip
-    sizes = {max(1, round(r["rows_per_batch"])) for r in result["runs"]}
+    sizes = {forward_rows(r) for r in result["runs"]}
     split_forward(result["runs"], forward_per_row_ms(enc, [p["text"] for p in pool[:200]], sizes))
     for r in result["runs"]:
-        print(f"{r['tree']:>20}  workers {r['workers']:>2}  clients {r['clients']:>3}: of the server CPU per request, "
-              f"the bare forward at {max(1, round(r['rows_per_batch']))} rows per batch {r['forward_ms_per_request']:.2f} "
-              f"ms, the rest {r['host_ms_per_request']:.2f} ms", flush=True)  # fmt: skip
+        print(split_line(r), flush=True)
     _ratios(result)
     for name in said:
         if name != "this tree":

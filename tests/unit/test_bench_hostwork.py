@@ -10,7 +10,7 @@ from bench import hostwork
 def test_each_level_is_measured_in_blocks_that_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, list[int]]] = []
     cpu = {1: 0.0, 2: 0.0}  # a service's CPU seconds so far, by pid
-    rows = {"a": [0.0, 0.0], "b": [0.0, 0.0]}  # (rows, batches) so far, by url
+    rows = {"a": [0.0, 0.0, 0.0], "b": [0.0, 0.0, 0.0]}  # (rows, batches, merged passes) so far, by url
 
     async def load(url: str, payloads: list[dict], clients: int) -> tuple[float, int, int]:
         calls.append((url, [p["n"] for p in payloads]))
@@ -18,11 +18,17 @@ def test_each_level_is_measured_in_blocks_that_take_turns(monkeypatch: pytest.Mo
         cpu[pid] += 0.001 * len(payloads) * pid  # b costs twice a's CPU per request
         rows[url][0] += len(payloads)
         rows[url][1] += 1
+        rows[url][2] += 0.5 * (url == "b")  # b is served in the split layout: two batches a merged pass
         return 0.01 * len(payloads) * pid, len(payloads) - (url == "b"), int(url == "b")  # b fails one per call
 
     monkeypatch.setattr(hostwork, "_load", load)
     monkeypatch.setattr(hostwork, "tree_cpu_s", lambda pid: cpu[pid])
-    monkeypatch.setattr(hostwork, "batches", lambda url: tuple(rows[url]))
+    def counters(url: str) -> dict[str, float]:
+        n, batches, passes = rows[url]
+        split = {"model_rows": n, "model_passes": passes, "model_cpu_s": cpu[2] / 4} if passes else {}
+        return {"rows": n, "batches": batches, "model_rows": 0.0, "model_passes": 0.0, "model_cpu_s": 0.0, **split}
+
+    monkeypatch.setattr(hostwork, "counters", counters)
     payloads = [{"n": i} for i in range(20 + 40)]
     got = hostwork.measure({"this": ("a", 1), "base": ("b", 2)}, payloads, clients=4, blocks=4)
 
@@ -37,6 +43,10 @@ def test_each_level_is_measured_in_blocks_that_take_turns(monkeypatch: pytest.Mo
                            "blocks": 4, "rows_per_batch": 10.0}  # fmt: skip
     assert got["base"]["errors"] == 4 and got["base"]["requests"] == 40
     assert got["base"]["server_cpu_ms_per_request"] == round(2 * 40 / 36, 3)  # per answered request
+    # the split layout's model process: its merged passes and its share of the CPU, per answered request
+    assert "rows_per_model_pass" not in got["this"] and "model_process_cpu_ms_per_request" not in got["this"]
+    assert got["base"]["rows_per_model_pass"] == 20.0
+    assert got["base"]["model_process_cpu_ms_per_request"] == round(2 * 40 / 36 / 4, 3)
 
 
 def test_a_run_s_server_cpu_is_split_into_the_forward_at_its_batch_size_and_the_rest(
@@ -90,3 +100,21 @@ def test_the_setting_is_compared_with_this_tree_at_each_worker_and_client_count(
     got = [r.get("vs_this_tree") for r in result["runs"]]
     assert got == [None, {"cpu_per_request": 0.9, "requests_per_s": 0.9}, None,
                    {"cpu_per_request": 0.8, "requests_per_s": 1.1}]  # fmt: skip
+
+
+def test_in_the_split_layout_the_model_process_s_cpu_is_split_too_and_bounds_its_requests_per_second() -> None:
+    per_row = {3: 0.5, 26: 0.25}  # the bare forward's ms per question at 3 and 26 rows per pass
+    runs = [{"tree": "t", "workers": 4, "clients": 64, "rows_per_batch": 3.2, "rows_per_model_pass": 25.6,
+             "server_cpu_ms_per_request": 3.0, "model_process_cpu_ms_per_request": 0.75}]  # fmt: skip
+    hostwork.split_forward(runs, per_row)
+    r = runs[0]
+    assert r["forward_ms_per_request"] == 0.25  # at the merged passes' size, not the API processes' batches
+    assert r["host_ms_per_request"] == 2.75
+    assert r["model_process_host_ms_per_request"] == 0.5
+    assert r["model_process_bound_per_s"] == 2000.0
+    assert r["api_processes_cpu_ms_per_request"] == 2.25
+    line = hostwork.split_line(r)
+    assert "26 rows per batch" in line and "at most 2000.0 req/s" in line and "API processes 2.25 ms" in line
+    full = {"tree": "t", "workers": 1, "clients": 64, "rows_per_batch": 3.0, "server_cpu_ms_per_request": 2.0}
+    hostwork.split_forward([full], per_row)
+    assert "model_process_bound_per_s" not in full and "model process" not in hostwork.split_line(full)
