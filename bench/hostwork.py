@@ -7,9 +7,12 @@ forward costs little and most of what is left is what every request costs the ho
 tokenisation, caching, retrieval, the kNN, the vote and the response. After the load, the bare forward with the
 service's backend is timed at each run's mean batch size (rows per forward batch, from the service's metrics), and
 each run's server CPU per request is split into that forward and the rest: the host work that a GPU would not take
-over, by which its throughput per process divides (`docs/performance.md`, "Host work"). Questions are distinct
-(every request a cache miss), without a subject, so that the retriever ranks the articles: TF-IDF, or with
-``--retriever bm25`` Lucene's BM25 through the JVM. Server CPU is summed over every process of the service (its
+over, by which its throughput per process divides (`docs/performance.md`, "Host work"). In the split layout
+(``--setting layout=split``) the model process's own CPU is split the same way, at its merged passes' size: what it
+does besides the forward bounds the requests per second of one model process whatever its device, and the API
+processes' CPU is what is left (`docs/decisions/serving-processes.md`, "What the CPU predicts for a GPU"). Questions
+are distinct (every request a cache miss), without a subject, so that the retriever ranks the articles: TF-IDF, or
+with ``--retriever bm25`` Lucene's BM25 through the JVM. Server CPU is summed over every process of the service (its
 workers too).
 
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
