@@ -51,6 +51,10 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
+    # The images, the quick start and every benchmark run the Rust tokenizer without its thread pool (each
+    # request's tokenisation is one short call, made on the calling thread); a bare `bert-knn serve` does the same,
+    # for itself and the processes it starts, unless the environment says otherwise.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser(prog).parse_args(argv)
     try:
         settings = settings_from_args(args)

@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -282,6 +283,22 @@ def test_serve_without_a_datastore_says_how_to_build_one(tmp_path: Path, capsys:
         f"error: {tmp_path / 'nowhere'}: no datastore here (manifest.json missing); build one with "
         "`bert-knn build --corpus FILE --out DIR` and pass --datastore DIR"
     ]
+
+
+@pytest.mark.parametrize("given", [None, "true"])
+def test_serve_runs_the_tokenizer_without_its_thread_pool_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str | None
+) -> None:
+    """A bare `bert-knn serve` tokenises as the images and the benchmarks do (`TOKENIZERS_PARALLELISM=false`, which
+    its worker and model processes inherit); an operator's own value stands."""
+    from bertknn.service.__main__ import main
+
+    if given is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", given)
+    assert main(["--datastore", str(tmp_path / "nowhere")]) == 2
+    assert os.environ["TOKENIZERS_PARALLELISM"] == (given or "false")
 
 
 def test_serve_on_a_busy_port_says_so_before_loading_anything(tmp_path: Path, tiny_datastore: Path) -> None:
