@@ -85,23 +85,20 @@ async def _load(url: str, payloads: list[dict], clients: int) -> tuple[float, in
             await c.close()
 
 
-METRICS = {"bertknn_batch_size_sum": "rows", "bertknn_batch_size_count": "batches",
-           "bertknn_model_batch_rows_sum": "model_rows", "bertknn_model_batch_rows_count": "model_passes",
-           "bertknn_model_process_cpu_seconds_total": "model_cpu_s"}  # the last three: the split layout's model process
+# what `counters` keeps of `bench.serving.scrape_stages`: the processes' batches and, in the split layout, the model
+# process's merged passes and CPU seconds
+METRICS = {"batch:sum": "rows", "batch:count": "batches", "model_batch:sum": "model_rows",
+           "model_batch:count": "model_passes", "model_cpu_s": "model_cpu_s"}  # fmt: skip
 
 
 def counters(url: str) -> dict[str, float]:
     """The service's running sums from its /metrics (summed over its processes): the rows and forward batches of
     its processes (``rows``, ``batches``) and, in the split layout, its model process's merged passes
     (``model_rows``, ``model_passes``) and CPU seconds (``model_cpu_s``); 0 where the service has none."""
-    import httpx
+    from bench.serving import scrape_stages
 
-    got = dict.fromkeys(METRICS.values(), 0.0)
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in METRICS:
-            got[METRICS[name]] = float(value)
-    return got
+    got = scrape_stages(url)
+    return {ours: got.get(theirs, 0.0) for theirs, ours in METRICS.items()}
 
 
 def measure(services: dict[str, tuple[str, int]], payloads: list[dict], clients: int, blocks: int) -> dict[str, dict]:
