@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -11,6 +10,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from bertknn.core.errors import ModelLoadError
+from bertknn.core.model_ref import check_model_dir
 
 # required: refuse a checkpoint without its MLM head; ignored: load it for its embeddings (the builder); knn-only:
 # serve it with a uniform p_MLM
@@ -54,10 +54,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 def from_pretrained(name_or_path: str) -> tuple[Any, Any, list[str]]:
     """The tokenizer and masked LM of a hub name or local directory (float32, safetensors preferred), and the
     head's weights the checkpoint lacks (sorted; none for a full masked LM)."""
-    where = Path(name_or_path).expanduser()
-    if (name_or_path.startswith((".", "/", "~")) or where.exists()) and not where.is_dir():
-        raise ModelLoadError(f"the model directory {name_or_path} does not exist; pass a masked LM's directory "
-                             "or its Hugging Face hub name")  # fmt: skip
+    check_model_dir(name_or_path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

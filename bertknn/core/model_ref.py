@@ -25,6 +25,18 @@ def local_model_path(name: str) -> str | None:
     return str(path.resolve()) if path.is_dir() else None
 
 
+def check_model_dir(name_or_path: str) -> None:
+    """Refuse, in one line, a model given as a local path that is not there or is not a model's directory; a
+    hub name passes (whether the hub has it is the loader's to say)."""
+    where = Path(name_or_path).expanduser()
+    if (name_or_path.startswith((".", "/", "~")) or where.exists()) and not where.is_dir():
+        raise ModelLoadError(f"the model directory {name_or_path} does not exist; pass a masked LM's directory "
+                             "or its Hugging Face hub name")  # fmt: skip
+    if where.is_dir() and not (where / "config.json").is_file():
+        raise ModelLoadError(f"{name_or_path} is not a Hugging Face model directory: it has no config.json (a masked "
+                             "LM's directory holds config.json, its tokenizer's files and its weights)")  # fmt: skip
+
+
 def locate_model(name: str, path: str | None, override: str | None = None) -> str:
     """What to load: ``override`` (the caller's choice) if given; else the recorded absolute directory when it
     exists; else the recorded name, when it is a local directory from here or could be a hub name.

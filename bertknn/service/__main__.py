@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from bertknn.core import runtime
 from bertknn.core.errors import BertKnnError
 from bertknn.core.format import read_manifest
-from bertknn.core.model_ref import locate_model
+from bertknn.core.model_ref import check_model_dir, locate_model
 from bertknn.core.settings_cli import add_settings_flags, flag_for, settings_overrides
 from bertknn.service.model_process import ModelProcess
 from bertknn.service.processes import (
@@ -179,7 +179,7 @@ def preflight(settings: ServiceSettings) -> str | None:
         )
     try:
         manifest = read_manifest(settings.datastore)
-        locate_model(manifest.model.name, manifest.model.path, settings.model.name)
+        check_model_dir(locate_model(manifest.model.name, manifest.model.path, settings.model.name))
     except BertKnnError as exc:
         return str(exc)
     return port_problem(settings.host, settings.port)  # before the model loads, not after

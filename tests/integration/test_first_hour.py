@@ -301,6 +301,21 @@ def test_serve_runs_the_tokenizer_without_its_thread_pool_unless_told_otherwise(
     assert os.environ["TOKENIZERS_PARALLELISM"] == (given or "false")
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_with_a_directory_that_holds_no_model_says_so_before_any_process_starts(
+    tmp_path: Path, tiny_datastore: Path, workers: str
+) -> None:
+    """``--model DIR`` naming a directory without a model (the parent of the model's folder, say) is one line
+    before anything loads, in one process or several, as a missing one is."""
+    (tmp_path / "notes.txt").write_text("not a model")
+    run = _serve(tiny_datastore, "--model", str(tmp_path), "--workers", workers, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"error: {tmp_path} is not a Hugging Face model directory: it has no config.json (a masked LM's directory "
+        "holds config.json, its tokenizer's files and its weights)"
+    ]
+
+
 def test_serve_on_a_busy_port_says_so_before_loading_anything(tmp_path: Path, tiny_datastore: Path) -> None:
     import socket
 

@@ -83,6 +83,13 @@ def test_unloadable_model_names_it(tmp_path: Path) -> None:
         MaskedLMEncoder.load(str(tmp_path / "no-such-model"), device="cpu")
 
 
+def test_a_directory_without_a_model_says_what_a_model_directory_holds(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a model")  # e.g. the parent of the model's directory
+    with pytest.raises(ModelLoadError, match=r"not a Hugging Face model directory: it has no config\.json"):
+        MaskedLMEncoder.load(str(tmp_path), device="cpu")
+    MaskedLMEncoder.load(str(tiny_model_dir), device="cpu")  # the same check passes a real one
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when CUDA is absent")
 def test_cuda_without_a_gpu_is_refused() -> None:
     with pytest.raises(ModelLoadError, match="--device cpu"):
