@@ -26,6 +26,7 @@ from bertknn.core.calibration import measure_distance_scale
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BuildError, BuildInterrupted, DatastoreError
 from bertknn.core.format import (
+    BUILD_STATE,
     MANIFEST,
     REDIRECTS,
     CodecInfo,
@@ -53,7 +54,6 @@ from bertknn.core.onnx_cache import onnx_cache
 from bertknn.core.runtime import cpu_quota_threads
 
 logger = logging.getLogger(__name__)
-BUILD_STATE = "build.json"
 
 
 def _build_state(

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from bertknn.builder.build import BUILD_STATE, check_corpus_files
+from bertknn.builder.build import check_corpus_files
 from bertknn.builder.coding import Coder
 from bertknn.builder.corpus import Article, CorpusStats, corpus_language, detect_format, read_corpora
 from bertknn.builder.embed import ShardOptions, Work, embed_shards
@@ -46,6 +46,7 @@ from bertknn.core.errors import UpdateError
 from bertknn.core.format import (
     ARTICLE_TABLE,
     BM25_DIR,
+    BUILD_STATE,
     INDEX_DIR,
     IVFPQ_FILE,
     REDIRECTS,

@@ -91,6 +91,16 @@ def test_wrong_manifest_counts_are_named(ds: Path) -> None:
     assert "do not match" in problems[0]
 
 
+def test_a_directory_without_a_build_is_not_called_an_unfinished_one(tmp_path: Path) -> None:
+    """Only a directory a build was started in (its build.json) is told to resume; an empty or missing one is told
+    that no datastore is there, and how to make one."""
+    (empty,) = validate_datastore(tmp_path)
+    assert empty.startswith(f"{tmp_path / MANIFEST}: no manifest, and no build was started in {tmp_path}")
+    assert "bert-knn build --corpus FILE --out DIR" in empty and "resume" not in empty
+    (missing,) = validate_datastore(tmp_path / "nowhere")
+    assert missing.startswith(f"{tmp_path / 'nowhere'}: no such directory") and "resume" not in missing
+
+
 def test_a_missing_manifest_says_the_build_did_not_finish(ds: Path) -> None:
     (ds / MANIFEST).unlink()
     (problem,) = validate_datastore(ds)

@@ -73,6 +73,7 @@ __all__ = [
     "DatastoreError",
     "FORMAT_VERSION",
     "MANIFEST",
+    "BUILD_STATE",
     "REDIRECTS",
     "SHARDS_DIR",
     "SHARD_MARKER",
@@ -121,6 +122,7 @@ __all__ = [
 FORMAT_VERSION = 4
 UPGRADABLE_FORMAT_VERSIONS = (1, 2, 3)  # `bert-knn upgrade` converts them
 MANIFEST = "manifest.json"
+BUILD_STATE = "build.json"  # a build's settings, written when it starts: what a resumed build must match
 REDIRECTS = "redirects.json"
 SHARDS_DIR = "shards"
 SHARD_MARKER = "SHARD.json"

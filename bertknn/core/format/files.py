@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from bertknn.core.errors import DatastoreError
-from bertknn.core.format.contract import IVFPQ_FILE, MANIFEST, Manifest, ivfpq_meta_path
+from bertknn.core.format.contract import BUILD_STATE, IVFPQ_FILE, MANIFEST, Manifest, ivfpq_meta_path
 
 
 @contextmanager
@@ -67,15 +67,24 @@ def atomic_write_json(path: Path, obj: object) -> None:
 def read_manifest(root: Path) -> Manifest:
     path = Path(root) / MANIFEST
     if not path.is_file():
-        raise DatastoreError(
-            f"{path}: no manifest. The build did not finish; re-run the same build command to resume it."
-        )
+        raise DatastoreError(_no_manifest(Path(root)))
     try:
         return Manifest.model_validate_json(path.read_bytes())
     except ValidationError as exc:
         raise DatastoreError(f"{path}: not a valid manifest ({_first_problem(exc)}). Rebuild the datastore.") from exc
     except ValueError as exc:
         raise DatastoreError(f"{path}: not a valid manifest ({exc}). Rebuild the datastore.") from exc
+
+
+def _no_manifest(root: Path) -> str:
+    """Why ``root`` has no manifest, and what to do: a directory that is not there, one no build was started in,
+    or a build that did not finish."""
+    if not root.is_dir():
+        return f"{root}: no such directory; pass a datastore's directory (what `bert-knn build --out DIR` wrote)"
+    if not (root / BUILD_STATE).is_file():
+        return (f"{root / MANIFEST}: no manifest, and no build was started in {root}: no datastore here; build one "
+                "with `bert-knn build --corpus FILE --out DIR`")  # fmt: skip
+    return f"{root / MANIFEST}: no manifest. The build did not finish; re-run the same build command to resume it."
 
 
 def _first_problem(exc: ValidationError) -> str:
