@@ -42,6 +42,10 @@ def render() -> str:
         "group and the name joined by `__`). A flag beats the environment, which beats the default. Secrets",
         "(`admin_token`, `cache.redis_url`) are never logged or echoed.",
         "",
+        "A variable with a command's prefix that sets nothing (`BERTKNN_BATCHING__MAXBATCH`) would keep the default",
+        "without a word, so `bert-knn serve` and the builder's commands warn of it at start, with the setting it most",
+        "likely meant. A bad value is refused in one line that names where it was given: the flag, or the variable.",
+        "",
     ]
     for title, prefix, cls, command, aliases in SECTIONS:
         lines += [f"## {title}", "", f"Environment prefix `{prefix}`; flags on `{command}`.", "",

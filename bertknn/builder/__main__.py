@@ -18,7 +18,15 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from bertknn.builder.settings import AddSettings, BuildSettings, RecodeSettings
-from bertknn.core.settings_cli import add_settings_flags, adopt_legacy_env, flag_for, settings_overrides
+from bertknn.core.settings_cli import (
+    add_settings_flags,
+    adopt_legacy_env,
+    env_variables,
+    error_message,
+    error_source,
+    settings_overrides,
+    unknown_variables,
+)
 
 logger = logging.getLogger("datastore_builder")
 
@@ -76,11 +84,15 @@ S = TypeVar("S", bound=BaseSettings)
 
 def _settings_or_errors(cls: type[S], args: argparse.Namespace) -> S | None:
     """Settings from the flags given (the rest from BERTKNN_* variables and defaults); errors printed per flag."""
+    namespace = str(cls.model_config.get("env_prefix", ""))
+    for line in unknown_variables(env_variables(cls), namespace):
+        logger.warning(line)
+    given = settings_overrides(args, cls)
     try:
-        return cls(**settings_overrides(args, cls))
+        return cls(**given)
     except ValidationError as exc:
         for err in exc.errors():
-            print(f"error: {flag_for(err['loc'])}: {err['msg']}", file=sys.stderr)
+            print(f"error: {error_source(err['loc'], cls, given)}: {error_message(err)}", file=sys.stderr)
         return None
 
 

@@ -7,9 +7,10 @@ the environment, which overrides the default. The same walk over the fields writ
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -147,6 +148,30 @@ def flag_for(loc: Sequence[object]) -> str:
     return "--" + "-".join(parts).replace("_", "-") if parts else "settings"
 
 
+def error_message(err: Mapping[str, Any]) -> str:
+    """A validation error's message without pydantic's "Value error, " in front of the project's own words."""
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def error_source(
+    loc: Sequence[object], cls: type[BaseModel], given: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> str:
+    """How to name the setting of a validation error: its flag when the command line gave it (``given``:
+    `settings_overrides`), else the environment variable that did (``BERTKNN_CACHE__TTL_S``), else its flag."""
+    parts = tuple(str(x) for x in loc if not isinstance(x, int))
+    node: Any = given
+    for part in parts:
+        if not isinstance(node, Mapping) or part not in node:
+            break
+        node = node[part]
+    else:
+        return flag_for(loc)
+    env = os.environ if environ is None else environ
+    upper = {k.upper(): k for k in env}
+    named = [upper[name] for name, path in env_variables(cls).items() if path == parts and name in upper]
+    return named[0] if named else flag_for(loc)
+
+
 def adopt_legacy_env(old_prefix: str, new_prefix: str, environ: dict[str, str] | None = None) -> list[str]:
     """Copy variables spelled the old way (``BERTKNN_BUILD_BATCH_SIZE``) to the one scheme
     (``BERTKNN_BUILD__BATCH_SIZE``) when the new name is unset; returns the old names found, for a warning."""
@@ -157,3 +182,50 @@ def adopt_legacy_env(old_prefix: str, new_prefix: str, environ: dict[str, str] |
             found.append(name)
             env.setdefault(new_prefix + name[len(old_prefix) :], env[name])
     return found
+
+
+def model_type(annotation: Any) -> type[BaseModel] | None:
+    """The settings group an annotation holds (``CacheSettings``, also inside Optional or Annotated), else None."""
+    candidates = [annotation, *get_args(annotation)]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
+def env_variables(cls: type[BaseModel]) -> dict[str, tuple[str, ...]]:
+    """Every environment variable a settings class reads, upper case -> the path of the field it sets; a nested
+    group's own name too (pydantic-settings takes a whole group as JSON)."""
+    cfg = cls.model_config
+    prefix = str(cfg.get("env_prefix", "")).upper()
+    delim = str(cfg.get("env_nested_delimiter") or "")
+    out: dict[str, tuple[str, ...]] = {}
+
+    def walk(model: type[BaseModel], env_prefix: str, path: tuple[str, ...]) -> None:
+        for name, info in model.model_fields.items():
+            nested = model_type(info.annotation)
+            aliases = [a for a in (info.alias, info.validation_alias) if isinstance(a, str)]
+            for key in dict.fromkeys([name, *aliases]):
+                env = f"{env_prefix}{key}".upper()
+                out[env] = (*path, name)
+                if nested is not None and delim:
+                    walk(nested, f"{env}{delim}", (*path, name))
+
+    walk(cls, prefix, ())
+    return out
+
+
+def unknown_variables(
+    known: Iterable[str], namespace: str, *, others: Sequence[str] = (), environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """One warning per variable named ``namespace``* that sets nothing: pydantic-settings ignores such a variable,
+    so a misspelt setting would keep its default without a word. ``known``: the variables that do set something
+    (`env_variables`); ``others``: prefixes of names another command or the service's own processes read."""
+    env = os.environ if environ is None else environ
+    names = {k.upper() for k in known}
+    out = []
+    for name in sorted(env):
+        upper = name.upper()
+        if not upper.startswith(namespace) or upper in names or upper.startswith(tuple(others)):
+            continue
+        close = difflib.get_close_matches(upper, names, n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        out.append(f"the environment variable {name} is not a setting and is ignored{hint} (docs/configuration.md)")
+    return out

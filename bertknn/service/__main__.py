@@ -16,10 +16,19 @@ from bertknn.core import runtime
 from bertknn.core.errors import BertKnnError
 from bertknn.core.format import read_manifest
 from bertknn.core.model_ref import check_model_dir, locate_model
-from bertknn.core.settings_cli import add_settings_flags, flag_for, settings_overrides
+from bertknn.core.settings_cli import (
+    add_settings_flags,
+    env_variables,
+    error_message,
+    error_source,
+    settings_overrides,
+    unknown_variables,
+)
+from bertknn.service.model_client import ADDRESS_ENV, AUTHKEY_ENV
 from bertknn.service.model_process import ModelProcess
 from bertknn.service.processes import (
     ARGV_ENV,
+    RUN_DIR_ENV,
     default_workers,
     make_run_dir,
     remove_stale_run_dirs,
@@ -30,7 +39,13 @@ from bertknn.service.settings import ServiceSettings
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+logger = logging.getLogger(__name__)
+
 STARTUP_FAILURE = 3  # uvicorn's exit code for a worker that could not start
+
+# BERTKNN_* variables that are not the service's settings: the builder's commands' (BERTKNN_BUILD__*, and the
+# old BERTKNN_BUILD_* it still reads) and what a server passes to its own processes
+NOT_THE_SERVICES = ("BERTKNN_BUILD_", "BERTKNN_ADD_", "BERTKNN_RECODE_", ARGV_ENV, RUN_DIR_ENV, ADDRESS_ENV, AUTHKEY_ENV)
 
 # flags kept from before the flags were generated: existing scripts call them
 ALIASES = {"model.name": ("--model",), "model.device": ("--device",), "cache.redis_url": ("--redis-url",)}
@@ -59,12 +74,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:
+        given = settings_overrides(args, ServiceSettings)
         for err in exc.errors():
-            print(f"error: {flag_for(err['loc'])}: {err['msg']}", file=sys.stderr)
+            print(f"error: {error_source(err['loc'], ServiceSettings, given)}: {error_message(err)}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for line in unknown_variables(env_variables(ServiceSettings), "BERTKNN_", others=NOT_THE_SERVICES):
+        logger.warning(line)  # (before the first-run checks: a misspelt BERTKNN_DATASTORE explains their error)
     problem = preflight(settings)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)

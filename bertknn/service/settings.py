@@ -76,15 +76,29 @@ class ModelSettings(BaseModel):
     )
 
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what the Redis client takes
+
+
 class CacheSettings(BaseModel):
     redis_url: SecretStr | None = Field(
-        None, description="redis:// or rediss:// URL (its password is kept secret); unset = in-process LRU cache"
+        None, description="redis://, rediss:// or unix:// URL (its password is kept secret); unset = in-process LRU cache"
     )
     key_prefix: str = Field("bertknn", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     ttl_s: int = Field(86400, ge=1)
     lru_size: int = Field(4096, ge=0)
     timeout_ms: int = Field(50, ge=1, le=10000, description="socket timeout of one Redis call")
     mlm_top_entries: int = Field(2048, ge=16, description="p_MLM entries kept in the cache (float16)")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        # refused here in one line, not by the Redis client at start-up; only the scheme is shown (the URL may
+        # hold the password)
+        if value is not None and not value.get_secret_value().startswith(REDIS_SCHEMES):
+            scheme = value.get_secret_value().partition("://")[0] if "://" in value.get_secret_value() else ""
+            got = f"scheme {scheme!r}" if scheme else "no scheme"
+            raise ValueError(f"a Redis URL starts with {', '.join(REDIS_SCHEMES)} (this one has {got})")
+        return value
 
 
 class BatchingSettings(BaseModel):

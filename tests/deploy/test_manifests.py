@@ -21,7 +21,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +28,10 @@ from typing import Any
 
 import pytest
 import yaml
-from pydantic import BaseModel, TypeAdapter
-from pydantic_settings import BaseSettings
+from pydantic import TypeAdapter
 
 from bertknn.builder.settings import BuildSettings
+from bertknn.core.settings_cli import env_variables, model_type
 from bertknn.service.settings import ServiceSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,41 +164,8 @@ def test_compose_config_rejects_unknown_key(tmp_path: Path) -> None:
 # (b) drift between the deployment files and the code
 
 
-def settings_env_fields(cls: type[BaseSettings]) -> dict[str, tuple[str, ...]]:
-    """Every environment variable a settings class reads -> the path of the field it sets (upper-cased names)."""
-    cfg = cls.model_config
-    prefix = str(cfg.get("env_prefix", "")).upper()
-    delim = cfg.get("env_nested_delimiter") or ""
-    out: dict[str, tuple[str, ...]] = {}
-
-    def keys(name: str, info: Any) -> set[str]:
-        found = {name}
-        if info.alias:
-            found.add(info.alias)
-        if isinstance(info.validation_alias, str):
-            found.add(info.validation_alias)
-        return found
-
-    def walk(model: type[BaseModel], env_prefix: str, path: tuple[str, ...]) -> None:
-        for name, info in model.model_fields.items():
-            nested = _model_type(info.annotation)
-            for key in keys(name, info):
-                env = f"{env_prefix}{key}".upper()
-                out[env] = (*path, name)  # a nested group may also be set whole, as JSON
-                if nested is not None and delim:
-                    walk(nested, f"{env}{delim}", (*path, name))
-
-    walk(cls, prefix, ())
-    return out
-
-
-def _model_type(annotation: Any) -> type[BaseModel] | None:
-    candidates = [annotation, *typing.get_args(annotation)]
-    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-
-
-SERVICE_ENV = settings_env_fields(ServiceSettings)
-BUILD_ENV = settings_env_fields(BuildSettings)
+SERVICE_ENV = env_variables(ServiceSettings)
+BUILD_ENV = env_variables(BuildSettings)
 SETTINGS_OF = {SERVICE: (ServiceSettings, SERVICE_ENV), BUILDER: (BuildSettings, BUILD_ENV)}
 
 
@@ -472,7 +438,7 @@ def test_environment_variables_are_real_settings(consumer: Consumer, monkeypatch
         for part in fields[key.upper()]:
             info = type(obj).model_fields[part]
             obj = getattr(obj, part)
-        if _model_type(info.annotation) is None:
+        if model_type(info.annotation) is None:
             assert obj == TypeAdapter(info.annotation).validate_python(value), f"{consumer.where}: {key}={value!r}"
 
 

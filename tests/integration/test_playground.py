@@ -1,6 +1,6 @@
 """The playground (`GET /ui`) in a real browser: headless Chromium (Debian's package) driven by Selenium against a
 running service, every figure on the page checked against the API's own answer. A screenshot of each page is kept
-in ``runs/test-artifacts`` (``BERTKNN_TEST_ARTIFACTS``)."""
+in ``runs/test-artifacts`` (``BERT_KNN_TEST_ARTIFACTS``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A real browser for the playground's tests: headless Chromium (Debian's package) driven by Selenium; screenshots
-kept in ``runs/test-artifacts`` (``BERTKNN_TEST_ARTIFACTS``)."""
+kept in ``runs/test-artifacts`` (``BERT_KNN_TEST_ARTIFACTS``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = Path(os.environ.get("BERTKNN_TEST_ARTIFACTS", REPO / "runs" / "test-artifacts"))
+ARTIFACTS = Path(os.environ.get("BERT_KNN_TEST_ARTIFACTS", REPO / "runs" / "test-artifacts"))
 
 
 def chromium() -> Iterator[Any]:
