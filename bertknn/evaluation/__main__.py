@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,40 @@ def _temperature_arg(value: str) -> float | None:
     return t
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low`` (a count of neighbours, articles, facts)."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r}: give a whole number") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{value}: must be at least {low}")
+        return n
+
+    return parse
+
+
+def _number(low: float, high: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a number in [low, high] (``high`` None: no upper bound)."""
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r}: give a number") from None
+        if not (x >= low and (high is None or x <= high)):  # (NaN fails both)
+            span = f"at least {low:g}" if high is None else f"between {low:g} and {high:g}"
+            raise argparse.ArgumentTypeError(f"{value}: must be {span}")
+        return x
+
+    return parse
+
+
+COUNT, THREADS, LAMBDA, WEIGHT = _at_least(1), _at_least(0), _number(0.0, 1.0), _number(0.0)
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -56,12 +90,12 @@ def _self_probe_parser(sub: Any) -> None:
     sp.add_argument("--datastore", type=Path, required=True)
     sp.add_argument("--model", help="masked LM name or directory (default: the manifest's)")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    sp.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the CPU quota)")
-    sp.add_argument("--n", type=int, default=200, help="sentences to ask back")
+    sp.add_argument("--threads", type=THREADS, default=0, help="torch CPU threads (0 = the CPU quota)")
+    sp.add_argument("--n", type=COUNT, default=200, help="sentences to ask back")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--retriever", choices=["bm25", "tfidf", "none"], default="bm25",
                     help="asks each question without its subject too: its article among the top --num-articles")  # fmt: skip
-    sp.add_argument("--num-articles", type=int, default=3)
+    sp.add_argument("--num-articles", type=COUNT, default=3)
     sp.add_argument("--out", type=Path, help="write the JSON report here")
 
 
@@ -74,12 +108,12 @@ def _asked_flags(la: argparse.ArgumentParser) -> None:
     )
     la.add_argument("--url", help="evaluate a running service at this URL instead of in process")
     la.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    la.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the CPU quota)")
+    la.add_argument("--threads", type=THREADS, default=0, help="torch CPU threads (0 = the CPU quota)")
     la.add_argument(
         "--vocab", type=Path, help="restrict ranking (and facts) to this vocabulary, e.g. LAMA's common vocab"
     )
     la.add_argument(
-        "--limit", type=int, help="at most N facts per relation (the first N kept, in file order)"
+        "--limit", type=COUNT, help="at most N facts per relation (the first N kept, in file order)"
     )
     la.add_argument(
         "--relations", type=_csv, help="comma-separated relation ids: P19,P27,place_of_birth,squad"
@@ -97,19 +131,19 @@ def _method_flags(la: argparse.ArgumentParser) -> None:
     """The method's setting: retrieval, k, temperature, lambda, the vote, the layer."""
     la.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="article ranker")
     la.add_argument("--no-retrieval", action="store_true", help="kNN over the whole datastore (IVF-PQ index)")
-    la.add_argument("--num-articles", type=int, default=3, help="N articles searched")
-    la.add_argument("--k", type=int, default=128, help="neighbours")
+    la.add_argument("--num-articles", type=COUNT, default=3, help="N articles searched")
+    la.add_argument("--k", type=COUNT, default=128, help="neighbours")
     la.add_argument(
         "--temperature", type=_temperature_arg, default=None, help="l in softmax(-d/l), or auto (default): the "
         "datastore's own, measured when it was built",
     )
-    la.add_argument("--lambda", dest="lambda_", type=float, default=0.3, help="kNN weight")
+    la.add_argument("--lambda", dest="lambda_", type=LAMBDA, default=0.3, help="kNN weight")
     la.add_argument(
-        "--mlm-prior", type=float, default=DEFAULT_MLM_PRIOR,
+        "--mlm-prior", type=WEIGHT, default=DEFAULT_MLM_PRIOR,
         help="the neighbours' vote weighted by p_MLM to this power (0: the paper's plain vote; word answers, not entities)",
     )  # fmt: skip
     la.add_argument(
-        "--article-sharpness", type=float, default=DEFAULT_ARTICLE_SHARPNESS,
+        "--article-sharpness", type=WEIGHT, default=DEFAULT_ARTICLE_SHARPNESS,
         help="lower-ranked articles' neighbours count exp(-this * (1 - score / top score)) as much (0: the same)",
     )  # fmt: skip
     la.add_argument("--layer", type=int, help="hidden_states index the datastore must be built at (ablation)")
@@ -157,7 +191,7 @@ def _adaptive_flags(la: argparse.ArgumentParser) -> None:
 
 def _report_flags(la: argparse.ArgumentParser) -> None:
     """What is reported, and where."""
-    la.add_argument("--batch-size", type=int, default=32)
+    la.add_argument("--batch-size", type=COUNT, default=32)
     la.add_argument("--out", type=Path, help="write the JSON report here")
     la.add_argument(
         "--plots", type=Path, metavar="DIR", help="write plots (PNG and SVG) here: P@1 per relation for MLM, kNN and "
@@ -194,17 +228,17 @@ def _follow_parser(sub: Any) -> None:
     fo.add_argument("--datastore", type=Path, required=True, help="a datastore with links")
     fo.add_argument("--model", help="masked LM name or directory (default: the manifest's)")
     fo.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    fo.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the CPU quota)")
+    fo.add_argument("--threads", type=THREADS, default=0, help="torch CPU threads (0 = the CPU quota)")
     fo.add_argument(
         "--pairs", type=_csv, help="r1:r2 relation pairs (default: every pair with a composed template and facts)"
     )
-    fo.add_argument("--limit", type=int, default=50, help="questions per pair (the first N, in file order)")
-    fo.add_argument("--beam", type=int, default=DEFAULT_BEAM, help="entities of hop 1 that hop 2 starts from")
+    fo.add_argument("--limit", type=COUNT, default=50, help="questions per pair (the first N, in file order)")
+    fo.add_argument("--beam", type=COUNT, default=DEFAULT_BEAM, help="entities of hop 1 that hop 2 starts from")
     fo.add_argument("--retriever", choices=["bm25", "tfidf"], default="bm25", help="for entities without an article")
-    fo.add_argument("--num-articles", type=int, default=3)
-    fo.add_argument("--k", type=int, default=128, help="neighbours")
+    fo.add_argument("--num-articles", type=COUNT, default=3)
+    fo.add_argument("--k", type=COUNT, default=128, help="neighbours")
     fo.add_argument("--temperature", type=_temperature_arg, default=None, help="a number, or auto (default)")
-    fo.add_argument("--lambda", dest="lambda_", type=float, default=0.3, help="kNN weight")
+    fo.add_argument("--lambda", dest="lambda_", type=LAMBDA, default=0.3, help="kNN weight")
     fo.add_argument("--out", type=Path, help="write the JSON report here")
     fo.add_argument("--quiet", action="store_true", help="no progress bars")
 

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from bertknn.service.api.schemas import BatchResponse, PredictRequest, PredictResponse
 
@@ -140,6 +141,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertknn.service.c
     except httpx.HTTPError as exc:
         print(f"error: cannot reach {args.url}: {exc}", file=sys.stderr)
         return 1
+    except ValidationError as exc:  # checked here, before any request: one line per bad flag
+        for err in exc.errors(include_url=False):
+            field = ".".join(str(x) for x in err["loc"])
+            flag = field if field == "text" else "--" + field.replace("_", "-")
+            print(f"error: {flag}: {err['msg']}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -39,3 +39,34 @@ def test_every_flag_of_predict_says_what_it_does(capsys: pytest.CaptureFixture[s
             for e in entries}  # fmt: skip
     assert set(said) >= {"--url", "--subject", "--top-k", "--retriever", "--interpolation", "--json"}, said
     assert all(len(words) >= 2 for words in said.values()), said
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["eval", "lama", "--k", "0"], "argument --k: 0: must be at least 1"),
+    (["eval", "lama", "--num-articles", "x"], "argument --num-articles: 'x': give a whole number"),
+    (["eval", "lama", "--lambda", "2"], "argument --lambda: 2: must be between 0 and 1"),
+    (["eval", "lama", "--lambda", "nan"], "argument --lambda: nan: must be between 0 and 1"),
+    (["eval", "lama", "--mlm-prior", "-1"], "argument --mlm-prior: -1: must be at least 0"),
+    (["eval", "lama", "--batch-size", "0"], "argument --batch-size: 0: must be at least 1"),
+    (["eval", "follow", "--datastore", "ds", "--beam", "0"], "argument --beam: 0: must be at least 1"),
+    (["eval", "self-probe", "--datastore", "ds", "--threads", "-1"], "argument --threads: -1: must be at least 0"),
+])  # fmt: skip
+def test_eval_refuses_an_out_of_range_setting_before_any_work(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not a traceback from deep in a run (an AssertionError for --k 0, a ValueError for --lambda 2): the flag,
+    in argparse's one line."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {line}")
+
+
+def test_predict_refuses_a_bad_flag_in_one_line_per_flag_before_asking(capsys: pytest.CaptureFixture[str]) -> None:
+    # (nothing listens at the URL: the check comes first)
+    assert main(["predict", "", "--top-k", "0", "--mlm-prior", "-1", "--url", "http://127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: text: String should have at least 1 character",
+        "error: --top-k: Input should be greater than or equal to 1",
+        "error: --mlm-prior: Input should be greater than or equal to 0",
+    ]
