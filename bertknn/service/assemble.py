@@ -80,7 +80,7 @@ class AnswerAssembler:
             parts = self.answerer.from_voted(query, voted, nbrs, articles)
         else:
             parts = self.answerer.answer(query, enc, articles, nbrs, with_distributions=with_distributions)
-        if not self.datastore.linked or not parts.predictions:
+        if not self.datastore.links.has_entities or not parts.predictions:  # (no entity to name: linked or not)
             return parts
         assert query.temperature is not None
         refs = entity_of_words(

@@ -162,7 +162,7 @@ def entity_of_words(
     links name with the most kNN weight (softmax(-d/l), as p_kNN); else the entity titled like the word; else None.
 
     ``word_at``: the word stored at each neighbour rank (what the answerer compared with the answers)."""
-    if not datastore.linked:
+    if not datastore.links.has_entities:  # no links, or links that name no entity: nothing to find
         return [None] * len(words)
     votes: dict[str, dict[str, tuple[float, EntityRef]]] = {}
     wanted = set(words)

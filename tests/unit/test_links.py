@@ -147,6 +147,7 @@ class _Linked:
 
     def __init__(self, rows: dict[int, EntityRef | None]):
         self.rows = rows
+        self.has_entities = True  # (`EntityLinks.has_entities`: the manifest counts some linked entity)
         self.links = self  # the look-ups of `Datastore.links`
 
     def entity_indexes(self, rows: list[int]) -> list[tuple[int, int] | None]:
@@ -193,6 +194,15 @@ def test_a_word_answer_names_the_entity_its_neighbours_link_to() -> None:
     assert ref == EntityRef("Pisa (film)", 1)  # at a high temperature the two film links outweigh the one
     (ref,) = entity_of_words(ds, Neighbours(nbrs.distances[1:2], np.array([1]), np.zeros(1, np.int32)), ["pisa"], ["pisa"], 1.0)  # type: ignore[arg-type]
     assert ref == EntityRef("Pisa", 9)  # no neighbour links: the entity titled like the word
+
+
+def test_links_that_name_no_entity_are_not_looked_up() -> None:
+    """A datastore built with links over a corpus that had none: no entity to find, so no look-up per answer."""
+    ds = _Linked({0: None})
+    ds.has_entities = False
+    ds.entity_indexes = ds.entities_named = None  # type: ignore[assignment]  # (a look-up would fail here)
+    nbrs = Neighbours(np.array([0.0], np.float32), np.arange(1), np.zeros(1, np.int32))
+    assert entity_of_words(ds, nbrs, ["pisa", "rome"], ["pisa"], 1.0) == [None, None]  # type: ignore[arg-type]
 
 
 def test_surface_forms() -> None:
