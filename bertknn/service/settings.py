@@ -195,7 +195,8 @@ class DefaultsSettings(BaseModel):
 
 class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="BERTKNN_", env_nested_delimiter="__", extra="ignore", protected_namespaces=()
+        env_prefix="BERTKNN_", env_nested_delimiter="__", extra="ignore", protected_namespaces=(),
+        hide_input_in_errors=True,  # an error's text never shows what was given: it may be a secret (a Redis URL)
     )
 
     datastore: Path = Field(Path("datastore"), description="datastore directory built by datastore_builder")

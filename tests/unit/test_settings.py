@@ -159,6 +159,9 @@ def test_a_redis_url_that_is_no_redis_url_is_refused_without_showing_it(
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: BERTKNN_CACHE__REDIS_URL: a Redis URL starts with redis://, rediss://, unix:// (this one has {shown})"
     ]
+    with pytest.raises(ValidationError) as exc:  # nor does the error's text, as a traceback would print it
+        ServiceSettings()
+    assert "secret" not in str(exc.value) and "redis-host" not in str(exc.value)
     for good in ("redis://:pw@redis:6379/0", "rediss://redis:6380", "unix:///run/redis.sock"):
         monkeypatch.setenv("BERTKNN_CACHE__REDIS_URL", good)
         assert ServiceSettings().cache.redis_url is not None
