@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -247,8 +248,34 @@ def device_timing_args(prog: str, doc: str | None, argv: list[str] | None) -> ar
 
 
 def write_result(name: str, payload: dict) -> Path:
-    """``bench/results/NAME.json``, with the run's wall time (``wall_s``, which ``python -m bench`` lists)."""
+    """``bench/results/NAME.json``, with the run's wall time (``wall_s``, which ``python -m bench`` lists) and what
+    made it (`provenance`: the command line and the source's commit)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({**payload, "wall_s": payload.get("wall_s", process_wall_s())}, indent=1) + "\n")
+    data = {**provenance(), **payload, "wall_s": payload.get("wall_s", process_wall_s())}
+    path.write_text(json.dumps(data, indent=1) + "\n")
     return path
+
+
+def provenance() -> dict[str, str | None]:
+    """What made a results file: ``command``, this process's command line (``python -m bench.NAME ...``), and
+    ``source``, `source_commit`."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    return {"command": shlex.join(["python", *argv[1:]]), "source": source_commit()}
+
+
+def source_commit() -> str | None:
+    """The commit this tree is at, ``+changes`` appended where tracked files outside bench/results/ differ from
+    it. Where the tree is no git checkout (the copy on a lent GPU machine): ``BERT_KNN_SOURCE``, which
+    ``scripts/gpu_lease.sh`` sets from what ``scripts/gpu_pack.sh`` recorded; else None."""
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", *args], cwd=REPO, check=True, capture_output=True, text=True, timeout=60)
+        return run.stdout.strip()
+
+    try:
+        sha = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("BERT_KNN_SOURCE") or None
+    return sha + ("+changes" if changed else "")

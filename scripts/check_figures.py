@@ -61,16 +61,22 @@ class Figure:
         return f"{self.doc}\t{self.text}\t{self.context}"
 
 
+# what made a results file (bench.common.provenance): its command line's and commit's digits are no figures
+PROVENANCE = frozenset({"command", "source"})
+
+
 def numbers(obj: object) -> Iterator[float]:
-    """Every finite number in a JSON document, numbers written inside strings included."""
+    """Every finite number in a JSON document, numbers written inside strings included, except in what made it
+    (``PROVENANCE``)."""
     if isinstance(obj, bool):
         return
     if isinstance(obj, int | float):
         if math.isfinite(obj):
             yield float(obj)
     elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from numbers(value)
+        for key, value in obj.items():
+            if key not in PROVENANCE:
+                yield from numbers(value)
     elif isinstance(obj, list):
         for value in obj:
             yield from numbers(value)

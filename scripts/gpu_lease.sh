@@ -14,6 +14,8 @@ if [ "${GPU_LEASE_INSTALL:-1}" = 1 ]; then
     || { echo "gpu_lease: the carried wheels did not install" >&2; exit 1; }
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# what the results record as their source where the tree is no git checkout (bench.common.source_commit)
+[ -s .gpu/source ] && export BERT_KNN_SOURCE="$(cat .gpu/source)"
 [ -e ../shared ] || ln -s "$PWD/.gpu/shared" ../shared
 # the carried redis-server (gpu_pack.sh): bench.serving's several processes share a Redis cache
 [ -x .gpu/redis/bin/redis-server ] && export PATH="$PWD/.gpu/redis/bin:$PATH"

@@ -45,6 +45,12 @@ WRAP
 chmod +x "$PACK/redis/bin/redis-server"
 "$PACK/redis/bin/redis-server" --version >/dev/null || { echo "gpu_pack: the carried redis-server does not run" >&2; exit 1; }
 
+# the commit the lease runs, as bench.common.source_commit writes it: its copy of the tree is no git checkout, so
+# gpu_lease.sh hands this to the results (BERT_KNN_SOURCE)
+source=$(git rev-parse --short=12 HEAD)
+[ -z "$(git status --porcelain --untracked-files=no -- . ':(exclude)bench/results')" ] || source="$source+changes"
+echo "$source" >"$PACK/source"
+
 total=$(( $(du -sb "$PACK" | cut -f1) + $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) ))
 echo "gpu_pack: $(ls "$PACK/whl" | wc -l) wheels; the call carries $((total / 1048576)) MiB with the tracked tree (limit 64)"
 [ "$total" -lt $((64 * 1048576)) ] || { echo "gpu_pack: over the 64 MiB a call carries" >&2; exit 1; }

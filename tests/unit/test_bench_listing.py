@@ -52,6 +52,46 @@ def test_write_result_records_the_wall_time(tmp_path: Path, monkeypatch: pytest.
     assert json.loads(common.write_result("y", {"wall_s": 3.0}).read_text())["wall_s"] == 3.0
 
 
+def test_a_result_records_the_command_and_the_commit_that_made_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    import bench.common as common
+
+    tree = tmp_path / "tree"
+    (tree / "bench" / "results").mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tree), *args], check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    (tree / "a.py").write_text("x = 1\n")
+    (tree / "bench" / "results" / "x.json").write_text("{}\n")  # a result committed before, which the run rewrites
+    git("add", "a.py", "bench/results/x.json")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    head = git("rev-parse", "--short=12", "HEAD").strip()
+    monkeypatch.setattr(common, "REPO", tree)
+    monkeypatch.setattr(common, "RESULTS", tree / "bench" / "results")
+    monkeypatch.setattr(common.sys, "orig_argv", ["/venv/bin/python", "-m", "bench.x", "--name", "two words"])
+    monkeypatch.setenv("BERT_KNN_SOURCE", "from-the-pack")
+    data = json.loads(common.write_result("x", {"a": 1}).read_text())
+    assert data["command"] == "python -m bench.x --name 'two words'" and data["source"] == head
+    # a rewritten result is no change to the source; an edited tracked file is, and is said
+    assert common.source_commit() == head
+    (tree / "a.py").write_text("x = 2\n")
+    assert common.source_commit() == head + "+changes"
+    # what the payload says itself wins (bench.retrieval records its own command)
+    assert json.loads(common.write_result("y", {"command": "mine"}).read_text())["command"] == "mine"
+    # no git checkout (a lent GPU machine's copy): the commit scripts/gpu_pack.sh recorded
+    monkeypatch.setattr(common, "REPO", tmp_path / "copy")
+    (tmp_path / "copy").mkdir()
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    assert common.source_commit() == "from-the-pack"
+    monkeypatch.delenv("BERT_KNN_SOURCE")
+    assert common.source_commit() is None
+
+
 def test_arguments_are_refused_with_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
     assert listing.main(["serving"]) == 2
     assert "python -m bench.NAME" in capsys.readouterr().err

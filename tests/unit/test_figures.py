@@ -78,6 +78,19 @@ def test_a_figure_whose_passage_cites_no_command_fails(tmp_path: Path) -> None:
     assert [f.text for f in cf.new_figures(root, listed=[])] == ["1,234.5"]
 
 
+def test_what_made_a_result_holds_no_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A results file's command line and commit (bench.common.provenance) are not measurements: a figure that
+    only they hold fails."""
+    results = tmp_path / "results"
+    results.mkdir()
+    made = {"command": "python -m bench.x --requests 3917", "source": "8bf259f056f8", "p50_ms": 1.25}
+    (results / "x.json").write_text(json.dumps(made))
+    monkeypatch.setattr(cf, "RESULTS", results)
+    assert list(cf.numbers(made)) == [1.25]
+    root = _doc(tmp_path, "# T\n\n`python -m bench.x`: 3,917 requests, p50 1.25 ms.\n")
+    assert [f.text for f in cf.new_figures(root, listed=[])] == ["3,917"]
+
+
 def test_a_section_s_citation_covers_its_subsections(tmp_path: Path) -> None:
     quality = json.loads((REPO / "bench/results/quality.json").read_text())
     contexts = quality["datastore"]["contexts"]
