@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.bert_base import make
-from bench.common import REPO, RESULTS, machine, process_wall_s
+from bench.common import REPO, RESULTS, machine, write_json
 
 SMALL_SHAPE = {"hidden_size": 384, "num_hidden_layers": 2, "num_attention_heads": 6, "intermediate_size": 1536,
                "vocab_size": 30522, "max_position_embeddings": 512}  # fmt: skip
@@ -100,10 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{str(r['contexts_per_shard']):>15} {r['shards']:>7} {r['largest_shard_contexts']:>8} "
               f"{r['builder_peak_mib']:>12} {r['worker_peak_mib']:>11} {r['seconds']:>7}")  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"corpus": str(corpus.name), "model": "random BERT, hidden 384, 2 layers, "
-                                    "bert-base-uncased vocabulary", "machine": machine(), "runs": rows,
-                                    "wall_s": process_wall_s()}, indent=1))
+    write_json(args.out, {"corpus": str(corpus.name), "model": "random BERT, hidden 384, 2 layers, bert-base-uncased "
+                          "vocabulary", "machine": machine(), "runs": rows})  # fmt: skip
     return 0
 
 

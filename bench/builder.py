@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import PROXY_MODEL, RESULTS, SHARED, machine, process_wall_s
+from bench.common import PROXY_MODEL, RESULTS, SHARED, machine, write_json
 from bertknn.builder.build import build
 from bertknn.builder.settings import BuildSettings
 from bertknn.core.encoder import EncoderOutput, MaskedLMEncoder
@@ -277,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 for t in budgets for _ in range(args.runs) for b in backends]  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)
     result = _result(args, encoder, runs)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result | {"wall_s": process_wall_s()}, indent=1) + "\n", encoding="utf-8")
+    write_json(args.out, result)
     sys.stdout.write(
         f"builder: {args.model.name}, layer {encoder.layer}, {result['device']} {result['dtype']}, "
         f"{torch.get_num_threads()} threads, {result['corpus']}\n" + "\n".join(_table(result, runs))

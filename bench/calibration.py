@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import PROXY_MODEL, RUNS, machine, result_name, write_result
+from bench.common import PROXY_MODEL, RUNS, machine, result_name, write_json, write_result
 
 LAMBDAS = np.round(np.arange(0.0, 1.0001, 0.05), 2)
 FACTOR_STEPS = np.logspace(-1, 1, 21, base=4.0)  # the builder's a times 1/4 ... 4
@@ -177,9 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine(),
     }
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(payload, indent=1) + "\n")
-        path = args.out
+        path = write_json(args.out, payload)
     else:
         path = write_result(result_name("calibration", args.model), payload)
     print(json.dumps({k: v for k, v in payload.items() if k not in ("grid", "machine")}, indent=1))

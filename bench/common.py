@@ -248,12 +248,16 @@ def device_timing_args(prog: str, doc: str | None, argv: list[str] | None) -> ar
 
 
 def write_result(name: str, payload: dict) -> Path:
-    """``bench/results/NAME.json``, with the run's wall time (``wall_s``, which ``python -m bench`` lists) and what
-    made it (`provenance`: the command line and the source's commit)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """``bench/results/NAME.json``: `write_json`."""
+    return write_json(RESULTS / f"{name}.json", payload)
+
+
+def write_json(path: Path, payload: dict) -> Path:
+    """A results file at ``path``: ``payload`` with what made it (`provenance`: the command line and the source's
+    commit) and the run's wall time (``wall_s``, which ``python -m bench`` lists) where it has none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     data = {**provenance(), **payload, "wall_s": payload.get("wall_s", process_wall_s())}
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
 
@@ -270,8 +274,12 @@ def source_commit() -> str | None:
     ``scripts/gpu_lease.sh`` sets from what ``scripts/gpu_pack.sh`` recorded; else None."""
 
     def git(*args: str) -> str:
-        run = subprocess.run(["git", *args], cwd=REPO, check=True, capture_output=True, text=True, timeout=60)
-        return run.stdout.strip()
+        with subprocess.Popen(["git", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) as proc:  # (not subprocess.run, which tests of a bench replace)
+            out, _ = proc.communicate(timeout=60)
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, ["git", *args])
+        return out.strip()
 
     try:
         sha = git("rev-parse", "--short=12", "HEAD")

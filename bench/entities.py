@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import process_wall_s
+from bench.common import write_json
 from bertknn.service.results import DEFAULT_BEAM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,8 +138,7 @@ def _evaluate(args: argparse.Namespace, ds: Path, lama_dir: Path, bench_meta: di
             return code
         report = json.loads(out.read_text(encoding="utf-8"))
         report.setdefault("settings", {}).update({"bench": bench_meta})
-        out.write_text(json.dumps(report | {"wall_s": process_wall_s()}, indent=1, ensure_ascii=False) + "\n",
-                       encoding="utf-8")
+        write_json(out, report)
     return 0
 
 
@@ -174,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overhead = measure_overhead(ds, lama_dir, args.limit, args.device)
     overhead["follow"] = measure_follow(ds, relations, questions, args.device)
     overhead["model"] = args.model
-    (args.results / "entities-overhead.json").write_text(json.dumps(overhead, indent=1) + "\n", encoding="utf-8")
+    write_json(args.results / "entities-overhead.json", overhead)
     logger.info("entity costs: %s", overhead)
     logger.info("bench.entities finished in %.0f s", time.perf_counter() - t0)
     return 0

@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, RESULTS, RUNS, SHARED, device_sync, machine
+from bench.common import REPO, RESULTS, RUNS, SHARED, device_sync, machine, write_json
 
 NO_DEVICE = 3
 STAGES = ("vectors", "new_shapes", "cuda_graphs", "device_knn", "device_vote", "builder_bfloat16", "builder_float16", "builder_cudnn", "serving",
@@ -301,7 +301,7 @@ def run_stages(args: argparse.Namespace, out: dict[str, Any]) -> None:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, ValueError) as exc:
             out[name] = {"error": str(exc).splitlines()[0]}
         out.setdefault("stage_seconds", {})[name] = round(time.perf_counter() - t, 1)
-        path.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(path, out)
         (RESULTS / "gpu.md").write_text(gpu_table(out))  # so that a run stopped by the lease's end has its table
 
 

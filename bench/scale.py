@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS, SHARED, machine, percentiles, process_wall_s, service_process
+from bench.common import RESULTS, SHARED, machine, percentiles, service_process, write_json
 
 WIKI = SHARED / "data" / "wiki"
 PAPER_CONTEXTS = 900_000_000
@@ -518,8 +518,7 @@ def run(args: argparse.Namespace) -> int:
         for k, v in result["extrapolation_900m"].items():
             if k.endswith("arithmetic"):
                 print(f"{k}: {v}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result | {"wall_s": process_wall_s()}, indent=1))
+    write_json(args.out, result)
     return 0
 
 

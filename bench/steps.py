@@ -44,6 +44,7 @@ from bench.common import (
     machine,
     result_name,
     service_process,
+    write_json,
     write_result,
 )
 from bench.rawhttp import RawClient
@@ -213,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     result["cold_tax"] = cold_tax(ContextTokenizer(tok, man.max_seq_len, man.model.vocab_size), texts[: args.requests], gap)
     report(result)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        path = args.out
+        path = write_json(args.out, result)
     else:
         suffix = "" if args.device == "auto" else f"-{args.device}"
         path = write_result(result_name("steps", args.model if args.datastore is None else man.model.name) + suffix, result)

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import write_json
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 PROXY_MODEL = SHARED / "models" / "proxy-minilm-l6-mlm"
@@ -768,8 +770,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs.pipeline.close()
     timings["total"] = time.perf_counter() - t_start
     meta = _meta(args, qs, limit, distractors, corpus_stats, man, reused, codecs, sweep, priors, timings, threads)
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "quality.json").write_text(json.dumps({**meta, "runs": runs.runs}, indent=1, ensure_ascii=False) + "\n")
+    write_json(args.results / "quality.json", {**meta, "runs": runs.runs})
     md = _markdown(runs.runs, meta)
     (args.results / "quality.md").write_text(md)
     from bench.plots import main as plots
