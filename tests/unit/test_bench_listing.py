@@ -92,6 +92,25 @@ def test_a_result_records_the_command_and_the_commit_that_made_it(
     assert common.source_commit() is None
 
 
+# JSON that benchmarks write for themselves, not results: bench.gpu's per-stage reports (merged into gpu.json), the
+# steps probe's events (read back by bench.steps), bench.quality's record of what a kept datastore was built from
+NOT_RESULTS = {"bench/gpu.py": "_report(", "bench/steps_probe.py": "json.dump(EVENTS", "bench/quality/__main__.py": "marker."}
+
+
+def test_every_results_file_is_written_with_what_made_it() -> None:
+    """A results file is written through `bench.common.write_json` (its command line and commit with it): no
+    benchmark writes JSON by itself, except the files named in ``NOT_RESULTS``."""
+    found = []
+    for path in sorted(BENCH.rglob("*.py")):
+        rel = path.relative_to(BENCH.parent).as_posix()
+        if rel == "bench/common.py":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if re.search(r"json\.dump\(|write_text\(json\.dumps", line) and NOT_RESULTS.get(rel, "\0") not in line:
+                found.append(f"{rel}:{number}")
+    assert found == []
+
+
 def test_arguments_are_refused_with_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
     assert listing.main(["serving"]) == 2
     assert "python -m bench.NAME" in capsys.readouterr().err
