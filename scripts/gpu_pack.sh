@@ -26,11 +26,18 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   "${platforms[@]}" --platform manylinux2014_x86_64 --platform any -d "$PACK/whl" "${specs[@]}"
 
 # ../shared, as much as bench.gpu reads: the tokenizer, the vital articles, LAMA's templates and each T-REx file's
-# first 400 facts (bench.common.lama_queries reads no more).
+# first 400 facts without their evidence sentences (bench.common.lama_queries reads no more: the subjects)
 cp -r "$SHARED/data/tokenizer" "$PACK/shared/data/"
 cp "$SHARED/data/wiki/vital_articles.jsonl" "$PACK/shared/data/wiki/"
 cp "$SHARED/data/lama/relations.jsonl" "$PACK/shared/data/lama/"
-for f in "$SHARED"/data/lama/TREx/P*.jsonl; do head -n 400 "$f" >"$PACK/shared/data/lama/TREx/$(basename "$f")"; done
+python3 - "$SHARED/data/lama/TREx" "$PACK/shared/data/lama/TREx" <<'FACTS'
+import json, pathlib, sys
+source, pack = map(pathlib.Path, sys.argv[1:])
+for path in sorted(source.glob("P*.jsonl")):
+    facts = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()[:400]]
+    kept = [{k: fact[k] for k in ("sub_label", "obj_label", "uuid") if k in fact} for fact in facts]
+    (pack / path.name).write_text("".join(json.dumps(f) + "\n" for f in kept), encoding="utf-8")
+FACTS
 
 # bench.serving's processes share a Redis cache (several workers) and the image has no redis-server: this machine's
 # binary travels with the libraries the image lacks, behind a wrapper that gpu_lease.sh puts on PATH
