@@ -11,6 +11,9 @@ Figures that no results file holds yet are listed in ``scripts/figures_unverifie
 with the text around it, so editing that figure or its sentence by hand makes the check fail. ``--prune`` deletes
 entries that no longer occur; nothing adds one but an edit of that file.
 
+A results file records the command line that wrote it (``command``). A paragraph, list item or table row that
+names such a file and quotes a command of the same benchmark must quote that very command.
+
     python scripts/check_figures.py            # CI: exit 1 and one line per unsupported figure
     python scripts/check_figures.py --prune    # drop stale entries from the unverified list
 """
@@ -244,6 +247,36 @@ def unsupported(docs: Iterable[Path], root: Path = REPO) -> list[Figure]:
     return out
 
 
+QUOTED_COMMAND = re.compile(r"`(python -m bench\.[^`]+)`")
+NAMED_FILE = re.compile(r"bench/results/([\w.-]+\.json)")
+
+
+def recorded_command(name: str) -> str | None:
+    """The command line a results file records having been written by (bench.common.provenance), if any."""
+    path = RESULTS / name
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    command = data.get("command") if isinstance(data, dict) else None
+    return " ".join(command.split()) if isinstance(command, str) else None
+
+
+def wrong_commands(docs: Iterable[Path], root: Path = REPO) -> list[str]:
+    """Where a paragraph, list item or table row names a results file that records its command and quotes a
+    command of the same benchmark, yet none of its quotes is that command: the command a reader would run is not
+    the one that wrote the figures."""
+    out = []
+    for doc in docs:
+        for part, _ in sections(doc.read_text(encoding="utf-8")):
+            for unit in units(part):
+                quoted = {" ".join(q.split()) for q in QUOTED_COMMAND.findall(unit)}
+                for name in sorted(set(NAMED_FILE.findall(unit))):
+                    command = recorded_command(name)
+                    same = {q for q in quoted if command and q.split()[:3] == command.split()[:3]}
+                    if same and command not in same:
+                        where = doc.relative_to(root).as_posix()
+                        out.append(f"{where}: quotes {sorted(same)[0]!r} beside {name}, which `{command}` wrote")
+    return out
+
+
 def read_unverified(path: Path = UNVERIFIED) -> list[str]:
     if not path.exists():
         return []
@@ -268,10 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     for fig in bad if args.list else new:
         cites = ", ".join(fig.cited) or "no result file"
         print(f"{fig.doc}: {fig.text!r} is in none of {cites}: ...{fig.context}...")
+    commands = wrong_commands(documents())
+    for line in commands:
+        print(line)
     stale = len(listed) - len(keys & set(listed))
     print(f"figures: {len(bad) - len(new)} listed as unverified in {UNVERIFIED.relative_to(REPO)}, "
-          f"{len(new)} unsupported, {stale} stale entries (--prune)", file=sys.stderr)
-    return 1 if new else 0
+          f"{len(new)} unsupported, {stale} stale entries (--prune); {len(commands)} commands quoted beside a "
+          "results file that another command wrote", file=sys.stderr)
+    return 1 if new or commands else 0
 
 
 if __name__ == "__main__":

@@ -91,6 +91,30 @@ def test_what_made_a_result_holds_no_figure(tmp_path: Path, monkeypatch: pytest.
     assert [f.text for f in cf.new_figures(root, listed=[])] == ["3,917"]
 
 
+def test_a_quoted_command_must_be_the_one_its_results_file_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "x.json").write_text(json.dumps({"command": "python -m bench.x --requests 3000", "ms": 1.5}))
+    (results / "old.json").write_text(json.dumps({"ms": 1.5}))  # written before results recorded their command
+    monkeypatch.setattr(cf, "RESULTS", results)
+
+    def wrong(text: str) -> list[str]:
+        return cf.wrong_commands([_doc(tmp_path, text) / "README.md"], tmp_path)
+
+    assert wrong("# T\n\n`python -m bench.x --requests 3000` (`bench/results/x.json`): 1.5 ms.\n") == []
+    assert wrong("# T\n\n`python -m bench.x\n--requests 3000` (`bench/results/x.json`).\n") == []  # across lines
+    assert wrong("# T\n\n`python -m bench.y --fast` beside `bench/results/x.json`.\n") == []  # another bench
+    assert wrong("# T\n\n`python -m bench.x --requests 100` (`bench/results/old.json`).\n") == []  # none recorded
+    assert wrong("# T\n\n`python -m bench.x --requests 100` (`bench/results/x.json`): 1.5 ms.\n") == [
+        "README.md: quotes 'python -m bench.x --requests 100' beside x.json, which `python -m bench.x --requests "
+        "3000` wrote"
+    ]
+    # another paragraph's command is not this one's
+    assert wrong("# T\n\n`python -m bench.x --requests 100`.\n\nIt wrote `bench/results/x.json`.\n") == []
+
+
 def test_a_section_s_citation_covers_its_subsections(tmp_path: Path) -> None:
     quality = json.loads((REPO / "bench/results/quality.json").read_text())
     contexts = quality["datastore"]["contexts"]
