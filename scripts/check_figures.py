@@ -248,7 +248,6 @@ def unsupported(docs: Iterable[Path], root: Path = REPO) -> list[Figure]:
 
 
 QUOTED_COMMAND = re.compile(r"`(python -m bench\.[^`]+)`")
-NAMED_FILE = re.compile(r"bench/results/([\w.-]+\.json)")
 
 
 def recorded_command(name: str) -> str | None:
@@ -268,7 +267,8 @@ def wrong_commands(docs: Iterable[Path], root: Path = REPO) -> list[str]:
         for part, _ in sections(doc.read_text(encoding="utf-8")):
             for unit in units(part):
                 quoted = {" ".join(q.split()) for q in QUOTED_COMMAND.findall(unit)}
-                for name in sorted(set(NAMED_FILE.findall(unit))):
+                named = {name for _, name in CITE.findall(unit) if name} if quoted else set()
+                for name in sorted(named):
                     command = recorded_command(name)
                     same = {q for q in quoted if command and q.split()[:3] == command.split()[:3]}
                     if same and command not in same:

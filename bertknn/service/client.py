@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from bertknn.core.settings_cli import flag_for
 from bertknn.service.api.schemas import BatchResponse, PredictRequest, PredictResponse
 
 
@@ -143,8 +144,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertknn.service.c
         return 1
     except ValidationError as exc:  # checked here, before any request: one line per bad flag
         for err in exc.errors(include_url=False):
-            field = ".".join(str(x) for x in err["loc"])
-            flag = field if field == "text" else "--" + field.replace("_", "-")
+            flag = "text" if tuple(err["loc"]) == ("text",) else flag_for(err["loc"])
             print(f"error: {flag}: {err['msg']}", file=sys.stderr)
         return 2
     except ValueError as exc:

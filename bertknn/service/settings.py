@@ -94,9 +94,10 @@ class CacheSettings(BaseModel):
     def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
         # refused here in one line, not by the Redis client at start-up; only the scheme is shown (the URL may
         # hold the password)
-        if value is not None and not value.get_secret_value().startswith(REDIS_SCHEMES):
-            scheme = value.get_secret_value().partition("://")[0] if "://" in value.get_secret_value() else ""
-            got = f"scheme {scheme!r}" if scheme else "no scheme"
+        url = "" if value is None else value.get_secret_value()
+        if value is not None and not url.startswith(REDIS_SCHEMES):
+            scheme, sep, _ = url.partition("://")
+            got = f"scheme {scheme!r}" if sep and scheme else "no scheme"
             raise ValueError(f"a Redis URL starts with {', '.join(REDIS_SCHEMES)} (this one has {got})")
         return value
 
