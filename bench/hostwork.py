@@ -13,7 +13,9 @@ does besides the forward bounds the requests per second of one model process wha
 processes' CPU is what is left (`docs/decisions/serving-processes.md`, "What the CPU predicts for a GPU"). Questions
 are distinct (every request a cache miss), without a subject, so that the retriever ranks the articles: TF-IDF, or
 with ``--retriever bm25`` Lucene's BM25 through the JVM. Server CPU is summed over every process of the service (its
-workers too).
+workers too). With ``--hits`` each level's questions are asked once before it is measured, so that every measured
+request is a hit of the in-process cache (its encoding and its articles): no forward, the rest of a request's work
+(`Finisher.hit`).
 
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
 both services are up at once and each level's questions go to them in ``--blocks`` blocks that take turns (A B,
@@ -101,14 +103,17 @@ def counters(url: str) -> dict[str, float]:
     return {ours: got.get(theirs, 0.0) for theirs, ours in METRICS.items()}
 
 
-def measure(services: dict[str, tuple[str, int]], payloads: list[dict], clients: int, blocks: int) -> dict[str, dict]:
+def measure(
+    services: dict[str, tuple[str, int]], payloads: list[dict], clients: int, blocks: int, *, hits: bool = False
+) -> dict[str, dict]:
     """One level for each running service (name: (url, pid)), the same questions to each, in ``blocks`` blocks that
     take turns (A B, B A, ...) so that the host's drift falls on every service alike: req/s, errors, the service's
     CPU ms per answered request (all its processes), rows per batch; in the split layout also its model process's
-    rows per merged pass and CPU ms per answered request."""
+    rows per merged pass and CPU ms per answered request. With ``hits``, every question is asked once before (not
+    measured): each measured request is a cache hit."""
     warm = max(clients, 20)
     for url, _ in services.values():
-        run_async(_load(url, payloads[:warm], clients))  # warm-up: connections, first batches
+        run_async(_load(url, payloads if hits else payloads[:warm], clients))  # warm-up: connections, first batches
     rest = payloads[warm:]
     size = -(-len(rest) // blocks)
     sums = {name: {"secs": 0.0, "ok": 0, "err": 0, "cpu_s": 0.0, **dict.fromkeys(METRICS.values(), 0.0)}
@@ -213,15 +218,15 @@ def forward_rows(run: dict) -> int:
     return max(1, round(run.get("rows_per_model_pass", run["rows_per_batch"])))
 
 
-def split_forward(runs: list[dict], per_row: dict[int, float]) -> None:
+def split_forward(runs: list[dict], per_row: dict[int, float] | None) -> None:
     """Each run's server CPU per request split into the forward's (`forward_per_row_ms` at the run's mean batch
     size, rounded) and the rest, the host work a GPU would not take over. In the split layout, the model
     process's CPU per request is split the same way: its rest (the asks, the merge, the heads, the replies) is
     work that one interpreter does for every request, so it bounds the requests per second of one model process
     whatever its device (``model_process_bound_per_s``, at this host's speed); the API processes' share is what
-    is left."""
+    is left. ``per_row`` None: cache hits, which run no forward."""
     for r in runs:
-        fwd = per_row[forward_rows(r)]
+        fwd = 0.0 if per_row is None else per_row[forward_rows(r)]
         r["forward_ms_per_request"] = fwd
         r["host_ms_per_request"] = round(r["server_cpu_ms_per_request"] - fwd, 3)
         if "model_process_cpu_ms_per_request" in r:
@@ -235,8 +240,9 @@ def split_forward(runs: list[dict], per_row: dict[int, float]) -> None:
 def split_line(r: dict) -> str:
     """A run's `split_forward` figures, as printed."""
     head = f"{r['tree']:>20}  workers {r['workers']:>2}  clients {r['clients']:>3}:"
-    line = (f"{head} of the server CPU per request, the bare forward at {forward_rows(r)} rows per batch "
-            f"{r['forward_ms_per_request']:.2f} ms, the rest {r['host_ms_per_request']:.2f} ms")  # fmt: skip
+    forward = f"the bare forward at {forward_rows(r)} rows per batch" if r["forward_ms_per_request"] else "no forward"
+    line = (f"{head} of the server CPU per request, {forward} {r['forward_ms_per_request']:.2f} ms, the rest "
+            f"{r['host_ms_per_request']:.2f} ms")  # fmt: skip
     if "model_process_host_ms_per_request" in r:
         bound = r["model_process_bound_per_s"]
         line += (f"\n{head} the model process {r['model_process_cpu_ms_per_request']:.2f} ms of it ({forward_rows(r)} "
@@ -276,8 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "tree (model.threads; the bare forward's stay one)")
     p.add_argument("--starts", type=int, default=3, help="service starts per tree for the start-up figures")
     p.add_argument("--blocks", type=int, default=4, help="blocks of each level, the trees taking turns")
+    p.add_argument("--hits", action="store_true", help="every measured request a hit of the in-process cache (each "
+                   "level's questions asked once before)")
     p.add_argument("--name", default=None, help="the results file, bench/results/NAME.json (default: hostwork, or "
-                   "hostwork-MODEL with --model)")  # fmt: skip
+                   "hostwork-MODEL with --model; -hits with --hits)")  # fmt: skip
     return p
 
 
@@ -337,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--requests and --compare ask for {need} distinct questions; the LAMA templates give {len(pool)}")
     model_name = "bert-base-uncased's shape at hidden size 64" if args.model is None else Path(args.model).name
     result: dict = {"model": model_name, "machine": machine(), "articles": args.articles, "retriever": args.retriever,
-                    "model_threads": args.threads, "runs": []}  # fmt: skip
+                    "model_threads": args.threads, "cache_hits": args.hits, "runs": []}  # fmt: skip
     enc = _encoder(model, ds)  # the bare forward's, in this process, before the load and after it
     result["bare_forward_ms"] = forward_ms(enc, [p["text"] for p in pool[:200]])
     print(f"bare forward of one question, ms (p50): {result['bare_forward_ms']}", flush=True)
@@ -357,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             at = 0
             for c in clients:
                 take = args.requests + max(c, 20)
-                rows = measure({k: (svc.url, svc.proc.pid) for k, svc in up.items()}, pool[at : at + take], c, args.blocks)
+                rows = measure({k: (svc.url, svc.proc.pid) for k, svc in up.items()}, pool[at : at + take], c, args.blocks,
+                               hits=args.hits)  # fmt: skip
                 at += take
                 for name, row in rows.items():
                     result["runs"].append({"tree": name, "workers": n, "clients": c, **row})
@@ -365,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows "
                           f"per batch, {row['errors']} errors", flush=True)  # fmt: skip
     sizes = {forward_rows(r) for r in result["runs"]}
-    split_forward(result["runs"], forward_per_row_ms(enc, [p["text"] for p in pool[:200]], sizes))
+    split_forward(result["runs"], None if args.hits else forward_per_row_ms(enc, [p["text"] for p in pool[:200]], sizes))
     for r in result["runs"]:
         print(split_line(r), flush=True)
     _ratios(result)
@@ -376,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"answers of {name} against this tree's: {result[key]}")
     name = args.name or ("hostwork" if args.model is None else f"hostwork-{Path(args.model).name}")
     name += "-bm25" if args.retriever == "bm25" and not args.name else ""
+    name += "-hits" if args.hits and not args.name else ""
     path = write_result(name, result)
     print(f"wrote {path}")
     return 0

@@ -146,6 +146,17 @@ def tiny_datastore(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pat
     return build_tiny(tmp_path_factory.mktemp("ds") / "tiny", [tiny_corpus], tiny_model_dir)
 
 
+@pytest.fixture(scope="session")
+def tiny_datastore_ivfpq(tmp_path_factory: pytest.TempPathFactory, tiny_datastore: Path) -> Path:
+    """A copy of the shared tiny datastore with the whole-datastore index added (the shared one is left alone)."""
+    from bertknn.builder.ivfpq import add_ivfpq
+
+    copy = tmp_path_factory.mktemp("ds-ivfpq") / "tiny"
+    shutil.copytree(tiny_datastore, copy)
+    add_ivfpq(copy)
+    return copy
+
+
 def build_tiny(out: Path, corpus: list[Path], model: Path, **overrides: object) -> Path:
     """Build a datastore with the real builder and small-test settings (CPU, inline tokenising)."""
     from bertknn.builder.build import build

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from bertknn.core.inputs import MaskedInput
@@ -165,9 +167,33 @@ class Finisher:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._outbox = Outbox(loop)
 
-    def submit(self, work: Sequence[Work], client: str = "-") -> None:
-        """`finish_all` on the pool (a whole batch in one hand-off)."""
-        self.pool.submit(self.finish_all, work, client=client)
+    def submit(self, work: Sequence[Work], client: str = "-", *, retrieve_here: bool = False) -> None:
+        """`finish_all` on the pool (a whole batch in one hand-off); ``retrieve_here``: as there."""
+        self.pool.submit(partial(self.finish_all, retrieve_here=retrieve_here), work, client=client)
+
+    def hit(self, job: Job, enc: QueryEncoding, *, here: bool = True) -> Answer | None:
+        """A query whose encoding an in-process cache held: its answer made on this thread (the event loop's),
+        or None when it went to the pool (it then comes through ``job.answered``).
+
+        Made here (with ``here``) when its retrieval is this interpreter's own work and not the whole-datastore
+        search, it runs no forward passes of its own (`fills`), and this process's queries take on average no
+        longer to finish than the interpreter lets one thread hold the GIL before another may take it
+        (`sys.getswitchinterval`): it then holds the loop no longer than a pool thread could, and saves the two
+        hand-offs, which cost more CPU than the answer (docs/decisions/serving-processes.md). Otherwise one
+        hand-off, in which the pool also retrieves where a thread of its own would overlap nothing."""
+        query, finish_s = job.query, self.pace.finish_s
+        in_process = job.pipe.articles.in_process(query)
+        cheap = finish_s is not None and finish_s <= sys.getswitchinterval()
+        if here and cheap and in_process and query.retriever != "none" and not fills(job):
+            t, retrieving = time.perf_counter(), [0.0]
+            answer = self._finish_one(job, enc, True, [], retrieving)
+            assert answer is not None, "a retrieval made here has ended"
+            self.pace.finished(time.perf_counter() - t - retrieving[0], 1)
+            return answer
+        if query.interpolation != "adaptive" and not in_process:  # (an adaptive one may not need it)
+            job.start_retrieval(self.retrieval)
+        self.submit([(job, enc, True)], client=job.client, retrieve_here=in_process)
+        return None
 
     def finish_all(
         self, work: Sequence[Work], stores: list[Callable[[], None]] | None = None, *, retrieve_here: bool = False

@@ -153,13 +153,15 @@ class AsyncAnswerer:
         self.batcher.start()
 
     async def answer(
-        self, query: Query, inp: MaskedInput | None = None, *, pipeline: AnswerPipeline | None = None
+        self, query: Query, inp: MaskedInput | None = None, *, pipeline: AnswerPipeline | None = None,
+        hit_here: bool = True,
     ) -> Answer:
         """Answer one query; ``inp`` is its tokenised form when the caller already checked it.
 
         ``pipeline``: the datastore version to answer from (a `lease`); default the current one. Every stage of
         the query uses that one, even when a reload swaps ``self.pipeline`` meanwhile. (The batched forward pass
-        runs through whichever is current: all versions share one encoder and one cache.)
+        runs through whichever is current: all versions share one encoder and one cache.) ``hit_here``: an
+        in-process cache hit may be finished on the event loop (`Finisher.hit`).
         """
         pipe = pipeline or self.pipeline
         if inp is None:
@@ -173,16 +175,14 @@ class AsyncAnswerer:
             cached = pipe.queries.local_encoding(job.key)
             if cached is not None:
                 stage.add("embedding", time.perf_counter() - t0)
-                if query.interpolation != "adaptive":  # (an adaptive one may not need it: its p_MLM decides)
-                    job.start_retrieval(self._retrieval_thread)
-                self.finisher.submit([(job, cached, True)], client=job.client)
+                answer = self.finisher.hit(job, cached, here=hit_here) or await job.answered
             else:
                 self.metrics.queue_depth.set(self.batcher.depth)
                 # it will wait for the model: retrieve meanwhile (see `_encode_batch`), unless the model thread will
                 if self.batcher.busy and not self._retrieves_on_model_thread(job):
                     job.start_retrieval(self._retrieval_thread)
                 await self.batcher.submit(job)  # its forward pass; the answer comes through `answered`
-            answer = await job.answered
+                answer = await job.answered
         finally:
             # A request that gave up is skipped by the finisher; an adaptive query may turn out not to need its
             # retrieval (p_MLM confident): one still queued behind others' is cancelled before it starts.
@@ -201,7 +201,9 @@ class AsyncAnswerer:
     ) -> list[Answer]:
         pipe = pipeline or self.pipeline
         return list(
-            await asyncio.gather(*(self.answer(q, x, pipeline=pipe) for q, x in zip(queries, inputs, strict=True)))
+            # (each cache hit to the finisher: on the loop, a batch's hits would hold it for all of them)
+            await asyncio.gather(*(self.answer(q, x, pipeline=pipe, hit_here=False)
+                                   for q, x in zip(queries, inputs, strict=True)))  # fmt: skip
         )
 
     async def fill_names(

@@ -26,6 +26,7 @@ from bertknn.service.retrieval.knn import RestrictedKnn
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import build_tiny, corpus_words, make_tiny_bert, write_jsonl
 from tests.integration.test_builder import wiki_page
+from tests.support.hits import answer_hits
 
 
 def linked(page_id: str, title: str, text: str, anchors: list[tuple[str, str]]) -> dict:
@@ -683,3 +684,18 @@ def test_entity_answers_and_follow_are_the_same_in_the_split_layout(
                 p.get("token", p.get("title")) for p in want[key_of]], body  # fmt: skip
             for a, b in zip(got[key_of], want[key_of], strict=True):
                 assert a["prob"] == pytest.approx(b["prob"], abs=1e-5)
+
+
+def test_an_entity_answers_cache_hit_is_finished_off_the_event_loop(ds: Path) -> None:
+    """An entity answer runs forward passes of its own (its names' fill) through the model thread, so a cache hit
+    of one is finished by the finisher, never on the event loop, which a word answer's hit on the same datastore
+    is (`Finisher.hit`); both answer as the synchronous pipeline does."""
+    queries = [Query("orvin tasker was born in [MASK] .", subject="Orvin Tasker", answer="entity", retriever="tfidf"),
+               Query("mira dolan was born in [MASK] .", subject="Mira Dolan", retriever="tfidf")]  # fmt: skip
+    got = answer_hits(ds, queries, finish_s=0.001)
+    assert got.finished == ["knn", "MainThread"] and got.retrieved == ["knn", "MainThread"]
+    assert got.answers[0].predictions[0].entity is not None
+    for hit, want in zip(got.answers, got.expected, strict=True):
+        assert hit.cache["encoding"] == "hit"
+        assert [(p.token, p.prob, p.entity, p.contexts) for p in hit.predictions] == [
+            (p.token, p.prob, p.entity, p.contexts) for p in want.predictions]

@@ -67,17 +67,6 @@ def tiny_lama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def tiny_datastore_ivfpq(tmp_path_factory: pytest.TempPathFactory, tiny_datastore: Path) -> Path:
-    """A copy of the shared tiny datastore with the whole-datastore index added (the shared one is left alone)."""
-    from bertknn.builder.ivfpq import add_ivfpq
-
-    copy = tmp_path_factory.mktemp("ds-ivfpq") / "tiny"
-    shutil.copytree(tiny_datastore, copy)
-    add_ivfpq(copy)
-    return copy
-
-
 def _run(*args: object) -> int:
     return main(["lama", *map(str, args), "--device", "cpu", "--quiet"])
 

@@ -118,3 +118,29 @@ def test_in_the_split_layout_the_model_process_s_cpu_is_split_too_and_bounds_its
     full = {"tree": "t", "workers": 1, "clients": 64, "rows_per_batch": 3.0, "server_cpu_ms_per_request": 2.0}
     hostwork.split_forward([full], per_row)
     assert "model_process_bound_per_s" not in full and "model process" not in hostwork.split_line(full)
+
+
+def test_with_hits_every_question_is_asked_before_it_is_measured_and_no_forward_is_taken_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[str, list[int]]] = []
+
+    async def load(url: str, payloads: list[dict], clients: int) -> tuple[float, int, int]:
+        calls.append((url, [p["n"] for p in payloads]))
+        return 0.01 * len(payloads), len(payloads), 0
+
+    monkeypatch.setattr(hostwork, "_load", load)
+    monkeypatch.setattr(hostwork, "tree_cpu_s", lambda pid: 0.0)
+    monkeypatch.setattr(hostwork, "counters", lambda url: dict.fromkeys(hostwork.METRICS.values(), 0.0))
+    payloads = [{"n": i} for i in range(20 + 40)]
+    got = hostwork.measure({"this": ("a", 1), "base": ("b", 2)}, payloads, clients=4, blocks=2, hits=True)
+    everything = list(range(60))
+    assert calls[:2] == [("a", everything), ("b", everything)]  # each service has seen every question
+    measured = calls[2:]
+    assert [url for url, _ in measured] == ["a", "b", "b", "a"]
+    assert sorted(n for _, qs in measured for n in qs) == sorted(list(range(20, 60)) * 2)
+    assert got["this"]["requests"] == 40 and got["this"]["rows_per_batch"] == 0.0  # no batch: every one a hit
+    runs = [{"tree": "t", "workers": 1, "clients": 64, "rows_per_batch": 0.0, "server_cpu_ms_per_request": 1.2}]
+    hostwork.split_forward(runs, None)
+    assert runs[0]["forward_ms_per_request"] == 0.0 and runs[0]["host_ms_per_request"] == 1.2
+    assert "no forward" in hostwork.split_line(runs[0])

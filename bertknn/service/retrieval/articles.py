@@ -53,9 +53,14 @@ class ArticleFinder:
 
     def in_process(self, query: Query) -> bool:
         """Whether the query's retrieval is all this interpreter's work: no cache over the network, no ranker
-        outside the GIL (`Retriever.in_process`); a thread of its own then overlaps nothing."""
+        outside the GIL (`Retriever.in_process`), or none at all (a subject with an article of its own); a thread
+        of its own then overlaps nothing."""
+        if not self.cache.in_process:
+            return False
         ranker = self.retrievers.get(query.retriever)
-        return self.cache.in_process and (ranker is None or ranker.in_process)
+        if ranker is None or ranker.in_process:
+            return True
+        return query.subject is not None and self.subjects.resolve(query.subject) is not None
 
     def retrieve(self, query: Query) -> tuple[list[ArticleHit], str]:
         """The articles to search: the subject's own article when it has one, else the ranker's top N."""
