@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     if changed is not None:
         ways[f"this tree, {', '.join(args.setting)}"] = (REPO, changed)
     env = {"BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_MODEL__THREADS": str(args.threads)}
+    if args.hits:  # room for a level's encodings and articles (two entries a question), or its re-asks would miss
+        env["BERTKNN_CACHE__LRU_SIZE"] = str(max(4096, 2 * (args.requests + max(clients)) + 64))
     # distinct within a service process (its cache lives as long as it does); every process starts from the first
     need = sum(args.requests + max(c, 20) for c in clients) + args.compare
     pool = [{"text": t} for t, _ in lama_queries(need, seed=5)]
@@ -373,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:>20}  workers {n:>2}  clients {c:>3}: {row['requests_per_s']:>7.1f} req/s, "
                           f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows "
                           f"per batch, {row['errors']} errors", flush=True)  # fmt: skip
+    missed = [r for r in result["runs"] if args.hits and r["rows_per_batch"] > 0]
+    if missed:
+        print(f"--hits: {len(missed)} runs had cache misses (forward passes): not every request was a hit; no "
+              "results written", file=sys.stderr)  # fmt: skip
+        return 1
     sizes = {forward_rows(r) for r in result["runs"]}
     split_forward(result["runs"], None if args.hits else forward_per_row_ms(enc, [p["text"] for p in pool[:200]], sizes))
     for r in result["runs"]:
