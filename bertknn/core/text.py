@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 import unicodedata
 
-MASK_RE = re.compile(r"\[\s*mask\s*\]", re.IGNORECASE)
+# A question's blank: ``[MASK]`` (BERT's spelling) or ``<mask>`` (RoBERTa's), in any case or spacing, whatever the
+# model: a caller need not know which family a datastore was built with
+MASK_RE = re.compile(r"\[\s*mask\s*\]|<\s*mask\s*>", re.IGNORECASE)
 _SPACES = re.compile(r"\s+")
 
 

@@ -144,13 +144,13 @@ def test_answers_are_plain_words_in_the_models_case(family: tuple[str, Path, Pat
 
 
 def test_the_models_own_mask_spelling_is_the_same_question(family: tuple[str, Path, Path], client: TestClient) -> None:
-    """``[MASK]``, the model's own mask token (RoBERTa's ``<mask>``...) and ``[MASK]`` in another case and spacing
-    ask the same question. Where the model's own token is ``[MASK]`` (BERT, DistilBERT) the other spellings are
-    still different texts, so the comparison cannot pass by sending one request twice."""
+    """``[MASK]``, the model's own mask token (RoBERTa's ``<mask>``...), ``<mask>`` whatever the model and
+    ``[MASK]`` in another case and spacing ask the same question. Where the model's own token is one of those two
+    spellings the others are still different texts, so the comparison cannot pass by sending one request twice."""
     mask = MaskedLMEncoder.load(str(family[1]), device="cpu", max_seq_len=64).tokenizer.mask_token
     ask = {"subject": "Zorblat", "top_k": 3}
-    texts = [f"Zorblat was born in {m}." for m in dict.fromkeys(["[MASK]", mask, "[mask]", "[ Mask ]"])]
-    assert len(texts) == (3 if mask == "[MASK]" else 4)
+    texts = [f"Zorblat was born in {m}." for m in dict.fromkeys(["[MASK]", mask, "<mask>", "[mask]", "[ Mask ]"])]
+    assert len(texts) == (4 if mask in ("[MASK]", "<mask>") else 5)
     answers = [client.post("/predict", json={"text": t, **ask}).json() for t in texts]
     assert all(a["predictions"] == answers[0]["predictions"] for a in answers[1:])
     assert answers[0]["predictions"] and all(a["cache"]["encoding"] == "hit" for a in answers[1:])  # one input

@@ -15,6 +15,7 @@ from bertknn.builder.sparse_index import build_sparse_indexes, write_sparse_inde
 from bertknn.core.errors import DatastoreError
 from bertknn.core.format import BM25_DIR, IVFPQ_FILE, TFIDF_DIR, Datastore, validate_datastore
 from bertknn.core.format.sparse import TFIDF_DATA
+from bertknn.core.text import retrieval_text
 from bertknn.service.retrieval.global_knn import IvfPqKnn
 from bertknn.service.retrieval.sparse import Bm25Retriever, Retriever, TfidfRetriever
 from bertknn.service.retrieval.subject import SubjectResolver
@@ -131,6 +132,9 @@ def test_mask_is_stripped_in_any_spelling(kind: str, bm25: Bm25Retriever, tfidf:
     assert retriever.top_articles("  ", 3) == []
     plain = retriever.top_articles("trumpet band", 3)
     assert retriever.top_articles("[ mask ] trumpet [MASK] band", 3) == plain
+    assert retriever.top_articles("<mask> trumpet < Mask > band", 3) == plain  # RoBERTa's spelling, any model
+    # (the word "mask" itself is a query term: no spelling of the blank may leave it behind)
+    assert retrieval_text("<mask> trumpet < Mask >  band [ MASK ]") == "trumpet band"
     assert retriever.top_articles("trumpet", 0) == []
 
 

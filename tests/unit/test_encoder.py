@@ -96,7 +96,7 @@ def test_cuda_without_a_gpu_is_refused() -> None:
         resolve_device("cuda")
 
 
-@pytest.mark.parametrize("spelling", ["[MASK]", "[mask]", "[ MASK ]", "[ Mask]", "[\tmask  ]"])
+@pytest.mark.parametrize("spelling", ["[MASK]", "[mask]", "[ MASK ]", "[ Mask]", "[\tmask  ]", "<mask>", "< MASK >"])
 def test_query_mask_spellings_become_the_mask_token(encoder: MaskedLMEncoder, spelling: str) -> None:
     assert encoder.query_input(f"zorblat was born in {spelling} .") == encoder.query_input("zorblat was born in [MASK] .")
 

@@ -12,7 +12,7 @@ _EXAMPLE: Any = {"text": "albert einstein was born in [MASK] .", "subject": "Alb
 
 
 class PredictRequest(BaseModel):
-    """One cloze question with exactly one [MASK] (any case: `[mask]` is accepted)."""
+    """One cloze question with exactly one [MASK] (any case: `[mask]` and `<mask>` are accepted)."""
 
     # strict: `top_k: true` or `top_k: "5"` is an error, not 1 or 5
     model_config = ConfigDict(
