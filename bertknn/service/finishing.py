@@ -177,13 +177,14 @@ class Finisher:
 
         Made here (with ``here``) when its retrieval is this interpreter's own work and not the whole-datastore
         search, it runs no forward passes of its own (`fills`), and this process's queries take on average no
-        longer to finish than the interpreter lets one thread hold the GIL before another may take it
-        (`sys.getswitchinterval`): it then holds the loop no longer than a pool thread could, and saves the two
-        hand-offs, which cost more CPU than the answer (docs/decisions/serving-processes.md). Otherwise one
-        hand-off, in which the pool also retrieves where a thread of its own would overlap nothing."""
-        query, finish_s = job.query, self.pace.finish_s
+        longer to retrieve and finish (`Pace`'s running means) than the interpreter lets one thread hold the GIL
+        before another may take it (`sys.getswitchinterval`): it then holds the loop no longer than a pool thread
+        could, and saves the two hand-offs, which cost more CPU than the answer
+        (docs/decisions/serving-processes.md). Otherwise one hand-off, in which the pool also retrieves where a
+        thread of its own would overlap nothing."""
+        query, (finish_s, retrieve_s) = job.query, (self.pace.finish_s, self.pace.retrieval_cpu_s)
         in_process = job.pipe.articles.in_process(query)
-        cheap = finish_s is not None and finish_s <= sys.getswitchinterval()
+        cheap = finish_s is not None and retrieve_s is not None and finish_s + retrieve_s <= sys.getswitchinterval()
         if here and cheap and in_process and query.retriever != "none" and not fills(job):
             t, retrieving = time.perf_counter(), [0.0]
             answer = self._finish_one(job, enc, True, [], retrieving)

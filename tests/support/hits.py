@@ -44,10 +44,13 @@ def _threads(pipe: AnswerPipeline) -> tuple[list[str], list[str]]:
     return finished, retrieved
 
 
-def answer_hits(datastore: Path, queries: Sequence[Query], *, finish_s: float | None, many: bool = False) -> Hits:
+def answer_hits(
+    datastore: Path, queries: Sequence[Query], *, finish_s: float | None, retrieve_s: float = 0.0001, many: bool = False
+) -> Hits:
     """Each query asked once (a miss), then again with one article fewer (its encoding cached, its retrieval not,
     so that it is made again where the test sees it): one by one, or with ``many`` in one `answer_many`. Before
-    the hits, the answerer's measured finishing time per query is set to ``finish_s`` and kept there."""
+    the hits, the answerer's measured finishing time and retrieval CPU per query are set to ``finish_s`` and
+    ``retrieve_s`` and kept there."""
     again = [replace(q, num_articles=q.num_articles - 1) for q in queries]
     pipe = AnswerPipeline.open(datastore, device="cpu", key_prefix="hits")
     reference = AnswerPipeline.open(datastore, device="cpu")
@@ -60,7 +63,8 @@ def answer_hits(datastore: Path, queries: Sequence[Query], *, finish_s: float | 
                 assert (await answerer.answer(q)).cache["encoding"] == "miss"
             # the model thread done with their batches (it measures one after its answers are out), then the pace
             await asyncio.wrap_future(answerer.batcher.call(lambda: None))
-            answerer.finisher.pace.finish_s, answerer.finisher.pace.weight = finish_s, 0.0
+            pace = answerer.finisher.pace
+            pace.finish_s, pace.retrieval_cpu_s, pace.weight = finish_s, retrieve_s, 0.0
             finished, retrieved = _threads(pipe)
             if many:
                 got = await answerer.answer_many(again, [pipe.check_query(q) for q in again])
