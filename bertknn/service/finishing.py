@@ -144,6 +144,15 @@ class Pace:
             return True  # measured on the first batches
         return self.forward_s <= self.margin * self.finish_s
 
+    def hit_on_loop(self) -> bool:
+        """Whether a cache hit may be answered on the event loop (`Finisher.hit`): while a query's retrieval CPU and
+        its finishing take on average no longer than the interpreter lets one thread hold the GIL before another
+        may take it (`sys.getswitchinterval`), the loop is held no longer than a pool thread could hold it.
+        Not before both are measured."""
+        if self.finish_s is None or self.retrieval_cpu_s is None:
+            return False
+        return self.finish_s + self.retrieval_cpu_s <= sys.getswitchinterval()
+
     def retrieve_here(self) -> bool:
         """Whether the model thread retrieves the articles of the batches it finishes (on the retrieval thread
         until both are measured)."""
@@ -176,16 +185,12 @@ class Finisher:
         or None when it went to the pool (it then comes through ``job.answered``).
 
         Made here (with ``here``) when its retrieval is this interpreter's own work and not the whole-datastore
-        search, it runs no forward passes of its own (`fills`), and this process's queries take on average no
-        longer to retrieve and finish (`Pace`'s running means) than the interpreter lets one thread hold the GIL
-        before another may take it (`sys.getswitchinterval`): it then holds the loop no longer than a pool thread
-        could, and saves the two hand-offs, which cost more CPU than the answer
-        (docs/decisions/serving-processes.md). Otherwise one hand-off, in which the pool also retrieves where a
-        thread of its own would overlap nothing."""
-        query, (finish_s, retrieve_s) = job.query, (self.pace.finish_s, self.pace.retrieval_cpu_s)
+        search, it runs no forward passes of its own (`fills`), and `Pace.hit_on_loop`: it then saves the two
+        hand-offs, which cost more CPU than the answer (docs/decisions/serving-processes.md). Otherwise one
+        hand-off, in which the pool also retrieves where a thread of its own would overlap nothing."""
+        query = job.query
         in_process = job.pipe.articles.in_process(query)
-        cheap = finish_s is not None and retrieve_s is not None and finish_s + retrieve_s <= sys.getswitchinterval()
-        if here and cheap and in_process and query.retriever != "none" and not fills(job):
+        if here and in_process and query.retriever != "none" and not fills(job) and self.pace.hit_on_loop():
             t, retrieving = time.perf_counter(), [0.0]
             answer = self._finish_one(job, enc, True, [], retrieving)
             assert answer is not None, "a retrieval made here has ended"

@@ -3,6 +3,7 @@ a retrieval made on the model thread."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -59,6 +60,20 @@ def test_the_model_thread_retrieves_where_a_retrieval_costs_less_than_finishing_
     for _ in range(3):
         cheap.forward(0.9, 32)  # the forward the slower part: batches go to the finisher, which never retrieves
     assert not cheap.finish_here() and not cheap.retrieve_here()
+
+
+def test_a_cache_hit_is_answered_on_the_loop_while_retrieving_and_finishing_fit_in_the_switch_interval() -> None:
+    pace = Pace(weight=1.0)
+    assert not pace.hit_on_loop()  # nothing measured: the pool
+    pace.finished(0.002, 1)
+    assert not pace.hit_on_loop()  # the retrieval not measured yet
+    pace.retrieved(0.0005)
+    assert pace.hit_on_loop()  # 2.5 ms, within the default 5 ms
+    interval = sys.getswitchinterval()
+    pace.finished(interval - 0.0004, 1)
+    assert not pace.hit_on_loop()  # together over it, though each alone is under
+    pace.retrieved(0.0003)
+    assert pace.hit_on_loop()
 
 
 def test_a_retrieval_made_here_is_a_done_future_with_its_result_or_its_error() -> None:
