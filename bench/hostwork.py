@@ -15,7 +15,7 @@ are distinct (every request a cache miss), without a subject, so that the retrie
 with ``--retriever bm25`` Lucene's BM25 through the JVM. Server CPU is summed over every process of the service (its
 workers too). With ``--hits`` each level's questions are asked once before it is measured, so that every measured
 request is a hit of the in-process cache (its encoding and its articles): no forward, the rest of a request's work
-(`Finisher.hit`).
+(`Finisher.hit`). Each service process has a cache of its own, so ``--hits`` takes ``--workers 1``.
 
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
 both services are up at once and each level's questions go to them in ``--blocks`` blocks that take turns (A B,
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--starts", type=int, default=3, help="service starts per tree for the start-up figures")
     p.add_argument("--blocks", type=int, default=4, help="blocks of each level, the trees taking turns")
     p.add_argument("--hits", action="store_true", help="every measured request a hit of the in-process cache (each "
-                   "level's questions asked once before)")
+                   "level's questions asked once before; one service process)")
     p.add_argument("--name", default=None, help="the results file, bench/results/NAME.json (default: hostwork, or "
                    "hostwork-MODEL with --model; -hits with --hits)")  # fmt: skip
     return p
@@ -323,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     workers, clients = _ints(args.workers, "--workers", p), _ints(args.clients, "--clients", p)
     if args.requests < 100 or args.starts < 1 or args.blocks < 1 or args.threads < 1:
         p.error("--requests must be at least 100, --starts, --blocks and --threads at least 1")
+    if args.hits and max(workers) > 1:  # a re-ask may reach another process, whose cache never saw the question
+        p.error("--hits measures hits of the in-process cache, which each service process has of its own: use "
+                "--workers 1")
     model = args.model or make(args.work / "bert-base-h64", shape=TINY)
     ds_name = f"ds-{args.articles}" + ("" if args.model is None else f"-{Path(args.model).name}")
     ds_name += "-bm25" if args.retriever == "bm25" else ""

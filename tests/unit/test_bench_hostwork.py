@@ -144,3 +144,9 @@ def test_with_hits_every_question_is_asked_before_it_is_measured_and_no_forward_
     hostwork.split_forward(runs, None)
     assert runs[0]["forward_ms_per_request"] == 0.0 and runs[0]["host_ms_per_request"] == 1.2
     assert "no forward" in hostwork.split_line(runs[0])
+
+
+def test_hits_with_several_processes_are_refused_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as err:
+        hostwork.main(["--hits", "--workers", "1,2"])
+    assert err.value.code == 2 and "--workers 1" in capsys.readouterr().err
