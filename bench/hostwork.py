@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.answers import answers, compare
 from bench.bert_base import BERT_BASE, make
 from bench.common import (
     REPO,
@@ -146,30 +146,12 @@ def _level(g: dict[str, float], blocks: int) -> dict[str, Any]:
     return out
 
 
-def answers(url: str, payloads: list[dict]) -> list[list[tuple[str, float]]]:
-    """Each question's predictions (token, probability), asked one at a time."""
-    async def run() -> list[list[tuple[str, float]]]:
-        conn = AsyncRawClient(*host_port(url))
-        out = []
-        try:
-            for payload in payloads:
-                status, body = await conn.post_json("/predict", payload)
-                if status != 200:
-                    raise RuntimeError(f"/predict answered {status}: {body[:200]!r}")
-                out.append([(p["token"], p["prob"]) for p in json.loads(body)["predictions"]])
-        finally:
-            await conn.close()
-        return out
-
-    return run_async(run())
-
-
-def compare(ours: list[list[tuple[str, float]]], theirs: list[list[tuple[str, float]]]) -> dict[str, float]:
-    """Top-1 agreement, and the largest difference of a prediction's probability where the tokens agree."""
-    pairs = list(zip(ours, theirs, strict=True))
-    same = sum(bool(a and b and a[0][0] == b[0][0]) for a, b in pairs)
-    diffs = [abs(pa - pb) for a, b in pairs for (ta, pa), (tb, pb) in zip(a, b, strict=False) if ta == tb]
-    return {"questions": len(ours), "same_top1": same / max(1, len(ours)), "max_prob_diff": max(diffs, default=0.0)}
+def said_line(c: dict[str, float]) -> str:
+    """`compare`'s figures in words."""
+    return (f"the same top-1 for {100 * c['same_top1']:.2f} % of {c['questions']} questions, probabilities within "
+            f"{c['max_prob_diff']:.2g}; {c['other_articles']} searched other articles, {c['other_articles_by_tie']} of "
+            f"them a tie at the ranker's boundary broken another way; with the same articles, the same top-1 for "
+            f"{100 * c['same_top1_same_articles']:.2f} %, probabilities within {c['max_prob_diff_same_articles']:.2g}")
 
 
 def _encoder(model: Path, ds: Path) -> Any:
@@ -392,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         if name != "this tree":
             key = "answers_vs_baseline" if name.startswith("baseline") else "answers_with_setting"
             result[key] = compare(said["this tree"], said[name])
-            print(f"answers of {name} against this tree's: {result[key]}")
+            print(f"answers of {name} against this tree's: {said_line(result[key])}")
     name = args.name or ("hostwork" if args.model is None else f"hostwork-{Path(args.model).name}")
     name += "-bm25" if args.retriever == "bm25" and not args.name else ""
     name += "-hits" if args.hits and not args.name else ""

@@ -19,9 +19,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from bench.answers import answers
 from bench.bert_base import make
 from bench.common import REPO, RUNS, build_datastore, lama_queries, machine, write_result
-from bench.hostwork import answers, timed_starts
+from bench.hostwork import timed_starts
 from tests.support.processes import service_process
 
 CORPUS = REPO / "data" / "sample_wiki.jsonl"
