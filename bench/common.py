@@ -252,6 +252,28 @@ def write_result(name: str, payload: dict) -> Path:
     return write_json(RESULTS / f"{name}.json", payload)
 
 
+def baseline_tree(rev: str) -> Path:
+    """A git worktree of ``rev`` under runs/ (made once), whose ``../shared`` is this checkout's."""
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True,
+                         text=True).stdout.strip()  # fmt: skip
+    tree = RUNS / f"worktree-{sha}"
+    if not (tree / "bertknn").is_dir():
+        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(tree), sha], cwd=REPO, check=True)
+    shared = RUNS / "shared"  # the worktree's REPO.parent / "shared"
+    if not shared.exists() and SHARED.exists():
+        shared.symlink_to(SHARED.resolve())
+    return tree
+
+
+def run_from(rev: str, module: str, argv: list[str], result: str) -> dict:
+    """``python -m MODULE ARGV`` run from a worktree of ``rev`` (`baseline_tree`: its own runs/ and results), and
+    the results file ``bench/results/RESULT.json`` it wrote there."""
+    tree = baseline_tree(rev)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run([sys.executable, "-m", module, *argv], cwd=tree, env=env, check=True)
+    return json.loads((tree / "bench" / "results" / f"{result}.json").read_text(encoding="utf-8"))
+
+
 def write_json(path: Path, payload: dict) -> Path:
     """A results file at ``path``: ``payload`` with what made it (`provenance`: the command line and the source's
     commit) and the run's wall time (``wall_s``, which ``python -m bench`` lists) where it has none."""

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.bert_base import make
-from bench.common import REPO, RUNS, build_datastore, lama_queries, machine, write_result
-from bench.hostwork import CORPUS, TINY, baseline_tree, measure
+from bench.common import REPO, RUNS, baseline_tree, build_datastore, lama_queries, machine, write_result
+from bench.hostwork import CORPUS, TINY, measure
 from tests.support.processes import service_process
 
 # Put on a service's path: every collection's generation and wall time, appended to $BENCH_GC_LOG.PID.

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,6 +49,7 @@ from bench.bert_base import BERT_BASE, make
 from bench.common import (
     REPO,
     RUNS,
+    baseline_tree,
     build_datastore,
     host_port,
     lama_queries,
@@ -233,16 +233,6 @@ def split_line(r: dict) -> str:
                  f"process answers at most {bound if bound is not None else 'n/a'} req/s on this host, whatever its "
                  f"device; the API processes {r['api_processes_cpu_ms_per_request']:.2f} ms")  # fmt: skip
     return line
-
-
-def baseline_tree(rev: str) -> Path:
-    """A git worktree of ``rev`` under runs/ (made once)."""
-    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True,
-                         text=True).stdout.strip()  # fmt: skip
-    tree = RUNS / f"worktree-{sha}"
-    if not (tree / "bertknn").is_dir():
-        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(tree), sha], cwd=REPO, check=True)
-    return tree
 
 
 def build_parser() -> argparse.ArgumentParser:

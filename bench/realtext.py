@@ -33,6 +33,7 @@ import argparse
 import hashlib
 import json
 import re
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,16 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import PROXY_MODEL, RUNS, SHARED, build_datastore, machine, result_name, write_result
+from bench.common import (
+    PROXY_MODEL,
+    RUNS,
+    SHARED,
+    build_datastore,
+    machine,
+    result_name,
+    run_from,
+    write_result,
+)
 from bertknn.service.interpolate import DEFAULT_ARTICLE_SHARPNESS, DEFAULT_MLM_PRIOR
 
 LAMA = SHARED / "data" / "lama"
@@ -282,7 +292,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datastore", type=Path, help="score this datastore (e.g. a real dump's full articles) "
                    "instead of building the leads' one")  # fmt: skip
     p.add_argument("--work", type=Path, default=RUNS / "bench-realtext")
+    p.add_argument("--baseline", help="a commit whose run of this benchmark with the same options (its own datastore, "
+                   "from a git worktree under runs/) is compared with this run's, row by row")  # fmt: skip
     return p
+
+
+def baseline_argv(argv: list[str]) -> list[str]:
+    """This run's options for the baseline's run: without ``--baseline`` and ``--work`` (it builds its own)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--baseline", "--work"):
+            skip = True
+        elif not arg.startswith(("--baseline=", "--work=")):
+            out.append(arg)
+    return out
+
+
+def same_rows(ours: dict[str, Any], theirs: dict[str, Any], rev: str) -> dict[str, Any]:
+    """This run's rows (split, setting) against another run's: how many are the same in every figure, which differ
+    (with BERT-kNN's P@1 in each) and which that run lacks."""
+    rows = [(split, setting) for split, table in ours.items() for setting in table]
+    missing = [f"{s} {k}" for s, k in rows if k not in theirs.get(s, {})]
+    differing = [
+        f"{s} {k}: BERT-kNN {ours[s][k]['p@1']['bert_knn']} against {theirs[s][k]['p@1']['bert_knn']}"
+        for s, k in rows if k in theirs.get(s, {}) and ours[s][k] != theirs[s][k]
+    ]  # fmt: skip
+    same = len(rows) - len(missing) - len(differing)
+    return {"commit": rev, "rows": len(rows), "identical": same, "differing": differing, "missing": missing}
 
 
 def score_split(pipeline: Any, facts: list[Fact], votes: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -339,6 +377,13 @@ def main(argv: list[str] | None = None) -> int:
         result["splits"][split] = score_split(pipeline, [f for f in facts if f.split == split], votes)
         for setting, r in result["splits"][split].items():
             print_row(split, setting, r)
+    if args.baseline:
+        theirs = run_from(args.baseline, "bench.realtext", baseline_argv(sys.argv[1:] if argv is None else argv),
+                          result_file(args))  # fmt: skip
+        result["vs_baseline"] = same_rows(result["splits"], theirs["splits"], args.baseline)
+        got = result["vs_baseline"]
+        print(f"against {args.baseline}: {got['identical']} of {got['rows']} rows the same in every figure; "
+              f"differing: {got['differing'] or 'none'}; missing there: {got['missing'] or 'none'}")
     print(f"wrote {write_result(result_file(args), result)}")
     pipeline.close()
     return 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.realtext import paired_interval
+from bench.realtext import baseline_argv, paired_interval, same_rows
 
 
 def test_the_difference_is_the_macro_average_per_relation() -> None:
@@ -96,3 +96,19 @@ def test_the_split_is_by_subject_and_the_same_in_every_run(tmp_path: Path, bert_
     assert all(len(s) == 1 for s in by_subject.values())  # no subject on both sides
     assert {f.split for f in facts} == {"dev", "test"}
     assert load_facts(WordModel(bert_tokenizer), leads, [_relation_file(tmp_path, rows)], "heldout")[0].split == "heldout"
+
+
+def test_the_baselines_run_takes_the_same_options_but_its_own_work_directory() -> None:
+    argv = ["--sweep", "--baseline", "96ce685", "--work", "/tmp/w", "--split=test", "--work=/tmp/x", "--baseline=abc"]
+    assert baseline_argv(argv) == ["--sweep", "--split=test"]
+
+
+def test_rows_are_the_same_only_when_every_figure_is() -> None:
+    row = {"facts": 10, "p@1": {"bert_knn": 40.0, "knn": 30.0, "mlm": 10.0}, "miss_causes": {"outvoted": 80.0}}
+    other = {**row, "miss_causes": {"outvoted": 70.0}}  # the same P@1, another cause of misses
+    ours = {"dev": {"a": row, "b": row, "c": row}, "test": {"a": row}}
+    theirs = {"dev": {"a": dict(row), "b": other}, "test": {"a": {**row, "p@1": {**row["p@1"], "bert_knn": 41.0}}}}
+    got = same_rows(ours, theirs, "abc")
+    assert (got["rows"], got["identical"]) == (4, 1)
+    assert got["differing"] == ["dev b: BERT-kNN 40.0 against 40.0", "test a: BERT-kNN 40.0 against 41.0"]
+    assert got["missing"] == ["dev c"]
