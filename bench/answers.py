@@ -98,3 +98,11 @@ def compare(ours: list[Said], theirs: list[Said]) -> dict[str, float]:
         "same_top1_same_articles": top1_same,
         "max_prob_diff_same_articles": diff_same,
     }
+
+
+def in_words(c: dict[str, float]) -> str:
+    """`compare`'s figures in words."""
+    return (f"the same top-1 for {100 * c['same_top1']:.2f} % of {c['questions']} questions, probabilities within "
+            f"{c['max_prob_diff']:.2g}; {c['other_articles']} searched other articles, {c['other_articles_by_tie']} of "
+            f"them a tie at the ranker's boundary broken another way; with the same articles, the same top-1 for "
+            f"{100 * c['same_top1_same_articles']:.2f} %, probabilities within {c['max_prob_diff_same_articles']:.2g}")

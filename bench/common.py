@@ -253,9 +253,13 @@ def write_result(name: str, payload: dict) -> Path:
 
 
 def baseline_tree(rev: str) -> Path:
-    """A git worktree of ``rev`` under runs/ (made once), whose ``../shared`` is this checkout's."""
-    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True,
-                         text=True).stdout.strip()  # fmt: skip
+    """A git worktree of ``rev`` under runs/ (made once), whose ``../shared`` is this checkout's. `ValueError`: no
+    such commit here."""
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "--short", f"{rev}^{{commit}}"], cwd=REPO,
+                           capture_output=True, text=True)  # fmt: skip
+    if found.returncode != 0:
+        raise ValueError(f"--baseline {rev}: no such commit in this repository (git log names them)")
+    sha = found.stdout.strip()
     tree = RUNS / f"worktree-{sha}"
     if not (tree / "bertknn").is_dir():
         subprocess.run(["git", "worktree", "add", "--detach", "-f", str(tree), sha], cwd=REPO, check=True)
@@ -263,6 +267,14 @@ def baseline_tree(rev: str) -> Path:
     if not shared.exists() and SHARED.exists():
         shared.symlink_to(SHARED.resolve())
     return tree
+
+
+def baseline_or_exit(parser: argparse.ArgumentParser, rev: str) -> Path:
+    """`baseline_tree`, or the benchmark's usage error when ``rev`` is no commit (before anything runs)."""
+    try:
+        return baseline_tree(rev)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def run_from(rev: str, module: str, argv: list[str], result: str) -> dict:

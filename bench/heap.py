@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bert_base import make
-from bench.common import REPO, RUNS, baseline_tree, build_datastore, lama_queries, machine, write_result
+from bench.common import REPO, RUNS, baseline_or_exit, build_datastore, lama_queries, machine, write_result
 from bench.hostwork import CORPUS, TINY, measure
 from tests.support.processes import service_process
 
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     "articles": args.articles, "questions": args.questions}  # fmt: skip
     result["pause"] = pauses(ds, questions)
     print(f"full collection of the served heap: {result['pause']}", flush=True)
-    trees = {"this tree": REPO, **({f"baseline {args.baseline}": baseline_tree(args.baseline)} if args.baseline else {})}
+    trees = {"this tree": REPO, **({f"baseline {args.baseline}": baseline_or_exit(p, args.baseline)} if args.baseline else {})}
     # the same questions in every service process (each starts with an empty cache): both trees see the same load
     pool = [{"text": t} for t, _ in lama_queries(args.requests + 64, seed=12)]
     if len(pool) < args.requests + 64:

@@ -21,11 +21,11 @@ request is a hit of the in-process cache (its encoding and its articles): no for
 both services are up at once and each level's questions go to them in ``--blocks`` blocks that take turns (A B,
 B A, ...), so that the host's drift falls on both; their answers to the same questions are compared (top-1 and
 every prediction's probability, over all of them and over those that searched the same articles: `bench.answers`,
-which also counts the other articles that a tie at the ranker's boundary explains). ``--setting [SECTION.]NAME=VALUE`` (repeatable) serves this tree a second time
-with those of the service's settings changed (e.g. ``batching.on_event_loop=true``), the same way, at every
-``--workers`` count. ``--threads N`` gives every service process of every tree N model threads (one by default,
-the service's own default on two cores). ``--model DIR`` serves another model (the proxy, for answers that mean
-something); the default is the hidden-size-64 one.
+which also counts the other articles that a tie at the ranker's boundary explains). ``--setting
+[SECTION.]NAME=VALUE`` (repeatable) serves this tree a second time with those of the service's settings changed
+(e.g. ``batching.on_event_loop=true``), the same way, at every ``--workers`` count. ``--threads N`` gives every
+service process of every tree N model threads (one by default, the service's own default on two cores). ``--model
+DIR`` serves another model (the proxy, for answers that mean something); the default is the hidden-size-64 one.
 
 Before the load, each tree's service is started ``--starts`` times (the trees taking turns) for its start-up: the
 seconds from its launch until it answers ``/readyz``, and its resident memory then (before any request), against
@@ -44,12 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from bench.answers import answers, compare
+from bench.answers import answers, compare, in_words
 from bench.bert_base import BERT_BASE, make
 from bench.common import (
     REPO,
     RUNS,
-    baseline_tree,
+    baseline_or_exit,
     build_datastore,
     host_port,
     lama_queries,
@@ -145,14 +145,6 @@ def _level(g: dict[str, float], blocks: int) -> dict[str, Any]:
         out["rows_per_model_pass"] = round(g["model_rows"] / g["model_passes"], 2)
         out["model_process_cpu_ms_per_request"] = round(g["model_cpu_s"] * 1000 / ok, 3)
     return out
-
-
-def said_line(c: dict[str, float]) -> str:
-    """`compare`'s figures in words."""
-    return (f"the same top-1 for {100 * c['same_top1']:.2f} % of {c['questions']} questions, probabilities within "
-            f"{c['max_prob_diff']:.2g}; {c['other_articles']} searched other articles, {c['other_articles_by_tie']} of "
-            f"them a tie at the ranker's boundary broken another way; with the same articles, the same top-1 for "
-            f"{100 * c['same_top1_same_articles']:.2f} %, probabilities within {c['max_prob_diff_same_articles']:.2g}")
 
 
 def _encoder(model: Path, ds: Path) -> Any:
@@ -310,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     # each way to serve: the source tree, the settings it changes
     ways: dict[str, tuple[Path, dict[str, str]]] = {"this tree": (REPO, {})}
     if args.baseline:
-        ways[f"baseline {args.baseline}"] = (baseline_tree(args.baseline), {})
+        ways[f"baseline {args.baseline}"] = (baseline_or_exit(p, args.baseline), {})
     if changed is not None:
         ways[f"this tree, {', '.join(args.setting)}"] = (REPO, changed)
     env = {"BERTKNN_DEFAULTS__RETRIEVER": args.retriever, "BERTKNN_MODEL__THREADS": str(args.threads)}
@@ -365,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         if name != "this tree":
             key = "answers_vs_baseline" if name.startswith("baseline") else "answers_with_setting"
             result[key] = compare(said["this tree"], said[name])
-            print(f"answers of {name} against this tree's: {said_line(result[key])}")
+            print(f"answers of {name} against this tree's: {in_words(result[key])}")
     name = args.name or ("hostwork" if args.model is None else f"hostwork-{Path(args.model).name}")
     name += "-bm25" if args.retriever == "bm25" and not args.name else ""
     name += "-hits" if args.hits and not args.name else ""

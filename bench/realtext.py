@@ -1,6 +1,6 @@
 """Right answers from real article text: the quality benchmark on real Wikipedia leads, with its failure causes::
 
-    python -m bench.realtext [--model DIR] [--others 300] [--split test] [--probe heldout]
+    python -m bench.realtext [--model DIR] [--others 300] [--split test] [--probe heldout] [--baseline REV]
 
 Corpus: real article text, the Vital Articles lead sections in ``../shared/data/wiki``: the lead of every subject
 below, and ``--others`` leads of other articles. Queries: the T-REx facts of the 22 relations in
@@ -45,6 +45,7 @@ from bench.common import (
     PROXY_MODEL,
     RUNS,
     SHARED,
+    baseline_or_exit,
     build_datastore,
     machine,
     result_name,
@@ -359,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--datastore {args.datastore}: no datastore there (no manifest.json)")
     if args.others < 0:
         p.error("--others must be at least 0")
+    if args.baseline:
+        baseline_or_exit(p, args.baseline)  # (before this run's minutes, not after them)
     pipeline, facts, sizes = open_benchmark(args)
     if args.datastore is not None:
         splits = ["datastore"]

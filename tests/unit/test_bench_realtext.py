@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.realtext import baseline_argv, paired_interval, same_rows
+from bench.realtext import baseline_argv, main, paired_interval, same_rows
 
 
 def test_the_difference_is_the_macro_average_per_relation() -> None:
@@ -112,3 +112,9 @@ def test_rows_are_the_same_only_when_every_figure_is() -> None:
     assert (got["rows"], got["identical"]) == (4, 1)
     assert got["differing"] == ["dev b: BERT-kNN 40.0 against 40.0", "test a: BERT-kNN 40.0 against 41.0"]
     assert got["missing"] == ["dev c"]
+
+
+def test_a_baseline_that_is_no_commit_is_refused_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as err:
+        main(["--baseline", "no-such-commit-anywhere"])
+    assert err.value.code == 2 and "no such commit" in capsys.readouterr().err
