@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from bertknn.core.errors import ModelLoadError
 from bertknn.core.model_ref import check_model_dir
@@ -40,12 +43,26 @@ def stored_layer(layer: int | None, num_layers: int, name: str) -> int:
     return index
 
 
+@contextlib.contextmanager
+def _quietly() -> Iterator[None]:
+    """Loading without ``transformers``' warnings and progress bars: a service's log holds lines, not a bar
+    redrawn with carriage returns, and its process no tqdm monitor thread (the caller says what it loaded)."""
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The fast tokenizer of a hub name or local directory alone (a process that tokenises for a model run
     elsewhere)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _quietly():
             return AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load the tokenizer of {name_or_path!r}: {_first_line(exc)}") from exc
@@ -56,8 +73,7 @@ def from_pretrained(name_or_path: str) -> tuple[Any, Any, list[str]]:
     head's weights the checkpoint lacks (sorted; none for a full masked LM)."""
     check_model_dir(name_or_path)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _quietly():
             tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
             model, info = AutoModelForMaskedLM.from_pretrained(
                 name_or_path, dtype=torch.float32, use_safetensors=None, output_loading_info=True
