@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -69,6 +70,46 @@ def tree_cpu_s(pid: int) -> float:
             continue
         todo += [int(k) for k in kids]
     return total
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """User + system CPU seconds so far of each kind of thread in a process and its live descendants (Linux
+    /proc), by the threads' operating-system names (`bertknn.core.libc.name_os_thread`) without their numbers
+    (``model_0`` and ``model_1`` are ``model``). A process's main thread is ``main`` (a service process's event
+    loop), whatever its name; an unnamed thread keeps the interpreter's name (``python``). A thread that ended
+    is not counted: compare with `tree_cpu_s`."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:  # it ended meanwhile
+            continue
+        todo += [int(k) for k in kids]
+        for tid in tids:
+            try:
+                stat = Path(f"/proc/{p}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            name, fields = stat.split("(", 1)[1].rsplit(")", 1)
+            kind = "main" if tid == str(p) else re.sub(r"[-_]\d+$", "", name) or name
+            cpu = fields.split()
+            out[kind] = out.get(kind, 0.0) + (int(cpu[11]) + int(cpu[12])) / tick
+    return out
+
+
+def cpu_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Each kind's CPU seconds from one `thread_cpu_s` to a later one (a kind whose threads all ended: left out)."""
+    return {kind: s - before.get(kind, 0.0) for kind, s in after.items()}
+
+
+def ms_per_request(seconds: dict[str, float], requests: float) -> dict[str, float]:
+    """CPU seconds by kind of thread -> ms per answered request, most first (kinds that used none left out)."""
+    ms = {kind: round(s * 1000 / max(1.0, requests), 3) for kind, s in seconds.items()}
+    return dict(sorted(((k, v) for k, v in ms.items() if v > 0), key=lambda kv: -kv[1]))
 
 
 def tree_rss_mb(pid: int) -> float:

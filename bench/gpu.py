@@ -477,8 +477,9 @@ def _serving_rows(serving: object, processes: str | None) -> list[str]:
             if "bare_at_service_batch_per_s" in t:  # reports from before this figure lack it
                 rows.append(f"| - the bare forward in the service's batch size ({how}{level} {client} clients, "
                             f"{t['service_batch_rows']} rows) | {t['bare_at_service_batch_per_s']:,.0f}/s |")  # fmt: skip
+            by_thread = ", ".join(f"{k} {v:.2f}" for k, v in t.get("server_cpu_ms_per_request_by_thread", {}).items())
             rows.append(f"| - server CPU per request ({how}{level} {client} clients) | "
-                        f"{t['server_cpu_ms_per_request']:.1f} ms |")  # fmt: skip
+                        f"{t['server_cpu_ms_per_request']:.1f} ms{f' (by thread: {by_thread})' if by_thread else ''} |")  # fmt: skip
             if "model_process_busy_cores" in t:  # the split layout: is its one model process the limit?
                 rows.append(f"| - the model process: CPU per request, cores busy ({how}{level} {client} clients) | "
                             f"{t['model_process_cpu_ms_per_request']:.2f} ms, {t['model_process_busy_cores']:.2f} |")  # fmt: skip

@@ -13,7 +13,8 @@ does besides the forward bounds the requests per second of one model process wha
 processes' CPU is what is left (`docs/decisions/serving-processes.md`, "What the CPU predicts for a GPU"). Questions
 are distinct (every request a cache miss), without a subject, so that the retriever ranks the articles: TF-IDF, or
 with ``--retriever bm25`` Lucene's BM25 through the JVM. Server CPU is summed over every process of the service (its
-workers too). With ``--hits`` each level's questions are asked once before it is measured, so that every measured
+workers too), and split by kind of thread over them all (``main``, each process's event loop; ``model``, its model
+thread; ``retrieval``, ``knn``...: `bench.common.thread_cpu_s`). With ``--hits`` each level's questions are asked once before it is measured, so that every measured
 request is a hit of the in-process cache (its encoding and its articles): no forward, the rest of a request's work
 (`Finisher.hit`). Each service process has a cache of its own, so ``--hits`` takes ``--workers 1``.
 
@@ -51,10 +52,13 @@ from bench.common import (
     RUNS,
     baseline_or_exit,
     build_datastore,
+    cpu_between,
     host_port,
     lama_queries,
     machine,
+    ms_per_request,
     run_async,
+    thread_cpu_s,
     tree_cpu_s,
     tree_rss_mb,
     write_result,
@@ -119,19 +123,24 @@ def measure(
     size = -(-len(rest) // blocks)
     sums = {name: {"secs": 0.0, "ok": 0, "err": 0, "cpu_s": 0.0, **dict.fromkeys(METRICS.values(), 0.0)}
             for name in services}  # fmt: skip
+    threads: dict[str, dict[str, float]] = {name: {} for name in services}
     for b in range(blocks):
         part = rest[b * size : (b + 1) * size]
         for name in list(services) if b % 2 == 0 else list(services)[::-1]:
             url, pid = services[name]
-            before, cpu0 = counters(url), tree_cpu_s(pid)
+            before, cpu0, by0 = counters(url), tree_cpu_s(pid), thread_cpu_s(pid)
             secs, ok, err = run_async(_load(url, part, clients))
-            cpu1, after = tree_cpu_s(pid), counters(url)
+            by1, cpu1, after = thread_cpu_s(pid), tree_cpu_s(pid), counters(url)
+            for kind, s in cpu_between(by0, by1).items():
+                threads[name][kind] = threads[name].get(kind, 0.0) + s
             got = sums[name]
             for key, value in (("secs", secs), ("ok", ok), ("err", err), ("cpu_s", cpu1 - cpu0)):
                 got[key] += value
             for key in METRICS.values():
                 got[key] += after[key] - before[key]
-    return {name: _level(g, blocks) for name, g in sums.items()}
+    return {name: {**_level(g, blocks), "server_cpu_ms_per_request_by_thread": ms_per_request(threads[name], g["ok"])}
+            for name, g in sums.items()}  # fmt: skip
+
 
 
 def _level(g: dict[str, float], blocks: int) -> dict[str, Any]:
@@ -210,6 +219,11 @@ def split_forward(runs: list[dict], per_row: dict[int, float] | None) -> None:
             r["model_process_bound_per_s"] = round(1000 / rest, 1) if rest > 0 else None
             r["api_processes_cpu_ms_per_request"] = round(
                 r["server_cpu_ms_per_request"] - r["model_process_cpu_ms_per_request"], 3)
+
+
+def threads_line(r: dict) -> str:
+    """A run's server CPU per request by kind of thread, as printed (``main``: each process's event loop)."""
+    return ", ".join(f"{kind} {ms:.2f}" for kind, ms in r["server_cpu_ms_per_request_by_thread"].items())
 
 
 def split_line(r: dict) -> str:
@@ -343,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:>20}  workers {n:>2}  clients {c:>3}: {row['requests_per_s']:>7.1f} req/s, "
                           f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows "
                           f"per batch, {row['errors']} errors", flush=True)  # fmt: skip
+                    print(f"{'':>20}  by thread, ms per request: {threads_line(row)}", flush=True)
     missed = [r for r in result["runs"] if args.hits and r["rows_per_batch"] > 0]
     if missed:
         print(f"--hits: {len(missed)} runs had cache misses (forward passes): not every request was a hit; no "

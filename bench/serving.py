@@ -38,15 +38,18 @@ from bench.common import (
     RedisServer,
     bare_forward,
     build_datastore,
+    cpu_between,
     host_port,
     httpx_clients,
     lama_queries,
     machine,
+    ms_per_request,
     percentiles,
     result_name,
     run_async,
     running_service,
     service_process,
+    thread_cpu_s,
     tree_cpu_s,
     write_result,
 )
@@ -375,12 +378,13 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
             texts = [t for t, _ in qs]
             bare_before = sum(bare_forward(enc, texts, batch=c))
             stages0 = scrape_stages(svc.url)
-            server0, client0 = tree_cpu_s(svc.proc.pid), time.process_time()
+            by0, server0, client0 = thread_cpu_s(svc.proc.pid), tree_cpu_s(svc.proc.pid), time.process_time()
             latencies: list[float] = []
             secs, ok, err = run_async(_load(svc.url, qs, c, client, latencies))
             client_cpu = time.process_time() - client0
             stages = stage_means(stages0, scrape_stages(svc.url))
             server_ms = (tree_cpu_s(svc.proc.pid) - server0) * 1000 / max(1, ok)
+            by_thread = ms_per_request(cpu_between(by0, thread_cpu_s(svc.proc.pid)), ok)
             client_ms = client_cpu * 1000 / max(1, ok)
             bare_tput = 2 * len(qs) / (bare_before + sum(bare_forward(enc, texts, batch=c)))
             # the bare forward again in batches of the size the service formed (closed-loop clients split into
@@ -392,6 +396,7 @@ def _throughput(svc: Any, enc: MaskedLMEncoder, levels: list[int], per_level: di
                 "requests": ok + err, "requests_per_s": ok / secs, "errors": err, "bare_batched_per_s": bare_tput,
                 "ratio": (ok / secs) / bare_tput, "service_batch_rows": own, "bare_at_service_batch_per_s": bare_own,
                 "ratio_at_service_batch": (ok / secs) / bare_own, "server_cpu_ms_per_request": server_ms,
+                "server_cpu_ms_per_request_by_thread": by_thread,
                 "load_generator_cpu_ms_per_request": client_ms, "stage_ms_mean": stages,
                 "latency_ms": _ms(percentiles(latencies)),
                 **model_process_load(stages.pop("model_process_cpu_s", None), ok, secs),
@@ -438,6 +443,8 @@ def _report(result: dict, backend: str, threads: int) -> None:
                 print(f"    the bare forward in the service's batch size ({t['service_batch_rows']} rows): "
                       f"{t['bare_at_service_batch_per_s']:.1f}/s -> {t['ratio_at_service_batch']:.2f}x")  # fmt: skip
             print(f"    mean ms per request by stage (they overlap), rows per batch: {t.get('stage_ms_mean')}")
+            if t.get("server_cpu_ms_per_request_by_thread"):
+                print(f"    server CPU ms per request by kind of thread: {t['server_cpu_ms_per_request_by_thread']}")
             if "model_process_busy_cores" in t:
                 print(f"    the model process: {t['model_process_cpu_ms_per_request']:.2f} ms of CPU per request, "
                       f"{t['model_process_busy_cores']:.2f} cores busy")  # fmt: skip

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import re
@@ -14,6 +13,7 @@ from typing import Literal
 import torch
 
 from bertknn.core.errors import ModelLoadError
+from bertknn.core.libc import glibc
 
 logger = logging.getLogger(__name__)
 
@@ -122,23 +122,14 @@ def faiss_threads(n: int) -> Iterator[None]:
         faiss.omp_set_num_threads(before)
 
 
-_LIBC: ctypes.CDLL | None | bool = False  # False: not looked up yet; None: no glibc
-
-
 def return_free_memory() -> None:
     """Give the C heap's free pages back to the system (glibc ``malloc_trim``; a no-op elsewhere).
 
     PyTorch's CPU forward over batches of changing shapes leaves freed buffers in glibc's heap, which keeps them:
     a build's RSS then grows with the number of batches, not with what it holds (docs/decisions/malloc-trim.md)."""
-    global _LIBC
-    if _LIBC is False:
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            _LIBC = libc if hasattr(libc, "malloc_trim") else None
-        except OSError:
-            _LIBC = None
-    if _LIBC:
-        _LIBC.malloc_trim(0)  # type: ignore[union-attr]
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 class DeviceWait:

@@ -19,6 +19,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
+from bertknn.core.libc import name_os_thread
+
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
@@ -132,6 +134,7 @@ class _DeadlineRunner:
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
 
     def _work(self) -> None:
+        name_os_thread()
         while True:
             fn, fut = self._jobs.get()
             try:
@@ -190,7 +193,7 @@ class RedisCache:
         # a round trip is at most a connect and a reply, each bounded by the timeout; the rest is slack for a
         # pipeline of writes and the thread hand-over
         self._deadline_s = 4 * timeout + 0.05
-        self._runner = _DeadlineRunner("redis-cache-io")
+        self._runner = _DeadlineRunner("redis-io")
         self.ttl_s = ttl_s
         self._backoff_initial = backoff_s
         self._backoff = backoff_s

@@ -15,6 +15,8 @@ from concurrent.futures import Future
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from bertknn.core.libc import name_os_thread
+
 T = TypeVar("T")
 client_var: ContextVar[str] = ContextVar("client", default="-")
 
@@ -54,6 +56,7 @@ class FairExecutor:
             return task
 
     def _work(self) -> None:
+        name_os_thread()
         while (task := self._next()) is not None:
             fn, fut = task
             if not fut.set_running_or_notify_cancel():

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BertKnnError
+from bertknn.core.libc import name_os_thread
 from bertknn.core.vocab_cache import VocabCache
 from bertknn.service import heap
 from bertknn.service.api.admin import router as admin_router
@@ -271,7 +272,7 @@ async def _start(
 ) -> tuple[AnswerPipeline, asyncio.Task[None] | None]:
     """Load the pipeline on the model's thread, start the answerer and the reload watch; then ready."""
     settings = resources.settings
-    model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+    model_thread = ThreadPoolExecutor(1, thread_name_prefix="model", initializer=name_os_thread)
     # several processes: the reload generation read before the model loads, so none announced meanwhile is missed
     peers = PeerReloads(resources.slot.root, resources.slot.index) if resources.slot is not None else None
     try:

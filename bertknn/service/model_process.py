@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
 from bertknn.core.errors import BertKnnError
+from bertknn.core.libc import name_os_thread
 from bertknn.service.model_client import ADDRESS_ENV, AUTHKEY_ENV
 from bertknn.service.settings import ServiceSettings
 
@@ -34,6 +35,7 @@ def run_model_process(settings: ServiceSettings, address: str, authkey: bytes, s
     """The model process's body: load the model, listen, say ready (or the one line why not), serve."""
     # Ctrl-C reaches the whole process group: the parent stops this process itself, after the API processes
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    name_os_thread("bertknn-model")  # (its main thread runs the model: `top` shows it by this name)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from tqdm import tqdm
 
@@ -135,6 +137,7 @@ class ModelProcess:
         return thread
 
     def _keep_alive(self) -> None:
+        name_os_thread()
         while not self._stopping.is_set():
             proc = self._proc
             if proc is None:

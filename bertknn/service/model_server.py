@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from bertknn.core.encoder import MaskedLMEncoder
+from bertknn.core.libc import name_os_thread
 from bertknn.core.query_model import Heads, heads
 
 logger = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ class ModelServer:
             peer.close()
 
     def _accept(self) -> None:
+        name_os_thread()
         while not self.queue.stopping:
             try:
                 conn = self.listener.accept()
@@ -164,10 +166,11 @@ class ModelServer:
                 continue
             peer = Peer(conn, f"api connection {len(self._peers) + 1}")
             self._peers.append(peer)
-            threading.Thread(target=self._read, args=(peer,), name=peer.name, daemon=True).start()
+            threading.Thread(target=self._read, args=(peer,), name=f"api-peer-{len(self._peers)}", daemon=True).start()
 
     def _read(self, peer: Peer) -> None:
         """One peer's asks into the queue, until it goes away."""
+        name_os_thread()
         while True:
             try:
                 req_id, kind, args = peer.conn.recv()

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from functools import partial
 
 from bertknn.core.inputs import MaskedInput
+from bertknn.core.libc import name_os_thread
 from bertknn.service.batching import MicroBatcher
 from bertknn.service.device_search import OnDeviceWork
 from bertknn.service.device_vote import DeviceVote
@@ -53,7 +54,7 @@ class AsyncAnswerer:
         # calls torch gets its own OpenMP team, and two spinning teams on few cores halve the forward's speed.
         # (With ``batching.on_event_loop`` the loop's thread makes them once start-up has loaded the model here:
         # one team at work at a time.)
-        self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="model")
+        self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="model", initializer=name_os_thread)
         # retrieval and kNN take turns between clients: one client's flood waits behind itself (`fair`)
         self._retrieval_thread = FairExecutor(1, "retrieval")
         # two: a query whose fill passes wait for the model (whole words, entity names) never holds up the answers

@@ -91,6 +91,10 @@ def test_split_layout_answers_as_one_process_and_outlives_sigkill_of_either_proc
         # its CPU seconds: counted, and no more than the kernel says that process has used
         assert 0 < metric(svc.url, "bertknn_model_process_cpu_seconds_total") <= process_cpu_s(model_pid(svc))
         assert metric(svc.url, 'bertknn_requests_total{path="/predict",status="200"}') == 16
+        # the model process by its name in `ps` and `top`, a thread per API process reading its asks
+        assert Path(f"/proc/{model_pid(svc)}/comm").read_text().strip() == "bertknn-model"
+        peers = [p.read_text().strip() for p in Path(f"/proc/{model_pid(svc)}/task").glob("*/comm")]
+        assert sorted(n for n in peers if n.startswith("api-peer")) == ["api-peer-1", "api-peer-2"], peers
 
         model = model_pid(svc)
         os.kill(model, signal.SIGKILL)  # idle: nothing in flight, so no request may fail

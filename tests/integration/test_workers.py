@@ -80,6 +80,9 @@ def test_workers_answer_count_and_survive_sigkill_as_one_service(ds: Path, on_ev
     env = {**ENV, "BERTKNN_BATCHING__ON_EVENT_LOOP": on_event_loop}
     with service_process(ds, env=env, args=("--workers", "2")) as svc:
         first = wait_for_workers(svc, 2)
+        for pid in first:  # each worker's threads, by name in the operating system (top -H, py-spy)
+            names = {p.read_text().strip() for p in Path(f"/proc/{pid}/task").glob("*/comm")}
+            assert {"model_0", "retrieval_0", "knn_0"} <= names, names
         answers = ask(svc.url, {"text": "zorblat was born in [MASK] ."}, 30)
         assert {r.status_code for r in answers} == {200}
         assert len({r.json()["predictions"][0]["token"] for r in answers}) == 1

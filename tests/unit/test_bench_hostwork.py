@@ -23,6 +23,9 @@ def test_each_level_is_measured_in_blocks_that_take_turns(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(hostwork, "_load", load)
     monkeypatch.setattr(hostwork, "tree_cpu_s", lambda pid: cpu[pid])
+    # by kind of thread: a quarter on the event loop, the rest on the model thread; a knn thread that used none
+    monkeypatch.setattr(hostwork, "thread_cpu_s", lambda pid: {"main": cpu[pid] / 4, "model": cpu[pid] * 3 / 4,
+                                                               "knn": 0.0})  # fmt: skip
     def counters(url: str) -> dict[str, float]:
         n, batches, passes = rows[url]
         split = {"model_rows": n, "model_passes": passes, "model_cpu_s": cpu[2] / 4} if passes else {}
@@ -40,7 +43,8 @@ def test_each_level_is_measured_in_blocks_that_take_turns(monkeypatch: pytest.Mo
         want = list(range(20 + 10 * block, 30 + 10 * block))
         assert [qs for _, qs in measured[2 * block : 2 * block + 2]] == [want, want]  # the same questions to each
     assert got["this"] == {"requests_per_s": 100.0, "server_cpu_ms_per_request": 1.0, "requests": 40, "errors": 0,
-                           "blocks": 4, "rows_per_batch": 10.0}  # fmt: skip
+                           "blocks": 4, "rows_per_batch": 10.0,
+                           "server_cpu_ms_per_request_by_thread": {"model": 0.75, "main": 0.25}}  # fmt: skip
     assert got["base"]["errors"] == 4 and got["base"]["requests"] == 40
     assert got["base"]["server_cpu_ms_per_request"] == round(2 * 40 / 36, 3)  # per answered request
     # the split layout's model process: its merged passes and its share of the CPU, per answered request
