@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -56,19 +56,28 @@ def bare_forward(enc: MaskedLMEncoder, texts: list[str], batch: int = 1) -> list
     return times
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and all its live descendants so far (Linux /proc)."""
-    total, todo = 0.0, [pid]
-    tick = os.sysconf("SC_CLK_TCK")
+def process_tree(pid: int) -> Iterator[int]:
+    """A process and its live descendants (Linux /proc), each pid once; one that ends meanwhile is skipped."""
+    todo = [pid]
     while todo:
         p = todo.pop()
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
             kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
         except OSError:  # it ended meanwhile
             continue
         todo += [int(k) for k in kids]
+        yield p
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and all its live descendants so far (Linux /proc)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for p in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
     return total
 
 
@@ -80,15 +89,11 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     is not counted: compare with `tree_cpu_s`."""
     out: dict[str, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
-    todo = [pid]
-    while todo:
-        p = todo.pop()
+    for p in process_tree(pid):
         try:
             tids = os.listdir(f"/proc/{p}/task")
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:  # it ended meanwhile
+        except OSError:
             continue
-        todo += [int(k) for k in kids]
         for tid in tids:
             try:
                 stat = Path(f"/proc/{p}/task/{tid}/stat").read_text()
@@ -115,16 +120,13 @@ def ms_per_request(seconds: dict[str, float], requests: float) -> dict[str, floa
 def tree_rss_mb(pid: int) -> float:
     """Resident memory of a process and all its live descendants, MiB (Linux /proc; pages they share count once
     per process)."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
+    total = 0.0
+    for p in process_tree(pid):
         try:
             status = Path(f"/proc/{p}/status").read_text()
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:  # it ended meanwhile
+        except OSError:
             continue
         total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0) / 1024
-        todo += [int(k) for k in kids]
     return total
 
 
