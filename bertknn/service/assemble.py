@@ -31,6 +31,18 @@ def subject_warnings(query: Query, status: str | None) -> list[str]:
     return [f"subject {query.subject!r} has no article in this datastore; {how} instead"]
 
 
+def search_warnings(query: Query, hits: list[ArticleHit], found: int) -> list[str]:
+    """What a response must say when its kNN search, which ran, found no neighbour in a datastore that has
+    contexts: the answer is the model's alone, because no article matched or those that did hold no context."""
+    if found:
+        return []
+    if query.retriever != "none" and not hits:
+        return [f"{query.retriever} found no article for the question's words, so no context voted: the answer is "
+                "the model's alone; name the question's subject, or use words its article uses"]
+    where = "the subject's article holds" if any(h.rule == "subject" for h in hits) else "the articles searched hold"
+    return [f"{where} no stored context, so no context voted: the answer is the model's alone"]
+
+
 class AnswerAssembler:
     """A query's answer from its encoding, over one datastore version (`AnswerPipeline.assembler`)."""
 
@@ -163,7 +175,8 @@ class AnswerAssembler:
             skipped,
             status,
             query.temperature,
-            [*subject_warnings(query, status), *self.language_warnings(query.text), *self.datastore_warnings],
+            [*subject_warnings(query, status), *self.language_warnings(query.text), *self.datastore_warnings,
+             *([] if skipped or self.datastore_warnings else search_warnings(query, hits, len(nbrs)))],
         )
 
     def _search(

@@ -112,6 +112,7 @@ def format_table(resp: PredictResponse) -> str:
     skipped = " (kNN skipped: the MLM was confident)" if resp.knn_skipped else ""
     lines.append(f"lambda: {resp.lambda_used:.3f} ({resp.interpolation}){skipped}")
     lines.append(f"timings_ms: {json.dumps(resp.timings_ms)}  cache: {json.dumps(resp.cache)}")
+    lines += [f"warning: {w}" for w in resp.warnings]
     return "\n".join(lines)
 
 

@@ -184,7 +184,9 @@ class PredictResponse(BaseModel):
         "the articles instead; null when the request named no subject"
     )
     warnings: list[str] = Field(
-        default_factory=list, description="fallbacks the caller should know of: a subject that has no article"
+        default_factory=list, description="fallbacks the caller should know of: a subject that has no article, no "
+        "context to vote (no article matched the question, or none of those searched holds a context), a question "
+        "in another script than the datastore's"
     )
     timings_ms: dict[str, float]
     cache: dict[str, Literal["hit", "miss", "none"]]

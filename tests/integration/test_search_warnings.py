@@ -1,0 +1,72 @@
+"""An answer whose kNN search found no neighbour says so: no article matched the question's words, or the
+subject's article holds no stored context. Either way the answer is the masked LM's alone, and the response, the
+client's table and the playground (which shows ``warnings``) tell the caller why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from bertknn.builder.ivfpq import add_ivfpq
+from bertknn.service.api.schemas import PredictResponse
+from bertknn.service.client import format_table
+from bertknn.service.main import create_app
+from bertknn.service.settings import ServiceSettings
+from tests.conftest import TINY_ARTICLES, build_tiny, write_jsonl
+
+# every word of it is unknown to the tiny corpus: no ranker finds an article for it
+UNMATCHED = "glarb [MASK] snorf ."
+# an article whose sentences hold only stopwords and punctuation: stored, with no context to vote
+BARE = {"id": "7", "title": "Ooo", "text": "It is the one. Of it, and it was."}
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("search-warnings")
+    ds = build_tiny(tmp / "ds", [write_jsonl(tmp / "c.jsonl", [*TINY_ARTICLES, BARE])], tiny_model_dir)
+    add_ivfpq(ds)  # for the whole-datastore search (retriever none)
+    settings = ServiceSettings(datastore=ds, model={"device": "cpu"}, batching={"max_wait_ms": 1})
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+@pytest.mark.parametrize("retriever", ["bm25", "tfidf"])
+def test_no_article_for_the_words_is_said(client: TestClient, retriever: str) -> None:
+    r = client.post("/predict", json={"text": UNMATCHED, "retriever": retriever})
+    body = r.json()
+    assert r.status_code == 200 and body["predictions"], r.text
+    assert body["articles"] == [] and body["lambda_used"] == 0.0
+    assert all(p["p_knn"] == 0.0 and p["contexts"] == [] for p in body["predictions"])
+    assert body["warnings"] == [
+        f"{retriever} found no article for the question's words, so no context voted: the answer is the model's "
+        "alone; name the question's subject, or use words its article uses"
+    ]
+    # the same words with a subject: its article is searched, its contexts vote, nothing to warn of
+    named = client.post("/predict", json={"text": UNMATCHED, "retriever": retriever, "subject": "Zorblat"}).json()
+    assert named["warnings"] == [] and named["lambda_used"] > 0
+    assert any(p["p_knn"] > 0 for p in named["predictions"])
+
+
+def test_a_subject_whose_article_holds_no_context_is_said(client: TestClient) -> None:
+    body = client.post("/predict", json={"text": "ooo was born in [MASK] .", "subject": "Ooo"}).json()
+    assert body["subject_status"] == "found" and [a["title"] for a in body["articles"]] == ["Ooo"]
+    assert body["lambda_used"] == 0.0
+    assert body["warnings"] == [
+        "the subject's article holds no stored context, so no context voted: the answer is the model's alone"
+    ]
+
+
+def test_a_matched_question_and_the_whole_datastore_warn_of_nothing(client: TestClient) -> None:
+    for extra in ({}, {"retriever": "none"}, {"subject": "Quimby"}):
+        body = client.post("/predict", json={"text": "zorblat was born in [MASK] .", **extra}).json()
+        assert body["warnings"] == [] and body["lambda_used"] > 0, (extra, body)
+
+
+def test_the_client_table_prints_the_warnings(client: TestClient) -> None:
+    resp = PredictResponse.model_validate(client.post("/predict", json={"text": UNMATCHED}).json())
+    lines = format_table(resp).splitlines()
+    assert lines[-1] == f"warning: {resp.warnings[0]}" and "found no article" in lines[-1]
+    quiet = PredictResponse.model_validate(client.post("/predict", json={"text": "zorblat was born in [MASK] ."}).json())
+    assert not any(line.startswith("warning:") for line in format_table(quiet).splitlines())
