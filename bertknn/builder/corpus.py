@@ -22,7 +22,7 @@ from typing import IO, Literal, cast
 from bertknn.builder.site import ENGLISH, Site, site_for
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.wikitext import Link, link_target, wikitext_links
-from bertknn.core.errors import CorpusError
+from bertknn.core.errors import CorpusError, json_line_problem
 from bertknn.core.languages import check_language, rules_for
 from bertknn.core.titles import normalize_title
 
@@ -311,7 +311,7 @@ def read_jsonl(
                 try:
                     obj = json.loads(raw)
                 except json.JSONDecodeError as exc:
-                    raise CorpusError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                    raise CorpusError(f"{path}:{lineno}: not valid JSON ({json_line_problem(exc)})") from exc
                 except UnicodeDecodeError as exc:
                     raise CorpusError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason})") from exc
                 if not isinstance(obj, dict) or not isinstance(obj.get("title"), str) or not isinstance(

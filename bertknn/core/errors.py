@@ -35,6 +35,14 @@ class ModelLoadError(BertKnnError):
 # ---- offline: building --------------------------------------------------------------------------------------
 
 
+def json_line_problem(exc: ValueError) -> str:
+    """What is wrong with one line of a JSON Lines file and where in it: ``Expecting value at column 41`` (the
+    line's characters counted from 1; `json.JSONDecodeError`'s own message stops at "at" for some problems)."""
+    pos = getattr(exc, "pos", None)
+    msg = getattr(exc, "msg", str(exc))
+    return f"{msg.removesuffix(' at')} at column {pos + 1}" if isinstance(pos, int) else msg
+
+
 class CorpusError(BertKnnError):
     """A corpus file cannot be read (unknown format, bad JSON line, missing file)."""
 

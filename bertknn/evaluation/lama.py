@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from bertknn.core.errors import LamaError
+from bertknn.core.errors import LamaError, json_line_problem
 from bertknn.core.text import MASK_RE
 from bertknn.core.wordmodel import WordModel, lowercases
 
@@ -132,7 +132,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise LamaError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                    raise LamaError(f"{path}:{lineno}: not valid JSON ({json_line_problem(exc)})") from exc
                 if not isinstance(obj, dict):
                     raise LamaError(f"{path}:{lineno}: expected a JSON object")
                 yield lineno, obj

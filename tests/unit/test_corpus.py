@@ -139,7 +139,8 @@ def test_jsonl_bz2_is_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("bad_line", "message"),
     [
-        (b'{"id": "2", "title": "Broken", "text": ', "not valid JSON"),
+        (b'{"id": "2", "title": "Broken", "text": ', r"not valid JSON \(Expecting value at column 41\)"),
+        (b'{"id": "2", "title": "Tab\tin a string", "text": "x"}', r"not valid JSON \(Invalid control character at column 26\)"),
         (b'{"id": "2", "text": "no title"}', 'string "title" and "text"'),
         (b'["a", "list"]', 'string "title" and "text"'),
         (b'{"id": "2", "title": "  _ ", "text": "x"}', "empty title"),

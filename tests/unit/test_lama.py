@@ -296,7 +296,7 @@ def test_missing_templates_or_bad_files_say_what_to_fix(tmp_path):
         discover_relations(tmp_path)
     bad = write_jsonl(tmp_path / "x" / "P19.jsonl", [])
     bad.write_text('{"sub_label": "a", "obj_label": "b"}\nnot json\n')
-    with pytest.raises(LamaError, match=r"P19.jsonl:2: not valid JSON"):
+    with pytest.raises(LamaError, match=r"P19.jsonl:2: not valid JSON \(Expecting value at column 1\)$"):
         read_facts(Relation("P19", TREX, bad, "[X] [Y]"))
 
 
