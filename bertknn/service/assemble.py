@@ -33,14 +33,16 @@ def subject_warnings(query: Query, status: str | None) -> list[str]:
 
 def search_warnings(query: Query, hits: list[ArticleHit], found: int) -> list[str]:
     """What a response must say when its kNN search, which ran, found no neighbour in a datastore that has
-    contexts: the answer is the model's alone, because no article matched or those that did hold no context."""
+    contexts: the answer is the model's alone, because no article matched or those that did hold no context (for
+    an entity answer, none that links an entity)."""
     if found:
         return []
     if query.retriever != "none" and not hits:
         return [f"{query.retriever} found no article for the question's words, so no context voted: the answer is "
                 "the model's alone; name the question's subject, or use words its article uses"]
     where = "the subject's article holds" if any(h.rule == "subject" for h in hits) else "the articles searched hold"
-    return [f"{where} no stored context, so no context voted: the answer is the model's alone"]
+    what = "context that links an entity" if query.answer == "entity" else "context"
+    return [f"{where} no stored {what}, so no context voted: the answer is the model's alone"]
 
 
 class AnswerAssembler:

@@ -14,7 +14,8 @@ from bertknn.service.api.schemas import PredictResponse
 from bertknn.service.client import format_table
 from bertknn.service.main import create_app
 from bertknn.service.settings import ServiceSettings
-from tests.conftest import TINY_ARTICLES, build_tiny, write_jsonl
+from tests.conftest import TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
+from tests.integration.test_entities import linked
 
 # every word of it is unknown to the tiny corpus: no ranker finds an article for it
 UNMATCHED = "glarb [MASK] snorf ."
@@ -70,3 +71,21 @@ def test_the_client_table_prints_the_warnings(client: TestClient) -> None:
     assert lines[-1] == f"warning: {resp.warnings[0]}" and "found no article" in lines[-1]
     quiet = PredictResponse.model_validate(client.post("/predict", json={"text": "zorblat was born in [MASK] ."}).json())
     assert not any(line.startswith("warning:") for line in format_table(quiet).splitlines())
+
+
+def test_an_entity_answer_from_an_article_that_links_nothing_is_said(tmp_path: Path) -> None:
+    articles = [
+        linked("1", "Orvin Tasker", "Orvin Tasker was born in Port Ambrel. Orvin Tasker paints ships.",
+               [("Port Ambrel", "Port Ambrel")]),
+        linked("2", "Port Ambrel", "Port Ambrel is a city by the sea. Port Ambrel has an old bridge.", []),
+    ]  # fmt: skip  (Port Ambrel's own sentences link nothing)
+    model = make_tiny_bert(tmp_path / "model", corpus_words(articles))
+    ds = build_tiny(tmp_path / "ds", [write_jsonl(tmp_path / "c.jsonl", articles)], model)
+    with TestClient(create_app(ServiceSettings(datastore=ds, model={"device": "cpu"}))) as c:
+        body = {"text": "port ambrel is a city by the [MASK] .", "answer": "entity"}
+        unlinked = c.post("/predict", json={**body, "subject": "Port Ambrel"}).json()
+        linking = c.post("/predict", json={**body, "subject": "Orvin Tasker"}).json()
+    assert unlinked["subject_status"] == "found" and unlinked["lambda_used"] == 0.0, unlinked
+    assert unlinked["warnings"] == ["the subject's article holds no stored context that links an entity, so no "
+                                    "context voted: the answer is the model's alone"]  # fmt: skip
+    assert linking["warnings"] == [] and linking["lambda_used"] > 0, linking
