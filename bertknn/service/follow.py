@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from bertknn.core.errors import InvalidRequest
+from bertknn.service.assemble import subject_warnings
 from bertknn.service.entities import FILL_CANDIDATES, MAX_NAME_PIECES, surface_form
 from bertknn.service.results import Answer, Context, Query
 
@@ -120,6 +121,20 @@ def found_by(answer: Answer) -> str | None:
         return None
     rule = answer.articles[0].rule
     return answer.subject_status if rule == "subject" and answer.subject_status in ("redirect", "folded") else rule
+
+
+def hop_warnings(
+    h: int, titles: list[str], queries: list[Query], answers: list[Answer], rules: list[str | None]
+) -> list[str]:
+    """What hop ``h`` (from 0) must say of each entity it asked from: that it has no article (and which rule
+    ranked its articles instead), and its answer's other warnings (no context voted...), each once."""
+    out: list[str] = []
+    for title, q, a, rule in zip(titles, queries, answers, rules, strict=True):
+        if a.subject_status == "not_found":
+            out.append(f"hop {h + 1}: {title!r} has no article in this datastore; its articles were ranked by {rule}")
+        said = set(subject_warnings(q, a.subject_status))  # (just said in the hop's words)
+        out += [f"hop {h + 1}: {title!r}: {w}" for w in a.warnings if w not in said]
+    return list(dict.fromkeys(out))
 
 
 class InProcess:
@@ -227,10 +242,7 @@ async def follow(
         kept = max(top_k, beam)  # each parent's answers that its hop sums (the fill's candidates were more)
         results = [[(p.token, p.prob, p.contexts) for p in a.predictions[:kept]] for a in answers]
         rules = [found_by(a) for a in answers]
-        warnings += [
-            f"hop {h + 1}: {title!r} has no article in this datastore; its articles were ranked by {rule}"
-            for (title, _), a, rule in zip(parents, answers, rules, strict=True) if a.subject_status == "not_found"
-        ]  # fmt: skip
+        warnings += hop_warnings(h, [t for t, _ in parents], queries, answers, rules)
         entities = combine(parents, results, rules)
         if h == 0:
             entities = [HopEntity(e.title, e.prob, e.contexts, None, e.found_by) for e in entities]

@@ -85,7 +85,13 @@ def test_an_entity_answer_from_an_article_that_links_nothing_is_said(tmp_path: P
         body = {"text": "port ambrel is a city by the [MASK] .", "answer": "entity"}
         unlinked = c.post("/predict", json={**body, "subject": "Port Ambrel"}).json()
         linking = c.post("/predict", json={**body, "subject": "Orvin Tasker"}).json()
+        # two hops: Orvin Tasker's article links Port Ambrel, whose own article links nothing
+        hops = c.post("/follow", json={"subject": "Orvin Tasker", "beam": 1,
+                                       "relations": ["[X] was born in [Y] .", "[X] is a city by the [Y] ."]}).json()
     assert unlinked["subject_status"] == "found" and unlinked["lambda_used"] == 0.0, unlinked
     assert unlinked["warnings"] == ["the subject's article holds no stored context that links an entity, so no "
                                     "context voted: the answer is the model's alone"]  # fmt: skip
     assert linking["warnings"] == [] and linking["lambda_used"] > 0, linking
+    assert hops["hops"][0]["entities"][0]["title"] == "Port Ambrel", hops
+    assert hops["warnings"] == ["hop 2: 'Port Ambrel': the subject's article holds no stored context that links an "
+                                "entity, so no context voted: the answer is the model's alone"]  # fmt: skip

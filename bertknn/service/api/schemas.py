@@ -268,7 +268,8 @@ class FollowResponse(BaseModel):
     hops: list[FollowHopOut]
     answers: list[FollowAnswerOut]
     warnings: list[str] = Field(
-        default_factory=list, description="fallbacks taken: a hop whose entity has no article of its own"
+        default_factory=list, description="fallbacks taken: a hop whose entity has no article of its own, and each "
+        "hop's answers' own warnings (an entity whose article holds no context that links an entity...)"
     )
     timings_ms: dict[str, float]
     model: ModelIdentity
