@@ -8,21 +8,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-USAGE = """usage: bert-knn COMMAND [FLAGS...]
+from bertknn.core.commands import command_list
+
+USAGE = f"""usage: bert-knn COMMAND [FLAGS...]
 
 commands:
-  build      build (or resume) a datastore from corpus files (JSONL, MediaWiki XML dumps)
-  add        embed new or changed articles into a datastore (live update)
-  validate   check a datastore and name the first problem
-  merge      join the slices of a sliced build into one datastore
-  upgrade    convert a datastore of an older format version to the current one
-  ivfpq      add the whole-datastore IVF-PQ index (the no-retrieval ablation)
-  train-codec  train a compact codec (--codec int8|pq) once, for the slices of a sliced build
-  recode     a compact copy of an fp16 datastore: codes instead of vectors, no model run
-  calibrate  measure a datastore's distance scale (temperature auto) and record it
-  serve      serve POST /predict over HTTP
-  eval       run the LAMA probe (in process, or against a running service)
-  predict    ask a running service one question
+{command_list()}
 
 `bert-knn COMMAND --help` lists a command's flags; docs/configuration.md lists every setting."""
 

@@ -18,7 +18,9 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from bertknn.builder.settings import AddSettings, BuildSettings, RecodeSettings
+from bertknn.core.commands import SUMMARIES
 from bertknn.core.settings_cli import (
+    add_command,
     add_settings_flags,
     adopt_legacy_env,
     env_variables,
@@ -35,46 +37,37 @@ def _parser(prog: str = "python -m datastore_builder") -> argparse.ArgumentParse
     p = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    b = sub.add_parser("build", help="build (or resume) a datastore from corpus files")
+    b = add_command(sub, "build", SUMMARIES["build"])
     add_settings_flags(b, BuildSettings)
 
-    t = sub.add_parser(
-        "train-codec",
-        help="train the codec (--codec int8|pq) on a corpus's first contexts, for the slices of a sliced build "
-        "(each gets --codec-from DIR)",
-    )
+    t = add_command(sub, "train-codec", SUMMARIES["train-codec"], "trained on a corpus's first contexts; each "
+                    "slice's build then gets --codec-from DIR")  # fmt: skip
     add_settings_flags(t, BuildSettings)
 
-    r = sub.add_parser("recode", help="a compact copy of an fp16 datastore: codes instead of vectors, no model run")
+    r = add_command(sub, "recode", SUMMARIES["recode"])
     add_settings_flags(r, RecodeSettings)
 
-    c = sub.add_parser(
-        "calibrate",
-        help="measure the datastore's distance scale again (temperature auto) and record it in its manifest; for "
-        "datastores built before the measurement existed",
-    )
+    c = add_command(sub, "calibrate", SUMMARIES["calibrate"], "for datastores built before the measurement existed")
     c.add_argument("datastore", type=Path)
 
-    v = sub.add_parser("validate", help="check a datastore and name the first problem")
+    v = add_command(sub, "validate", SUMMARIES["validate"])
     v.add_argument("datastore", type=Path)
     v.add_argument("--quick", action="store_true", help="sizes and shapes only, no checksums")
 
-    m = sub.add_parser("merge", help="join the slices of a --num-shards build into one datastore")
+    m = add_command(sub, "merge", SUMMARIES["merge"], "the slices of a --num-shards build")
     m.add_argument("slices", nargs="+", type=Path)
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--ivfpq", action="store_true")
     m.add_argument("--no-sparse-indexes", dest="sparse_indexes", action="store_false")
 
-    u = sub.add_parser("upgrade", help="convert a datastore of an older format version to the current one, in place")
+    u = add_command(sub, "upgrade", SUMMARIES["upgrade"], "in place")
     u.add_argument("datastore", type=Path)
 
-    i = sub.add_parser("ivfpq", help="build the whole-datastore IVF-PQ index (no-retrieval ablation)")
+    i = add_command(sub, "ivfpq", SUMMARIES["ivfpq"])
     i.add_argument("datastore", type=Path)
 
-    a = sub.add_parser(
-        "add",
-        help="embed new or changed articles into new shards of a datastore and bump its version (live update)",
-    )
+    a = add_command(sub, "add", SUMMARIES["add"], "its articles go to new shards, and the datastore's version goes "
+                    "up")  # fmt: skip
     add_settings_flags(a, AddSettings)
     return p
 
@@ -131,7 +124,7 @@ def _recode(settings: RecodeSettings) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from bertknn.core.calibration import recalibrate
+    from bertknn.core.calibration import PAPER_TEMPERATURE, recalibrate
     from bertknn.core.format import read_manifest, validate_datastore
 
     manifest = read_manifest(args.datastore)
@@ -142,6 +135,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     before = recalibrate(args.datastore, manifest)
     print(json.dumps({"datastore": str(args.datastore), "before": before and before.model_dump(),
                       "distance_scale": manifest.distance_scale and manifest.distance_scale.model_dump()}))  # fmt: skip
+    if manifest.distance_scale is None:
+        print(f"warning: {args.datastore}: nothing to measure a distance scale from (no article holds two contexts, "
+              f"or no stored word recurs among a context's neighbours); temperature auto uses the paper's "
+              f"l = {PAPER_TEMPERATURE:g} until articles are added (bert-knn add) and calibrate runs again",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 

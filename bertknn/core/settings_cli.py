@@ -110,6 +110,16 @@ def _flag_options(field: SettingField) -> dict[str, Any]:
     return opts
 
 
+def add_command(sub: Any, name: str, summary: str, detail: str = "") -> argparse.ArgumentParser:
+    """A subcommand (``sub``: an ``add_subparsers`` result) whose ``--help`` opens with the line that the list of
+    commands shows for it (``summary``: `bertknn.core.commands.SUMMARIES`' for a ``bert-knn`` command), then
+    ``detail``."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=f"{summary}: {detail}" if detail else summary
+    )
+    return parser
+
+
 def add_settings_flags(
     parser: argparse.ArgumentParser,
     model: type[BaseModel],

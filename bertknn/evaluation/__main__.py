@@ -11,7 +11,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bertknn.core.commands import SUMMARIES
 from bertknn.core.errors import EvaluationError, LamaError
+from bertknn.core.settings_cli import add_command
 from bertknn.evaluation.entity_runs import follow
 from bertknn.evaluation.lama_run import run_lama
 from bertknn.service.interpolate import DEFAULT_ARTICLE_SHARPNESS, DEFAULT_MLM_PRIOR
@@ -72,9 +74,10 @@ def _csv(value: str) -> list[str]:
 
 
 def build_parser(prog: str = "python -m evaluation") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__)
+    p = argparse.ArgumentParser(prog=prog, description=f"{SUMMARIES['eval']}; and relation following, and stored "
+                                "sentences asked back")  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True)
-    la = sub.add_parser("lama", help="P@1/5/10 of MLM, kNN and BERT-kNN on the LAMA probe")
+    la = add_command(sub, "lama", "P@1/5/10 of MLM, kNN and BERT-kNN on the LAMA probe")
     for flags in (_asked_flags, _method_flags, _grid_flags, _adaptive_flags, _report_flags):
         flags(la)
     _follow_parser(sub)
@@ -84,8 +87,8 @@ def build_parser(prog: str = "python -m evaluation") -> argparse.ArgumentParser:
 
 def _self_probe_parser(sub: Any) -> None:
     """``self-probe``: stored sentences asked back; needs no labelled facts, so any language."""
-    sp = sub.add_parser(
-        "self-probe", help="ask stored sentences back with a word masked (no labels needed: any language)"
+    sp = add_command(
+        sub, "self-probe", "ask stored sentences back with a word masked (no labels needed: any language)"
     )
     sp.add_argument("--datastore", type=Path, required=True)
     sp.add_argument("--model", help="masked LM name or directory (default: the manifest's)")
@@ -223,7 +226,7 @@ def _report_flags(la: argparse.ArgumentParser) -> None:
 
 def _follow_parser(sub: Any) -> None:
     """``follow``: two-hop questions."""
-    fo = sub.add_parser("follow", help="two-hop questions: relation following (/follow) against one composed template")
+    fo = add_command(sub, "follow", "two-hop questions: relation following (/follow) against one composed template")
     fo.add_argument("--data", type=Path, default=Path("../shared/data/lama"), help="LAMA probe directory")
     fo.add_argument("--datastore", type=Path, required=True, help="a datastore with links")
     fo.add_argument("--model", help="masked LM name or directory (default: the manifest's)")

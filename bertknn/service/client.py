@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from bertknn.core.settings_cli import flag_for
+from bertknn.core.commands import SUMMARIES
+from bertknn.core.settings_cli import add_command, flag_for
 from bertknn.service.api.schemas import BatchResponse, PredictRequest, PredictResponse
 
 
@@ -119,7 +120,8 @@ def format_table(resp: PredictResponse) -> str:
 def main(argv: list[str] | None = None, prog: str = "python -m bertknn.service.client") -> int:
     p = argparse.ArgumentParser(prog=prog)
     sub = p.add_subparsers(dest="command", required=True)
-    pr = sub.add_parser("predict", help="ask a running service one cloze question")
+    pr = add_command(sub, "predict", SUMMARIES["predict"], "a cloze question, its answers printed as a table "
+                     "(or the response's JSON with --json)")  # fmt: skip
     pr.add_argument("text", help='e.g. "albert einstein was born in [MASK] ."')
     pr.add_argument("--url", default="http://127.0.0.1:8000", help="the service's address [default: %(default)s]")
     pr.add_argument("--subject", help="the question's subject: its article is searched (default: the retriever's)")

@@ -4,7 +4,9 @@ all left out builds a datastore that says, wherever it is read, that it holds no
 from __future__ import annotations
 
 import gzip
+import json
 import logging
+import shutil
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
@@ -138,3 +140,17 @@ def test_an_add_fills_it_and_the_warning_goes(tmp_path: Path, tiny_model_dir: Pa
         body = client.post("/predict", json={"text": "zorblat was born in [MASK] .", "subject": "Zorblat"}).json()
     assert NO_CONTEXTS not in body["warnings"]
     assert any(p["contexts"] for p in body["predictions"])  # the answers now have stored sentences behind them
+
+
+def test_calibrate_says_that_it_had_nothing_to_measure(
+    empty_datastore: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bertknn.builder.__main__ import main
+
+    ds = tmp_path / "ds"
+    shutil.copytree(empty_datastore, ds)
+    assert main(["calibrate", str(ds)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out.strip().splitlines()[-1])["distance_scale"] is None
+    assert f"warning: {ds}: nothing to measure a distance scale from" in err
+    assert "temperature auto uses the paper's l = 6 until articles are added" in err

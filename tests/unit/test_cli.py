@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -19,6 +20,20 @@ def test_help_names_the_command_typed(command: str, capsys: pytest.CaptureFixtur
     usage = capsys.readouterr().out.splitlines()[0]
     assert usage.startswith(f"usage: bert-knn {command}"), usage
     assert "python -m" not in usage
+
+
+@pytest.mark.parametrize("argv", [["calibrate"], ["validate"], ["build"], ["eval", "lama"], ["eval", "follow"], ["predict"]])
+def test_help_opens_with_what_the_command_does(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The line the command list shows for it, under the usage (not a bare list of flags)."""
+    with contextlib.suppress(SystemExit):  # (bert-knn's own list returns; argparse's exits)
+        main([*argv[:-1], "--help"])  # the list of commands (of bert-knn, or of its group)
+    listed = capsys.readouterr().out
+    line = re.search(rf"^ +{re.escape(argv[-1])} +(\S.*)$", listed, flags=re.M)
+    assert line is not None, listed
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    described = " ".join(capsys.readouterr().out.split("\n\n")[1].split())
+    assert described.startswith(line.group(1).strip()), (described, line.group(1))
 
 
 @pytest.mark.parametrize(("argv", "named"), [(["predict"], "bert-knn predict"), (["eval", "lama", "--n"], "bert-knn eval lama")])
