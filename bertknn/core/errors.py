@@ -6,11 +6,19 @@ prints their message on one line. A message names what went wrong and what to do
 
 from __future__ import annotations
 
+import json
 import time
 
 
 class BertKnnError(Exception):
     """Base of every error this project raises on purpose."""
+
+
+def json_line_problem(exc: json.JSONDecodeError) -> str:
+    """For an error's message: what is wrong with one line of a JSON Lines file and where in it, ``Expecting value
+    at column 41`` (the line's characters counted from 1; the exception's own message stops at "at" for some
+    problems, and its line and column count the line's newline as a line)."""
+    return f"{exc.msg.removesuffix(' at')} at column {exc.pos + 1}"
 
 
 # ---- the datastore and the model -------------------------------------------------------------------------
@@ -33,14 +41,6 @@ class ModelLoadError(BertKnnError):
 
 
 # ---- offline: building --------------------------------------------------------------------------------------
-
-
-def json_line_problem(exc: ValueError) -> str:
-    """What is wrong with one line of a JSON Lines file and where in it: ``Expecting value at column 41`` (the
-    line's characters counted from 1; `json.JSONDecodeError`'s own message stops at "at" for some problems)."""
-    pos = getattr(exc, "pos", None)
-    msg = getattr(exc, "msg", str(exc))
-    return f"{msg.removesuffix(' at')} at column {pos + 1}" if isinstance(pos, int) else msg
 
 
 class CorpusError(BertKnnError):

@@ -74,8 +74,8 @@ def _csv(value: str) -> list[str]:
 
 
 def build_parser(prog: str = "python -m evaluation") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=f"{SUMMARIES['eval']}; and relation following, and stored "
-                                "sentences asked back")  # fmt: skip
+    p = argparse.ArgumentParser(prog=prog, description=f"{SUMMARIES['eval']}; also two-hop relation "
+                                "following (follow) and stored sentences asked back (self-probe)")  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True)
     la = add_command(sub, "lama", "P@1/5/10 of MLM, kNN and BERT-kNN on the LAMA probe")
     for flags in (_asked_flags, _method_flags, _grid_flags, _adaptive_flags, _report_flags):
