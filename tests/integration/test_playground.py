@@ -104,6 +104,9 @@ def test_the_page_is_the_package_s_own_and_calls_nothing_else(live: str) -> None
     script = httpx.get(f"{live}/ui/app.js").text
     assert "fetch(" in script and "http" not in script.lower()  # relative paths only: this server's API
     assert httpx.get(f"{live}/ui/secrets.txt").status_code == 404
+    home = httpx.get(f"{live}/")  # what a browser opens first leads to the page
+    assert home.status_code == 307 and home.headers["location"] == "/ui", home.text
+    assert httpx.get(f"{live}/", follow_redirects=True).text == page.text
 
 
 def raw_get(url: str, target: str) -> tuple[int, str]:

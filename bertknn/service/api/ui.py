@@ -1,10 +1,12 @@
-"""``GET /ui``: the playground, static files of the package (no CDN, no build step) over the public API."""
+"""``GET /ui``: the playground, static files of the package (no CDN, no build step) over the public API; ``GET /``
+leads a browser there."""
 
 from __future__ import annotations
 
 from importlib.resources import files
 
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import RedirectResponse
 
 router = APIRouter(include_in_schema=False)
 _TYPES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
@@ -24,6 +26,12 @@ def _file(name: str) -> Response:
     if name not in _FILES:
         raise HTTPException(404, f"no playground file {name!r}; the page is /ui")
     return Response(_FILES[name], media_type=_TYPES[name], headers=_HEADERS)
+
+
+@router.get("/")
+async def home(request: Request) -> RedirectResponse:
+    """The address a browser opens first: to the playground (under the app's root path, behind a proxy too)."""
+    return RedirectResponse(request.url_for("playground").path, status_code=307)
 
 
 @router.get("/ui")
