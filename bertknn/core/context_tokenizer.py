@@ -25,18 +25,20 @@ class ContextTokenizer:
         """Special tokens around ``ids`` (which hold the mask at ``mask_pos``), windowed to ``max_seq_len``.
 
         Shared by the builder (a sentence with one target's tokens replaced by the mask id) and the service (a
-        query whose [MASK] was placed the same way, `WordModel.query_ids`), so both embed identically.
+        query whose [MASK] was placed the same way, `WordModel.query_ids`), so both embed identically. The input's
+        ``cut`` counts the tokens left out.
         """
         budget = self.max_seq_len - 2
-        if len(ids) > budget:
+        cut = max(0, len(ids) - budget)
+        if cut:
             start = min(max(0, mask_pos - budget // 2), len(ids) - budget)
             ids = ids[start : start + budget]
             mask_pos -= start
         cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
         if cls_id is None or sep_id is None:
             full = self.tokenizer.build_inputs_with_special_tokens(list(ids))
-            return MaskedInput(tuple(full), full.index(self.mask_id))
-        return MaskedInput((cls_id, *ids, sep_id), mask_pos + 1)
+            return MaskedInput(tuple(full), full.index(self.mask_id), cut)
+        return MaskedInput((cls_id, *ids, sep_id), mask_pos + 1, cut)
 
     def query_input(self, text: str) -> MaskedInput:
         """A cloze question -> model input; `QueryError` says what is wrong with the text."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
@@ -11,10 +11,13 @@ import numpy as np
 
 @dataclass(frozen=True)
 class MaskedInput:
-    """Token ids with special tokens added, and the position of the single [MASK]."""
+    """Token ids with special tokens added, and the position of the single [MASK]; ``cut``: how many of the text's
+    tokens were left out of the model's window (`ContextTokenizer.masked_input`), which the input's identity does
+    not include."""
 
     input_ids: tuple[int, ...]
     mask_pos: int
+    cut: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,15 @@ class AnswerAssembler:
         found = script_warning(MASK_RE.sub(" ", text), self.datastore.manifest.language)
         return [found] if found else []
 
+    def window_warnings(self, cut: int) -> list[str]:
+        """A question longer than the window its datastore's contexts were embedded in (``cut`` tokens left out)."""
+        if not cut:
+            return []
+        window = self.datastore.manifest.max_seq_len
+        return [f"the question is longer than this datastore's window of {window} tokens: the model read the "
+                f"{window - 2} around [MASK] and left {cut} out (retrieval read all of it); a shorter question keeps "
+                "what matters"]  # fmt: skip
+
     @cached_property
     def datastore_warnings(self) -> list[str]:
         """What every answer from this datastore must say: that it has no context to vote with."""
@@ -140,6 +149,7 @@ class AnswerAssembler:
         neighbours: Neighbours | None = None,
         voted: Voted | None = None,
         with_distributions: bool = False,
+        cut: int = 0,
     ) -> Answer:
         """Everything after the forward pass: the retrieval (unless the caller already ran it: ``articles``), the
         restricted kNN search (over ``search``, the articles' rows, when the caller prepared them with
@@ -148,7 +158,8 @@ class AnswerAssembler:
         adds ``total``, the wall time (stages may overlap).
 
         An adaptive query whose p_MLM is confident skips retrieval and kNN entirely (``articles`` is then
-        ignored); its timings have no retrieval and no knn entry.
+        ignored); its timings have no retrieval and no knn entry. ``cut``: the question's tokens that its input
+        left out (`MaskedInput.cut`), which its warnings name.
         """
         skipped = self.skips_knn(query, enc)  # before any retrieval or kNN work
         hits: list[ArticleHit]
@@ -177,7 +188,8 @@ class AnswerAssembler:
             skipped,
             status,
             query.temperature,
-            [*subject_warnings(query, status), *self.language_warnings(query.text), *self.datastore_warnings,
+            [*subject_warnings(query, status), *self.language_warnings(query.text), *self.window_warnings(cut),
+             *self.datastore_warnings,
              *([] if skipped or self.datastore_warnings else search_warnings(query, hits, len(nbrs)))],
         )
 

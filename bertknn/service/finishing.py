@@ -263,5 +263,5 @@ class Finisher:
             articles, search = retrieved.articles, retrieved.search
         return pipe.assembler.answer_from_encoding(
             query, full, "hit" if hit else "miss", stage, articles=articles, search=search, neighbours=job.neighbours,
-            voted=job.voted,
+            voted=job.voted, cut=job.inp.cut,
         )

@@ -233,12 +233,12 @@ class AnswerPipeline:
         encs, hits = self.queries.encode(inputs)
         embed_s = time.perf_counter() - t1
         answers = []
-        for q, enc, hit in zip(queries, encs, hits, strict=True):
+        for q, inp, enc, hit in zip(queries, inputs, encs, hits, strict=True):
             stage = Stage()
             stage.add("embedding", embed_s / max(1, len(queries)))
-            answers.append(
-                self.assembler.answer_from_encoding(q, enc, "hit" if hit else "miss", stage, with_distributions=with_distributions)
-            )
+            answers.append(self.assembler.answer_from_encoding(
+                q, enc, "hit" if hit else "miss", stage, with_distributions=with_distributions, cut=inp.cut
+            ))  # fmt: skip
         total_ms = round((time.perf_counter() - t0) * 1000, 3)
         for answer in answers:  # the batch's wall time, as the service's total is the request's
             answer.timings_ms["total"] = total_ms

@@ -186,7 +186,7 @@ class PredictResponse(BaseModel):
     warnings: list[str] = Field(
         default_factory=list, description="fallbacks the caller should know of: a subject that has no article, no "
         "context to vote (no article matched the question, or none of those searched holds a context), a question "
-        "in another script than the datastore's"
+        "in another script than the datastore's, a question longer than the window the model reads"
     )
     timings_ms: dict[str, float]
     cache: dict[str, Literal["hit", "miss", "none"]]

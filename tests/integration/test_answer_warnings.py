@@ -1,6 +1,7 @@
-"""An answer whose kNN search found no neighbour says so: no article matched the question's words, or the
-subject's article holds no stored context. Either way the answer is the masked LM's alone, and the response, the
-client's table and the playground (which shows ``warnings``) tell the caller why."""
+"""An answer says what it could not use. Its kNN search found no neighbour: no article matched the question's words,
+or the subject's article holds no stored context (for an entity answer, none that links an entity); the answer is
+then the masked LM's alone. Or the question was longer than the window its datastore's contexts were embedded in.
+The response, the client's table, ``/follow`` and the playground (which shows ``warnings``) tell the caller."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from bertknn.builder.ivfpq import add_ivfpq
 from bertknn.service.api.schemas import PredictResponse
 from bertknn.service.client import format_table
 from bertknn.service.main import create_app
+from bertknn.service.pipeline import AnswerPipeline
+from bertknn.service.results import Query
 from bertknn.service.settings import ServiceSettings
 from tests.conftest import TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
 from tests.integration.test_entities import linked
@@ -24,11 +27,16 @@ BARE = {"id": "7", "title": "Ooo", "text": "It is the one. Of it, and it was."}
 
 
 @pytest.fixture(scope="module")
-def client(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("search-warnings")
+def datastore(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("answer-warnings")
     ds = build_tiny(tmp / "ds", [write_jsonl(tmp / "c.jsonl", [*TINY_ARTICLES, BARE])], tiny_model_dir)
     add_ivfpq(ds)  # for the whole-datastore search (retriever none)
-    settings = ServiceSettings(datastore=ds, model={"device": "cpu"}, batching={"max_wait_ms": 1})
+    return ds
+
+
+@pytest.fixture(scope="module")
+def client(datastore: Path):
+    settings = ServiceSettings(datastore=datastore, model={"device": "cpu"}, batching={"max_wait_ms": 1})
     with TestClient(create_app(settings)) as c:
         yield c
 
@@ -95,3 +103,26 @@ def test_an_entity_answer_from_an_article_that_links_nothing_is_said(tmp_path: P
     assert hops["hops"][0]["entities"][0]["title"] == "Port Ambrel", hops
     assert hops["warnings"] == ["hop 2: 'Port Ambrel': the subject's article holds no stored context that links an "
                                 "entity, so no context voted: the answer is the model's alone"]  # fmt: skip
+
+
+def test_a_question_longer_than_the_window_is_said(client: TestClient, datastore: Path) -> None:
+    """The tiny datastore's window is 64 tokens (`build_tiny`): the model reads the 62 around [MASK]."""
+    ds = datastore
+    padding = " ".join(["zorblat wrote many songs about rivers ."] * 12)  # 84 tokens before the question
+    long = client.post("/predict", json={"text": f"{padding} zorblat was born in [MASK] ."}).json()
+    cut = 84 + 6 - 62  # (every word is one token of the tiny model's vocabulary)
+    assert long["warnings"] == [
+        f"the question is longer than this datastore's window of 64 tokens: the model read the 62 around [MASK] "
+        f"and left {cut} out (retrieval read all of it); a shorter question keeps what matters"
+    ], long
+    assert long["lambda_used"] > 0 and long["articles"]
+    batch = client.post("/predict/batch", json={"queries": [{"text": f"{padding} zorblat was born in [MASK] ."},
+                                                           {"text": "zorblat was born in [MASK] ."}]}).json()
+    assert [r["warnings"] for r in batch["results"]] == [long["warnings"], []]
+    # in process (the evaluation's and the command line's path), the same words
+    pipe = AnswerPipeline.open(ds, device="cpu")
+    try:
+        asked = pipe.predict(Query(text=f"{padding} zorblat was born in [MASK] ."))
+    finally:
+        pipe.close()
+    assert asked.warnings == long["warnings"]
