@@ -49,6 +49,7 @@ from bertknn.core.format.health import (
     with_empty_warning,
     word_target_share,
 )
+from bertknn.core.languages import unknown_language
 from bertknn.core.model_ref import local_model_path
 from bertknn.core.onnx_cache import onnx_cache
 from bertknn.core.runtime import cpu_quota_threads
@@ -141,6 +142,9 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
     refuse_foreign_out(out)
     language = corpus_language(settings.corpus, settings.language)
     splitter = SentenceSplitter(language)  # one whose splitter is not installed is refused before the model loads
+    stopwords = load_stopwords(settings.stopwords, language)
+    if (unknown := unknown_language(language, splitter.rule, stopwords)) is not None:
+        logger.warning(unknown)
     out.mkdir(parents=True, exist_ok=True)
     encoder = builder_encoder(settings, encoder)
     state_path = out / BUILD_STATE
@@ -152,7 +156,6 @@ def build(settings: BuildSettings, encoder: MaskedLMEncoder | None = None) -> Ma
             f"train-codec --corpus ... --model ... --codec {settings.codec} --out CODEC_DIR`), then give every slice "
             "--codec-from CODEC_DIR"
         )
-    stopwords = load_stopwords(settings.stopwords, language)
     sources = [
         SourceInfo(path=Path(p).name, format=detect_format(Path(p)), sha256=sha256_file(Path(p))) for p in settings.corpus
     ]

@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from bertknn.builder.targets import TargetMode
 from bertknn.core.encoder import BackendName
 from bertknn.core.format.codec import CodecName, CodecSpec, Rotation
-from bertknn.core.languages import check_language
+from bertknn.core.languages import corpus_language_code
 from bertknn.core.onnx_cache import SETTING_HELP as ONNX_CACHE_HELP
 from bertknn.core.runtime import DeviceName, DtypeName
 from bertknn.core.vocab_cache import SETTING_HELP as VOCAB_CACHE_HELP
@@ -127,7 +127,7 @@ class BuildSettings(CodecOptions, BaseSettings):
     @field_validator("language")
     @classmethod
     def _language(cls, value: str | None) -> str | None:
-        return None if value is None else check_language(value)
+        return None if value is None else corpus_language_code(value)
 
     @model_validator(mode="after")
     def _check(self) -> BuildSettings:

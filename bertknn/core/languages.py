@@ -119,6 +119,34 @@ def check_language(code: str) -> str:
     return norm
 
 
+# Country codes and three-letter codes given for a language whose Wikipedia code is another (none of them is a
+# Wikipedia's own code)
+CODE_MIXUPS = {"jp": "ja", "jpn": "ja", "cn": "zh", "zho": "zh", "chi": "zh", "ua": "uk", "ukr": "uk", "vn": "vi",
+               "vie": "vi", "gr": "el", "dk": "da", "cz": "cs", "iw": "he", "eng": "en", "ger": "de", "deu": "de",
+               "fra": "fr", "fre": "fr", "spa": "es", "rus": "ru"}  # fmt: skip
+
+
+def corpus_language_code(code: str) -> str:
+    """`check_language` for the language a user names for a corpus; ValueError for a known mix-up (``jp``: a
+    country's code, Wikipedia's for Japanese is ``ja``), which no Wikipedia uses and would build with no rules."""
+    norm = check_language(code)
+    if norm in CODE_MIXUPS:
+        raise ValueError(f"{code!r} is not a Wikipedia language code; the code of the language it stands for is "
+                         f"{CODE_MIXUPS[norm]!r}")  # fmt: skip
+    return norm
+
+
+def unknown_language(code: str, sentence_rule: str, stopwords: frozenset[str]) -> str | None:
+    """A build's warning for a language that nothing here knows (no rules of its own, no stopword list, only the
+    Unicode sentence rule, ``sentence_rule`` "unicode"): what that means for the datastore. None for a language
+    with any of them."""
+    code = check_language(code)
+    if sentence_rule != "unicode" or stopwords or code in _data() or code.split("-", 1)[0] in _data():
+        return None
+    return (f"language {code!r} has no rules here: no stopword list (every word becomes a target) and the Unicode "
+            "sentence rule; check --language (the Wikipedia code of the corpus's language)")
+
+
 @cache
 def rules_for(code: str) -> LanguageRules:
     """The rules of a language (``ja``, ``pt-br``: the entry for the code, else for its base ``pt``, else default)."""

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import bz2
 import json
+import logging
 import lzma
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from bertknn.builder.build import build
 from bertknn.builder.corpus import CorpusStats, corpus_language, page_kind, read_corpora, read_siteinfo
@@ -20,9 +22,15 @@ from bertknn.builder.settings import BuildSettings
 from bertknn.builder.site import ENGLISH, Site
 from bertknn.builder.targets import load_stopwords
 from bertknn.builder.wikitext import link_target, sentence_problem, wikitext_links
-from bertknn.core.errors import BuildError, CorpusError
+from bertknn.core.errors import BuildError, CorpusError, ModelLoadError
 from bertknn.core.format.sparse import NgramHasher
-from bertknn.core.languages import check_language, rules_for, script_warning, word_boundaries
+from bertknn.core.languages import (
+    check_language,
+    rules_for,
+    script_warning,
+    unknown_language,
+    word_boundaries,
+)
 from bertknn.core.titles import fold_title, normalize_title
 
 DUMPS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "wiki-i18n"
@@ -70,6 +78,29 @@ def test_language_codes_are_checked() -> None:
     with pytest.raises(ValueError, match="Wikipedia language code"):
         check_language("Japanese!")
 
+
+
+@pytest.mark.parametrize(("given", "meant"), [("jp", "ja"), ("JPN", "ja"), ("ua", "uk"), ("vn", "vi"), ("cn", "zh")])
+def test_a_country_code_for_a_language_is_refused_with_the_right_one(tmp_path: Path, given: str, meant: str) -> None:
+    with pytest.raises(ValidationError, match=rf"'{given}' is not a Wikipedia language code; .* is '{meant}'"):
+        BuildSettings(corpus=[tmp_path / "c.jsonl"], model="m", out=tmp_path / "ds", language=given)
+    assert BuildSettings(corpus=[tmp_path / "c.jsonl"], model="m", out=tmp_path / "ds", language=meant).language == meant
+    assert check_language(given) == given.lower()  # (a datastore's manifest is read as it is)
+
+
+def test_a_language_nothing_here_knows_is_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert unknown_language("ja", SentenceSplitter("ja").rule, load_stopwords(None, "ja")) is None
+    assert unknown_language("hy", "pysbd:hy", frozenset()) is None  # pysbd splits it
+    assert unknown_language("xx", "unicode", frozenset({"own"})) is None  # a stopword file was given
+    line = unknown_language("sco", SentenceSplitter("sco").rule, load_stopwords(None, "sco"))
+    assert line is not None and line.startswith("language 'sco' has no rules here: no stopword list")
+    corpus = tmp_path / "sco.jsonl"
+    corpus.write_text(json.dumps({"title": "Embra", "text": "Embra is the caipital o Scotland."}) + "\n")
+    settings = BuildSettings(corpus=[corpus], model=str(tmp_path / "no-such-model"), out=tmp_path / "ds",
+                             device="cpu", language="sco")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="bertknn.builder.build"), pytest.raises(ModelLoadError):
+        build(settings)
+    assert [r.getMessage() for r in caplog.records if r.name == "bertknn.builder.build"] == [line]  # before the model
 
 # ---- a truncated dump ---------------------------------------------------------------------------------------------
 
