@@ -93,7 +93,12 @@ def open_pipeline(settings: ServiceSettings) -> AnswerPipeline:
         backend = prepare_forward(enc, settings, max_rows=settings.batching.max_batch_size)
     else:
         backend = enc.backend
-    logger.info("model backend: %s, %d torch threads", backend, torch.get_num_threads())
+    built, served = pipeline.datastore.manifest.model.numerics, enc.numerics
+    other = (
+        "" if built in (None, served)
+        else f"; the datastore was embedded as {built}, within the measured rounding (docs/decisions/numerics.md)"
+    )  # fmt: skip
+    logger.info("model backend: %s (%s), %d torch threads%s", backend, served, torch.get_num_threads(), other)
     return pipeline
 
 

@@ -266,7 +266,8 @@ SERVABLE_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 
 def check_numerics(built: str | None, served: str) -> None:
     """A datastore embedded in one of `SERVABLE_DTYPES` is served by a forward in any of them (any backend); one
-    embedded in another dtype is refused (its vectors may differ beyond the measured rounding)."""
+    embedded in another dtype is refused (its vectors may differ beyond the measured rounding). The backend is
+    chosen later (`prepare_forward`): the service's start-up log names the numerics it serves with."""
     if built is None or built == served:
         return
     dtype = built.split("/", 1)[0]
@@ -276,8 +277,6 @@ def check_numerics(built: str | None, served: str) -> None:
             f"{', '.join(sorted(SERVABLE_DTYPES))} are known to give the same answers (docs/decisions/numerics.md); "
             "serve it in the dtype it was built with (model.dtype), or rebuild it"
         )
-    logger.info("datastore embedded as %s, served as %s: within the measured rounding (docs/decisions/numerics.md)",
-                built, served)
 
 
 def check_compatible(encoder: QueryModel, datastore: Datastore) -> None:
