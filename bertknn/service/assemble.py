@@ -15,7 +15,7 @@ from bertknn.service.codec import QueryEncoding
 from bertknn.service.device_vote import Voted
 from bertknn.service.entities import EntityAnswerer, entity_of_words
 from bertknn.service.interpolate import knn_skipped
-from bertknn.service.results import Answer, ArticleHit, Assembled, Query, Stage
+from bertknn.service.results import Answer, ArticleHit, Assembled, Query, Stage, Unvoted
 from bertknn.service.retrieval.articles import ArticleFinder
 from bertknn.service.retrieval.knn import EMPTY, ArticleSearch, Neighbours
 from bertknn.service.retrieval.neighbours import NeighbourFinder
@@ -31,13 +31,20 @@ def subject_warnings(query: Query, status: str | None) -> list[str]:
     return [f"subject {query.subject!r} has no article in this datastore; {how} instead"]
 
 
-def search_warnings(query: Query, hits: list[ArticleHit], found: int) -> list[str]:
-    """What a response must say when its kNN search, which ran, found no neighbour in a datastore that has
-    contexts: the answer is the model's alone, because no article matched or those that did hold no context (for
-    an entity answer, none that links an entity)."""
+def unvoted(query: Query, hits: list[ArticleHit], found: int) -> Unvoted | None:
+    """Why no context voted in an answer whose kNN search ran over a datastore that has contexts and found
+    ``found`` neighbours: no article matched the question (``no_article``), or the articles searched hold no
+    context (for an entity answer, none that links an entity: ``no_context``); None when some voted."""
     if found:
+        return None
+    return "no_article" if query.retriever != "none" and not hits else "no_context"
+
+
+def unvoted_warnings(query: Query, hits: list[ArticleHit], why: Unvoted | None) -> list[str]:
+    """What a response must say when no context voted (`unvoted`): the answer is the model's alone, and why."""
+    if why is None:
         return []
-    if query.retriever != "none" and not hits:
+    if why == "no_article":
         return [f"{query.retriever} found no article for the question's words, so no context voted: the answer is "
                 "the model's alone; name the question's subject, or use words its article uses"]
     where = "the subject's article holds" if any(h.rule == "subject" for h in hits) else "the articles searched hold"
@@ -172,6 +179,7 @@ class AnswerAssembler:
         assert query.temperature is not None
         parts = self.answer(query, enc, hits, nbrs, with_distributions=with_distributions, voted=voted)
         status = self.articles.subject_status(query)
+        why = None if skipped or self.datastore_warnings else unvoted(query, hits, len(nbrs))
         stage.add("interpolation", time.perf_counter() - t)
         for name in ("embedding", "interpolation") if skipped else ("retrieval", "embedding", "knn", "interpolation"):
             stage.times.setdefault(name, 0.0)
@@ -189,8 +197,8 @@ class AnswerAssembler:
             status,
             query.temperature,
             [*subject_warnings(query, status), *self.language_warnings(query.text), *self.window_warnings(cut),
-             *self.datastore_warnings,
-             *([] if skipped or self.datastore_warnings else search_warnings(query, hits, len(nbrs)))],
+             *self.datastore_warnings, *unvoted_warnings(query, hits, why)],
+            unvoted=why,
         )
 
     def _search(

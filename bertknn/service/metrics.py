@@ -73,6 +73,11 @@ class Metrics:
             "bertknn_knn_skipped", "adaptive queries answered by the MLM alone (no retrieval, no kNN)",
             registry=self.registry,
         )
+        self.unvoted = Counter(
+            "bertknn_unvoted", "answers the model gave alone though their kNN search ran, by why no stored context "
+            "voted: no article matched the question (no_article), or those searched hold none (no_context)",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
         self.knn_on_device = Counter(
             "bertknn_knn_on_device", "questions whose restricted kNN ran on the model's device (model.knn_device: "
             "model): searched, or failed there and searched on the host", ["outcome"], registry=self.registry,

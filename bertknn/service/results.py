@@ -18,6 +18,8 @@ from bertknn.service.interpolate import (
 RetrieverName = Literal["bm25", "tfidf", "none"]
 AnswerKind = Literal["word", "entity"]
 SubjectStatus = Literal["found", "redirect", "folded", "not_found"]
+# why no stored context voted in an answer whose kNN search ran: no article matched, or those searched hold none
+Unvoted = Literal["no_article", "no_context"]
 
 # a /follow hop's entities that the next hop starts from, unless the request asks for another beam
 # (docs/decisions/entity-fill.md, "The default beam")
@@ -118,6 +120,7 @@ class Answer:
     subject_status: SubjectStatus | None = None  # how the query's subject found its article; None: no subject
     temperature_used: float = 6.0  # l applied: the query's, or for auto the one derived from its neighbours' distances
     warnings: list[str] = field(default_factory=list)  # a fallback the caller should know of (an unknown subject)
+    unvoted: Unvoted | None = None  # the answer is the model's alone, though its kNN search ran: why (a metric's)
 
 
 @dataclass

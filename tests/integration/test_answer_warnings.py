@@ -5,6 +5,7 @@ The response, the client's table, ``/follow`` and the playground (which shows ``
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,19 @@ def test_a_question_longer_than_the_window_is_said(client: TestClient, datastore
     finally:
         pipe.close()
     assert asked.warnings == long["warnings"]
+
+
+def _unvoted(client: TestClient) -> dict[str, float]:
+    text = client.get("/metrics").text
+    return {r: float(m.group(1)) if (m := re.search(rf'^bertknn_unvoted_total{{reason="{r}"}} (\S+)$', text, re.M))
+            else 0.0 for r in ("no_article", "no_context")}  # fmt: skip
+
+
+def test_answers_no_context_voted_in_are_counted_by_why(client: TestClient) -> None:
+    before = _unvoted(client)
+    client.post("/predict", json={"text": UNMATCHED, "retriever": "tfidf"})
+    client.post("/predict/batch", json={"queries": [{"text": UNMATCHED}, {"text": "ooo was born in [MASK] .",
+                                                                          "subject": "Ooo"}]})  # fmt: skip
+    client.post("/predict", json={"text": "zorblat was born in [MASK] ."})  # its contexts vote: not counted
+    after = _unvoted(client)
+    assert {r: after[r] - before[r] for r in after} == {"no_article": 2.0, "no_context": 1.0}
