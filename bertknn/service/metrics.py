@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -13,6 +13,9 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.registry import Collector
 
 from bertknn.service.cache import Cache
+
+if TYPE_CHECKING:
+    from bertknn.service.results import Answer
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -119,6 +122,14 @@ class Metrics:
         series[1].observe(seconds)
         if series[2] is not None:
             series[2].inc()
+
+    def observe_answer(self, answer: Answer) -> None:
+        """One answer: whether its kNN was skipped or ran without a context to vote (and why), its stages."""
+        if answer.knn_skipped:
+            self.knn_skipped.inc()
+        if answer.unvoted is not None:
+            self.unvoted.labels(answer.unvoted).inc()
+        self.observe_stages(answer.timings_ms)
 
     def observe_stages(self, timings_ms: dict[str, float]) -> None:
         """A request's stage timings (ms; ``total`` is the request's, counted by `observe_request`)."""

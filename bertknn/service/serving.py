@@ -190,13 +190,9 @@ class AsyncAnswerer:
             job.answered.cancel()
             if job.retrieval is not None:
                 job.retrieval.cancel()
-        if answer.knn_skipped:
-            self.metrics.knn_skipped.inc()
-        if answer.unvoted is not None:
-            self.metrics.unvoted.labels(answer.unvoted).inc()
         # stages overlap: total is the wall time, not their sum
         answer.timings_ms["total"] = round((time.perf_counter() - t0) * 1000.0, 3)
-        self.metrics.observe_stages(answer.timings_ms)
+        self.metrics.observe_answer(answer)
         return answer
 
     async def answer_many(
