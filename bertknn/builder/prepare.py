@@ -16,7 +16,7 @@ from bertknn.builder.corpus import Article, Link
 from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.stages import StageTimes
 from bertknn.builder.targets import TargetMode, TargetSelector, masked_ids
-from bertknn.builder.wikitext import sentence_problem
+from bertknn.builder.wikitext import drop_reason
 from bertknn.builder.writer import DROPPED
 from bertknn.core.context_tokenizer import ContextTokenizer
 from bertknn.core.inputs import MaskedInput, PackedInputs
@@ -217,7 +217,7 @@ class ShardPreparer:
         for sent in splitter.split(text):
             at = text.find(sent, cursor)
             cursor = at + len(sent) if at >= 0 else cursor
-            problem = "short" if len(sent) < self.min_sentence_chars else sentence_problem(sent)
+            problem = drop_reason(sent, self.min_sentence_chars)
             if problem is not None:
                 dropped[problem] = dropped.get(problem, 0) + 1
                 continue

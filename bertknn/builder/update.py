@@ -40,6 +40,7 @@ from bertknn.builder.embed import ShardOptions, Work, embed_shards
 from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
+from bertknn.builder.wikitext import drop_reason
 from bertknn.builder.writer import write_table
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import UpdateError
@@ -286,8 +287,9 @@ def _recorded_min_sentence_chars(root: Path) -> int:
 
 
 def stored_sentences(splitter: SentenceSplitter, article: Article, min_chars: int) -> list[str]:
-    """The sentences the build would store for ``article`` (its unchanged-test compares these)."""
-    return [s for s in splitter.split(article.text) if len(s) >= min_chars]
+    """The sentences the build would store for ``article`` (its unchanged-test compares these): its split
+    sentences that the build's rule keeps (`drop_reason`)."""
+    return [s for s in splitter.split(article.text) if drop_reason(s, min_chars) is None]
 
 
 def _classify(corpus: list[Path], datastore: Datastore, min_chars: int, language: str = "en") -> _Plan:

@@ -205,6 +205,13 @@ MIN_WORDS = 4
 MIN_UNSPACED_LETTERS = 6  # a sentence written without spaces (Japanese, Chinese, Thai): its letters, not words
 
 
+def drop_reason(sentence: str, min_chars: int) -> str | None:
+    """Why the build leaves a split sentence out of the datastore (``short``: under ``min_chars`` characters, else
+    `sentence_problem`'s), or None when it keeps it: the one rule of the build and of `bert-knn add`'s test of
+    an unchanged article."""
+    return "short" if len(sentence) < min_chars else sentence_problem(sentence)
+
+
 def sentence_problem(sentence: str) -> str | None:
     """Why a sentence is not kept as a context, or None: ``markup`` (table or template residue, a raw
     reference, a file link's ``thumb|right|...`` parameters, a navigation box's ``A | B | C``, italics' ``''``),

@@ -245,6 +245,23 @@ def test_add_refuses_bad_input_and_changes_nothing(
     assert _snapshot(ds) == before
 
 
+
+def test_an_article_whose_sentences_the_build_drops_is_unchanged_when_added_again(
+    live_model: Path, tmp_path: Path
+) -> None:
+    """The build leaves out short sentences, fragments, markup and hatnotes; `add` compares what the build
+    keeps, so the same article again is unchanged: no new version, no shard, nothing embedded."""
+    article = {"id": "9", "title": "Plonk Bridge", "text": "Plonk has a red bridge near the market. Main article: "
+               "Plonk. Plonk, a city. Plonk is a large city with a famous bridge."}  # fmt: skip
+    corpus = write_jsonl(tmp_path / "one.jsonl", [article])
+    ds = build_tiny(tmp_path / "ds", [corpus], live_model)
+    dropped = read_manifest(ds).counts.dropped_sentences
+    assert dropped.get("hatnote") == 1 and dropped.get("fragment") == 1, dropped  # the case this is about
+    before = _snapshot(ds)
+    result = _add(ds, corpus)
+    assert (result.added, result.replaced, result.unchanged) == (0, 0, 1)  # type: ignore[attr-defined]
+    assert _snapshot(ds) == before
+
 def test_running_service_switches_versions_without_failing_a_request(ds: Path, update_corpus: Path):
     """The service keeps answering from two client threads while `add` runs and while /admin/reload swaps."""
     with TestClient(create_app(_settings(ds, admin_token=TOKEN))) as c:
