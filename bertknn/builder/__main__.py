@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from bertknn.builder.settings import AddSettings, BuildSettings, RecodeSettings
+from bertknn.core import logs
 from bertknn.core.commands import SUMMARIES
 from bertknn.core.settings_cli import (
     add_command,
@@ -220,7 +221,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m datastore_builder") -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure()
     for old, new in (("BERTKNN_BUILD_", "BERTKNN_BUILD__"), ("BERTKNN_ADD_", "BERTKNN_ADD__")):
         if legacy := adopt_legacy_env(old, new):
             logger.warning(

@@ -11,6 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bertknn.core import logs
 from bertknn.core.commands import SUMMARIES
 from bertknn.core.errors import EvaluationError, LamaError
 from bertknn.core.settings_cli import add_command
@@ -247,7 +248,7 @@ def _follow_parser(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m evaluation") -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser(prog).parse_args(argv)
     import httpx

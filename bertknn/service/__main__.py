@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from bertknn.core import runtime
+from bertknn.core import logs, runtime
 from bertknn.core.errors import BertKnnError
 from bertknn.core.format import read_manifest
 from bertknn.core.model_ref import check_model_dir, locate_model
@@ -78,9 +78,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
         for err in exc.errors():
             print(f"error: {error_source(err['loc'], ServiceSettings, given)}: {error_message(err)}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(settings.log_level)
     for line in unknown_variables(env_variables(ServiceSettings), "BERTKNN_", others=NOT_THE_SERVICES):
         logger.warning(line)  # (before the first-run checks: a misspelt BERTKNN_DATASTORE explains their error)
     problem = preflight(settings)
@@ -179,9 +177,7 @@ def worker_app() -> FastAPI:
     tqdm.set_lock(threading.RLock())
     args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
     settings = settings_from_args(args)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(settings.log_level, role="worker")
     from bertknn.service.main import create_app
 
     return create_app(settings)

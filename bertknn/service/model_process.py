@@ -20,6 +20,7 @@ from contextlib import suppress
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
+from bertknn.core import logs
 from bertknn.core.errors import BertKnnError
 from bertknn.core.libc import name_os_thread
 from bertknn.service.model_client import ADDRESS_ENV, AUTHKEY_ENV
@@ -36,7 +37,7 @@ def run_model_process(settings: ServiceSettings, address: str, authkey: bytes, s
     # Ctrl-C reaches the whole process group: the parent stops this process itself, after the API processes
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     name_os_thread("bertknn-model")  # (its main thread runs the model: `top` shows it by this name)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, role="model")
     from tqdm import tqdm
 
     # (as in an API process: the loader's progress bar would register a lock with the parent's resource tracker)

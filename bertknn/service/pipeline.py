@@ -189,6 +189,9 @@ class AnswerPipeline:
 
     def check_query(self, query: Query) -> MaskedInput:
         """Tokenise and check one query; `QueryError` says what to fix."""
+        if query.subject is not None and not query.subject.strip():
+            raise QueryError("subject: blank; give its article's title, or leave subject out to let the retriever "
+                             "rank the articles")
         if query.answer == "entity":
             if not self.datastore.links.has_entities:
                 raise QueryError(f"answer 'entity' needs entity links, and {NO_LINKS}; or ask for answer 'word'")

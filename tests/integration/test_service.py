@@ -76,6 +76,7 @@ def test_unknown_subject_falls_back_to_the_ranker_and_says_so(client):
         ({"text": "[MASK] was born in [MASK] ."}, "invalid_query", "found 2"),
         ({"text": ""}, "invalid_request", "text"),
         ({"text": "[MASK]"}, "invalid_query", "nothing but [MASK]"),
+        ({"text": "x [MASK]", "subject": " \t "}, "invalid_query", "subject: blank"),
         ({"text": "a " * 1500 + "[MASK]"}, "invalid_request", "text"),
         ({"text": "x [MASK]", "retriever": "google"}, "invalid_request", "retriever"),
         ({"text": "x [MASK]", "k": 0}, "invalid_request", "k"),
