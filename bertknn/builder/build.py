@@ -46,6 +46,7 @@ from bertknn.core.format.health import (
     dropped_in,
     dropped_warning,
     target_warning,
+    vocabulary_warning,
     with_empty_warning,
     word_target_share,
 )
@@ -227,6 +228,7 @@ class _BuildRun:
         self.infos: list[ShardInfo] = []
         self.new_contexts = 0
         self.warnings: list[str] = []
+        self.vocabulary_said: str | None = None  # the early `vocabulary_warning`, once logged
         self.whole = settings.num_shards == 1  # False: this process builds one slice (shards j with j % n == i)
         self.t0 = time.perf_counter()
         stored = sum(Path(p).stat().st_size for p in settings.corpus)
@@ -261,6 +263,18 @@ class _BuildRun:
                 logger.info("block %05d resumed after its %d finished parts", block.index, len(done))
             yield Work(block.index, len(done), block.articles[skip:])
 
+    def prepared(self, articles: int, contexts: int) -> None:
+        """A block prepared: counted, and `vocabulary_warning` said as soon as the words seen show it (before the
+        forward of a whole corpus that the model's tokenizer barely knows)."""
+        self.progress.prepared(articles, contexts)
+        if self.vocabulary_said is None and (line := self.vocabulary_warning()) is not None:
+            logger.warning("%s", line)
+            self.vocabulary_said = line
+
+    def vocabulary_warning(self) -> str | None:
+        t = self.stats.times
+        return vocabulary_warning(t.words, t.word_targets, self.settings.targets, self.language)
+
     def written(self, info: ShardInfo) -> None:
         self.infos.append(info)
         self.new_contexts += info.rows
@@ -277,7 +291,7 @@ class _BuildRun:
         try:
             return embed_shards(
                 self.out, self.works(), encoder, options, self.written, self.progress.embedded, self.stats.times,
-                coder, on_prepared=self.progress.prepared, on_carried=self.progress.carried,
+                coder, on_prepared=self.prepared, on_carried=self.progress.carried,
             )  # fmt: skip
         except BuildInterrupted as exc:
             kept = sorted({i.key: i for i in self.infos}.values(), key=lambda i: i.key)
@@ -327,11 +341,12 @@ class _BuildRun:
         return manifest
 
     def _warnings(self, manifest: Manifest) -> list[str]:
-        """A truncated dump; no context at all; few word answers among the contexts; most sentences dropped
-        (`format.health`)."""
+        """A truncated dump; no context at all; few word answers among the contexts; few words kept as targets;
+        most sentences dropped (`format.health`)."""
         found = [
             *self.stats.warnings,
             target_warning(word_target_share(self.out, manifest)),
+            self.vocabulary_warning(),
             dropped_warning(manifest.counts.dropped_sentences, manifest.counts.sentences),
         ]
         return with_empty_warning([w for w in found if w], manifest.counts)
@@ -353,7 +368,7 @@ class _BuildRun:
         }
         logger.info("build finished: %s", json.dumps(summary))
         for line in self.warnings:
-            if line not in self.stats.warnings:  # (the reader said those when it met them)
+            if line not in self.stats.warnings and line != self.vocabulary_said:  # (said when met, the same)
                 logger.warning("%s", line)
 
 

@@ -184,7 +184,7 @@ class ShardPreparer:
             times.add("markup", t1 - t0, 1 if art.markup == "wikitext" else 0)
             times.add("split", t2 - t1, len(sents))
             row_start, sent_start = len(rows.labels), len(rows.sentences)
-            self._targets(sents, sent_links if self.links else None, rows, words)
+            self._targets(sents, sent_links if self.links else None, rows, words, times)
             times.add("targets", time.perf_counter() - t2, len(rows.labels) - row_start)
             metas.append({"title": art.title, "id": art.id, "source": Path(art.source).name, "row_start": row_start,
                           "row_end": len(rows.labels), "sent_start": sent_start, "sent_end": len(rows.sentences),
@@ -231,10 +231,12 @@ class ShardPreparer:
 
     def _targets(
         self, sents: list[str], sent_links: list[list[tuple[int, int, int]]] | None, rows: _Rows,
-        words: WordTableBuilder | None,
+        words: WordTableBuilder | None, times: StageTimes,
     ) -> None:  # fmt: skip
-        """Every target of the sentences as one row: its masked input, label, sentence, span and entity."""
+        """Every target of the sentences as one row: its masked input, label, sentence, span and entity; the
+        words that could be targets and those that are, counted in ``times`` (`StageTimes.count_words`)."""
         for tok_sent in self.selector.select(sents, sent_links):
+            times.count_words(tok_sent.words, sum(t.token_id >= 0 for t in tok_sent.targets))
             sid = len(rows.sentences)
             rows.sentences.append(tok_sent.text)
             for target in tok_sent.targets:

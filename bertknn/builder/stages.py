@@ -30,6 +30,8 @@ class StageTimes:
     dropped: dict[str, int] = field(default_factory=dict)  # sentences left out, by reason (short, fragment, markup)
     worker_blocks: int = 0  # blocks whose worker stages were merged in (each prepared by one worker)
     tokens: int = 0  # tokens the forward passes embedded
+    words: int = 0  # words of the kept sentences that are neither stopwords nor punctuation
+    word_targets: int = 0  # those of them that are targets (one token; whole-word: at most MAX_WORD_PIECES)
     padded_tokens: int = 0  # the same batches' tokens with padding: rows x the longest row, per batch
 
     def pad(self, tokens: int, padded: int) -> None:
@@ -41,6 +43,11 @@ class StageTimes:
         """The share of the forward's tokens that were padding (None before any batch)."""
         return round(1.0 - self.tokens / self.padded_tokens, 4) if self.padded_tokens else None
 
+    def count_words(self, words: int, targets: int) -> None:
+        """A sentence's words that could be targets, and those that are."""
+        self.words += words
+        self.word_targets += targets
+
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + n
 
@@ -50,6 +57,7 @@ class StageTimes:
 
     def merge(self, other: StageTimes) -> None:
         self.pad(other.tokens, other.padded_tokens)
+        self.count_words(other.words, other.word_targets)
         if any(other.seconds[s] for s in WORKER_STAGES):
             self.worker_blocks += max(1, other.worker_blocks)
         for reason, n in other.dropped.items():
@@ -86,6 +94,7 @@ class StageTimes:
             "workers": workers,
             "bound": self.bound(workers),
             "sentences_dropped": dict(sorted(self.dropped.items())),
+            "words": {"seen": self.words, "targets": self.word_targets},
             "padding_fraction": self.padding_fraction(),
         }
 

@@ -76,6 +76,7 @@ class TokenizedSentence:
     text: str
     ids: tuple[int, ...]  # without special tokens
     targets: tuple[Target, ...]
+    words: int = 0  # its words that are neither stopwords nor punctuation: those that could be targets
 
 
 class TargetSelector:
@@ -109,10 +110,12 @@ class TargetSelector:
         out = []
         for b, tok in enumerate(self.words.tokenize(sentences)):
             targets = []
+            seen = 0
             for w in self.words.words(tok):
                 word = tok.text[w.start : w.end]
                 if is_punctuation(word) or word.lower() in self.stopwords or _cut_punctuation(word):
                     continue
+                seen += 1
                 content = self.words.content(tok, w)
                 if self.mode == "whole-word":
                     if len(content) <= MAX_WORD_PIECES:
@@ -124,7 +127,7 @@ class TargetSelector:
                     targets.append(Target(w.first, label, w.start, w.end, width=w.num_tokens))
             if links is not None and links[b]:
                 targets = self._link_targets(tok.text, tok.ids, tok.offsets, targets, links[b])
-            out.append(TokenizedSentence(tok.text, tok.ids, tuple(targets)))
+            out.append(TokenizedSentence(tok.text, tok.ids, tuple(targets), seen))
         return out
 
     def _link_targets(

@@ -334,3 +334,15 @@ def test_build_warnings_name_what_does_not_fit() -> None:
     assert dropped_warning({"fragment": 10}, 90) is None
     line = dropped_warning({"fragment": 700, "short": 100}, 200) or ""
     assert line.startswith("80% of the sentences were dropped (700 fragment, 100 short)") and "--language" in line
+
+
+def test_the_vocabulary_warning_needs_enough_words_and_a_low_share() -> None:
+    from bertknn.core.format.health import MIN_WORDS_SEEN, vocabulary_warning
+
+    assert vocabulary_warning(MIN_WORDS_SEEN - 1, 0, "single-piece", "uk") is None  # too few words to tell
+    assert vocabulary_warning(1000, 200, "single-piece", "uk") is None  # a fifth kept: enough
+    line = vocabulary_warning(1000, 199, "single-piece", "uk") or ""
+    assert line.startswith("only 19.9% of the corpus's words") and "one token" in line and "('uk')" in line
+    assert "--targets whole-word" in line
+    line = vocabulary_warning(1000, 50, "whole-word", "el") or ""
+    assert "at most 8 tokens" in line and "('el')" in line and "--targets" not in line

@@ -10,10 +10,15 @@ from pathlib import Path
 import numpy as np
 
 from bertknn.core.format.contract import Counts, Manifest, ShardInfo
+from bertknn.core.words import MAX_WORD_PIECES
 
 # below these, a datastore mostly cannot answer: its language's rules (words, sentences) did not fit the corpus
 MIN_WORD_TARGET_SHARE = 0.10
 MAX_DROPPED_SHARE = 0.50
+# below this share of its words kept as targets, a corpus's language is one the model's tokenizer barely knows;
+# fewer words than MIN_WORDS_SEEN say too little to tell
+MIN_WORD_SHARE = 0.20
+MIN_WORDS_SEEN = 500
 
 
 def word_target_share(root: Path, manifest: Manifest) -> float | None:
@@ -35,6 +40,22 @@ def target_warning(share: float | None) -> str | None:
         f"only {share:.1%} of the stored contexts are word answers (the rest are entity links' anchors): the "
         "model's tokenizer and the corpus's language do not fit (check --language, or use a model whose "
         "tokenizer knows this language's words)"
+    )
+
+
+def vocabulary_warning(words: int, targets: int, mode: str, language: str) -> str | None:
+    """Few of the corpus's words (``targets`` of ``words`` that could be targets) are words the model's tokenizer
+    spells as one token (``whole-word``: at most MAX_WORD_PIECES tokens): it does not know the corpus's language,
+    and the datastore keeps few contexts. None when enough are, or too few words were seen to tell."""
+    if words < MIN_WORDS_SEEN or targets >= MIN_WORD_SHARE * words:
+        return None
+    single = mode == "single-piece"
+    what = "one token" if single else f"at most {MAX_WORD_PIECES} tokens"
+    more = "; or --targets whole-word, which keeps words of several tokens" if single else ""
+    return (
+        f"only {targets / words:.1%} of the corpus's words (stopwords and punctuation aside) are {what} of this "
+        f"model's tokenizer, and only those become contexts: the tokenizer barely knows the corpus's language "
+        f"({language!r}); a model trained on that language keeps more{more}"
     )
 
 
