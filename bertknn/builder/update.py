@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
@@ -35,7 +35,14 @@ import torch
 
 from bertknn.builder.build import check_corpus_files
 from bertknn.builder.coding import Coder
-from bertknn.builder.corpus import Article, CorpusStats, corpus_language, detect_format, read_corpora
+from bertknn.builder.corpus import (
+    Article,
+    CorpusStats,
+    corpus_language,
+    detect_format,
+    read_corpora,
+    read_siteinfo,
+)
 from bertknn.builder.embed import ShardOptions, Work, embed_shards
 from bertknn.builder.sentences import SentenceSplitter
 from bertknn.builder.settings import AddSettings
@@ -138,7 +145,7 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
         min_chars = settings.min_sentence_chars
         if min_chars is None:
             min_chars = _recorded_min_sentence_chars(root)
-        plan = _classify(settings.corpus, datastore, min_chars, corpus_language(settings.corpus, old.language))
+        plan = _classify(settings.corpus, datastore, min_chars, _corpus_language(settings.corpus, old.language, root))
         if plan.total == 0:
             names = ", ".join(str(p) for p in settings.corpus)
             raise UpdateError(f"{names}: no articles found; nothing was added")
@@ -277,6 +284,17 @@ def _exclusive(root: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _corpus_language(paths: Sequence[Path], language: str, root: Path) -> str:
+    """The corpus's language, which must be the datastore's: a dump in another is refused, naming both."""
+    for path in paths:
+        if detect_format(Path(path)) == "mediawiki-xml" and (own := read_siteinfo(Path(path)).language) != language:
+            raise UpdateError(
+                f"{path}: the dump is in {own!r} (its <mediawiki xml:lang>), the datastore {root} in {language!r}; "
+                f"a datastore holds one language: add the dump to one built from a {own!r} corpus"
+            )
+    return corpus_language(paths, language)
 
 
 def _recorded_min_sentence_chars(root: Path) -> int:

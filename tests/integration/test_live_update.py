@@ -48,6 +48,9 @@ ZORBLAT: dict[str, Any] = {"text": "zorblat was born in [MASK] .", "subject": "Z
 TOKEN = "s3cret-admin-token"
 
 
+UK_DUMP = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "wiki-i18n" / "ukwiki-truncated-100k.xml.xz"
+
+
 @pytest.fixture(scope="module")
 def live_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("live-bert"), corpus_words(TINY_ARTICLES + UPDATE))
@@ -219,6 +222,7 @@ def test_add_refuses_bad_input_and_changes_nothing(
         (["--corpus", str(tmp_path / "missing.jsonl")], "no such corpus file"),
         (["--corpus", str(empty)], "empty.jsonl: no article in it (the file is empty"),
         (["--corpus", str(tmp_path / "notes.txt")], None),
+        (["--corpus", str(UK_DUMP)], f"the dump is in 'uk' (its <mediawiki xml:lang>), the datastore {ds} in 'en'"),
     ]
     (tmp_path / "notes.txt").write_text("not a corpus")
     for extra, needle in cases:
