@@ -34,6 +34,9 @@ class QueryResult:
     bert_knn_adaptive: int | None = None  # rank under the adaptive rule's interpolation (when evaluated)
     knn_skipped: bool | None = None  # the adaptive rule answered from p_MLM alone (None: not evaluated)
     lambda_adaptive: float | None = None
+    # whether the fact's subject has an article in the datastore (its own, a redirect's or a folded title's),
+    # which is then the one article searched; None: not known (the fact names no subject)
+    subject_found: bool | None = None
 
     def rank(self, column: str) -> int | None:
         if column not in COLUMNS + OPTIONAL_COLUMNS:
@@ -47,6 +50,7 @@ class RelationScore:
     dataset: str
     facts: int
     columns: dict[str, Precisions]
+    subjects_found: int | None = None  # facts whose subject has an article (None: its facts name no subject)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class DatasetScore:
     relations: int
     facts: int
     columns: dict[str, Precisions]
+    subjects_found: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,25 @@ class Summary:
     @property
     def facts(self) -> int:
         return sum(r.facts for r in self.relations)
+
+    @property
+    def subjects(self) -> tuple[int, int] | None:
+        """Facts whose subject has an article in the datastore, and the facts of the relations that name a
+        subject, over all relations (None: no relation names one)."""
+        known = [r for r in self.relations if r.subjects_found is not None]
+        return (found_in(known) or 0, sum(r.facts for r in known)) if known else None
+
+
+def found_in(scores: Sequence[RelationScore]) -> int | None:
+    """The facts whose subject has an article, summed over ``scores`` (None: none of them names a subject)."""
+    found = [s.subjects_found for s in scores if s.subjects_found is not None]
+    return sum(found) if found else None
+
+
+def subjects_found(results: Sequence[QueryResult]) -> int | None:
+    """How many of ``results`` had their subject's article (None: none of them names a subject)."""
+    flags = [r.subject_found for r in results if r.subject_found is not None]
+    return sum(flags) if flags else None
 
 
 def precision_at(ranks: Sequence[int | None], k: int) -> float:
@@ -96,7 +120,9 @@ def score_relations(results: Iterable[QueryResult], columns: Sequence[str] = COL
         groups.setdefault(r.relation, []).append(r)
         datasets.setdefault(r.relation, r.dataset)
     return [
-        RelationScore(rel, datasets[rel], len(rs), {c: precisions([r.rank(c) for r in rs]) for c in columns})
+        RelationScore(
+            rel, datasets[rel], len(rs), {c: precisions([r.rank(c) for r in rs]) for c in columns}, subjects_found(rs)
+        )
         for rel, rs in groups.items()
     ]
 
@@ -120,7 +146,7 @@ def summarize(results: Sequence[QueryResult]) -> Summary:
     datasets = []
     for name in names:
         mine = [s for s in scores if s.dataset == name]
-        datasets.append(DatasetScore(name, len(mine), sum(s.facts for s in mine), macro(mine)))
+        datasets.append(DatasetScore(name, len(mine), sum(s.facts for s in mine), macro(mine), found_in(mine)))
     return Summary(scores, datasets, macro(scores), micro(results, columns), columns)
 
 
@@ -150,6 +176,7 @@ def report_dict(summary: Summary, settings: Mapping[str, object]) -> dict:
             d.dataset: {
                 "relations": d.relations,
                 "facts": d.facts,
+                **_found(d.subjects_found),
                 **{c: _rounded(d.columns[c]) for c in summary.columns},
             }
             for d in summary.datasets
@@ -158,12 +185,28 @@ def report_dict(summary: Summary, settings: Mapping[str, object]) -> dict:
             r.relation: {
                 "dataset": r.dataset,
                 "facts": r.facts,
+                **_found(r.subjects_found),
                 **{c: _rounded(r.columns[c]) for c in summary.columns},
             }
             for r in summary.relations
         },
         "settings": dict(settings),
     }
+
+
+def _found(n: int | None) -> dict[str, int]:
+    return {} if n is None else {"subjects_found": n}
+
+
+def coverage_line(summary: Summary) -> str | None:
+    """What share of the facts had their subject's article in the datastore: the kNN's part of P@k depends on it
+    (the paper's datastore is all of Wikipedia). None when not known."""
+    if summary.subjects is None:
+        return None
+    found, facts = summary.subjects
+    share = 100.0 * found / facts if facts else 0.0
+    return (f"subjects with an article in the datastore: {found} of {facts} facts that name one ({share:.1f}%); "
+            "for the others the retriever chose the articles")
 
 
 def format_table(summary: Summary, *, title: str = "") -> str:
@@ -186,4 +229,6 @@ def format_table(summary: Summary, *, title: str = "") -> str:
     lines += [row(f"macro {d.dataset}", f"{d.relations} rel", d.facts, d.columns) for d in summary.datasets]
     lines.append(row("macro overall", f"{len(summary.relations)} rel", summary.facts, summary.overall))
     lines.append(row("micro overall", "queries", summary.facts, summary.micro))
+    if (coverage := coverage_line(summary)) is not None:
+        lines.append(coverage)
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from tqdm import tqdm
@@ -18,6 +19,11 @@ from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import Query
 
 logger = logging.getLogger(__name__)
+
+
+def found(q: LamaQuery, status: str | None) -> bool | None:
+    """Whether the fact's subject had an article (found, or by a redirect or a folded title); None without one."""
+    return None if not q.subject else status in ("found", "redirect", "folded")
 
 
 def _batches(items: Sequence[LamaQuery], size: int) -> list[Sequence[LamaQuery]]:
@@ -74,8 +80,7 @@ class PipelineRunner:
                 )
                 for q, ans in zip(batch, answers, strict=True):
                     if self.pipeline.words is not None:  # whole-word datastore: ranks among candidate words
-
-                        out.append(word_result(self.pipeline, q, ans))
+                        out.append(replace(word_result(self.pipeline, q, ans), subject_found=found(q, ans.subject_status)))
                         continue
                     d = ans.distributions
                     assert d is not None
@@ -100,6 +105,7 @@ class PipelineRunner:
                             gold_rank(d.p, q.obj_id, self.allowed_ids),
                             top,
                             **adaptive,  # type: ignore[arg-type]
+                            subject_found=found(q, ans.subject_status),
                         )
                     )
                 bar.update(len(batch))
@@ -172,9 +178,10 @@ class HttpRunner:
                     mlm, t_mlm = self._rank([t.token for t in r.mlm], q.obj)
                     knn, t_knn = self._rank([t.token for t in r.knn], q.obj)
                     both, t_both = self._rank([p.token for p in r.predictions], q.obj)
-                    out.append(
-                        QueryResult(q.relation, q.dataset, q.uid, mlm, knn, both, (t_mlm, t_knn, t_both))
-                    )
+                    out.append(QueryResult(
+                        q.relation, q.dataset, q.uid, mlm, knn, both, (t_mlm, t_knn, t_both),
+                        subject_found=found(q, r.subject_status),
+                    ))  # fmt: skip
                 bar.update(len(batch))
         finally:
             bar.close()

@@ -98,6 +98,14 @@ def test_report_structure_and_counts(report):
         "P1303": ("T-REx", 1),  # from the fact-only directory
         "squad": ("SQuAD", 1),
     }
+    # every subject but SQuAD's has its article in the tiny datastore, which is then the one searched
+    # (SQuAD's facts name none: no count)
+    assert {r: v.get("subjects_found") for r, v in rels.items()} == {
+        "place_of_birth": 1, "P19": 3, "P1303": 1, "squad": None,
+    }  # fmt: skip
+    assert {d: v.get("subjects_found") for d, v in report["datasets"].items()} == {
+        "Google-RE": 1, "T-REx": 4, "SQuAD": None,
+    }  # fmt: skip
     s = report["settings"]
     assert s["filters"]["P19"]["duplicate"] == 1 and s["filters"]["P19"]["not_single_wordpiece"] == 2
     assert s["filters"]["place_of_birth"]["rejected_by_raters"] == 1
@@ -214,8 +222,8 @@ def test_http_mode_gives_the_in_process_numbers(tiny_lama, tiny_datastore, tiny_
         body = json.loads(out.read_text())
         assert body["settings"]["mode"] == "http"
         for part in ("datasets", "relations"):
-            want = {k: {c: v[c] for c in ("mlm", "knn", "bert_knn")} for k, v in report[part].items()}
-            got = {k: {c: v[c] for c in ("mlm", "knn", "bert_knn")} for k, v in body[part].items()}
+            want = {k: {c: v.get(c) for c in ("mlm", "knn", "bert_knn", "subjects_found")} for k, v in report[part].items()}
+            got = {k: {c: v.get(c) for c in ("mlm", "knn", "bert_knn", "subjects_found")} for k, v in body[part].items()}
             assert got == want, part
         assert body["macro"] == report["macro"]
 

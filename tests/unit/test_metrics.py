@@ -118,3 +118,28 @@ def test_gold_rank_ties_zero_mass_and_restricted_vocabulary():
     assert gold_rank(p, 2, allowed) == 3  # 0.1 ties with id 0 (lower id first)
     with pytest.raises(ValueError, match="outside the restricted"):
         gold_rank(p, 1, allowed)
+
+
+def test_subjects_found_are_counted_per_relation_and_dataset_and_said_under_the_table():
+    from dataclasses import replace
+
+    flags = [True, False, True, True, False, True, False]
+    found = [replace(r, subject_found=f) for r, f in zip(RESULTS, flags, strict=True)]
+    summary = summarize(found)
+    by_relation = {r.relation: r.subjects_found for r in summary.relations}
+    want: dict[str, int] = {}
+    for r, f in zip(RESULTS, flags, strict=True):
+        want[r.relation] = want.get(r.relation, 0) + f
+    assert by_relation == want and summary.subjects == (sum(flags), len(flags))
+    report = report_dict(summary, {})
+    assert {k: v["subjects_found"] for k, v in report["relations"].items()} == want
+    assert sum(v["subjects_found"] for v in report["datasets"].values()) == sum(flags)
+    line = format_table(summary).splitlines()[-1]
+    assert line == (f"subjects with an article in the datastore: {sum(flags)} of {len(flags)} facts that name one "
+                    f"({100 * sum(flags) / len(flags):.1f}%); for the others the retriever chose the articles")
+    # relation C's facts name no subject (as SQuAD's): it counts none, and the line counts the others only
+    mixed = summarize([r if r.relation != "C" else replace(r, subject_found=None) for r in found])
+    assert {r.relation: r.subjects_found for r in mixed.relations}["C"] is None
+    assert "subjects_found" not in report_dict(mixed, {})["relations"]["C"]
+    assert mixed.subjects == (sum(f for r, f in zip(RESULTS, flags, strict=True) if r.relation != "C"), 5)
+    assert "subjects with an article" not in format_table(summarize(list(RESULTS)))  # nothing known: no line
