@@ -22,4 +22,5 @@ SUMMARIES: dict[str, str] = {
 
 def command_list() -> str:
     """The commands and their lines, aligned as ``bert-knn --help`` prints them."""
-    return "\n".join(f"  {name:<9}  {text}" for name, text in SUMMARIES.items())
+    width = max(map(len, SUMMARIES))
+    return "\n".join(f"  {name:<{width}}  {text}" for name, text in SUMMARIES.items())

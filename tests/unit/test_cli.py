@@ -36,6 +36,13 @@ def test_help_opens_with_what_the_command_does(argv: list[str], capsys: pytest.C
     assert described.startswith(line.group(1).strip()), (described, line.group(1))
 
 
+def test_the_command_list_is_one_aligned_column(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--help"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if re.match(r"^  [a-z]", line)]
+    starts = {re.match(r"^  \S+ +", line).end() for line in rows}  # type: ignore[union-attr]
+    assert len(rows) >= 12 and len(starts) == 1, rows  # (train-codec is the longest name)
+
+
 @pytest.mark.parametrize(("argv", "named"), [(["predict"], "bert-knn predict"), (["eval", "lama", "--n"], "bert-knn eval lama")])
 def test_a_wrong_call_names_the_command_typed(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
