@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -316,7 +317,7 @@ async def _start(
     logger.debug("heap: %d objects frozen", frozen)
     resources.ready = True
     resources.metrics.ready.set(1.0)
-    logger.info("ready: %s", pipeline.identity())
+    logger.info("ready: %s", json.dumps(pipeline.identity()))  # (JSON, as the build's summary: a log reader parses it)
     return pipeline, watch
 
 

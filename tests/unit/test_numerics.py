@@ -55,3 +55,6 @@ def test_the_start_up_log_names_the_numerics_served_and_built(
     assert len(lines) == 1 and lines[0].startswith(f"model backend: {backend} ({served}), "), lines
     assert lines[0].endswith("; the datastore was embedded as float16/eager, within the measured rounding "
                              "(docs/decisions/numerics.md)")  # fmt: skip
+    # the ready line is JSON, which a log reader parses: the identity that /readyz reports
+    ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready: ")]
+    assert len(ready) == 1 and json.loads(ready[0].removeprefix("ready: "))["model"]["num_layers"] >= 1, ready
