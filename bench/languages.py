@@ -1,6 +1,6 @@
 """A datastore per language from real Wikipedia dumps, and the checks that say whether it can answer::
 
-    python -m bench.languages [--languages ja,uk,vi] [--probe 200] [--vocab 6000]
+    python -m bench.languages [--languages ja,uk,vi] [--probe 200] [--vocab 6000] [--tokenizer DIR]
 
 For each of ``../shared/data/wiki-i18n``'s dumps (Japanese, Ukrainian, Vietnamese ``pages-articles`` XML, cut
 short after 100,000 lines), a tiny XLM-R-style model is made whose Unigram tokenizer is trained on that dump's own
@@ -13,6 +13,9 @@ Then, per language, measured on the datastore:
   such as ``thumb`` or ``300px``), fragments (under 3 words; under 6 letters for unspaced scripts), and the
   sentences dropped against kept;
 - of the stored contexts: the share that are word targets, and word targets with punctuation attached;
+- of the stored sentences' words that could be targets (neither stopwords nor punctuation), the share kept as
+  targets by the model's own tokenizer and by each ``--tokenizer`` (bert-base-uncased's by default): what the
+  build's warning of a tokenizer that barely knows the language counts;
 - the self-probe (`bertknn.evaluation.selfprobe`): the masked word at rank 1 from the kNN alone with the subject,
   and the own article in BM25's top 3 without it; subjects written with another first-letter case or Unicode form.
 
@@ -102,8 +105,9 @@ def is_fragment(sentence: str) -> bool:
     return len(_LETTER_WORD.findall(sentence)) < 3
 
 
-def text_checks(out: Path, manifest: Any, others: set[str]) -> dict[str, Any]:
-    """The stored sentences' and contexts' shares (module docstring)."""
+def text_checks(out: Path, manifest: Any, others: set[str], tokenizers: dict[str, Path]) -> dict[str, Any]:
+    """The stored sentences' and contexts' shares (module docstring); the words kept by each of ``tokenizers``
+    (`word_share`, by name)."""
     from bertknn.core.format.reader import Datastore
     from bertknn.core.text import is_word_break
 
@@ -136,7 +140,25 @@ def text_checks(out: Path, manifest: Any, others: set[str]) -> dict[str, Any]:
         "contexts": rows,
         "word_targets": words / max(1, rows),
         "punctuation_attached": glued,
+        "words_kept": {name: word_share(sentences, path, manifest.language) for name, path in tokenizers.items()},
     }
+
+
+def word_share(sentences: list[str], tokenizer: Path | str, language: str) -> float | None:
+    """Of the sentences' words that could be targets (neither stopwords nor punctuation), the share that this
+    tokenizer's single-piece rule keeps: what the build counts for its vocabulary warning
+    (`bertknn.core.format.health.vocabulary_warning`), here for any tokenizer, the model's or another's."""
+    from transformers import AutoTokenizer
+
+    from bertknn.builder.targets import TargetSelector, load_stopwords
+
+    selector = TargetSelector(AutoTokenizer.from_pretrained(str(tokenizer), use_fast=True), load_stopwords(None, language))
+    seen = kept = 0
+    for i in range(0, len(sentences), 256):
+        for sent in selector.select(sentences[i : i + 256]):
+            seen += sent.words
+            kept += sum(t.token_id >= 0 for t in sent.targets)
+    return kept / seen if seen else None
 
 
 def subject_forms(pipeline: Any, titles: list[str], n: int = 50, seed: int = 0) -> float | None:
@@ -172,7 +194,8 @@ def one_language(language: str, args: argparse.Namespace) -> dict[str, Any]:
         "language": manifest.language, "build_s": None if seconds is None else round(seconds, 1),
         "warnings": manifest.warnings,
         "truncation_warned": sum("ends inside a page" in w for w in manifest.warnings) == 1,
-        **text_checks(work / "datastore", manifest, other_pages(dump_of(language))),
+        **text_checks(work / "datastore", manifest, other_pages(dump_of(language)),
+                      {"its model's": model, **{p.name: p for p in args.tokenizer}}),
     }  # fmt: skip
     pipeline = open_pipeline(work / "datastore", model=None, device="cpu", threads=1, cache_items=1 << 12)
     try:
@@ -212,6 +235,9 @@ def table(rows: list[dict[str, Any]]) -> str:
                  + " | ".join(cell(r["self_probe"]["knn_top1"]) for r in rows) + " |")  # fmt: skip
     lines.append("| self-probe: own article in BM25 top 3, no subject | "
                  + " | ".join(cell(r["self_probe"]["retrieval_top"]) for r in rows) + " |")  # fmt: skip
+    for name in rows[0]["words_kept"]:
+        lines.append(f"| words kept as targets, {name} tokenizer | "
+                     + " | ".join(cell(r["words_kept"][name]) for r in rows) + " |")  # fmt: skip
     lines.append("| subject in other first-letter case / NFD found | "
                  + " | ".join(cell(r["subject_forms"]) for r in rows) + " |")  # fmt: skip
     return "\n".join(lines)
@@ -224,7 +250,11 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=6000, help="the tiny model's tokenizer vocabulary")
     p.add_argument("--work", type=Path, default=RUNS / "bench-languages")
     p.add_argument("--reuse", action="store_true", help="measure the datastores a previous run built (no build)")
+    p.add_argument("--tokenizer", type=Path, action="append", default=None,
+                   help="another tokenizer (a directory) whose share of each dump's words kept as targets is measured "
+                        "beside the model's own (repeatable; default: bert-base-uncased's, the default model's)")  # fmt: skip
     args = p.parse_args()
+    args.tokenizer = args.tokenizer or [SHARED / "data" / "tokenizer" / "bert-base-uncased"]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     languages = [x.strip() for x in args.languages.split(",") if x.strip()]
     missing = [x for x in languages if not dump_of(x).is_file()]
