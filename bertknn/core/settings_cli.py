@@ -68,8 +68,12 @@ def _strip_annotated(annotation: Any) -> Any:
 
 
 def iter_fields(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[SettingField]:
-    """The leaf settings of ``model``, nested groups (BaseModel fields) walked in declaration order."""
-    for name, info in model.model_fields.items():
+    """The leaf settings of ``model``, nested groups (BaseModel fields) walked in declaration order: a class's own
+    fields before those it inherits from a shared group of options (`bert-knn build`'s corpus, model and output
+    before the codec's options)."""
+    own = [n for n in vars(model).get("__annotations__", {}) if n in model.model_fields]
+    for name in [*own, *(n for n in model.model_fields if n not in own)]:
+        info = model.model_fields[name]
         key = info.alias or name
         annotation = _unwrap_optional(_strip_annotated(info.annotation))
         if isinstance(annotation, type) and issubclass(annotation, BaseModel) and not _is_leaf_model(annotation):

@@ -36,6 +36,17 @@ def test_help_opens_with_what_the_command_does(argv: list[str], capsys: pytest.C
     assert described.startswith(line.group(1).strip()), (described, line.group(1))
 
 
+@pytest.mark.parametrize(("command", "first"), [("build", ["--corpus", "--model", "--out"]), ("recode", ["--datastore", "--out"])])
+def test_a_command_s_own_flags_come_before_the_shared_codec_options(
+    command: str, first: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    flags = re.findall(r"\[(--[a-z-]+)", usage)
+    assert flags[: len(first)] == first and flags.index("--codec") >= len(first), flags
+
+
 def test_the_command_list_is_one_aligned_column(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--help"])
     rows = [line for line in capsys.readouterr().out.splitlines() if re.match(r"^  [a-z]", line)]
