@@ -157,7 +157,7 @@ def word_share(sentences: list[str], tokenizer: Path | str, language: str) -> fl
     for i in range(0, len(sentences), 256):
         for sent in selector.select(sentences[i : i + 256]):
             seen += sent.words
-            kept += sum(t.token_id >= 0 for t in sent.targets)
+            kept += sent.word_targets
     return kept / seen if seen else None
 
 

@@ -236,7 +236,7 @@ class ShardPreparer:
         """Every target of the sentences as one row: its masked input, label, sentence, span and entity; the
         words that could be targets and those that are, counted in ``times`` (`StageTimes.count_words`)."""
         for tok_sent in self.selector.select(sents, sent_links):
-            times.count_words(tok_sent.words, sum(t.token_id >= 0 for t in tok_sent.targets))
+            times.count_words(tok_sent.words, tok_sent.word_targets)
             sid = len(rows.sentences)
             rows.sentences.append(tok_sent.text)
             for target in tok_sent.targets:

@@ -78,6 +78,11 @@ class TokenizedSentence:
     targets: tuple[Target, ...]
     words: int = 0  # its words that are neither stopwords nor punctuation: those that could be targets
 
+    @property
+    def word_targets(self) -> int:
+        """Its targets that are words (not an entity link's anchor alone): of ``words``, those kept."""
+        return sum(t.token_id >= 0 for t in self.targets)
+
 
 class TargetSelector:
     """Finds every whole word of a sentence that is exactly one token (``whole-word``: of any number of tokens

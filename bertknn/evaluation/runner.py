@@ -22,8 +22,9 @@ logger = logging.getLogger(__name__)
 
 
 def found(q: LamaQuery, status: str | None) -> bool | None:
-    """Whether the fact's subject had an article (found, or by a redirect or a folded title); None without one."""
-    return None if not q.subject else status in ("found", "redirect", "folded")
+    """Whether the fact's subject had an article (its title, a redirect or a folded title: any status but
+    ``not_found``); None when the fact names no subject."""
+    return None if not q.subject else status != "not_found"
 
 
 def _batches(items: Sequence[LamaQuery], size: int) -> list[Sequence[LamaQuery]]:
