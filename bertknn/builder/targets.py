@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from bertknn.core.languages import rules_for
 from bertknn.core.text import is_punctuation, is_word_break
-from bertknn.core.wordmodel import WordModel
+from bertknn.core.wordmodel import Tokenized, WordModel
 from bertknn.core.words import MAX_WORD_PIECES
 
 # an entity link's anchor of more wordpieces than this is left out (titles of works, long names)
@@ -99,6 +99,7 @@ class TargetSelector:
         self.stopwords = stopwords
         self.mode = mode
         self.special_ids = self.words.special_ids
+        self.unk_id = tokenizer.unk_token_id  # (None: a byte-level tokenizer, which spells every word)
 
     def select(
         self, sentences: Sequence[str], links: Sequence[Sequence[SentenceLink]] | None = None
@@ -132,8 +133,17 @@ class TargetSelector:
                     targets.append(Target(w.first, label, w.start, w.end, width=w.num_tokens))
             if links is not None and links[b]:
                 targets = self._link_targets(tok.text, tok.ids, tok.offsets, targets, links[b])
-            out.append(TokenizedSentence(tok.text, tok.ids, tuple(targets), seen))
+            out.append(TokenizedSentence(tok.text, tok.ids, tuple(targets), seen + self._unknown_words(tok)))
         return out
+
+    def _unknown_words(self, tok: Tokenized) -> int:
+        """The words the tokenizer could not spell (its unknown token): no word span holds them, so no target,
+        but they are words a tokenizer that knew the language would keep (`StageTimes.count_words`)."""
+        if self.unk_id is None:
+            return 0
+        unknown = {w for i, (t, w) in enumerate(zip(tok.ids, tok.word_ids, strict=True))
+                   if t == self.unk_id and w is not None and not is_punctuation(tok.text[slice(*tok.offsets[i])])}  # fmt: skip
+        return len(unknown)
 
     def _link_targets(
         self,

@@ -14,6 +14,7 @@ import pytest
 
 from bertknn.builder.build import build
 from bertknn.builder.settings import BuildSettings
+from bertknn.builder.targets import TargetSelector, load_stopwords
 from bertknn.core.format.reader import Datastore
 from tests.support.families import make_family_model, train_tokenizer
 
@@ -60,3 +61,14 @@ def test_the_same_model_over_english_text_builds_silently(english_model: Path, t
 def test_whole_word_targets_keep_enough_of_the_same_ukrainian_text(english_model: Path, tmp_path: Path):
     """What the warning offers instead holds: words of several tokens are kept, and nothing is said."""
     assert not [w for w in _build(UK_DUMP, english_model, tmp_path / "uk-whole", targets="whole-word") if SAID in w]
+
+
+def test_words_the_tokenizer_cannot_spell_count_as_words_it_does_not_keep():
+    """An XLM-R-style Unigram tokenizer trained on English spells a Cyrillic word as its unknown token: no word
+    span holds it, yet it is a word of the corpus, so it counts among those seen (and the share falls)."""
+    texts = [json.loads(line)["text"] for line in SAMPLE.read_text(encoding="utf-8").splitlines()[:200]]
+    tokenizer = train_tokenizer("xlm-roberta", texts, vocab_size=3000)
+    selector = TargetSelector(tokenizer, load_stopwords(None, "uk"))
+    [sentence] = selector.select(["Київ є столицею та найбільшим містом України, розташованим на річці Дніпро."])
+    assert tokenizer.unk_token_id in sentence.ids
+    assert sentence.word_targets == 0 and sentence.words >= 6, sentence.words  # Київ, столицею, найбільшим...
