@@ -27,7 +27,7 @@ from typing import Any
 
 # (module, attribute path, the probe's name): each call records "NAME<" on entry and "NAME>" on exit
 PROBES = (
-    ("bertknn.service.main", "RequestContextMiddleware.__call__", "http"),
+    ("bertknn.service.api.middleware", "RequestContextMiddleware.__call__", "http"),
     ("bertknn.core.encoder", "MaskedLMEncoder.query_input", "tokenise"),
     ("bertknn.service.encoding", "QueryEncoder.forward", "forward"),
     ("bertknn.service.assemble", "AnswerAssembler.answer_from_encoding", "answer"),

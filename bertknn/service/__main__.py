@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
         for err in exc.errors():
             print(f"error: {error_source(err['loc'], ServiceSettings, given)}: {error_message(err)}", file=sys.stderr)
         return 2
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, fmt=settings.log_format)
     for line in unknown_variables(env_variables(ServiceSettings), "BERTKNN_", others=NOT_THE_SERVICES):
         logger.warning(line)  # (before the first-run checks: a misspelt BERTKNN_DATASTORE explains their error)
     problem = preflight(settings)
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=logs.uvicorn_config(settings.log_format),
         access_log=False,  # the request middleware logs each request, with its id and latency
         timeout_graceful_shutdown=settings.graceful_shutdown_s or None,
     ))  # fmt: skip
@@ -131,6 +132,7 @@ def serve_workers(settings: ServiceSettings, argv: list[str], workers: int) -> i
     from uvicorn.supervisors import Multiprocess
 
     log = logging.getLogger(__name__)
+    logs.name_process("supervisor")  # (its workers and the model process name themselves)
     for stale in remove_stale_run_dirs():
         log.info("removed %s, left by a server that did not stop cleanly", stale)
     run_dir = make_run_dir()
@@ -151,6 +153,7 @@ def serve_workers(settings: ServiceSettings, argv: list[str], workers: int) -> i
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=logs.uvicorn_config(settings.log_format),
         access_log=False,
         timeout_graceful_shutdown=settings.graceful_shutdown_s or None,
     )
@@ -177,7 +180,7 @@ def worker_app() -> FastAPI:
     tqdm.set_lock(threading.RLock())
     args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
     settings = settings_from_args(args)
-    logs.configure(settings.log_level, role="worker")
+    logs.configure(settings.log_level, role="worker", fmt=settings.log_format)
     from bertknn.service.main import create_app
 
     return create_app(settings)

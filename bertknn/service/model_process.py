@@ -37,7 +37,7 @@ def run_model_process(settings: ServiceSettings, address: str, authkey: bytes, s
     # Ctrl-C reaches the whole process group: the parent stops this process itself, after the API processes
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     name_os_thread("bertknn-model")  # (its main thread runs the model: `top` shows it by this name)
-    logs.configure(settings.log_level, role="model")
+    logs.configure(settings.log_level, role="model", fmt=settings.log_format)
     from tqdm import tqdm
 
     # (as in an API process: the loader's progress bar would register a lock with the parent's resource tracker)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator, model_validat
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bertknn.core.encoder import BackendName
+from bertknn.core.logs import LogFormat
 from bertknn.core.onnx_cache import SETTING_HELP as ONNX_CACHE_HELP
 from bertknn.core.vocab_cache import SETTING_HELP as VOCAB_CACHE_HELP
 from bertknn.service.interpolate import (
@@ -204,6 +205,11 @@ class ServiceSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: LogFormat = Field(
+        "text", description="text: one line per record (time, level, process where several serve, logger, "
+        "message); json: one JSON object per line, a request's fields (id, status, latency, cache, stage times) as "
+        "keys of their own, for a log collector"
+    )
     verify_checksums: bool = Field(
         False, description="at start-up and reload, run the full `validate` (every article, every shard file hashed; "
         "slow on big datastores) instead of the quick check (manifest, file sizes, article table identity)"

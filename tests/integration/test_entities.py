@@ -5,6 +5,7 @@ follows two relations, and add/merge keep the entity table right."""
 from __future__ import annotations
 
 import bz2
+import logging
 import shutil
 import sqlite3
 from pathlib import Path
@@ -19,6 +20,7 @@ from bertknn.builder.settings import AddSettings
 from bertknn.builder.update import add_articles
 from bertknn.core.format import Datastore, read_manifest, validate_datastore
 from bertknn.core.format.table import EntityRef
+from bertknn.core.logs import Event
 from bertknn.service.main import create_app
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import DEFAULT_BEAM, Query
@@ -186,11 +188,16 @@ def test_predict_answers_an_entity_of_several_wordpieces(client: TestClient) -> 
     assert bad.status_code == 422 and "answer" in bad.json()["error"]["message"]
 
 
-def test_follow_two_hops_reaches_the_country_through_the_city(client: TestClient) -> None:
+def test_follow_two_hops_reaches_the_country_through_the_city(client: TestClient, caplog) -> None:
     body = {"subject": "orvin tasker", "relations": ["[X] was born in [Y] .", "[X] is a city in the [Y] ."],
             "top_k": 3, "beam": 2}  # fmt: skip
+    caplog.set_level(logging.INFO, logger="service")
     r = client.post("/follow", json=body)
     assert r.status_code == 200, r.text
+    # its log line: the hops, and the questions asked (one for the subject, one per entity of the beam after it)
+    logged = [rec.msg.fields for rec in caplog.records if isinstance(rec.msg, Event) and rec.msg.name == "request"]
+    assert len(logged) == 1 and logged[0]["path"] == "/follow" and logged[0]["hops"] == 2
+    assert logged[0]["questions"] == 1 + len(r.json()["hops"][0]["entities"][: body["beam"]])
     out = r.json()
     assert out["subject"] == "Orvin Tasker"  # resolved (folded) like /predict's subject
     assert [h["relation"] for h in out["hops"]] == body["relations"]

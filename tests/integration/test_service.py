@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from bertknn.core.errors import DatastoreError, ModelLoadError
 from bertknn.core.format import read_manifest, write_manifest
+from bertknn.core.logs import Event
 from bertknn.service.api import routes
 from bertknn.service.api.schemas import BatchResponse, PredictRequest, PredictResponse
 from bertknn.service.main import create_app
@@ -206,6 +208,35 @@ def test_batch_answers_like_single(client):
     parts = error["message"].split("; queries.")
     assert [p.split(":")[0] for p in parts] == ["queries.0", "2", "3"], error["message"]
     assert "found 2" in parts[1] and "lambda" in parts[2]
+
+
+def _request_lines(caplog) -> list[Event]:
+    return [r.msg for r in caplog.records if isinstance(r.msg, Event) and r.msg.name == "request"]
+
+
+def test_each_request_logs_one_line_with_its_cache_use_and_stage_times(client, caplog):
+    caplog.set_level(logging.INFO, logger="service")
+    question = {"text": "quimby is the home of [MASK] .", "subject": "zorblat"}
+    first = client.post("/predict", json=question, headers={"X-Request-ID": "log-test-1"})
+    again = client.post("/predict", json=question)
+    batch = client.post("/predict/batch", json={"queries": [question, {"text": "frelle dax lived in [MASK] ."}]})
+    bad = client.post("/predict", json={"text": "no mask"})
+    lines = _request_lines(caplog)
+    assert [e.fields["status"] for e in lines] == [200, 200, 200, 422]
+    one = lines[0].fields
+    assert one["id"] == "log-test-1" and one["path"] == "/predict" and one["method"] == "POST"
+    assert one["cache"] == first.json()["cache"] == {"encoding": "miss", "retrieval": "miss"}
+    assert one["stages_ms"] == first.json()["timings_ms"] and one["latency_ms"] >= one["stages_ms"]["total"] - 1
+    assert lines[1].fields["cache"] == again.json()["cache"] == {"encoding": "hit", "retrieval": "hit"}
+    results = batch.json()["results"]
+    assert lines[2].fields["queries"] == 2 and lines[2].fields["cache_hits"] == {
+        stage: sum(r["cache"][stage] == "hit" for r in results) for stage in ("encoding", "retrieval")
+    } == {"encoding": 1, "retrieval": 1}
+    assert lines[2].fields["stages_ms"]["total"] == pytest.approx(sum(r["timings_ms"]["total"] for r in results))
+    # a refused request: what the middleware knows, nothing a route would have added
+    assert set(lines[3].fields) == {"id", "method", "path", "status", "latency_ms"}
+    assert lines[3].fields["id"] == bad.json()["error"]["request_id"]
+    assert "cache=encoding:hit,retrieval:hit" in str(lines[1])
 
 
 def test_health_ready_metrics_and_unknown_route(client):

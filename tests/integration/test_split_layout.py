@@ -3,6 +3,7 @@ the model run in one process does, and the service outlives either kind of proce
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -142,3 +143,30 @@ def test_split_layout_settings_that_need_the_model_in_the_serving_process_are_re
         cmd = [sys.executable, "-m", "service", "--datastore", str(ds), "--layout", "split", *setting]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **ENV})
         assert done.returncode == 2 and "layout split runs the model in a process of its own" in done.stderr
+
+
+def test_every_process_of_the_service_logs_json_lines_that_name_it(ds: Path, tmp_path: Path):
+    """``--log-format json``: each line of the supervisor, the API processes, the model process and uvicorn is one
+    JSON object; a request's line carries its fields; ``role`` and ``pid`` say which process wrote it."""
+    log = tmp_path / "service.log"
+    with log.open("wb") as sink, service_process(
+        ds, env=ENV, args=(*SPLIT, "--log-level", "info", "--log-format", "json"), stderr=sink
+    ) as svc:
+        apis, model = api_pids(svc, 2), model_pid(svc)
+        answers = [httpx.post(f"{svc.url}/predict", json=QUESTIONS[0], headers={"X-Request-ID": f"json-{i}"},
+                              timeout=30) for i in range(4)]  # fmt: skip
+        assert {r.status_code for r in answers} == {200}
+        supervisor = svc.proc.pid
+    lines = [json.loads(line) for line in log.read_text().splitlines()]  # (a line that is not JSON fails here)
+    roles = {(line.get("role"), line["pid"]) for line in lines}
+    assert {("supervisor", supervisor), ("model", model)} <= roles and {("worker", p) for p in apis} <= roles
+    uvicorn = [line for line in lines if line["logger"] == "uvicorn.error"]
+    assert any(line["message"] == f"Started parent process [{supervisor}]" for line in uvicorn)
+    assert {line["role"] for line in uvicorn} == {"supervisor", "worker"}
+    requests = [line for line in lines if line["message"] == "request" and line["id"].startswith("json-")]
+    assert sorted(line["id"] for line in requests) == [f"json-{i}" for i in range(4)]
+    assert all(line["role"] == "worker" and line["pid"] in apis and line["status"] == 200 for line in requests)
+    assert {"embedding", "retrieval", "knn", "interpolation", "total"} <= requests[0]["stages_ms"].keys()
+    ready = [line for line in lines if line["message"] == "ready"]
+    served = answers[0].json()["datastore"]["contexts"]
+    assert len(ready) == 2 and {line["datastore"]["contexts"] for line in ready} == {served}

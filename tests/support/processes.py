@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,20 +46,22 @@ def service_process(
     cwd: Path = REPO,
     as_pid1: bool = False,
     module: str = "service",
+    stderr: IO[bytes] | None = None,
 ) -> Iterator[ServiceProcess]:
     """Start ``python -m service`` on a free loopback port and wait until /readyz answers 200; stop it after.
 
     ``cwd``: the source tree to serve from (another commit's worktree, for a before/after benchmark). ``as_pid1``:
     SIGTERM's default action ignored, as the kernel does for a container's PID 1, so that the signal uvicorn
     re-raises after its shutdown does not end the process and the interpreter exits normally. ``module``: what
-    ``python -m`` runs (the service, or a wrapper of it that takes its arguments)."""
+    ``python -m`` runs (the service, or a wrapper of it that takes its arguments). ``stderr``: a file its log
+    goes to (else the test's own)."""
     import httpx
 
     port = free_port()
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     cmd = [sys.executable, "-m", module, "--datastore", str(datastore), "--port", str(port), "--log-level", "warning"]
     preexec = (lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN)) if as_pid1 else None  # inherited by exec
-    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=cwd, preexec_fn=preexec)
+    proc = subprocess.Popen([*cmd, *args], env=full_env, cwd=cwd, preexec_fn=preexec, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s

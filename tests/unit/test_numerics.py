@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from bertknn.core.errors import ModelLoadError
 from bertknn.core.format import read_manifest
 from bertknn.core.format.contract import MANIFEST
+from bertknn.core.logs import Event
 from bertknn.service.main import create_app
 from bertknn.service.pipeline import check_numerics
 from bertknn.service.settings import ServiceSettings
@@ -55,6 +56,7 @@ def test_the_start_up_log_names_the_numerics_served_and_built(
     assert len(lines) == 1 and lines[0].startswith(f"model backend: {backend} ({served}), "), lines
     assert lines[0].endswith("; the datastore was embedded as float16/eager, within the measured rounding "
                              "(docs/decisions/numerics.md)")  # fmt: skip
-    # the ready line is JSON, which a log reader parses: the identity that /readyz reports
-    ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready: ")]
-    assert len(ready) == 1 and json.loads(ready[0].removeprefix("ready: "))["model"]["num_layers"] >= 1, ready
+    # the ready line's fields, which a log reader parses: the identity that /readyz reports
+    ready = [r.msg for r in caplog.records if isinstance(r.msg, Event) and r.msg.name == "ready"]
+    assert len(ready) == 1 and ready[0].fields["model"]["num_layers"] >= 1, ready
+    assert str(ready[0]).startswith(f"ready model=name:{ready[0].fields['model']['name']},"), str(ready[0])

@@ -12,6 +12,7 @@ from bertknn.core.errors import InvalidRequest, QueryError, UnknownSubject
 from bertknn.core.titles import normalize_title
 from bertknn.service.api.admission import admitted, deadline_s, monotonic_deadline
 from bertknn.service.api.deps import AnswererDep, ResourcesDep
+from bertknn.service.api.middleware import note
 from bertknn.service.api.routes import ERRORS, temperature_value
 from bertknn.service.api.schemas import FollowRequest, FollowResponse
 from bertknn.service.cost import follow_cost
@@ -90,7 +91,11 @@ async def follow_route(
             raise QueryError(f"/follow follows entity links, and {NO_LINKS}")
         subject = resolve_subject(pipe, body.subject)
 
+        asked = 0
+
         async def ask(queries: list[Query]) -> list[Answer]:
+            nonlocal asked
+            asked += len(queries)
             inputs = [pipe.check_query(q) for q in queries]
             return await answerer.answer_many(queries, inputs, pipeline=pipe)
 
@@ -107,4 +112,5 @@ async def follow_route(
                 fill_names=fill_names,
             ),
         )  # fmt: skip
+        note(request, hops=len(body.relations), questions=asked)
         return to_response(result, time.perf_counter() - t0, pipe.identity())

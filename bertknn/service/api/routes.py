@@ -12,6 +12,7 @@ from bertknn.core.errors import InvalidRequest, QueryError
 from bertknn.core.inputs import MaskedInput
 from bertknn.service.api.admission import admitted, deadline_s, monotonic_deadline
 from bertknn.service.api.deps import AnswererDep, ResourcesDep
+from bertknn.service.api.middleware import note
 from bertknn.service.api.schemas import (
     BatchRequest,
     BatchResponse,
@@ -131,6 +132,7 @@ async def predict(
             request, resources, cost=cost, what="this question", seconds=seconds,
             work=lambda: answerer.answer(query, pipeline=pipe),
         )  # fmt: skip
+        note(request, cache=answer.cache, stages_ms=answer.timings_ms)
         return to_response(answer, pipe.identity())
 
 
@@ -152,6 +154,18 @@ def checked_batch(
     return queries, inputs
 
 
+def batch_log_fields(answers: list[Answer]) -> dict[str, Any]:
+    """A batch's log fields: how many questions, how many hit each cache, the stage times summed."""
+    hits: dict[str, int] = {}
+    stages: dict[str, float] = {}
+    for a in answers:
+        for name, state in a.cache.items():
+            hits[name] = hits.get(name, 0) + (state == "hit")
+        for name, ms in a.timings_ms.items():
+            stages[name] = stages.get(name, 0.0) + ms
+    return {"queries": len(answers), "cache_hits": hits, "stages_ms": stages}
+
+
 @router.post("/predict/batch", response_model=BatchResponse, responses=ERRORS, summary="Answer several questions")
 async def predict_batch(
     body: BatchRequest, request: Request, answerer: AnswererDep, resources: ResourcesDep
@@ -170,6 +184,7 @@ async def predict_batch(
             work=lambda: answerer.answer_many(queries, inputs, pipeline=pipe),
         )  # fmt: skip
         identity = pipe.identity()
+        note(request, **batch_log_fields(answers))
         return BatchResponse(results=[to_response(a, identity) for a in answers])
 
 
