@@ -5,6 +5,7 @@ Each subcommand is the module a ``python -m`` entry point also runs; ``bert-knn 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -37,6 +38,29 @@ def _runner(command: str) -> Callable[[list[str]], int]:
         from bertknn.service.client import main as predict
 
         return lambda argv: predict(["predict", *argv], prog="bert-knn")
+    raise KeyError(command)
+
+
+def parser(command: str) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The argument parser that ``bert-knn COMMAND`` parses its flags with, and what it puts before them (the
+    builder's and predict's parsers take the command's name first): for checking a command line without running
+    it (`scripts/check_commands.py`)."""
+    if command in _BUILDER:
+        from bertknn.builder.__main__ import _parser
+
+        return _parser("bert-knn"), [command]
+    if command == "serve":
+        from bertknn.service.__main__ import build_parser
+
+        return build_parser("bert-knn serve"), []
+    if command == "eval":
+        from bertknn.evaluation.__main__ import build_parser as eval_parser
+
+        return eval_parser("bert-knn eval"), []
+    if command == "predict":
+        from bertknn.service.client import build_parser as predict_parser
+
+        return predict_parser("bert-knn"), ["predict"]
     raise KeyError(command)
 
 

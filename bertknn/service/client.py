@@ -117,7 +117,7 @@ def format_table(resp: PredictResponse) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bertknn.service.client") -> int:
+def build_parser(prog: str = "python -m bertknn.service.client") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog)
     sub = p.add_subparsers(dest="command", required=True)
     pr = add_command(sub, "predict", SUMMARIES["predict"], "a cloze question, its answers printed as a table "
@@ -132,7 +132,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertknn.service.c
     pr.add_argument("--mlm-prior", type=float, help="the vote weighted by p_MLM to this power (0: the paper's "
                     "plain vote; default: the server's)")  # fmt: skip
     pr.add_argument("--json", action="store_true", help="print the raw JSON response")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m bertknn.service.client") -> int:
+    args = build_parser(prog).parse_args(argv)
     given = {"subject": args.subject, "top_k": args.top_k, "retriever": args.retriever,
              "interpolation": args.interpolation, "mlm_prior": args.mlm_prior}  # fmt: skip
     options = {k: v for k, v in given.items() if v is not None and v != ""}
