@@ -144,18 +144,31 @@ def test_corrupted_cache_values_are_detected_and_recomputed(tiny_datastore, refe
         with TestClient(_app(tiny_datastore, server.url, "corrupt")) as c:
             _same(c.post("/predict", json=Q).json(), reference, Q)
             admin = redis.Redis.from_url(server.url)
-            keys = admin.keys("corrupt:*")
+            # the encoding is written after the answer is sent (nobody waits for a remote cache's writes)
+            keys = _eventually(lambda: sorted(admin.keys("corrupt:*")), lambda ks: len(ks) == 2)
             assert len(keys) == 2  # one encoding, one retrieval result
+            written = {}
             for i, key in enumerate(keys):
                 value = admin.get(key)
-                admin.set(key, value[:-5] + b"xxxxx" if i % 2 else b"garbage")
+                written[key] = value[:-5] + b"xxxxx" if i % 2 else b"garbage"
+                admin.set(key, written[key])
             body = c.post("/predict", json=Q).json()
             _same(body, reference, Q)
             assert body["cache"] == {"encoding": "miss", "retrieval": "miss"}
             assert 'bertknn_cache_events_total{event="corrupt"} 2.0' in c.get("/metrics").text
+            rewritten = lambda vs: all(v != written[k] for k, v in zip(keys, vs, strict=True))  # noqa: E731
+            assert rewritten(_eventually(lambda: [admin.get(k) for k in keys], rewritten))  # both written again
             assert c.post("/predict", json=Q).json()["cache"]["encoding"] == "hit"  # healed
     finally:
         server.stop()
+
+
+def _eventually(read, done, timeout_s: float = 10.0):
+    """``read()`` until ``done`` holds for it (or the time is up): what it read last."""
+    deadline = time.monotonic() + timeout_s
+    while not done(got := read()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return got
 
 
 def _refused(url: str, deadline_s: float) -> bool:

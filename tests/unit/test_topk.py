@@ -23,6 +23,7 @@ def _rows() -> list[np.ndarray]:
     for vocab in (5, 64, 3000):
         for levels in (2, 7, 1000):  # few distinct values: ties everywhere, at the boundary too
             rows.append(rng.integers(0, levels, vocab).astype(np.float32) / levels)
+        rows.append(rng.permutation(vocab).astype(np.float32) / vocab)  # no tie anywhere
     rows.append(np.zeros(50, np.float32))
     return rows
 
@@ -70,3 +71,16 @@ def test_a_cached_encoding_ranks_its_ids_by_the_same_rule() -> None:
     probs = np.array([0.25, 0.5, 0.25, 0.5], np.float16)
     enc = QueryEncoding(np.zeros(4, np.float32), ids, probs, 20)
     assert enc.ranked_ids().tolist() == [5, 12, 2, 9]
+
+
+def test_k_zero_or_an_empty_batch_keeps_nothing_of_the_row_s_type() -> None:
+    row = np.arange(600, dtype=np.float64)  # long enough for the candidates' path
+    for k in (0, -3):
+        values, ids = top_entries(row, k)
+        assert values.shape == ids.shape == (0,) and values.dtype == np.float64 and ids.dtype == np.int64
+        values, ids = top_set(row, k)
+        assert values.shape == ids.shape == (0,) and ids.dtype == np.int64
+        values, ids = top_set_torch(torch.from_numpy(np.stack([row, row])), k)
+        assert tuple(values.shape) == tuple(ids.shape) == (2, 0) and ids.dtype == torch.int64
+    values, ids = top_set_torch(torch.zeros((0, 600)), 5)
+    assert tuple(values.shape) == tuple(ids.shape) == (0, 0)
