@@ -239,3 +239,29 @@ def test_popularity_lowers_lambda_and_the_fit_uses_it_only_where_it_separates():
     assert flat.best.rule.popularity_weight == 0.0
     with pytest.raises(ValueError, match="weights must be >= 0"):
         AdaptiveSpace(popularity_weights=(-1.0,))
+
+
+def test_confidence_reads_the_distribution_not_its_scale_or_order():
+    """A vote that does not sum to one (a weighted p_kNN) has the confidence of its normalised form; the two largest
+    entries are found wherever they stand; two words are enough for every measure."""
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 7, 40):
+        p = rng.random(n)
+        q = p / p.sum()
+        top2 = np.sort(q)[-2:]
+        want = {"top1": q.max(), "margin": top2[1] - top2[0],
+                "entropy": 1 + float((q * np.log(q)).sum()) / math.log(n)}  # fmt: skip
+        for measure, value in want.items():
+            assert confidence(3.0 * p, measure) == pytest.approx(value, abs=1e-12), (n, measure)
+            assert confidence(p[::-1].copy(), measure) == pytest.approx(value, abs=1e-12), (n, measure)
+    assert confidence(np.array([0.25, 0.75]), "margin") == pytest.approx(0.5)
+
+
+def test_the_skip_threshold_is_inclusive_and_a_constant_lambda_is_a_rule():
+    rule = AdaptiveRule(measure="top1", skip_threshold=0.75)
+    assert knn_skipped(rule, np.array([0.75, 0.125, 0.125]))  # exactly at the threshold (binary fractions)
+    assert not knn_skipped(rule, np.array([0.625, 0.25, 0.125]))
+    constant = AdaptiveRule(min_lambda=0.3, max_lambda=0.3, skip_threshold=None)  # min = max: lambda fixed
+    assert constant.lambda_for(0.9, 0.1) == constant.lambda_for(0.0, 1.0) == pytest.approx(0.3)
+    with pytest.raises(ValidationError):
+        constant.bias = 1.0  # type: ignore[misc]  # a rule, once read, does not change under a running service

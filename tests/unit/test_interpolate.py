@@ -249,3 +249,33 @@ def test_article_offsets_off_when_nothing_ranks() -> None:
     assert article_offsets(None, [8.0, 4.0], 10.0) is None  # neighbours without their article (global search)
     with pytest.raises(ValueError, match="article_sharpness"):
         article_offsets(arts, [8.0, 4.0], -1.0)
+
+
+def test_article_offsets_of_two_articles_and_of_scores_below_one() -> None:
+    # BM25 gives scores above 1, TF-IDF's cosine below: both are weighted, from two articles on
+    assert article_offsets(np.array([0, 1, 1]), [0.5, 0.25], 10.0).tolist() == pytest.approx([0.0, -5.0, -5.0])
+    assert article_offsets(np.array([1, 0]), [3.0, 12.0], 4.0).tolist() == pytest.approx([0.0, -3.0])
+
+
+def test_a_zero_temperature_is_refused() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        knn_sparse(np.array([1.0, 2.0]), np.array([0, 1]), 0.0)
+
+
+def test_the_log_space_vote_weighs_as_the_linear_one_would() -> None:
+    """Where the linear products underflow, the weights are still probs x p_MLM^prior, rescaled: the ratio of two
+    words' votes is the ratio of those products, however small p_MLM is; a word with p_MLM 0 still gets none."""
+    probs = np.array([0.5, 0.3, 0.2])
+    p_mlm = np.array([1e-300, 4e-300, 0.0])
+    w = weigh_vote(probs, p_mlm, 2.0)  # p_MLM^2 underflows to 0 in float64
+    assert w[2] == 0.0 and float(w.sum()) == pytest.approx(1.0, rel=1e-6)
+    assert w[1] / w[0] == pytest.approx((0.3 * 16) / 0.5, rel=1e-5)  # (4e-300 / 1e-300)^2 = 16: the better fit wins
+    linear = weigh_vote(probs, p_mlm * 1e290, 2.0)  # the same ratios where nothing underflows
+    assert w.tolist() == pytest.approx(linear.tolist(), rel=1e-5)
+
+
+def test_the_sparse_ranking_refuses_a_lambda_outside_0_1() -> None:
+    p_mlm = np.array([0.5, 0.3, 0.2], np.float32)
+    for lam in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="lambda"):
+            interpolated_top_k(p_mlm, np.arange(3), np.array([1]), np.array([1.0], np.float32), lam, 2, mlm_rest=None)

@@ -68,6 +68,7 @@ def test_pick_then_prefers_same_accents_ignoring_case() -> None:
 
 def test_pick_then_most_contexts_then_smallest_title() -> None:
     assert pick_among_folded("dáx", [("Däx", 3), ("Dax", 7), ("Dàx", 7)]) == "Dax"  # 7 ties: "Dax" < "Dàx"
+    assert pick_among_folded("dáx", [("Dàx", 7), ("Däx", 3), ("Dax", 7)]) == "Dax"  # whatever the order given
     assert pick_among_folded("dáx", [("Däx", 8), ("Dax", 7)]) == "Däx"
 
 
