@@ -33,6 +33,7 @@ from pydantic import TypeAdapter
 from bertknn.builder.settings import BuildSettings
 from bertknn.core.settings_cli import env_variables, model_type
 from bertknn.service.settings import ServiceSettings
+from tests.support.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / ".ci" / "validate_deploy.sh"
@@ -383,11 +384,7 @@ def _parser_for(program: str) -> argparse.ArgumentParser:
 
         return build_parser()
     if program == PREFETCHER:
-        spec = importlib.util.spec_from_file_location("prefetch_model", PREFETCH)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.build_parser()
+        return load_script(PREFETCH, "prefetch_model").build_parser()
     raise AssertionError(f"unknown program {program!r}")
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-spec = importlib.util.spec_from_file_location("ci_audit", Path(__file__).resolve().parents[2] / ".ci" / "audit.py")
-assert spec is not None and spec.loader is not None
-audit = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(audit)
+from tests.support.scripts import load_script
+
+audit = load_script(Path(".ci/audit.py"), "ci_audit")
 
 
 def dep(name: str, version: str, *vulns: dict) -> dict:

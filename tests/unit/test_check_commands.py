@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("check_commands", REPO / "scripts" / "check_commands.py")
-assert _spec is not None and _spec.loader is not None
-cc = importlib.util.module_from_spec(_spec)
-sys.modules["check_commands"] = cc  # (its dataclass looks its module up)
-_spec.loader.exec_module(cc)
+from tests.support.scripts import load_script
+
+cc = load_script(Path("scripts/check_commands.py"), "check_commands")
 
 
 def _failing(tmp_path: Path, text: str) -> list[str]:

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("check_links", REPO / "scripts" / "check_links.py")
-assert _spec is not None and _spec.loader is not None
-cl = importlib.util.module_from_spec(_spec)
-sys.modules["check_links"] = cl  # (its dataclass looks its module up)
-_spec.loader.exec_module(cl)
+from tests.support.scripts import REPO, load_script
+
+cl = load_script(Path("scripts/check_links.py"), "check_links")
 
 
 def test_the_repository_s_pages_pass() -> None:

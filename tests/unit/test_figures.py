@@ -4,20 +4,16 @@ unverified list; a figure edited by hand fails."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("check_figures", REPO / "scripts" / "check_figures.py")
-assert _spec and _spec.loader
-cf = importlib.util.module_from_spec(_spec)
-sys.modules["check_figures"] = cf
-_spec.loader.exec_module(cf)
+cf = load_script(Path("scripts/check_figures.py"), "check_figures")
 
 
 def _doc(tmp_path: Path, text: str) -> Path:
