@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import re
 import shlex
@@ -95,15 +96,12 @@ PARTIAL = ("the following arguments are required", "expected one argument")  # w
 
 def parse_error(argv: list[str]) -> str | None:
     """argparse's message for ``bert-knn ARGV``, or None when it parses."""
-    from bertknn.cli import parser
-
     if not argv or argv[0] in ("-h", "--help", "help"):
         return None
     try:
-        p, prefix = parser(argv[0])
+        p, prefix = _checking_parser(argv[0])
     except KeyError:
         return f"unknown command {argv[0]!r}"
-    _accept_placeholders(p)
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
@@ -114,6 +112,16 @@ def parse_error(argv: list[str]) -> str | None:
     return None
 
 
+@functools.cache
+def _checking_parser(command: str) -> tuple[argparse.ArgumentParser, list[str]]:
+    """`bertknn.cli.parser`'s parser of ``command``, taking placeholders (made once per command)."""
+    from bertknn.cli import parser
+
+    p, prefix = parser(command)
+    _accept_placeholders(p)
+    return p, prefix
+
+
 def _accept_placeholders(p: argparse.ArgumentParser) -> None:
     """Every typed or choice-bound argument of ``p`` and its subparsers also takes an upper-case placeholder."""
     for action in p._actions:
@@ -121,9 +129,9 @@ def _accept_placeholders(p: argparse.ArgumentParser) -> None:
             for sub in action.choices.values():
                 _accept_placeholders(sub)
             continue
-        if callable(action.type) and not getattr(action.type, "_placeholder", False):
+        if callable(action.type):
             action.type = _or_placeholder(action.type)
-        if action.choices is not None and not isinstance(action.choices, _WithPlaceholders):
+        if action.choices is not None:
             action.choices = _WithPlaceholders(action.choices)
 
 
@@ -131,7 +139,6 @@ def _or_placeholder(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     def converted(value: str) -> Any:
         return value if PLACEHOLDER.match(value) else convert(value)
 
-    setattr(converted, "_placeholder", True)  # noqa: B010 (wrapped once)
     converted.__name__ = getattr(convert, "__name__", "value")  # (argparse names the type in its message)
     return converted
 
@@ -148,10 +155,12 @@ def pages(root: Path) -> list[Path]:
     return [root / line for line in out.splitlines() if line]
 
 
-def failing(paths: list[Path], root: Path) -> list[Failing]:
-    found = []
+def failing(paths: list[Path], root: Path) -> tuple[list[Failing], int]:
+    """The command lines of ``paths`` that do not parse, and how many command lines were read."""
+    found, checked = [], 0
     for path in paths:
         for number, command, prose in command_lines(path.read_text(encoding="utf-8")):
+            checked += 1
             split = words(command)
             if split is None:
                 continue
@@ -160,7 +169,7 @@ def failing(paths: list[Path], root: Path) -> list[Failing]:
             # out is no error, a flag or value that is wrong still is
             if why is not None and not ((prose or split[1]) and any(p in why for p in PARTIAL)):
                 found.append(Failing(str(path.relative_to(root)), number, command, why))
-    return found
+    return found, checked
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,10 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("paths", nargs="*", type=Path, help="Markdown files (default: every tracked *.md)")
     args = ap.parse_args(argv)
     paths = [p.resolve() for p in args.paths] or pages(REPO)
-    found = failing(paths, REPO if not args.paths else Path("/"))
+    found, checked = failing(paths, REPO if not args.paths else Path("/"))
     for f in found:
         print(f)
-    checked = sum(1 for p in paths for _ in command_lines(p.read_text(encoding="utf-8")))
     print(f"commands: {checked} command lines in {len(paths)} pages, {len(found)} that do not parse")
     return 1 if found else 0
 

@@ -14,7 +14,7 @@ cc = load_script(Path("scripts/check_commands.py"), "check_commands")
 def _failing(tmp_path: Path, text: str) -> list[str]:
     page = tmp_path / "page.md"
     page.write_text(text, encoding="utf-8")
-    return [f.why for f in cc.failing([page], tmp_path)]
+    return [f.why for f in cc.failing([page], tmp_path)[0]]
 
 
 def test_the_repository_s_pages_pass() -> None:
