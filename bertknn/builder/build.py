@@ -22,6 +22,7 @@ from bertknn.builder.settings import BuildSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
 from bertknn.builder.wikitext import TEXT_RULES
 from bertknn.builder.writer import finished_parts, remove_stale_temp, write_table
+from bertknn.core import logs
 from bertknn.core.calibration import measure_distance_scale
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BuildError, BuildInterrupted, DatastoreError
@@ -366,7 +367,7 @@ class _BuildRun:
             "seconds": round(elapsed, 2),
             **self.stats.times.summary(self.settings.workers),
         }
-        logger.info("build finished: %s", json.dumps(summary))
+        logger.info(logs.summary("build finished", summary))
         for line in self.warnings:
             if line not in self.stats.warnings and line != self.vocabulary_said:  # (said when met, the same)
                 logger.warning("%s", line)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bertknn.builder.out_dir import foreign_entries, shown
 from bertknn.builder.writer import link_or_copy
+from bertknn.core import logs
 from bertknn.core.calibration import measure_distance_scale
 from bertknn.core.errors import BuildError, MergeError
 from bertknn.core.format import (
@@ -108,11 +109,8 @@ def merge_slices(
     atomic_write_json(out / REDIRECTS, redirects)
     manifest = _merged_manifest(by_index, manifests, [info for _, info in shards])
     _finish(out, manifest, redirects, sparse_indexes=sparse_indexes, ivfpq=ivfpq)
-    logger.info(
-        "merge finished: %s",
-        json.dumps({"datastore": str(out), "id": manifest.datastore_id, "shards": len(shards),
-                    **manifest.counts.model_dump()}),
-    )  # fmt: skip
+    logger.info(logs.summary("merge finished", {"datastore": str(out), "id": manifest.datastore_id,
+                                                "shards": len(shards), **manifest.counts.model_dump()}))
     return manifest
 
 

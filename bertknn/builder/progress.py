@@ -11,6 +11,7 @@ from typing import TextIO
 from tqdm import tqdm
 
 from bertknn.builder.stages import StageTimes
+from bertknn.core.logs import Event
 
 logger = logging.getLogger("bertknn.builder")
 
@@ -92,12 +93,18 @@ class BuildProgress:
             return None
         return self.prepared_contexts / share
 
-    def eta(self) -> str:
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far (None: not known yet)."""
         total = self.total_contexts()
         if total is None or not self.contexts:
-            return "after the first contexts" if self.total_articles or self.read_fraction else "unknown"
+            return None
         elapsed = time.monotonic() - self.t0
-        left = max(0.0, total - self.kept - self.contexts) * elapsed / self.contexts
+        return max(0.0, total - self.kept - self.contexts) * elapsed / self.contexts
+
+    def eta(self) -> str:
+        left, total = self.eta_s(), self.total_contexts()
+        if left is None or total is None:
+            return "after the first contexts" if self.total_articles or self.read_fraction else "unknown"
         basis = "--limit-articles" if self.total_articles else "the share of the corpus read"
         return f"{left / 60:.1f} min (of about {total:,.0f} contexts; from {basis})"
 
@@ -111,16 +118,34 @@ class BuildProgress:
             f"{elapsed / 60:.1f} min elapsed, ETA {self.eta()}{stages}"
         )
 
+    def event(self) -> Event:
+        """The progress line, with its figures as fields for a JSON log (``BERTKNN_LOG_FORMAT=json``)."""
+        elapsed = max(1e-9, time.monotonic() - self.t0)
+        left, total = self.eta_s(), self.total_contexts()
+        fields: dict[str, object] = {
+            "contexts": self.contexts,
+            "prepared_contexts": self.prepared_contexts,
+            "articles": self.articles,
+            "parts": self.shards,
+            "contexts_per_s": round(self.contexts / elapsed, 1),
+            "elapsed_s": round(elapsed, 1),
+            "eta_s": None if left is None else round(left, 1),
+            "total_contexts_estimate": None if total is None else round(total),
+        }
+        if self.stages is not None:
+            fields.update(self.stages.progress(self.workers))
+        return Event("progress", fields, text=self.line())
+
     def _maybe_log(self) -> None:
         if self._bar is not None:
             return
         now = time.monotonic()
         if now - self._last_log >= self.interval_s:
             self._last_log = now
-            logger.info(self.line())
+            logger.info(self.event())
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
         elif self.contexts:
-            logger.info(self.line())
+            logger.info(self.event())

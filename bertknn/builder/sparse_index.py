@@ -62,6 +62,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from bertknn.builder.targets import load_stopwords
+from bertknn.core import logs
 from bertknn.core.errors import SparseIndexError
 from bertknn.core.format import (
     INDEX_DIR,
@@ -237,7 +238,7 @@ def write_sparse_indexes(
             logger.info("sparse indexes in %s are current (fingerprint %s), kept", folder, fingerprint)
             return result
     timings = _write_indexes(folder, articles, hasher, content_id, threads, bm25=bm25)
-    logger.info("sparse indexes: %s", json.dumps(timings))
+    logger.info(logs.summary("sparse indexes", timings))
     return result
 
 

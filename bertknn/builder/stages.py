@@ -98,9 +98,17 @@ class StageTimes:
             "padding_fraction": self.padding_fraction(),
         }
 
+    def bound_so_far(self, workers: int) -> str | None:
+        """The bound, or None before the first shard (the workers' and the model's times arrive with each one)."""
+        return self.bound(workers) if self.seconds["forward"] > 0 else None
+
+    def progress(self, workers: int) -> dict[str, object]:
+        """What a progress line tells of the stages: each one's wall seconds so far, and the bound so far."""
+        wall = self.wall(workers)
+        stages = {s: round(wall[s], 1) for s in STAGES if self.seconds[s] > 0}
+        return {"stages_wall_s": stages, "bound": self.bound_so_far(workers)}
+
     def line(self, workers: int) -> str:
         wall = self.wall(workers)
         parts = " ".join(f"{s} {wall[s]:.1f}s" for s in STAGES if self.seconds[s] > 0)
-        # the workers' and the model's times arrive with each finished shard: no bound before the first
-        bound = self.bound(workers) if self.seconds["forward"] > 0 else "known after the first shard"
-        return f"stages (wall): {parts}; bound: {bound}"
+        return f"stages (wall): {parts}; bound: {self.bound_so_far(workers) or 'known after the first shard'}"

@@ -49,6 +49,7 @@ from bertknn.builder.settings import AddSettings
 from bertknn.builder.targets import load_stopwords, stopwords_sha256
 from bertknn.builder.wikitext import drop_reason
 from bertknn.builder.writer import write_table
+from bertknn.core import logs
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import UpdateError
 from bertknn.core.format import (
@@ -170,10 +171,8 @@ def add_articles(settings: AddSettings, encoder: MaskedLMEncoder | None = None) 
             new, plan.count("added"), plan.count("replaced"), plan.unchanged, plan.duplicates,
             [i.name for i in infos], time.perf_counter() - t0,
         )  # fmt: skip
-        logger.info(
-            "add finished: %s",
-            json.dumps({**result.summary(), "new_contexts": sum(i.rows for i in infos), "encode_s": round(encode_s, 2)}),
-        )
+        figures = {**result.summary(), "new_contexts": sum(i.rows for i in infos), "encode_s": round(encode_s, 2)}
+        logger.info(logs.summary("add finished", figures))
         return result
 
 

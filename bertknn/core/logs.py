@@ -21,14 +21,23 @@ _role: str | None = None  # this process's role where a service runs several (``
 
 @dataclass(frozen=True)
 class Event:
-    """A log message made of named fields: ``name k=v k=v`` in text lines, the fields as keys of a JSON line.
-    Log it as the message itself: ``logger.info(Event("request", {...}))``."""
+    """A log message made of named fields: ``name k=v k=v`` in text lines (or ``text``, a sentence written for
+    the eye), the fields as keys of a JSON line. Log it as the message itself: ``logger.info(Event("request",
+    {...}))``."""
 
     name: str
     fields: dict[str, Any] = field(default_factory=dict)
+    text: str | None = None
 
     def __str__(self) -> str:
+        if self.text is not None:
+            return self.text
         return " ".join([self.name, *(f"{k}={_text_value(v)}" for k, v in self.fields.items() if v is not None)])
+
+
+def summary(name: str, fields: dict[str, Any]) -> Event:
+    """A command's closing figures: ``name: {JSON}`` in a text line, the figures as keys of a JSON line."""
+    return Event(name, fields, text=f"{name}: {json.dumps(fields)}")
 
 
 def _text_value(value: Any) -> str:

@@ -63,6 +63,16 @@ def test_a_json_line_has_the_events_fields_as_keys():
     assert line["role"] == "worker" and line["pid"] == os.getpid() and line["time"].endswith("Z")
 
 
+def test_an_event_with_its_own_text_and_a_commands_summary():
+    event = Event("progress", {"contexts": 1200, "eta_s": None}, text="progress: 1,200 contexts embedded")
+    assert LineFormatter().format(_record(event)).endswith(" INFO service: progress: 1,200 contexts embedded")
+    line = json.loads(JsonFormatter().format(_record(event)))
+    assert line["message"] == "progress" and line["contexts"] == 1200 and "eta_s" not in line
+    done = logs.summary("build finished", {"contexts": 3, "stages": {"forward": {"seconds": 0.5}}})
+    assert str(done) == 'build finished: {"contexts": 3, "stages": {"forward": {"seconds": 0.5}}}'
+    assert json.loads(JsonFormatter().format(_record(done)))["stages"] == {"forward": {"seconds": 0.5}}
+
+
 def test_a_json_line_of_a_plain_message_and_of_an_exception():
     line = json.loads(JsonFormatter().format(_record("%d articles, %s", (3, "ok"))))
     assert line["message"] == "3 articles, ok" and "role" not in line and "exception" not in line

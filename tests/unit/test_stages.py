@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bertknn.builder.stages import STAGES, StageTimes
+from bertknn.core.logs import Event, JsonFormatter
 from tests.conftest import TINY_ARTICLES, build_tiny
 
 
@@ -91,6 +92,26 @@ def test_a_build_reports_every_stage(tmp_path: Path, tiny_model_dir: Path, caplo
         assert stages[name]["seconds"] >= 0
     # the padding share of the forward's batches: some (the sentences differ in length), never most (sorted by length)
     assert 0 < summary["padding_fraction"] < 0.5
+
+
+def test_a_build_logs_its_progress_and_its_figures_as_fields_of_a_json_line(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a build Job's log collector reads (``BERTKNN_LOG_FORMAT=json``): the figures as keys, not a sentence."""
+    dump = _xml_dump(tmp_path / "dump.xml")
+    with caplog.at_level(logging.INFO, logger="bertknn.builder"):
+        build_tiny(tmp_path / "ds", [dump], tiny_model_dir, sparse_indexes=False)
+    records = {r.msg.name: r for r in caplog.records if isinstance(r.msg, Event)}
+    progress, finished = (json.loads(JsonFormatter().format(records[k])) for k in ("progress", "build finished"))
+    assert progress["contexts"] == progress["prepared_contexts"] == finished["contexts"] > 0
+    assert progress["articles"] == len(TINY_ARTICLES) and progress["parts"] >= 1 and progress["contexts_per_s"] > 0
+    assert progress["bound"] in STAGES and set(progress["stages_wall_s"]) <= set(STAGES) and progress["eta_s"] == 0  # (the last line: all read, all embedded)
+    assert finished["stages"]["forward"]["contexts"] == finished["contexts"]
+    # the text line reads as it did: a sentence, and the figures as JSON after the name
+    assert records["progress"].getMessage().startswith(f"progress: {finished['contexts']:,} contexts embedded of ")
+    assert json.loads(records["build finished"].getMessage().removeprefix("build finished: ")) == {
+        k: v for k, v in finished.items() if k not in ("time", "level", "logger", "pid", "message")
+    }
 
 
 def test_token_batches_bound_rows_and_padded_tokens() -> None:
