@@ -143,3 +143,28 @@ def test_subjects_found_are_counted_per_relation_and_dataset_and_said_under_the_
     assert "subjects_found" not in report_dict(mixed, {})["relations"]["C"]
     assert mixed.subjects == (sum(f for r, f in zip(RESULTS, flags, strict=True) if r.relation != "C"), 5)
     assert "subjects with an article" not in format_table(summarize(list(RESULTS)))  # nothing known: no line
+    none_found = summarize([replace(r, subject_found=False) for r in RESULTS])  # every subject asked, none held
+    assert none_found.subjects == (0, len(RESULTS))
+    assert format_table(none_found).splitlines()[-1].startswith(f"subjects with an article in the datastore: 0 of {len(RESULTS)} ")
+
+
+def test_the_adaptive_column_is_scored_only_when_every_query_carries_it():
+    from dataclasses import replace
+
+    from bertknn.evaluation.metrics import ADAPTIVE, skipped_fraction
+
+    # relation A: adaptive ranks 1, 3, None, 1 -> P@1 50; B: 2 -> P@1 0; C: 1, 1 -> P@1 100; macro P@1 50
+    ranks, skipped = [1, 3, None, 1, 2, 1, 1], [True, False, False, True, False, False, True]
+    adaptive = [replace(r, bert_knn_adaptive=a, knn_skipped=s) for r, a, s in zip(RESULTS, ranks, skipped, strict=True)]
+    summary = summarize(adaptive)
+    assert summary.columns == (*COLUMNS, ADAPTIVE)
+    assert summary.overall[ADAPTIVE]["p@1"] == pytest.approx(50.0)
+    assert summary.overall["bert_knn"] == summarize(RESULTS).overall["bert_knn"]  # the others unchanged
+    assert skipped_fraction(adaptive) == pytest.approx(3 / 7)
+    assert "adaptive P@1/5/10" in format_table(summary).splitlines()[0]
+    # one query without the rule's answer: the column is left out, not scored on the others
+    partial = [*adaptive[:-1], RESULTS[-1]]
+    assert summarize(partial).columns == COLUMNS
+    assert skipped_fraction(partial) == pytest.approx(2 / 6)  # counted over the queries that carry it
+    with pytest.raises(ValueError, match="not evaluated"):
+        skipped_fraction(RESULTS)
