@@ -12,7 +12,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from bertknn.builder.corpus import html_anchor_links, read_jsonl
-from bertknn.builder.targets import TargetSelector, load_stopwords, masked_ids
+from bertknn.builder.targets import MAX_ANCHOR_PIECES, TargetSelector, load_stopwords, masked_ids
 from bertknn.builder.wikitext import link_target, wikitext_links, wikitext_to_text
 from bertknn.core.errors import CorpusError, InvalidRequest
 from bertknn.core.format.table import EntityRef
@@ -126,6 +126,20 @@ def test_an_anchor_of_several_words_is_one_target_masked_once(
     assert sum(1 for t in s.targets if (t.char_start, t.char_end) == (p, p + 6)) == 1
     # the words inside the anchor stay word targets
     assert {"Duchy"} <= {text[t.char_start : t.char_end] for t in s.targets if t.entity < 0}
+
+
+def test_an_anchor_of_the_most_pieces_is_a_target_and_one_of_more_is_not(
+    selector: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    longest, too_long = "Qwxzvbnmlk Zyxwvbqrst Paris Rome", "Qwxzvbnmlk Zyxwvbqrst Paris Rome Oslo"
+    assert [len(bert_tokenizer.tokenize(a)) for a in (longest, too_long)] == [MAX_ANCHOR_PIECES, MAX_ANCHOR_PIECES + 1]
+    for name, entity, kept in ((longest, 5, True), (too_long, 6, False)):
+        text = f"They named it {name} in the end."
+        a = text.index(name)
+        (s,) = selector.select([text], [[(a, a + len(name), entity)]])
+        anchors = [t for t in s.targets if t.entity == entity]
+        assert [(t.char_start, t.char_end, t.num_pieces) for t in anchors] == (
+            [(a, a + len(name), MAX_ANCHOR_PIECES)] if kept else [])  # fmt: skip
 
 
 def test_anchors_that_cut_a_token_or_hold_only_stopwords_are_left_out(selector: TargetSelector) -> None:

@@ -42,6 +42,20 @@ def test_words_of_several_wordpieces_are_skipped(selector: TargetSelector, bert_
         assert not str(bert_tokenizer.convert_ids_to_tokens(t.token_id)).startswith("##")
 
 
+def test_a_sentence_counts_the_words_that_could_be_targets_and_those_the_tokenizer_cannot_spell(
+    selector: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """What the build's vocabulary warning divides (`TokenizedSentence.words`, `word_targets`): words that are
+    neither stopwords nor punctuation, kept or not; a word spelled only by the unknown token counts as one."""
+    (s,) = selector.select(["Kierkegaard wrote philosophy in Copenhagen."])
+    assert (s.words, s.word_targets) == (4, 3)  # "in" a stopword, "." punctuation; Kierkegaard of 4 pieces
+    text = "Dante saw ሀገር and Ꮳ, ⁂ in Florence."
+    assert bert_tokenizer.tokenize("ሀገር") == bert_tokenizer.tokenize("Ꮳ") == bert_tokenizer.tokenize("⁂") == ["[UNK]"]
+    (u,) = selector.select([text])
+    assert words(u) == ["Dante", "saw", "Florence"]
+    assert (u.words, u.word_targets) == (5, 3)  # the two unknown letters' words count; the unknown symbol does not
+
+
 def test_punctuation_and_symbols_are_skipped(selector: TargetSelector) -> None:
     (s,) = selector.select(["Paris — about 45% of it (roughly)... is old; «yes»!"])
     assert words(s) == ["Paris", "45", "roughly", "old", "yes"]

@@ -68,6 +68,18 @@ def test_stopwords_punctuation_and_overlong_words_are_not_targets(
     assert len(s.targets[0].pieces) > 1
 
 
+def test_a_word_of_exactly_the_most_pieces_is_a_target_and_one_more_is_not(
+    whole: TargetSelector, bert_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    longest, too_long = "Qwxzvbnmlk", "Zyxwvbqrstuvw"
+    assert (len(bert_tokenizer.tokenize(longest)), len(bert_tokenizer.tokenize(too_long))) == (
+        MAX_WORD_PIECES, MAX_WORD_PIECES + 1)  # fmt: skip
+    (s,) = whole.select([f"{longest} met {too_long} here."])
+    assert [(s.text[t.char_start : t.char_end], t.num_pieces) for t in s.targets] == [
+        (longest, MAX_WORD_PIECES), ("met", 1)]  # fmt: skip
+    assert s.words == 3 and s.word_targets == 2  # ("here" a stopword) the overlong word is a word the corpus had, not a target
+
+
 def test_unknown_type_is_rejected(bert_tokenizer: PreTrainedTokenizerBase) -> None:
     with pytest.raises(ValueError, match="whole-word"):
         TargetSelector(bert_tokenizer, load_stopwords(), "first-piece")  # type: ignore[arg-type]
