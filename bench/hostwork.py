@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,22 +109,66 @@ def counters(url: str) -> dict[str, float]:
     return {ours: got.get(theirs, 0.0) for theirs, ours in METRICS.items()}
 
 
+def warm_up_size(requests: int, clients: int, blocks: int) -> int:
+    """The questions each service answers, unmeasured, before a level's blocks: a block's worth (at least one a
+    client, and 20). After a warm-up of 20, the first block still held first-time costs, and the service that
+    took the first turn paid more of them: a commit measured against itself came out dearer in the first slot,
+    whichever tree held it (docs/performance.md, "Host work")."""
+    return max(clients, 20, -(-requests // blocks))
+
+
+TOTALS = ("secs", "ok", "err", "cpu_s", *METRICS.values())
+
+
+@dataclass
+class LevelSums:
+    """One service's counters summed over a level's turns (`measure_sums`): ``totals`` (seconds, answered, errors,
+    CPU seconds, `METRICS`), CPU seconds by kind of thread, and each turn's [CPU seconds, answered]. Two runs of
+    a level add up."""
+
+    totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TOTALS, 0.0))
+    threads: dict[str, float] = field(default_factory=dict)
+    turns: list[list[float]] = field(default_factory=list)
+
+    def add(self, other: LevelSums) -> None:
+        for key, value in other.totals.items():
+            self.totals[key] += value
+        for kind, seconds in other.threads.items():
+            self.threads[kind] = self.threads.get(kind, 0.0) + seconds
+        self.turns += other.turns
+
+    def figures(self) -> dict[str, Any]:
+        by_thread = ms_per_request(self.threads, self.totals["ok"])
+        return {**_level(self.totals, len(self.turns)), "server_cpu_ms_per_request_by_thread": by_thread,
+                "by_block": self.turns}  # fmt: skip
+
+
+
 def measure(
-    services: dict[str, tuple[str, int]], payloads: list[dict], clients: int, blocks: int, *, hits: bool = False
+    services: dict[str, tuple[str, int]], payloads: list[dict], clients: int, blocks: int, *, hits: bool = False,
+    warm: int | None = None,
 ) -> dict[str, dict]:
-    """One level for each running service (name: (url, pid)), the same questions to each, in ``blocks`` blocks that
-    take turns (A B, B A, ...) so that the host's drift falls on every service alike: req/s, errors, the service's
-    CPU ms per answered request (all its processes), rows per batch; in the split layout also its model process's
-    rows per merged pass and CPU ms per answered request. With ``hits``, every question is asked once before (not
-    measured): each measured request is a cache hit."""
-    warm = max(clients, 20)
+    """`measure_sums`' figures: req/s, errors, the service's CPU ms per answered request (all its processes), rows
+    per batch; in the split layout also its model process's rows per merged pass and CPU ms per answered
+    request."""
+    got = measure_sums(services, payloads, clients, blocks, hits=hits, warm=warm)
+    return {name: sums.figures() for name, sums in got.items()}
+
+
+def measure_sums(
+    services: dict[str, tuple[str, int]], payloads: list[dict], clients: int, blocks: int, *, hits: bool = False,
+    warm: int | None = None,
+) -> dict[str, LevelSums]:
+    """One level for each running service (name: (url, pid)), after ``warm`` questions each (unmeasured), the same
+    questions to each in ``blocks`` blocks that take turns (A B, B A, ...) so that the host's drift falls on every
+    service alike. With ``hits``, every question is asked once before (not measured): each measured request is a
+    cache hit."""
+    warm = max(clients, 20) if warm is None else warm
     for url, _ in services.values():
         run_async(_load(url, payloads if hits else payloads[:warm], clients))  # warm-up: connections, first batches
     rest = payloads[warm:]
     size = -(-len(rest) // blocks)
-    sums = {name: {"secs": 0.0, "ok": 0, "err": 0, "cpu_s": 0.0, **dict.fromkeys(METRICS.values(), 0.0)}
-            for name in services}  # fmt: skip
-    threads: dict[str, dict[str, float]] = {name: {} for name in services}
+    sums = {name: LevelSums() for name in services}
     for b in range(blocks):
         part = rest[b * size : (b + 1) * size]
         for name in list(services) if b % 2 == 0 else list(services)[::-1]:
@@ -131,15 +176,25 @@ def measure(
             before, cpu0, by0 = counters(url), tree_cpu_s(pid), thread_cpu_s(pid)
             secs, ok, err = run_async(_load(url, part, clients))
             by1, cpu1, after = thread_cpu_s(pid), tree_cpu_s(pid), counters(url)
-            for kind, s in cpu_between(by0, by1).items():
-                threads[name][kind] = threads[name].get(kind, 0.0) + s
-            got = sums[name]
-            for key, value in (("secs", secs), ("ok", ok), ("err", err), ("cpu_s", cpu1 - cpu0)):
-                got[key] += value
-            for key in METRICS.values():
-                got[key] += after[key] - before[key]
-    return {name: {**_level(g, blocks), "server_cpu_ms_per_request_by_thread": ms_per_request(threads[name], g["ok"])}
-            for name, g in sums.items()}  # fmt: skip
+            turn = LevelSums(threads=cpu_between(by0, by1), turns=[[round(cpu1 - cpu0, 4), ok]])
+            turn.totals.update(secs=secs, ok=ok, err=err, cpu_s=cpu1 - cpu0)
+            turn.totals.update({key: after[key] - before[key] for key in METRICS.values()})
+            sums[name].add(turn)
+    return sums
+
+
+def paired_interval(ours: list[list[float]], theirs: list[list[float]], *, rounds: int = 2000) -> list[float] | None:
+    """A 95 % interval of the ratio of two services' server CPU per request, from their turns' [CPU seconds,
+    requests] in the same blocks (`measure`'s ``by_block``): the blocks drawn again with replacement, the same
+    draws for both (a block's two turns shared its questions and the host's speed of the moment). None with fewer
+    than 4 blocks. Two services of the same code give an interval around 1 as wide as the host's noise: a ratio
+    whose interval holds 1 is not told apart from no change by this run."""
+    if len(ours) != len(theirs) or len(ours) < 4:
+        return None
+    a, b = np.array(ours, dtype=float), np.array(theirs, dtype=float)
+    draws = np.random.default_rng(0).integers(0, len(a), size=(rounds, len(a)))
+    ratio = (a[draws, 0].sum(1) / a[draws, 1].sum(1)) / (b[draws, 0].sum(1) / b[draws, 1].sum(1))
+    return [round(float(x), 3) for x in np.percentile(ratio, [2.5, 97.5])]
 
 
 
@@ -260,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="the model's threads in every service process of every "
                    "tree (model.threads; the bare forward's stay one)")
     p.add_argument("--starts", type=int, default=3, help="service starts per tree for the start-up figures")
-    p.add_argument("--blocks", type=int, default=4, help="blocks of each level, the trees taking turns")
+    p.add_argument("--blocks", type=int, default=8, help="blocks of each level, the trees taking turns (at least 4 for "
+                   "the 95 %% interval of a ratio)")
     p.add_argument("--hits", action="store_true", help="every measured request a hit of the in-process cache (each "
                    "level's questions asked once before; one service process)")
     p.add_argument("--name", default=None, help="the results file, bench/results/NAME.json (default: hostwork, or "
@@ -300,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     workers, clients = _ints(args.workers, "--workers", p), _ints(args.clients, "--clients", p)
-    if args.requests < 100 or args.starts < 1 or args.blocks < 1 or args.threads < 1:
-        p.error("--requests must be at least 100, --starts, --blocks and --threads at least 1")
+    if args.requests < 100 or args.starts < 1 or args.blocks < 2 or args.threads < 1:
+        p.error("--requests must be at least 100, --blocks at least 2 (a level runs in two halves), --starts and "
+                "--threads at least 1")
     if args.hits and max(workers) > 1:  # a re-ask may reach another process, whose cache never saw the question
         p.error("--hits measures hits of the in-process cache, which each service process has of its own: use "
                 "--workers 1")
@@ -323,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hits:  # room for a level's encodings and articles (two entries a question), or its re-asks would miss
         env["BERTKNN_CACHE__LRU_SIZE"] = str(max(4096, 2 * (args.requests + max(clients)) + 64))
     # distinct within a service process (its cache lives as long as it does); every process starts from the first
-    need = sum(args.requests + max(c, 20) for c in clients) + args.compare
+    need = sum(level_questions(args.requests, c, args.blocks) for c in clients) + args.compare
     pool = [{"text": t} for t, _ in lama_queries(need, seed=5)]
     if len(pool) < need:
         p.error(f"--requests and --compare ask for {need} distinct questions; the LAMA templates give {len(pool)}")
@@ -339,25 +396,15 @@ def main(argv: list[str] | None = None) -> int:
     result["starts"] = starts(ways, ds, env, args.starts)
     for n in workers:
         names = [name for name, (tree, _) in ways.items() if tree == REPO or n == 1]  # the baseline serves one process
-        with contextlib.ExitStack() as stack:
-            up = {name: stack.enter_context(service_process(
-                ds, env={**env, **ways[name][1], "PYTHONPATH": str(ways[name][0])}, cwd=ways[name][0],
-                args=("--workers", str(n)) if n != 1 else ())) for name in names}  # fmt: skip
-            for name, svc in up.items():
-                if asked and name not in said:
-                    said[name] = answers(svc.url, asked)
-            at = 0
-            for c in clients:
-                take = args.requests + max(c, 20)
-                rows = measure({k: (svc.url, svc.proc.pid) for k, svc in up.items()}, pool[at : at + take], c, args.blocks,
-                               hits=args.hits)  # fmt: skip
-                at += take
-                for name, row in rows.items():
-                    result["runs"].append({"tree": name, "workers": n, "clients": c, **row})
-                    print(f"{name:>20}  workers {n:>2}  clients {c:>3}: {row['requests_per_s']:>7.1f} req/s, "
-                          f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows "
-                          f"per batch, {row['errors']} errors", flush=True)  # fmt: skip
-                    print(f"{'':>20}  by thread, ms per request: {threads_line(row)}", flush=True)
+        levels = serve_levels({name: ways[name] for name in names}, n, ds, env, clients, pool, args, asked, said)
+        for c in clients:
+            for name in names:
+                row = levels[(c, name)].figures()
+                result["runs"].append({"tree": name, "workers": n, "clients": c, **row})
+                print(f"{name:>20}  workers {n:>2}  clients {c:>3}: {row['requests_per_s']:>7.1f} req/s, "
+                      f"server CPU {row['server_cpu_ms_per_request']:.2f} ms/request, {row['rows_per_batch']} rows "
+                      f"per batch, {row['errors']} errors", flush=True)  # fmt: skip
+                print(f"{'':>20}  by thread, ms per request: {threads_line(row)}", flush=True)
     missed = [r for r in result["runs"] if args.hits and r["rows_per_batch"] > 0]
     if missed:
         print(f"--hits: {len(missed)} runs had cache misses (forward passes): not every request was a hit; no "
@@ -379,6 +426,46 @@ def main(argv: list[str] | None = None) -> int:
     path = write_result(name, result)
     print(f"wrote {path}")
     return 0
+
+
+def halves(requests: int, blocks: int) -> list[tuple[int, int]]:
+    """A level's two halves (`serve_levels`): each one's measured questions and blocks."""
+    return [(requests // 2, blocks // 2), (requests - requests // 2, blocks - blocks // 2)]
+
+
+def level_questions(requests: int, clients: int, blocks: int) -> int:
+    """The distinct questions one level takes: each half's warm-up and measured questions."""
+    return sum(r + warm_up_size(r, clients, b) for r, b in halves(requests, blocks))
+
+
+def serve_levels(
+    ways: dict[str, tuple[Path, dict[str, str]]], n: int, ds: Path, env: dict[str, str], clients: list[int],
+    pool: list[dict], args: argparse.Namespace, asked: list[dict], said: dict[str, list],
+) -> dict[tuple[int, str], LevelSums]:
+    """Every client level of each way's service at ``n`` processes, in two halves of its questions and blocks: the
+    services started and taking their turns in ``ways``' order, then started again in the reverse order. The
+    order costs something: a commit measured against itself spent more CPU per request in the service started
+    first, whichever tree that was (docs/performance.md, "Host work"). Answers to ``asked`` go to ``said``."""
+    got: dict[tuple[int, str], LevelSums] = {}
+    for half, order in enumerate((list(ways), list(ways)[::-1])):
+        with contextlib.ExitStack() as stack:
+            up = {name: stack.enter_context(service_process(
+                ds, env={**env, **ways[name][1], "PYTHONPATH": str(ways[name][0])}, cwd=ways[name][0],
+                args=("--workers", str(n)) if n != 1 else ())) for name in order}  # fmt: skip
+            for name, svc in up.items():
+                if asked and name not in said:
+                    said[name] = answers(svc.url, asked)
+            at = 0
+            for c in clients:
+                requests, blocks = halves(args.requests, args.blocks)[half]
+                warm = warm_up_size(requests, c, blocks)
+                start = at + sum(r + warm_up_size(r, c, b) for r, b in halves(args.requests, args.blocks)[:half])
+                sums = measure_sums({k: (svc.url, svc.proc.pid) for k, svc in up.items()},
+                                    pool[start : start + warm + requests], c, blocks, hits=args.hits, warm=warm)  # fmt: skip
+                at += level_questions(args.requests, c, args.blocks)
+                for name, level in sums.items():
+                    got.setdefault((c, name), LevelSums()).add(level)
+    return got
 
 
 def timed_starts(ways: dict[str, tuple[Path, dict[str, str]]], ds: Path, n: int) -> dict[str, dict[str, Any]]:
@@ -423,18 +510,32 @@ def _ratios(result: dict) -> None:
         if r["tree"].startswith("this tree, ") and ours is not None:
             cpu = r["server_cpu_ms_per_request"] / ours["server_cpu_ms_per_request"]
             tput = r["requests_per_s"] / ours["requests_per_s"]
-            r["vs_this_tree"] = {"cpu_per_request": round(cpu, 3), "requests_per_s": round(tput, 3)}
+            r["vs_this_tree"] = {"cpu_per_request": round(cpu, 3), "requests_per_s": round(tput, 3),
+                                 "cpu_per_request_95": _interval(r, ours)}  # fmt: skip
             print(f"workers {r['workers']:>2}  clients {r['clients']:>3}: with {r['tree'][11:]}, server CPU per "
-                  f"request {cpu:.2f}x, req/s {tput:.2f}x", flush=True)  # fmt: skip
+                  f"request {cpu:.2f}x{_said(r['vs_this_tree'])}, req/s {tput:.2f}x", flush=True)  # fmt: skip
     for r in runs:
         base = next((b for b in runs if b["tree"].startswith("baseline") and b["clients"] == r["clients"]), None)
         if base is None or r["tree"] != "this tree" or r["workers"] != 1:
             continue
         cpu = base["server_cpu_ms_per_request"] / r["server_cpu_ms_per_request"]
         tput = r["requests_per_s"] / base["requests_per_s"]
-        r["vs_baseline"] = {"cpu_per_request": round(1 / cpu, 3), "requests_per_s": round(tput, 3)}
-        print(f"clients {r['clients']:>3}: server CPU per request {1 / cpu:.2f}x the baseline's, "
-              f"req/s {tput:.2f}x", flush=True)
+        r["vs_baseline"] = {"cpu_per_request": round(1 / cpu, 3), "requests_per_s": round(tput, 3),
+                            "cpu_per_request_95": _interval(r, base)}  # fmt: skip
+        print(f"clients {r['clients']:>3}: server CPU per request {1 / cpu:.2f}x the baseline's"
+              f"{_said(r['vs_baseline'])}, req/s {tput:.2f}x", flush=True)
+
+
+def _interval(ours: dict, theirs: dict) -> list[float] | None:
+    return paired_interval(ours.get("by_block", []), theirs.get("by_block", []))
+
+
+def _said(vs: dict) -> str:
+    low_high = vs["cpu_per_request_95"]
+    if low_high is None:
+        return " (too few blocks for an interval)"
+    told = "" if low_high[0] <= 1 <= low_high[1] else "; 1 is outside it"
+    return f" (95 % interval over the blocks {low_high[0]:.2f}-{low_high[1]:.2f}{told})"
 
 
 if __name__ == "__main__":

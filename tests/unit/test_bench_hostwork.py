@@ -44,13 +44,33 @@ def test_each_level_is_measured_in_blocks_that_take_turns(monkeypatch: pytest.Mo
         assert [qs for _, qs in measured[2 * block : 2 * block + 2]] == [want, want]  # the same questions to each
     assert got["this"] == {"requests_per_s": 100.0, "server_cpu_ms_per_request": 1.0, "requests": 40, "errors": 0,
                            "blocks": 4, "rows_per_batch": 10.0,
-                           "server_cpu_ms_per_request_by_thread": {"model": 0.75, "main": 0.25}}  # fmt: skip
+                           "server_cpu_ms_per_request_by_thread": {"model": 0.75, "main": 0.25},
+                           "by_block": [[0.01, 10]] * 4}  # each turn's CPU seconds and answers  # fmt: skip
     assert got["base"]["errors"] == 4 and got["base"]["requests"] == 40
     assert got["base"]["server_cpu_ms_per_request"] == round(2 * 40 / 36, 3)  # per answered request
     # the split layout's model process: its merged passes and its share of the CPU, per answered request
     assert "rows_per_model_pass" not in got["this"] and "model_process_cpu_ms_per_request" not in got["this"]
     assert got["base"]["rows_per_model_pass"] == 20.0
     assert got["base"]["model_process_cpu_ms_per_request"] == round(2 * 40 / 36 / 4, 3)
+
+
+def test_a_level_is_warmed_with_a_block_s_worth_of_questions_before_its_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert hostwork.warm_up_size(3000, 1, 8) == 375 and hostwork.warm_up_size(3000, 64, 8) == 375
+    assert hostwork.warm_up_size(100, 64, 8) == 64 and hostwork.warm_up_size(100, 1, 8) == 20
+    calls: list[tuple[str, list[int]]] = []
+
+    async def load(url: str, payloads: list[dict], clients: int) -> tuple[float, int, int]:
+        calls.append((url, [p["n"] for p in payloads]))
+        return 0.01 * len(payloads), len(payloads), 0
+
+    monkeypatch.setattr(hostwork, "_load", load)
+    monkeypatch.setattr(hostwork, "tree_cpu_s", lambda pid: 0.0)
+    monkeypatch.setattr(hostwork, "counters", lambda url: dict.fromkeys(hostwork.METRICS.values(), 0.0))
+    warm = hostwork.warm_up_size(40, 4, 2)
+    got = hostwork.measure({"this": ("a", 1), "base": ("b", 2)}, [{"n": i} for i in range(warm + 40)], clients=4,
+                           blocks=2, warm=warm)  # fmt: skip
+    assert calls[:2] == [("a", list(range(warm))), ("b", list(range(warm)))]  # unmeasured, each its own turn
+    assert [len(qs) for _, qs in calls[2:]] == [20, 20, 20, 20] and got["this"]["requests"] == 40
 
 
 def test_a_run_s_server_cpu_is_split_into_the_forward_at_its_batch_size_and_the_rest(
@@ -102,8 +122,8 @@ def test_the_setting_is_compared_with_this_tree_at_each_worker_and_client_count(
                        run("this tree", 2, 64, 2.0, 900.0), run(setting, 2, 64, 1.6, 990.0)]}  # fmt: skip
     hostwork._ratios(result)
     got = [r.get("vs_this_tree") for r in result["runs"]]
-    assert got == [None, {"cpu_per_request": 0.9, "requests_per_s": 0.9}, None,
-                   {"cpu_per_request": 0.8, "requests_per_s": 1.1}]  # fmt: skip
+    assert got == [None, {"cpu_per_request": 0.9, "requests_per_s": 0.9, "cpu_per_request_95": None}, None,
+                   {"cpu_per_request": 0.8, "requests_per_s": 1.1, "cpu_per_request_95": None}]  # fmt: skip
 
 
 def test_in_the_split_layout_the_model_process_s_cpu_is_split_too_and_bounds_its_requests_per_second() -> None:
@@ -154,3 +174,61 @@ def test_hits_with_several_processes_are_refused_before_anything_runs(capsys: py
     with pytest.raises(SystemExit) as err:
         hostwork.main(["--hits", "--workers", "1,2"])
     assert err.value.code == 2 and "--workers 1" in capsys.readouterr().err
+
+
+def test_a_ratio_s_interval_comes_from_the_same_blocks_drawn_for_both_services() -> None:
+    base = [[0.30, 100], [0.36, 100], [0.42, 100], [0.33, 100], [0.39, 100], [0.45, 100]]  # the host drifts
+    assert hostwork.paired_interval(base, base) == [1.0, 1.0]  # the same turns: no noise left, whatever the drift
+    dearer = [[cpu * 1.1, n] for cpu, n in base]
+    assert hostwork.paired_interval(dearer, base) == [1.1, 1.1]  # 10 % more in every block, told exactly
+    # a service 10 % dearer in half the blocks and 10 % cheaper in the others: an interval around 1 holding both
+    mixed = [[cpu * (1.1 if i % 2 else 0.9), n] for i, (cpu, n) in enumerate(base)]
+    low, high = hostwork.paired_interval(mixed, base)
+    assert 0.9 < low < 1 < high < 1.1
+    assert hostwork.paired_interval(base[:3], base[:3]) is None  # too few blocks to draw from
+    assert hostwork.paired_interval(base, base[:5]) is None
+    said = {"cpu_per_request": 1.1, "cpu_per_request_95": [1.1, 1.1]}
+    assert hostwork._said(said) == " (95 % interval over the blocks 1.10-1.10; 1 is outside it)"
+    assert hostwork._said({"cpu_per_request_95": [0.97, 1.04]}) == " (95 % interval over the blocks 0.97-1.04)"
+
+
+def test_each_level_runs_in_two_halves_the_services_started_in_one_order_then_in_the_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import argparse
+    import contextlib
+    from pathlib import Path
+
+    started: list[str] = []
+    measured: list[tuple[list[str], int, list[int], int]] = []  # (turn order, clients, questions, blocks)
+
+    @contextlib.contextmanager
+    def service(ds, *, env, cwd, args):  # noqa: ANN001, ANN202 - stands in for tests.support.processes'
+        started.append(env["WAY"])
+        yield type("Svc", (), {"url": env["WAY"], "proc": type("P", (), {"pid": 1})()})()
+
+    def sums(services, payloads, clients, blocks, *, hits, warm):  # noqa: ANN001, ANN202
+        measured.append((list(services), clients, [q["n"] for q in payloads[warm:]], blocks))
+        out = {}
+        answered = len(payloads) - warm
+        for name in services:
+            level = hostwork.LevelSums(turns=[[0.01, answered // blocks]] * blocks)
+            level.totals.update(secs=1.0, ok=answered, cpu_s=0.01 * blocks)
+            out[name] = level
+        return out
+
+    monkeypatch.setattr(hostwork, "service_process", service)
+    monkeypatch.setattr(hostwork, "measure_sums", sums)
+    ways = {"this tree": (Path("a"), {"WAY": "a"}), "baseline X": (Path("b"), {"WAY": "b"})}
+    args = argparse.Namespace(requests=100, blocks=4, hits=False)
+    need = sum(hostwork.level_questions(100, c, 4) for c in (1, 8))
+    pool = [{"n": i} for i in range(need)]
+    got = hostwork.serve_levels(ways, 1, Path("ds"), {}, [1, 8], pool, args, [], {})
+    assert started == ["a", "b", "b", "a"]  # the second half starts them the other way round
+    assert [m[0] for m in measured] == [["this tree", "baseline X"]] * 2 + [["baseline X", "this tree"]] * 2
+    assert [(m[1], len(m[2]), m[3]) for m in measured] == [(1, 50, 2), (8, 50, 2), (1, 50, 2), (8, 50, 2)]
+    every = [n for m in measured for n in m[2]]
+    assert len(every) == len(set(every)) and max(every) < need  # distinct questions, within what the level takes
+    for key in [(1, "this tree"), (1, "baseline X"), (8, "this tree"), (8, "baseline X")]:
+        row = got[key].figures()
+        assert row["requests"] == 100 and row["blocks"] == 4 and len(row["by_block"]) == 4  # both halves summed
