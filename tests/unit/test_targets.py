@@ -56,6 +56,14 @@ def test_a_sentence_counts_the_words_that_could_be_targets_and_those_the_tokeniz
     assert (u.words, u.word_targets) == (5, 3)  # the two unknown letters' words count; the unknown symbol does not
 
 
+def test_a_word_whose_token_carries_punctuation_at_either_edge_is_no_answer() -> None:
+    """SentencePiece keeps punctuation inside a token (``(до``, ``また、``), which BERT's pre-tokenizer splits off."""
+    from bertknn.builder.targets import _cut_punctuation
+
+    assert _cut_punctuation("(до") and _cut_punctuation("また、") and _cut_punctuation("«oui»")
+    assert not any(_cut_punctuation(w) for w in ("Paris", "a", "1990", "l'eau", "co-op", "1°c"))
+
+
 def test_punctuation_and_symbols_are_skipped(selector: TargetSelector) -> None:
     (s,) = selector.select(["Paris — about 45% of it (roughly)... is old; «yes»!"])
     assert words(s) == ["Paris", "45", "roughly", "old", "yes"]
