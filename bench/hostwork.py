@@ -20,9 +20,11 @@ request is a hit of the in-process cache (its encoding and its articles): no for
 
 ``--baseline REV`` serves the same datastore from another commit (a git worktree under runs/) in the same run:
 both services are up at once and each level's questions go to them in ``--blocks`` blocks that take turns (A B,
-B A, ...), so that the host's drift falls on both; their answers to the same questions are compared (top-1 and
-every prediction's probability, over all of them and over those that searched the same articles: `bench.answers`,
-which also counts the other articles that a tie at the ranker's boundary explains). ``--setting
+B A, ...), so that the host's drift falls on both, in two halves: the services started in one order, then started
+again in the other. Each ratio comes with a 95 % interval over the blocks (`paired_interval`). Their answers
+to the same questions are compared (top-1 and every prediction's probability, over all of them and over those that
+searched the same articles: `bench.answers`, which also counts the other articles that a tie at the ranker's
+boundary explains). ``--setting
 [SECTION.]NAME=VALUE`` (repeatable) serves this tree a second time with those of the service's settings changed
 (e.g. ``batching.on_event_loop=true``), the same way, at every ``--workers`` count. ``--threads N`` gives every
 service process of every tree N model threads (one by default, the service's own default on two cores). ``--model
