@@ -54,9 +54,8 @@ def test_each_level_is_measured_in_blocks_that_take_turns(monkeypatch: pytest.Mo
     assert got["base"]["model_process_cpu_ms_per_request"] == round(2 * 40 / 36 / 4, 3)
 
 
-def test_a_level_is_warmed_with_a_block_s_worth_of_questions_before_its_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert hostwork.warm_up_size(3000, 1, 8) == 375 and hostwork.warm_up_size(3000, 64, 8) == 375
-    assert hostwork.warm_up_size(100, 64, 8) == 64 and hostwork.warm_up_size(100, 1, 8) == 20
+def _idle_services(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[int]]]:
+    """Services that answer every question at once and spend no CPU: the (url, questions) of each load, in order."""
     calls: list[tuple[str, list[int]]] = []
 
     async def load(url: str, payloads: list[dict], clients: int) -> tuple[float, int, int]:
@@ -66,6 +65,13 @@ def test_a_level_is_warmed_with_a_block_s_worth_of_questions_before_its_blocks(m
     monkeypatch.setattr(hostwork, "_load", load)
     monkeypatch.setattr(hostwork, "tree_cpu_s", lambda pid: 0.0)
     monkeypatch.setattr(hostwork, "counters", lambda url: dict.fromkeys(hostwork.METRICS.values(), 0.0))
+    return calls
+
+
+def test_a_level_is_warmed_with_a_block_s_worth_of_questions_before_its_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert hostwork.warm_up_size(3000, 1, 8) == 375 and hostwork.warm_up_size(3000, 64, 8) == 375
+    assert hostwork.warm_up_size(100, 64, 8) == 64 and hostwork.warm_up_size(100, 1, 8) == 20
+    calls = _idle_services(monkeypatch)
     warm = hostwork.warm_up_size(40, 4, 2)
     got = hostwork.measure({"this": ("a", 1), "base": ("b", 2)}, [{"n": i} for i in range(warm + 40)], clients=4,
                            blocks=2, warm=warm)  # fmt: skip
@@ -147,15 +153,7 @@ def test_in_the_split_layout_the_model_process_s_cpu_is_split_too_and_bounds_its
 def test_with_hits_every_question_is_asked_before_it_is_measured_and_no_forward_is_taken_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls: list[tuple[str, list[int]]] = []
-
-    async def load(url: str, payloads: list[dict], clients: int) -> tuple[float, int, int]:
-        calls.append((url, [p["n"] for p in payloads]))
-        return 0.01 * len(payloads), len(payloads), 0
-
-    monkeypatch.setattr(hostwork, "_load", load)
-    monkeypatch.setattr(hostwork, "tree_cpu_s", lambda pid: 0.0)
-    monkeypatch.setattr(hostwork, "counters", lambda url: dict.fromkeys(hostwork.METRICS.values(), 0.0))
+    calls = _idle_services(monkeypatch)
     payloads = [{"n": i} for i in range(20 + 40)]
     got = hostwork.measure({"this": ("a", 1), "base": ("b", 2)}, payloads, clients=4, blocks=2, hits=True)
     everything = list(range(60))
