@@ -145,7 +145,6 @@ class LevelSums:
                 "by_block": self.turns}  # fmt: skip
 
 
-
 def measure(
     services: dict[str, tuple[str, int]], payloads: list[dict], clients: int, blocks: int, *, hits: bool = False,
     warm: int | None = None,
@@ -457,11 +456,11 @@ def serve_levels(
             for name, svc in up.items():
                 if asked and name not in said:
                     said[name] = answers(svc.url, asked)
+            requests, blocks = halves(args.requests, args.blocks)[half]
             at = 0
             for c in clients:
-                requests, blocks = halves(args.requests, args.blocks)[half]
                 warm = warm_up_size(requests, c, blocks)
-                start = at + sum(r + warm_up_size(r, c, b) for r, b in halves(args.requests, args.blocks)[:half])
+                start = at + (0 if half == 0 else level_questions(args.requests, c, args.blocks) - warm - requests)
                 sums = measure_sums({k: (svc.url, svc.proc.pid) for k, svc in up.items()},
                                     pool[start : start + warm + requests], c, blocks, hits=args.hits, warm=warm)  # fmt: skip
                 at += level_questions(args.requests, c, args.blocks)
