@@ -47,7 +47,9 @@ class FakePipeline:
 
 
 def _manifest(root: Path, ds_id: str, version: int) -> None:
-    model = ModelInfo(name="m", weights_sha256="0" * 64, architecture="x", num_layers=1, hidden_size=4, vocab_size=9)
+    model = ModelInfo(
+        name="m", weights_sha256="0" * 64, architecture="x", num_layers=1, hidden_size=4, vocab_size=9
+    )
     write_manifest(root, Manifest(model=model, layer=1, max_seq_len=8, articles_per_shard=1, stopwords_sha256="0",
                                   datastore_id=ds_id, version=version))  # fmt: skip
 
@@ -68,6 +70,7 @@ def test_a_request_holding_the_old_version_finishes_on_it_and_the_old_one_is_rel
         with answerer.lease() as held:
             outcome = await reloader.reload()
             assert outcome.status == "reloaded" and outcome.draining == 1
+            assert 0 <= outcome.seconds < 60 and outcome.processes == 1
             assert (outcome.previous["version"], outcome.current["version"]) == (1, 2)
             assert held is old and answerer.pipeline is new and resources.pipeline is new
             with answerer.lease() as fresh:
@@ -204,7 +207,138 @@ def test_a_process_that_opened_an_older_version_while_its_peers_moved_on_catches
             await asyncio.sleep(0.01)
         follow.cancel()
         assert answerer.pipeline is new
+        assert (
+            a.generation() == 2
+        )  # a reload that follows a peer's announces nothing (no echo between processes)
         assert a.serving({"id": "b", "version": 2}) == (2, 2)
+        a_slot.release()
+        b_slot.release()
+        await answerer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_reload_is_refused_while_the_service_starts_or_stops(tmp_path: Path):
+    async def scenario() -> None:
+        old = FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=FakePipeline(tmp_path.resolve(), "b", 2))
+        resources, answerer, reloader = _setup(tmp_path, old)
+        _manifest(tmp_path, "b", 2)
+        for state in ({"ready": False}, {"draining": True}, {"answerer": None}):
+            saved = {k: getattr(resources, k) for k in state}
+            for k, v in state.items():
+                setattr(resources, k, v)
+            with pytest.raises(ReloadError, match="starting or stopping"):
+                await reloader.reload()
+            for k, v in saved.items():
+                setattr(resources, k, v)
+        assert answerer.pipeline is old
+        assert (await reloader.reload()).status == "reloaded"  # ready again: the same reload goes through
+        await answerer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_reload_all_announces_once_and_answers_with_the_processes_that_serve_the_new_version(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    async def scenario() -> None:
+        (a_slot, a), (b_slot, b) = _peer(tmp_path), _peer(tmp_path)
+        new = FakePipeline(tmp_path.resolve(), "b", 2)
+        resources, answerer, reloader = _setup(
+            tmp_path, FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=new)
+        )
+        resources.settings.reload_wait_s = 5.0
+        reloader.peers = a
+        reloader.join_peers({"id": "a", "version": 1})
+        b.served({"id": "a", "version": 1})
+        _manifest(tmp_path, "b", 2)
+        task = asyncio.create_task(reloader.reload_all())
+        for _ in range(200):  # b is told: the generation moves on once
+            if a.generation() == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert a.generation() == 1 and not task.done()  # the answer waits for b
+        b.served({"id": "b", "version": 2})
+        outcome = await asyncio.wait_for(task, 2)  # at once, not after the 5 s wait
+        assert outcome.status == "reloaded" and outcome.processes == 2 and answerer.pipeline is new
+        again = await reloader.reload_all()  # nothing new on disk: nobody is told
+        assert again.status == "unchanged" and again.processes == 2 and a.generation() == 1
+        assert (again.seconds, again.draining) == (0.0, 0)
+        assert "server processes serve" not in caplog.text  # every process caught up: no warning
+        a_slot.release()
+        b_slot.release()
+        await answerer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_reload_all_answers_after_its_wait_with_the_processes_that_caught_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    async def scenario() -> None:
+        (a_slot, a), (b_slot, b) = _peer(tmp_path), _peer(tmp_path)
+        new = FakePipeline(tmp_path.resolve(), "b", 2)
+        resources, answerer, reloader = _setup(
+            tmp_path, FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=new)
+        )
+        resources.settings.reload_wait_s = 0.2
+        reloader.peers = a
+        b.served({"id": "a", "version": 1})  # b never follows
+        _manifest(tmp_path, "b", 2)
+        outcome = await asyncio.wait_for(reloader.reload_all(), 5)
+        assert outcome.status == "reloaded" and outcome.processes == 1
+        assert "1 of 2 server processes serve datastore version 2" in caplog.text
+        a_slot.release()
+        b_slot.release()
+        await answerer.stop()
+
+    asyncio.run(scenario())
+
+
+class CountingPipeline(FakePipeline):
+    """A version whose next one fails or succeeds as set, counting the tries."""
+
+    tries = 0
+
+    def for_datastore(self, root: Path, *, verify_checksums: bool = False) -> object:
+        CountingPipeline.tries += 1
+        return super().for_datastore(root, verify_checksums=verify_checksums)
+
+
+def test_the_file_watch_reloads_on_a_new_manifest_tells_the_peers_and_retries_a_refusal_only_when_it_changes(
+    tmp_path: Path,
+):
+    async def wait_until(check) -> bool:  # type: ignore[no-untyped-def]
+        for _ in range(300):
+            if check():
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    async def scenario() -> None:
+        (a_slot, a), (b_slot, _) = _peer(tmp_path), _peer(tmp_path)
+        _manifest(tmp_path, "a", 1)
+        CountingPipeline.tries = 0
+        first = CountingPipeline(tmp_path.resolve(), "a", 1)
+        first.next_pipeline = ModelLoadError("not the model this datastore was built with")
+        _, answerer, reloader = _setup(tmp_path, first)
+        reloader.peers = a
+        watch = asyncio.create_task(reloader.watch(0.01))
+        await asyncio.sleep(0.1)
+        assert CountingPipeline.tries == 0  # the manifest has not changed
+        _manifest(tmp_path, "b", 2)  # refused
+        assert await wait_until(lambda: CountingPipeline.tries == 1)
+        await asyncio.sleep(0.1)
+        assert (
+            CountingPipeline.tries == 1 and answerer.pipeline is first and a.generation() == 0
+        )  # not retried
+        second = FakePipeline(tmp_path.resolve(), "b", 2)
+        first.next_pipeline = second
+        _manifest(tmp_path, "b", 2)  # written again (a rename): retried, served, and the peers told
+        assert await wait_until(lambda: answerer.pipeline is second)
+        assert CountingPipeline.tries == 2 and a.generation() == 1
+        assert a.versions()[a.slot] == {"id": "b", "version": 2}
+        watch.cancel()
         a_slot.release()
         b_slot.release()
         await answerer.stop()
