@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from bertknn.core.errors import Overloaded
-from bertknn.service.batching import MicroBatcher, Outbox
+from bertknn.service.batching import MicroBatcher, Outbox, WorkQueue
 
 
 def test_concurrent_items_share_one_call():
@@ -88,7 +88,9 @@ def test_what_queues_during_a_batch_is_the_next_batch_and_runs_on_the_same_threa
         ident, seen = await asyncio.wrap_future(side)
         results = [await first, *[await r for r in rest]]
         deadline = asyncio.get_running_loop().time() + 5
-        while b.busy and asyncio.get_running_loop().time() < deadline:  # the worker leaves fn after delivering
+        while (
+            b.busy and asyncio.get_running_loop().time() < deadline
+        ):  # the worker leaves fn after delivering
             await asyncio.sleep(0.001)
         assert not b.busy
         await b.stop()
@@ -142,7 +144,9 @@ def test_after_delivery_runs_once_per_batch_after_the_results_and_its_failures_s
             raise RuntimeError("a cache write failed")
 
     async def main():
-        b = MicroBatcher(fn, executor=ThreadPoolExecutor(1), max_batch_size=8, max_wait_ms=0, after_delivery=after)
+        b = MicroBatcher(
+            fn, executor=ThreadPoolExecutor(1), max_batch_size=8, max_wait_ms=0, after_delivery=after
+        )
         b.start()
         first = await b.submit(1)
         second = await b.submit(2)  # the hook's failure above did not stop the worker
@@ -334,7 +338,9 @@ def test_on_the_loop_calls_from_other_threads_run_there_between_batches_and_one_
         loop_thread = threading.get_ident()
         with ThreadPoolExecutor(1) as pool:
             ran_on = await asyncio.wrap_future(
-                pool.submit(lambda: b.call(lambda: (order.append("call"), threading.get_ident())[1]).result(5))
+                pool.submit(
+                    lambda: b.call(lambda: (order.append("call"), threading.get_ident())[1]).result(5)
+                )
             )
         here = b.call(lambda: order.append("here"))
         assert here.done()
@@ -358,7 +364,9 @@ def test_on_the_loop_stop_finishes_what_is_queued_and_a_full_queue_refuses():
         b = MicroBatcher(fn, executor=None, max_batch_size=1, max_wait_ms=0, max_queue=2)
         b.start()
         queued = [asyncio.ensure_future(b.submit(i)) for i in range(3)]
-        await asyncio.sleep(0)  # all three reach the queue before the batcher's task runs: the third is refused
+        await asyncio.sleep(
+            0
+        )  # all three reach the queue before the batcher's task runs: the third is refused
         with pytest.raises(Overloaded):
             await queued[2]
         await b.stop()
@@ -387,3 +395,51 @@ def test_on_the_loop_an_idle_batcher_waits_max_wait_for_company():
 
     assert asyncio.run(main()) == [1, 2]
     assert calls == [[1, 2]]
+
+
+def test_a_full_or_stopping_queue_does_not_wait_for_company():
+    loop = asyncio.new_event_loop()
+    try:
+        q: WorkQueue[int, int] = WorkQueue(max_batch_size=2, max_wait_s=60.0, max_queue=10, key=None)
+        q.add(1, loop.create_future())
+        deadline = q.company_deadline()
+        assert deadline is not None and q.company_left(deadline) > 30  # one of two: it waits for another
+        q.add(2, loop.create_future())
+        assert q.company_deadline() is None and q.company_left(deadline) == 0.0  # full: it goes now
+        q.items.pop()
+        q.stop()
+        assert q.company_deadline() is None and q.company_left(deadline) == 0.0  # stopping: no waiting
+        eager: WorkQueue[int, int] = WorkQueue(max_batch_size=2, max_wait_s=0.0, max_queue=10, key=None)
+        eager.add(1, loop.create_future())
+        assert eager.company_deadline() is None  # max_wait 0: a batch never waits
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("bad", [{"max_batch_size": 0}, {"max_queue": 0}, {"max_wait_ms": -1.0}])
+def test_each_bad_setting_is_refused(bad: dict):
+    with pytest.raises(ValueError, match="max_batch_size and max_queue must be >= 1, max_wait_ms >= 0"):
+        MicroBatcher(list, executor=None, **bad)
+
+
+def test_busy_while_a_batch_runs_and_not_before_or_after():
+    gate, running = threading.Event(), threading.Event()
+
+    def fn(items):
+        running.set()
+        gate.wait(5)
+        return list(items)
+
+    async def main():
+        b = MicroBatcher(fn, executor=ThreadPoolExecutor(1), max_batch_size=4, max_wait_ms=0, max_queue=10)
+        b.start()
+        assert not b.busy and b.depth == 0
+        task = asyncio.ensure_future(b.submit(1))
+        await asyncio.to_thread(running.wait, 5)
+        assert b.busy  # inside fn, nothing queued
+        gate.set()
+        assert await task == 1
+        await b.stop()
+        assert not b.busy
+
+    asyncio.run(main())
