@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -238,20 +239,32 @@ def test_a_reload_is_refused_while_the_service_starts_or_stops(tmp_path: Path):
     asyncio.run(scenario())
 
 
+Peer = tuple[WorkerSlot, PeerReloads]
+
+
+def _two_processes_and_version_2(
+    tmp_path: Path, wait_s: float
+) -> tuple[Peer, Peer, AsyncAnswerer, DatastoreReloader, FakePipeline]:
+    """Two server processes' records, both serving version 1, and the first one's reloader (waiting ``wait_s``
+    for the others), whose next version, 2, is on disk: ``(a_slot, a), (b_slot, b), answerer, reloader, new``."""
+    a, b = _peer(tmp_path), _peer(tmp_path)
+    new = FakePipeline(tmp_path.resolve(), "b", 2)
+    resources, answerer, reloader = _setup(
+        tmp_path, FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=new)
+    )
+    resources.settings.reload_wait_s = wait_s
+    reloader.peers = a[1]
+    b[1].served({"id": "a", "version": 1})
+    _manifest(tmp_path, "b", 2)
+    return a, b, answerer, reloader, new
+
+
 def test_reload_all_announces_once_and_answers_with_the_processes_that_serve_the_new_version(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
     async def scenario() -> None:
-        (a_slot, a), (b_slot, b) = _peer(tmp_path), _peer(tmp_path)
-        new = FakePipeline(tmp_path.resolve(), "b", 2)
-        resources, answerer, reloader = _setup(
-            tmp_path, FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=new)
-        )
-        resources.settings.reload_wait_s = 5.0
-        reloader.peers = a
+        (a_slot, a), (b_slot, b), answerer, reloader, new = _two_processes_and_version_2(tmp_path, wait_s=5.0)
         reloader.join_peers({"id": "a", "version": 1})
-        b.served({"id": "a", "version": 1})
-        _manifest(tmp_path, "b", 2)
         task = asyncio.create_task(reloader.reload_all())
         for _ in range(200):  # b is told: the generation moves on once
             if a.generation() == 1:
@@ -276,16 +289,8 @@ def test_reload_all_answers_after_its_wait_with_the_processes_that_caught_up(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
     async def scenario() -> None:
-        (a_slot, a), (b_slot, b) = _peer(tmp_path), _peer(tmp_path)
-        new = FakePipeline(tmp_path.resolve(), "b", 2)
-        resources, answerer, reloader = _setup(
-            tmp_path, FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=new)
-        )
-        resources.settings.reload_wait_s = 0.2
-        reloader.peers = a
-        b.served({"id": "a", "version": 1})  # b never follows
-        _manifest(tmp_path, "b", 2)
-        outcome = await asyncio.wait_for(reloader.reload_all(), 5)
+        (a_slot, _), (b_slot, _), answerer, reloader, _ = _two_processes_and_version_2(tmp_path, wait_s=0.2)
+        outcome = await asyncio.wait_for(reloader.reload_all(), 5)  # b never follows version 2
         assert outcome.status == "reloaded" and outcome.processes == 1
         assert "1 of 2 server processes serve datastore version 2" in caplog.text
         a_slot.release()
@@ -308,7 +313,7 @@ class CountingPipeline(FakePipeline):
 def test_the_file_watch_reloads_on_a_new_manifest_tells_the_peers_and_retries_a_refusal_only_when_it_changes(
     tmp_path: Path,
 ):
-    async def wait_until(check) -> bool:  # type: ignore[no-untyped-def]
+    async def wait_until(check: Callable[[], bool]) -> bool:
         for _ in range(300):
             if check():
                 return True
