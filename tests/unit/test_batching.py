@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -131,7 +133,9 @@ def test_stop_finishes_queued_items_and_cancelled_waiters_are_skipped():
     assert computed == [1, 3]
 
 
-def test_after_delivery_runs_once_per_batch_after_the_results_and_its_failures_stop_nothing():
+def test_after_delivery_runs_once_per_batch_after_the_results_and_its_failures_stop_nothing(
+    caplog: pytest.LogCaptureFixture,
+):
     events: list[str] = []
 
     def fn(items):
@@ -153,8 +157,13 @@ def test_after_delivery_runs_once_per_batch_after_the_results_and_its_failures_s
         await b.stop()
         return first, second
 
-    assert asyncio.run(main()) == (1, 2)
+    with caplog.at_level("ERROR", logger="bertknn.service.batching"):
+        assert asyncio.run(main()) == (1, 2)
     assert events == ["batch [1]", "after", "batch [2]", "after"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "after_delivery hook failed"
+    ]  # said, with its traceback
+    assert caplog.records[0].exc_info is not None
 
 
 def test_a_batcher_nobody_stopped_does_not_keep_the_process_alive():
@@ -443,3 +452,125 @@ def test_busy_while_a_batch_runs_and_not_before_or_after():
         assert not b.busy
 
     asyncio.run(main())
+
+
+def _within(seconds: float, main) -> Any:
+    """``asyncio.run(main())`` on a thread of its own, failed if it has not returned after ``seconds``: a batcher
+    task that spins without yielding holds its loop for good, and the test must fail, not hang."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - raised again on the test's thread
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"the event loop did not finish within {seconds} s (a batcher task spinning?)"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@pytest.mark.parametrize("max_wait_ms", [0, 400])
+def test_on_the_loop_an_idle_batcher_sleeps_and_a_waiting_one_does_not_spin(max_wait_ms: float):
+    """Between batches, and while a batch waits for company, the loop's task waits on its event: the loop stays
+    free (the test's own sleeps return) and its thread spends no CPU meanwhile."""
+
+    async def main():
+        b: MicroBatcher[int, int] = MicroBatcher(
+            list, executor=None, max_batch_size=8, max_wait_ms=max_wait_ms, max_queue=100
+        )
+        b.start()
+        cpu0 = time.thread_time()
+        got = [await b.submit(1)]  # with max_wait_ms, it waits that long for company that never comes
+        await asyncio.sleep(0.3)  # idle, after a batch
+        got.append(await b.submit(2))
+        spent = time.thread_time() - cpu0
+        await asyncio.wait_for(b.stop(), 5)
+        return got, spent
+
+    got, spent = _within(10, main)
+    assert got == [1, 2]
+    assert spent < 0.1, f"the loop's thread spent {spent:.3f} s of CPU while idle or waiting for company"
+
+
+@pytest.mark.parametrize("on_loop", [False, True])
+def test_on_batch_hears_each_batch_s_rows_and_time_and_stop_ends_the_worker(on_loop: bool):
+    heard: list[tuple[int, float]] = []
+
+    def fn(items):
+        time.sleep(0.02)
+        return list(items)
+
+    async def main():
+        b = MicroBatcher(fn, executor=None if on_loop else ThreadPoolExecutor(1), max_batch_size=8, max_wait_ms=50,
+                         max_queue=100, on_batch=lambda n, s: heard.append((n, s)))  # fmt: skip
+        b.start()
+        got = await asyncio.gather(*(b.submit(i) for i in range(3)))
+        got.append(await b.submit(3))
+        await asyncio.wait_for(b.stop(), 5)
+        with pytest.raises(RuntimeError, match="start"):  # stopped: the worker is gone
+            await b.submit(4)
+        return got
+
+    assert _within(10, main) == [0, 1, 2, 3]
+    assert [n for n, _ in heard] == [3, 1]
+    assert all(0.015 < s < 5 for _, s in heard), heard  # the batch's own time, fn's sleep within it
+
+
+@pytest.mark.parametrize("on_loop", [False, True])
+def test_a_call_that_raises_hands_its_error_to_the_caller_from_any_thread(on_loop: bool):
+    """`call`'s future carries what the function raised: asked for from a pool thread (queued for the batcher's
+    thread) and, on the loop, from the loop's thread itself (run there and then)."""
+
+    def boom():
+        raise LookupError("no such word")
+
+    async def main():
+        b = MicroBatcher(list, executor=None if on_loop else ThreadPoolExecutor(1), max_batch_size=8, max_wait_ms=0,
+                         max_queue=100)  # fmt: skip
+        b.start()
+        with ThreadPoolExecutor(1) as pool:
+            queued = await asyncio.wrap_future(pool.submit(lambda: b.call(boom).exception(5)))
+        here = b.call(boom).exception(5)
+        assert await b.submit(7) == 7  # the worker goes on
+        await asyncio.wait_for(b.stop(), 5)
+        return queued, here
+
+    queued, here = _within(20, main)
+    assert isinstance(queued, LookupError) and isinstance(here, LookupError)
+    assert str(queued) == str(here) == "no such word"
+
+
+@pytest.mark.parametrize("on_loop", [False, True])
+def test_a_batch_whose_results_do_not_match_its_items_fails_every_waiter_and_the_hook_failure_is_logged(
+    on_loop: bool, caplog: pytest.LogCaptureFixture
+):
+    """A model function that returns fewer results than it was given items must not leave a waiter hanging:
+    every waiter of that batch gets the error. A failing ``on_batch`` hook is logged and stops nothing."""
+
+    def short(items):
+        return list(items)[:-1] if len(items) > 1 else list(items)
+
+    def on_batch(n: int, s: float) -> None:
+        raise RuntimeError("metrics are down")
+
+    async def main():
+        b = MicroBatcher(short, executor=None if on_loop else ThreadPoolExecutor(1), max_batch_size=8,
+                         max_wait_ms=50, max_queue=100, on_batch=on_batch)  # fmt: skip
+        b.start()
+        got = await asyncio.wait_for(
+            asyncio.gather(*(b.submit(i) for i in range(3)), return_exceptions=True), 5
+        )
+        alone = await b.submit(9)
+        await asyncio.wait_for(b.stop(), 5)
+        return got, alone
+
+    with caplog.at_level("ERROR", logger="bertknn.service.batching"):
+        got, alone = _within(20, main)
+    assert all(isinstance(g, ValueError) for g in got), got  # zip(strict=True): shorter than the batch
+    assert alone == 9
+    assert [r.getMessage() for r in caplog.records] == ["on_batch hook failed"] * 2
