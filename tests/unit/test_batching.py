@@ -160,9 +160,7 @@ def test_after_delivery_runs_once_per_batch_after_the_results_and_its_failures_s
     with caplog.at_level("ERROR", logger="bertknn.service.batching"):
         assert asyncio.run(main()) == (1, 2)
     assert events == ["batch [1]", "after", "batch [2]", "after"]
-    assert [r.getMessage() for r in caplog.records] == [
-        "after_delivery hook failed"
-    ]  # said, with its traceback
+    assert [r.getMessage() for r in caplog.records] == ["after_delivery hook failed"]  # with its traceback
     assert caplog.records[0].exc_info is not None
 
 

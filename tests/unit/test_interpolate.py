@@ -130,16 +130,11 @@ def test_interpolated_top_k_equals_the_dense_ranking(
     ids, probs = knn_sparse(d, labels, 6.0)
     p = interpolate(knn_distribution(d, labels, vocab, 6.0), p_mlm, lam)
     # stored ids in the encoding's order (ids ascending), most probable first, or in any other order
-    mlm_ids = {"ids": enc.top_ids, "ranked": enc.ranked_ids(), "shuffled": rng.permutation(enc.top_ids)}[
-        order
-    ]
+    mlm_ids = {"ids": enc.top_ids, "ranked": enc.ranked_ids(), "shuffled": rng.permutation(enc.top_ids)}[order]
     got = interpolated_top_k(p_mlm, mlm_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm())
     # the same with p_MLM at the stored ids handed in (as the service does), and read through `PMlmAt`
     at = enc.p_mlm_at()
-    assert (
-        interpolated_top_k(at, mlm_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm(), mlm_p=at[mlm_ids])
-        == got
-    )
+    assert interpolated_top_k(at, mlm_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm(), mlm_p=at[mlm_ids]) == got
     if got is None:  # only when an id with the shared remainder value of p_MLM could reach either top k
         outside = np.setdiff1d(np.arange(vocab), np.union1d(enc.top_ids, ids))
         assert len(outside) > 0
@@ -173,9 +168,7 @@ def test_interpolated_top_k_ranks_only_the_head_of_a_vocabulary_sized_encoding()
                 labels = np.concatenate((rng.choice(enc.ranked_ids()[:300], 100), rng.integers(0, vocab, 28)))
                 ids, probs = knn_sparse(d, labels, 6.0)
                 sizes.clear()
-                best, mlm = interpolated_top_k(
-                    p_mlm, enc.top_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm()
-                )
+                best, mlm = interpolated_top_k(p_mlm, enc.top_ids, ids, probs, lam, k, mlm_rest=enc.rest_p_mlm())
                 p = interpolate(knn_distribution(d, labels, vocab, 6.0), p_mlm, lam)
                 assert best == reference_top(p, k) and mlm == reference_top(p_mlm, k)
                 assert len(sizes) == 1 and sizes[0] < 2048  # the head answered: not every stored entry
@@ -246,9 +239,7 @@ def test_article_offsets_hand_computed() -> None:
     assert off is not None
     assert off.tolist() == pytest.approx([0.0, 0.0, -5.0, -5.0])
     # in the softmax: a neighbour of the third article at the same distance weighs exp(-5) as much
-    ids, probs = knn_sparse(
-        np.array([1.0, 1.0]), np.array([3, 4]), 6.0, article_offsets(np.array([0, 2]), [8.0, 8.0, 4.0], 10.0)
-    )
+    ids, probs = knn_sparse(np.array([1.0, 1.0]), np.array([3, 4]), 6.0, article_offsets(np.array([0, 2]), [8.0, 8.0, 4.0], 10.0))
     assert probs[1] / probs[0] == pytest.approx(math.exp(-5.0), rel=1e-5)
 
 
@@ -265,9 +256,7 @@ def test_article_offsets_off_when_nothing_ranks() -> None:
 
 def test_article_offsets_of_two_articles_and_of_scores_below_one() -> None:
     # BM25 gives scores above 1, TF-IDF's cosine below: both are weighted, from two articles on
-    assert article_offsets(np.array([0, 1, 1]), [0.5, 0.25], 10.0).tolist() == pytest.approx(
-        [0.0, -5.0, -5.0]
-    )
+    assert article_offsets(np.array([0, 1, 1]), [0.5, 0.25], 10.0).tolist() == pytest.approx([0.0, -5.0, -5.0])
     assert article_offsets(np.array([1, 0]), [3.0, 12.0], 4.0).tolist() == pytest.approx([0.0, -3.0])
 
 
@@ -283,9 +272,7 @@ def test_the_log_space_vote_weighs_as_the_linear_one_would() -> None:
     p_mlm = np.array([1e-300, 4e-300, 0.0])
     w = weigh_vote(probs, p_mlm, 2.0)  # p_MLM^2 underflows to 0 in float64
     assert w[2] == 0.0 and float(w.sum()) == pytest.approx(1.0, rel=1e-6)
-    assert w[1] / w[0] == pytest.approx(
-        (0.3 * 16) / 0.5, rel=1e-5
-    )  # (4e-300 / 1e-300)^2 = 16: the better fit wins
+    assert w[1] / w[0] == pytest.approx((0.3 * 16) / 0.5, rel=1e-5)  # (4e-300 / 1e-300)^2 = 16: the better fit wins
     linear = weigh_vote(probs, p_mlm * 1e290, 2.0)  # the same ratios where nothing underflows
     assert w.tolist() == pytest.approx(linear.tolist(), rel=1e-5)
 
@@ -294,9 +281,7 @@ def test_the_sparse_ranking_refuses_a_lambda_outside_0_1() -> None:
     p_mlm = np.array([0.5, 0.3, 0.2], np.float32)
     for lam in (-0.1, 1.5):
         with pytest.raises(ValueError, match="lambda"):
-            interpolated_top_k(
-                p_mlm, np.arange(3), np.array([1]), np.array([1.0], np.float32), lam, 2, mlm_rest=None
-            )
+            interpolated_top_k(p_mlm, np.arange(3), np.array([1]), np.array([1.0], np.float32), lam, 2, mlm_rest=None)
 
 
 def test_a_temperature_below_one_is_taken_and_sharpens_the_vote() -> None:
