@@ -90,9 +90,7 @@ def test_what_queues_during_a_batch_is_the_next_batch_and_runs_on_the_same_threa
         ident, seen = await asyncio.wrap_future(side)
         results = [await first, *[await r for r in rest]]
         deadline = asyncio.get_running_loop().time() + 5
-        while (
-            b.busy and asyncio.get_running_loop().time() < deadline
-        ):  # the worker leaves fn after delivering
+        while b.busy and asyncio.get_running_loop().time() < deadline:  # the worker leaves fn after delivering
             await asyncio.sleep(0.001)
         assert not b.busy
         await b.stop()
@@ -148,9 +146,7 @@ def test_after_delivery_runs_once_per_batch_after_the_results_and_its_failures_s
             raise RuntimeError("a cache write failed")
 
     async def main():
-        b = MicroBatcher(
-            fn, executor=ThreadPoolExecutor(1), max_batch_size=8, max_wait_ms=0, after_delivery=after
-        )
+        b = MicroBatcher(fn, executor=ThreadPoolExecutor(1), max_batch_size=8, max_wait_ms=0, after_delivery=after)
         b.start()
         first = await b.submit(1)
         second = await b.submit(2)  # the hook's failure above did not stop the worker
@@ -345,9 +341,7 @@ def test_on_the_loop_calls_from_other_threads_run_there_between_batches_and_one_
         loop_thread = threading.get_ident()
         with ThreadPoolExecutor(1) as pool:
             ran_on = await asyncio.wrap_future(
-                pool.submit(
-                    lambda: b.call(lambda: (order.append("call"), threading.get_ident())[1]).result(5)
-                )
+                pool.submit(lambda: b.call(lambda: (order.append("call"), threading.get_ident())[1]).result(5))
             )
         here = b.call(lambda: order.append("here"))
         assert here.done()
@@ -371,9 +365,7 @@ def test_on_the_loop_stop_finishes_what_is_queued_and_a_full_queue_refuses():
         b = MicroBatcher(fn, executor=None, max_batch_size=1, max_wait_ms=0, max_queue=2)
         b.start()
         queued = [asyncio.ensure_future(b.submit(i)) for i in range(3)]
-        await asyncio.sleep(
-            0
-        )  # all three reach the queue before the batcher's task runs: the third is refused
+        await asyncio.sleep(0)  # all three reach the queue before the batcher's task runs: the third is refused
         with pytest.raises(Overloaded):
             await queued[2]
         await b.stop()
