@@ -5,6 +5,7 @@ Japanese, Ukrainian and Vietnamese dumps in ../shared/data/wiki-i18n where a dum
 from __future__ import annotations
 
 import bz2
+import dataclasses
 import json
 import logging
 import lzma
@@ -25,11 +26,19 @@ from bertknn.builder.wikitext import link_target, sentence_problem, wikitext_lin
 from bertknn.core.errors import BuildError, CorpusError, ModelLoadError
 from bertknn.core.format.sparse import NgramHasher
 from bertknn.core.languages import (
+    _BREAKERS,
     check_language,
+    has_unspaced,
+    is_unspaced_char,
+    known_languages,
     rules_for,
+    script,
     script_warning,
+    scripts,
     unknown_language,
+    unspaced_share,
     word_boundaries,
+    word_breaker,
 )
 from bertknn.core.titles import fold_title, normalize_title
 
@@ -294,6 +303,66 @@ def test_icu_breaks_japanese_into_words() -> None:
     text = "東京は日本の首都である。"
     bounds = word_boundaries(text)
     assert bounds is not None and {2, 3, 5, 6, 8} <= bounds  # 東京|は|日本|の|首都|...
+
+
+def test_icu_boundaries_count_characters_outside_the_basic_plane_once() -> None:
+    """ICU counts UTF-16 units: a character outside the BMP (an emoji, 𠮷) is two of them, one of Python's."""
+    wide, narrow = "😀東京は日本の首都", "☺東京は日本の首都"  # the same text but its first character's width
+    assert word_boundaries(wide) == word_boundaries(narrow) == frozenset({1, 3, 4, 6, 7, 9})
+    inner = word_boundaries("東京𠮷は日本")
+    assert inner is not None and max(inner) == len("東京𠮷は日本") and {2, 3, 4} <= inner
+
+
+def test_without_icu_unspaced_text_is_cut_by_the_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert word_breaker() == "icu"  # installed with the project
+    monkeypatch.setitem(sys.modules, "icu", None)  # (an import of it raises ImportError)
+    monkeypatch.delattr(_BREAKERS, "it", raising=False)
+    assert word_breaker() == "tokens" and word_boundaries("東京は日本") is None
+
+
+@pytest.mark.parametrize(
+    ("ch", "name", "unspaced"),
+    [("ก", "THAI", True), ("ລ", "LAO", True), ("\u0f00", "TIBETAN", True), ("က", "MYANMAR", True),
+     ("ក", "KHMER", True), ("あ", "CJK", True), ("ア", "CJK", True), ("ｱ", "CJK", True), ("ㇰ", "CJK", True),
+     ("東", "CJK", True), ("\u3400", "CJK", True), ("\u9fff", "CJK", True), ("\uf900", "CJK", True),
+     ("\U00020000", "CJK", True), ("々", "CJK", True), ("한", "HANGUL", False), ("ж", "CYRILLIC", False),
+     ("é", "LATIN", False), ("a", "LATIN", False), ("\u0378", "", False)],
+)  # fmt: skip
+def test_each_script_s_letters(ch: str, name: str, unspaced: bool) -> None:
+    """Thai, Lao, Tibetan, Myanmar and Khmer are unspaced but their own scripts; kana and Han are CJK; a code
+    point without a name has no script."""
+    assert script(ch) == name and is_unspaced_char(ch) is unspaced and has_unspaced(f"ab {ch}") is unspaced
+
+
+def test_letters_are_counted_by_script_and_their_unspaced_share() -> None:
+    assert scripts("Київ ab, 12!") == {"CYRILLIC": 4, "LATIN": 2}
+    assert scripts("1 + 1") == {}
+    assert unspaced_share("東京abc") == pytest.approx(0.4)
+    assert unspaced_share("東京 1-2!") == 1.0 and unspaced_share("12 !") == 0.0 and unspaced_share("") == 0.0
+
+
+def test_a_question_without_letters_or_with_one_foreign_letter_is_not_warned() -> None:
+    assert script_warning("1 + 1 = 2", "ja") is None
+    assert script_warning("東 1", "en") is None  # one letter is not a script
+    assert "CJK" in (script_warning("東京", "en") or "")  # two are
+
+
+def test_rules_are_read_for_the_code_however_it_is_written() -> None:
+    assert {"en", "ja", "uk", "vi"} <= set(known_languages())
+    assert not any(k == "default" or k.startswith("_") for k in known_languages())
+    assert rules_for("JA").code == "ja" and rules_for("JA").known and rules_for("JA").unspaced
+    assert rules_for("pt_BR").code == "pt-br" and rules_for("pt_BR").known  # its base's rules
+    assert unknown_language("EN", "unicode", frozenset()) is None
+    with pytest.raises(dataclasses.FrozenInstanceError):  # shared by every caller (cached)
+        rules_for("en").stopwords = frozenset()  # type: ignore[misc]
+
+
+def test_back_matter_headings_alone_or_joined_are_matched() -> None:
+    pattern = re.compile(rules_for("en").back_matter_pattern(), re.IGNORECASE)
+    assert all(pattern.match(h) for h in ("References", " see also ", "Notes and references", "External links"))
+    assert not any(pattern.match(h) for h in ("History", "References to the war", "Early life"))
+    empty = dataclasses.replace(rules_for("en"), back_matter=())
+    assert not re.match(empty.back_matter_pattern(), "")  # nothing is back matter
 
 
 def test_english_site_is_the_default() -> None:

@@ -50,6 +50,17 @@ def test_on_bert_base_uncased_words_are_the_tokenizers_word_ids(bert_tokenizer: 
     assert got == [w for w in want if not is_punctuation(w)]
 
 
+def test_unspaced_words_are_icu_s_words_of_the_tokens(bert_tokenizer: PreTrainedTokenizerBase) -> None:
+    """BERT's tokenizer cuts Japanese into one token per character; adjacent ones join where ICU's word breaker
+    puts no boundary (東 + 京 -> 東京), and an unknown character ([UNK]: 首) is no word."""
+    words = WordModel(bert_tokenizer)
+    text = "東京は日本の首都である。 Tokyo is big"
+    tok = words.tokenize([text])[0]
+    got = [(text[w.start : w.end], w.num_tokens) for w in words.words(tok)]
+    assert got == [("東京", 2), ("は", 1), ("日本", 2), ("の", 1), ("都", 1), ("で", 1), ("ある", 2),
+                   ("Tokyo", 1), ("is", 1), ("big", 1)]  # fmt: skip
+
+
 @pytest.mark.parametrize("family", ["roberta", "modernbert", "xlm-roberta", "deberta-v2"])
 def test_query_and_context_give_the_same_ids_whatever_the_mask_does_with_its_space(
     family: str, texts: list[str]
