@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from bertknn.service.fair import FairExecutor, client_var
 
 
@@ -26,3 +28,51 @@ def test_clients_take_turns_and_each_client_s_tasks_keep_their_order() -> None:
         f.result(5)
     pool.shutdown()
     assert ran == ["a0", "b0", "c0", "a1", "b1", "a2", "a3"]
+
+
+def test_a_task_s_error_reaches_its_waiter_and_the_worker_goes_on() -> None:
+    pool = FairExecutor(1, "t")
+
+    def fail() -> None:
+        raise ValueError("bad task")
+
+    failed = pool.submit(fail)
+    after = pool.submit(lambda: 42)
+    with pytest.raises(ValueError, match="bad task"):
+        failed.result(5)
+    assert after.result(5) == 42
+    pool.shutdown()
+
+
+def test_shutdown_finishes_what_is_queued_then_stops_its_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    errors: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+    gate = threading.Event()
+    pool = FairExecutor(2, "fin")
+    assert sorted(t.name for t in pool._threads) == ["fin_0", "fin_1"]
+    assert all(t.daemon for t in pool._threads)  # never keeps the process from exiting
+    blockers = [pool.submit(gate.wait, 5, client=c) for c in "xy"]
+    queued = [pool.submit(lambda i=i: i * i, client="z") for i in range(5)]
+    stopper = threading.Thread(target=pool.shutdown)
+    stopper.start()
+    stopper.join(0.2)
+    assert stopper.is_alive()  # waits for the threads, which are busy
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit(print, "too late")
+    gate.set()
+    stopper.join(5)
+    assert not stopper.is_alive() and not any(t.is_alive() for t in pool._threads)
+    assert errors == []  # each thread ended by returning, none by an error
+    assert [f.result(0) for f in blockers] == [True, True] and [f.result(0) for f in queued] == [0, 1, 4, 9, 16]
+
+
+def test_shutdown_without_waiting_returns_while_a_task_runs() -> None:
+    gate = threading.Event()
+    pool = FairExecutor(1, "nowait")
+    running = pool.submit(gate.wait, 5)
+    pool.shutdown(wait=False)
+    assert pool._threads[0].is_alive() and not running.done()
+    gate.set()
+    assert running.result(5) is True
+    pool._threads[0].join(5)
+    assert not pool._threads[0].is_alive()
