@@ -185,3 +185,82 @@ def test_probabilities_become_the_float16_bits_numpys_cast_makes() -> None:
         got, want = probs_to_float16(probs), probs.astype(np.float16)
         assert got.dtype == np.float16 and got.shape == want.shape
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def _hand_made(top_probs: list[float], ids: list[int], vocab: int) -> QueryEncoding:
+    return QueryEncoding(np.ones(4, np.float16), np.array(ids, np.int32), np.array(top_probs, np.float16), vocab)
+
+
+def test_p_mlm_is_the_stored_entries_and_the_rest_spread_evenly() -> None:
+    """Stored 0.5 + 0.25: the remaining 0.25 over the 4 other ids; stored entries that sum over 1 (float16
+    rounding) are scaled to 1 and the rest get nothing; with every id stored there is no rest."""
+    enc = _hand_made([0.5, 0.25], [1, 4], vocab=6)
+    np.testing.assert_array_equal(enc.p_mlm(), np.array([0.0625, 0.5, 0.0625, 0.0625, 0.25, 0.0625], np.float32))
+    assert enc.rest_p_mlm() == 0.0625 and enc.p_mlm() is enc.p_mlm()  # built once
+    over = _hand_made([0.75, 0.5], [0, 2], vocab=4)
+    np.testing.assert_array_equal(over.p_mlm(), np.array([0.6, 0.0, 0.4, 0.0], np.float32))
+    assert over.rest_p_mlm() == 0.0
+    full = _hand_made([0.5, 0.25, 0.25], [0, 1, 2], vocab=3)
+    assert full.rest_p_mlm() is None and np.array_equal(full.p_mlm(), np.array([0.5, 0.25, 0.25], np.float32))
+    for shared in (enc.p_mlm(), enc._normalised()[0]):  # shared by every reader of the encoding: read-only
+        with pytest.raises(ValueError, match="read-only"):
+            shared[0] = 1.0
+
+
+def test_bare_is_the_same_encoding_without_what_requests_derived() -> None:
+    enc = _hand_made([0.5, 0.25], [1, 4], vocab=6)
+    enc.p_mlm()
+    bare = enc.bare()
+    assert "_p_mlm" in enc.__dict__ and "_p_mlm" not in bare.__dict__ and "_normalised_p" not in bare.__dict__
+    assert bare.to_bytes() == enc.to_bytes() and np.array_equal(bare.p_mlm(), enc.p_mlm())
+
+
+def test_two_entries_given_highest_id_first_are_kept_in_id_order() -> None:
+    enc = QueryEncoding.from_top(np.ones(4), np.log([0.5, 0.25]), np.array([7, 3]), 10)
+    assert enc.top_ids.tolist() == [3, 7] and enc.top_probs.tolist() == [0.25, 0.5]
+    assert enc.p_mlm_at()[[3, 7, 0]].tolist() == [0.25, 0.5, 0.03125]  # (a list of ids too)
+
+
+def test_an_encoding_of_every_id_round_trips() -> None:
+    enc = _enc(vocab=12)
+    every = QueryEncoding.from_log_probs(enc.embedding, np.log(np.full(12, 1 / 12)), n_top=12)
+    back = QueryEncoding.from_bytes(every.to_bytes(), hidden=8, vocab_size=12)
+    assert back.top_ids.tolist() == list(range(12)) and back.rest_p_mlm() is None
+
+
+def _sealed(body: bytes) -> bytes:
+    """A value with a valid checksum (what a bug, not a damaged disk, writes)."""
+    import struct
+    import zlib
+
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+@pytest.mark.parametrize(
+    ("ids", "embedding_value", "error"),
+    [([0, 99], 1.0, None), ([0, 100], 1.0, "out of range"), ([-1, 5], 1.0, "out of range"),
+     ([0, 5], np.inf, "out of range"), ([0, 5], np.nan, "out of range")],
+)  # fmt: skip
+def test_values_with_a_valid_checksum_but_out_of_range_are_rejected(
+    ids: list[int], embedding_value: float, error: str | None
+) -> None:
+    enc = QueryEncoding(np.full(8, embedding_value, np.float16), np.array(ids, np.int32), np.array([0.5, 0.25], np.float16), 100)
+    if error is None:  # the first and the last id are ids
+        assert QueryEncoding.from_bytes(enc.to_bytes(), hidden=8, vocab_size=100).top_ids.tolist() == ids
+        return
+    with pytest.raises(CorruptCacheValue, match=error):
+        QueryEncoding.from_bytes(enc.to_bytes(), hidden=8, vocab_size=100)
+
+
+def test_a_body_of_the_wrong_length_or_a_json_value_that_is_no_hit_list_is_rejected() -> None:
+    body = _enc().to_bytes()[:-4]
+    with pytest.raises(CorruptCacheValue, match="length mismatch"):
+        QueryEncoding.from_bytes(_sealed(body + b"\0\0"), hidden=8, vocab_size=100)
+    with pytest.raises(CorruptCacheValue, match="length mismatch"):
+        QueryEncoding.from_bytes(_sealed(body[:-2]), hidden=8, vocab_size=100)
+    for short in (b"", b"abc"):
+        with pytest.raises(CorruptCacheValue, match="too short"):
+            decode_hits(short)
+    for raw in (b'{"a": 1}', b"[1, 2]", b"[[1]]", b"not json"):
+        with pytest.raises(CorruptCacheValue, match="not a hit list"):
+            decode_hits(_sealed(raw))

@@ -62,6 +62,9 @@ def test_top_k_among_ranks_ids_not_positions() -> None:
 def test_float64_values_are_not_merged_by_a_conversion() -> None:
     row = np.array([1.0, 1.0 + 1e-12, 0.5])
     assert top_entries(row, 1)[1].tolist() == [1]
+    counts = np.array([1, 3, 2])  # integers (counts, votes) are ranked as float32 values
+    values, ids = top_entries(counts, 2)
+    assert values.dtype == np.float32 and values.tolist() == [3.0, 2.0] and ids.tolist() == [1, 2]
 
 
 def test_a_cached_encoding_ranks_its_ids_by_the_same_rule() -> None:
