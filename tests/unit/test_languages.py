@@ -326,11 +326,15 @@ def test_without_icu_unspaced_text_is_cut_by_the_tokens(monkeypatch: pytest.Monk
      ("ក", "KHMER", True), ("あ", "CJK", True), ("ア", "CJK", True), ("ｱ", "CJK", True), ("ㇰ", "CJK", True),
      ("東", "CJK", True), ("\u3400", "CJK", True), ("\u9fff", "CJK", True), ("\uf900", "CJK", True),
      ("\U00020000", "CJK", True), ("々", "CJK", True), ("한", "HANGUL", False), ("ж", "CYRILLIC", False),
-     ("é", "LATIN", False), ("a", "LATIN", False), ("\u0378", "", False)],
+     ("é", "LATIN", False), ("a", "LATIN", False), ("\u0378", "", False),
+     # each unspaced block's first character, and the one after its last (where both are assigned)
+     ("\u4e00", "CJK", True), ("\uff66", "CJK", True), ("\u10a0", "GEORGIAN", False), ("\u1800", "MONGOLIAN", False),
+     ("\u4dc0", "HEXAGRAM", False), ("\ua000", "YI", False), ("\ufb00", "LATIN", False),
+     ("\u3200", "PARENTHESIZED", False), ("\uffa0", "HALFWIDTH", False)],
 )  # fmt: skip
 def test_each_script_s_letters(ch: str, name: str, unspaced: bool) -> None:
     """Thai, Lao, Tibetan, Myanmar and Khmer are unspaced but their own scripts; kana and Han are CJK; a code
-    point without a name has no script."""
+    point without a name has no script; the characters just past an unspaced block are not unspaced."""
     assert script(ch) == name and is_unspaced_char(ch) is unspaced and has_unspaced(f"ab {ch}") is unspaced
 
 
