@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
 from unittest import mock
 
 import numpy as np
@@ -230,9 +232,6 @@ def test_an_encoding_of_every_id_round_trips() -> None:
 
 def _sealed(body: bytes) -> bytes:
     """A value with a valid checksum (what a bug, not a damaged disk, writes)."""
-    import struct
-    import zlib
-
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -244,7 +243,8 @@ def _sealed(body: bytes) -> bytes:
 def test_values_with_a_valid_checksum_but_out_of_range_are_rejected(
     ids: list[int], embedding_value: float, error: str | None
 ) -> None:
-    enc = QueryEncoding(np.full(8, embedding_value, np.float16), np.array(ids, np.int32), np.array([0.5, 0.25], np.float16), 100)
+    probs = np.array([0.5, 0.25], np.float16)
+    enc = QueryEncoding(np.full(8, embedding_value, np.float16), np.array(ids, np.int32), probs, 100)
     if error is None:  # the first and the last id are ids
         assert QueryEncoding.from_bytes(enc.to_bytes(), hidden=8, vocab_size=100).top_ids.tolist() == ids
         return
