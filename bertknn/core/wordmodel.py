@@ -37,8 +37,10 @@ from bertknn.core.text import MASK_RE, is_punctuation, is_word_break
 # that the tokenizer knows (no unknown or special token) and whose tokens keep apart from the text around it
 _STAND_INS = ("something", "the", "and", "of", "a", "x", "e", "i", "o")
 # tried first where the mask touches its neighbours without a space ("18[MASK]中葉", "東京は[MASK]の"): a word of
-# an unspaced script keeps apart from digits and Latin letters, which the tokenizer would glue to a Latin stand-in
-_UNSPACED_STAND_INS = ("何", "某", "誰", "それ", "อะไร")
+# an unspaced script keeps apart from digits and Latin letters, which the tokenizer would glue to a Latin stand-in.
+# Han characters first: WordPiece puts a break on both sides of each (bert-base-uncased knows 人 but not 何), so
+# the kana around the mask keep their word-initial tokens, as beside a stored Han word; kana would be glued to them.
+_UNSPACED_STAND_INS = ("何", "某", "誰", "人", "それ", "อะไร")
 
 
 def lowercases(tokenizer: Any) -> bool:

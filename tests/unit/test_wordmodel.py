@@ -61,6 +61,19 @@ def test_unspaced_words_are_icu_s_words_of_the_tokens(bert_tokenizer: PreTrained
                    ("Tokyo", 1), ("is", 1), ("big", 1)]  # fmt: skip
 
 
+def test_without_icu_each_unspaced_token_stays_a_word(
+    bert_tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ICU is optional: without its word breaker, unspaced text's one-character tokens are not joined."""
+    import bertknn.core.wordmodel as wordmodel
+
+    monkeypatch.setattr(wordmodel, "word_boundaries", lambda text: None)
+    words = WordModel(bert_tokenizer)
+    text = "東京は日本 Tokyo"
+    tok = words.tokenize([text])[0]
+    assert [text[w.start : w.end] for w in words.words(tok)] == ["東", "京", "は", "日", "本", "Tokyo"]
+
+
 @pytest.mark.parametrize("family", ["roberta", "modernbert", "xlm-roberta", "deberta-v2"])
 def test_query_and_context_give_the_same_ids_whatever_the_mask_does_with_its_space(
     family: str, texts: list[str]
@@ -69,10 +82,13 @@ def test_query_and_context_give_the_same_ids_whatever_the_mask_does_with_its_spa
     sentence = "He was born in Paris, the capital of France."
     tok = words.tokenize([sentence])[0]
     for w in words.words(tok):
+        # the context's ids with the word's tokens made one mask, built here rather than by `masked`
+        want = ([*tok.ids[: w.first], words.mask_id, *tok.ids[w.last + 1 :]], w.first)
+        assert words.masked(tok, w) == want
         query = f"{sentence[: w.start]}[MASK]{sentence[w.end :]}"
-        assert words.query_ids(query) == words.masked(tok, w), query
+        assert words.query_ids(query) == want, query
         mask = words.tokenizer.mask_token
-        assert words.query_ids(f"{sentence[: w.start]}{mask}{sentence[w.end :]}") == words.masked(tok, w)
+        assert words.query_ids(f"{sentence[: w.start]}{mask}{sentence[w.end :]}") == want
 
 
 @pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
@@ -107,3 +123,99 @@ def test_a_query_says_what_is_wrong(bert_tokenizer: PreTrainedTokenizerBase) -> 
     for text, message in [("no mask here", "exactly one"), ("[MASK] and [mask]", "exactly one"), (" [MASK] ", "nothing but")]:
         with pytest.raises(QueryError, match=message):
             words.query_ids(text)
+
+
+def test_a_key_is_nfc_and_the_models_case(texts: list[str], bert_tokenizer: PreTrainedTokenizerBase) -> None:
+    """Titles and answers that differ in Unicode form are one word; an uncased model's key is lower-case, a cased
+    model's keeps the case; what is shown is the key."""
+    uncased, cased = WordModel(bert_tokenizer), WordModel(train_tokenizer("roberta", texts, vocab_size=500))
+    decomposed = " Cafe\u0301 "  # e + combining acute
+    assert uncased.key(decomposed) == uncased.shown(decomposed) == "caf\u00e9"
+    assert cased.key(decomposed) == cased.shown(decomposed) == "Caf\u00e9"
+    assert cased.key("Paris") != cased.key("paris")
+
+
+def test_a_tokenizer_that_cannot_mark_words_is_refused() -> None:
+    """Word alignment needs the Rust tokenizer's offsets and word ids, and a masked LM a mask token."""
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match="fast"):
+        WordModel(SimpleNamespace(is_fast=False, mask_token_id=103))
+    with pytest.raises(ValueError, match="mask token"):
+        WordModel(SimpleNamespace(is_fast=True, mask_token_id=None))
+
+
+def test_offsets_lose_their_spaces_and_a_lone_space_token_its_character() -> None:
+    from bertknn.core.wordmodel import _space_tokens_empty, _trim
+
+    text = "  ab  c"
+    assert _trim(text, 0, 6) == (2, 4) and _trim(text, 4, 6) == (6, 6) and _trim(text, 6, 7) == (6, 7)
+    # SentencePiece's lone "▁" at a text's start reported over the first character, beside that character's token
+    assert _space_tokens_empty([(0, 1), (0, 3), (4, 5)]) == ((0, 0), (0, 3), (4, 5))
+    assert _space_tokens_empty([(0, 0), (0, 3), (3, 3), (3, 4)]) == ((0, 0), (0, 3), (3, 3), (3, 4))
+    assert _space_tokens_empty([(0, 3), (0, 3)]) == ((0, 0), (0, 3))
+
+
+def test_a_mask_between_unspaced_words_drops_the_spaces_around_it(
+    texts: list[str], bert_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Unspaced text has no spaces: "は [MASK] で" is "は[MASK]で". The mask stands where a Han word would (WordPiece
+    breaks on both sides of a Han character), so the question's ids are those of the stored context whose masked
+    word is 東京: the kana after it keep their word-initial token (a kana stand-in would glue them to itself)."""
+    words = WordModel(bert_tokenizer)
+    ids, at = words.query_ids("日本の首都は [MASK] である。")
+    assert (ids, at) == words.query_ids("日本の首都は[MASK]である。")
+    assert ids.count(words.mask_id) == 1 and ids[at] == words.mask_id
+    tok = words.tokenize(["日本の首都は東京である。"])[0]
+    (w,) = [w for w in words.words(tok) if tok.text[w.start : w.end] == "東京"]
+    assert (ids, at) == words.masked(tok, w)
+    # SentencePiece would make a space a token of its own
+    words = WordModel(train_tokenizer("xlm-roberta", texts + ["東京は日本の首都である。"] * 40, vocab_size=2000))
+    assert words.query_ids("東京は [MASK] の首都") == words.query_ids("東京は[MASK]の首都")
+
+
+def test_a_mask_glued_to_its_neighbours_masks_the_word_it_makes(texts: list[str]) -> None:
+    """WordPiece glues every stand-in to letters on both sides ("thesomethings" is one word): no stand-in keeps
+    apart, and the whole word the first one makes is masked, the text around it kept."""
+    words = WordModel(train_tokenizer("bert", texts, vocab_size=2000))
+    (head,), (tail,) = words.tokenize(["He saw"]), words.tokenize(["here."])
+    assert words.query_ids("He saw the[MASK]s here.") == ([*head.ids, words.mask_id, *tail.ids], len(head.ids))
+
+
+def test_a_tokenizer_that_knows_no_stand_in_says_so() -> None:
+    """A vocabulary with none of the plain words a query's mask is placed with (every one an unknown token)."""
+    words = WordModel(train_tokenizer("bert", ["1 2 3 4 5 6 7 8 9 0 12 345 6789"] * 20, vocab_size=60))
+    with pytest.raises(ValueError, match="knows none of the plain words"):
+        words.query_ids("1 2 [MASK] 4")
+
+
+def test_sentencepiece_s_unspaced_tokens_are_words_and_its_glued_punctuation_none(texts: list[str]) -> None:
+    """SentencePiece starts a Japanese word without "▁" (``で``, ``日本の``): each such token is a word of its own
+    (`words` splits unspaced text into them). A piece with punctuation glued to it (``▁(A``, ``s.``) is no answer."""
+    from bertknn.core.text import is_word_break
+
+    japanese = ["東京は日本の首都である。", "日本の人口は約一億二千万人である。", "富士山は日本で最も高い山である。"]
+    words = WordModel(train_tokenizer("xlm-roberta", texts + japanese * 40, vocab_size=2000))
+    pieces = words.tokenizer.convert_ids_to_tokens(list(range(words.vocab_size)))
+    ids = {p: i for i, p in enumerate(pieces)}
+    for piece in ("で", "日本の", "東"):
+        assert words.token_word(ids[piece]) == ids[piece] and words.token_text(ids[piece]) == piece
+    glued = [i for i, p in enumerate(pieces) if (t := p.strip("▁")) and not is_word_break(t)
+             and (is_word_break(t[0]) or is_word_break(t[-1]))]  # fmt: skip
+    assert len(glued) >= 5 and all(words.vocab.non_words[i] for i in glued)
+    assert words.vocab.non_words[ids["▁the"]] == False  # noqa: E712 - a numpy bool
+
+
+def test_model_rows_beyond_the_tokenizer_are_no_words(texts: list[str]) -> None:
+    """A model may have more vocabulary rows than its tokenizer has tokens (DeBERTa-v2): they read as "" and are
+    no answer; ids outside the rows are none either."""
+    tok = train_tokenizer("bert", texts, vocab_size=500)
+    words = WordModel(tok, vocab_size=len(tok) + 5)
+    assert len(words.vocab.texts) == len(words.vocab.word_of) == words.vocab_size == len(tok) + 5
+    assert words.vocab.texts[-5:] == [""] * 5 and words.vocab.non_words[-5:].all()
+    assert words.token_text(tok.cls_token_id) == "[CLS]" and words.vocab.non_words[tok.cls_token_id]
+    (the,) = words.pieces_of("the")
+    assert words.token_word(the) == the and words.token_text(the) == "the"
+    for outside in (-1, words.vocab_size):
+        assert words.token_word(outside) == -1 and words.token_text(outside) == ""
+    assert words.token_text(words.vocab_size - 1) == ""
