@@ -23,6 +23,13 @@ def texts() -> list[str]:
     return ["Paris is the capital of France. He was born in Paris."] * 50 + leads
 
 
+@pytest.fixture(scope="module")
+def japanese_sentencepiece(texts: list[str]) -> WordModel:
+    """An XLM-R-style Unigram tokenizer that has seen some Japanese: it starts Japanese words without "▁"."""
+    japanese = ["東京は日本の首都である。", "日本の人口は約一億二千万人である。", "富士山は日本で最も高い山である。"]
+    return WordModel(train_tokenizer("xlm-roberta", texts + japanese * 40, vocab_size=2000))
+
+
 def test_on_bert_base_uncased_the_non_words_are_berts(bert_tokenizer: PreTrainedTokenizerBase) -> None:
     """Specials, ``##`` pieces, punctuation and ``[unusedN]``: the rule the service had, over all 30,522 ids."""
     words = WordModel(bert_tokenizer)
@@ -157,7 +164,7 @@ def test_offsets_lose_their_spaces_and_a_lone_space_token_its_character() -> Non
 
 
 def test_a_mask_between_unspaced_words_drops_the_spaces_around_it(
-    texts: list[str], bert_tokenizer: PreTrainedTokenizerBase
+    japanese_sentencepiece: WordModel, bert_tokenizer: PreTrainedTokenizerBase
 ) -> None:
     """Unspaced text has no spaces: "は [MASK] で" is "は[MASK]で". The mask stands where a Han word would (WordPiece
     breaks on both sides of a Han character), so the question's ids are those of the stored context whose masked
@@ -170,7 +177,7 @@ def test_a_mask_between_unspaced_words_drops_the_spaces_around_it(
     (w,) = [w for w in words.words(tok) if tok.text[w.start : w.end] == "東京"]
     assert (ids, at) == words.masked(tok, w)
     # SentencePiece would make a space a token of its own
-    words = WordModel(train_tokenizer("xlm-roberta", texts + ["東京は日本の首都である。"] * 40, vocab_size=2000))
+    words = japanese_sentencepiece
     assert words.query_ids("東京は [MASK] の首都") == words.query_ids("東京は[MASK]の首都")
 
 
@@ -189,13 +196,14 @@ def test_a_tokenizer_that_knows_no_stand_in_says_so() -> None:
         words.query_ids("1 2 [MASK] 4")
 
 
-def test_sentencepiece_s_unspaced_tokens_are_words_and_its_glued_punctuation_none(texts: list[str]) -> None:
+def test_sentencepiece_s_unspaced_tokens_are_words_and_its_glued_punctuation_none(
+    japanese_sentencepiece: WordModel,
+) -> None:
     """SentencePiece starts a Japanese word without "▁" (``で``, ``日本の``): each such token is a word of its own
     (`words` splits unspaced text into them). A piece with punctuation glued to it (``▁(A``, ``s.``) is no answer."""
     from bertknn.core.text import is_word_break
 
-    japanese = ["東京は日本の首都である。", "日本の人口は約一億二千万人である。", "富士山は日本で最も高い山である。"]
-    words = WordModel(train_tokenizer("xlm-roberta", texts + japanese * 40, vocab_size=2000))
+    words = japanese_sentencepiece
     pieces = words.tokenizer.convert_ids_to_tokens(list(range(words.vocab_size)))
     ids = {p: i for i, p in enumerate(pieces)}
     for piece in ("で", "日本の", "東"):
@@ -203,7 +211,7 @@ def test_sentencepiece_s_unspaced_tokens_are_words_and_its_glued_punctuation_non
     glued = [i for i, p in enumerate(pieces) if (t := p.strip("▁")) and not is_word_break(t)
              and (is_word_break(t[0]) or is_word_break(t[-1]))]  # fmt: skip
     assert len(glued) >= 5 and all(words.vocab.non_words[i] for i in glued)
-    assert words.vocab.non_words[ids["▁the"]] == False  # noqa: E712 - a numpy bool
+    assert not words.vocab.non_words[ids["▁the"]]
 
 
 def test_model_rows_beyond_the_tokenizer_are_no_words(texts: list[str]) -> None:
