@@ -12,7 +12,8 @@ Rules (docs/building.md, "Article text"):
   galleries, files, categories and headings are dropped; the
   brackets and separators that dropped pronunciations leave behind ("(, ; ; )") are removed.
 
-Links (`wikitext_links`): every wikilink left in the text (``[[Target]]``, ``[[Target|anchor]]``) gives a `Link`,
+Links (`wikitext_links`): a link shows its text, or its title without the colon that makes ``[[:Category:X]]`` a
+link. Every wikilink left in the text (``[[Target]]``, ``[[Target|anchor]]``) gives a `Link`,
 the anchor's character span in the returned text and the target title (``#section`` dropped, normalised by
 ``titles.normalize_title``; redirects are resolved later, against the whole dump's). Links inside dropped parts
 (templates, references, files, back matter) go with them; links to a section of the same page are not kept.
@@ -33,7 +34,8 @@ from bertknn.core.languages import unspaced_share
 from bertknn.core.titles import normalize_title
 
 # the version of these rules, recorded in a build's state: a resumed build must use the same
-TEXT_RULES = 3  # 3: namespaces, back matter and sentence ends per language; file-link parameters are markup
+# 3: namespaces, back matter and sentence ends per language; file-link parameters are markup; 4: [[:X]] shows X
+TEXT_RULES = 4
 _INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
 _HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
 # (a pattern string: mwparserfromhell compiles it with re.IGNORECASE itself)
@@ -153,15 +155,18 @@ def wikitext_links(wikitext: str, site: Site = ENGLISH) -> tuple[str, list[Link]
             code.remove(node)
     targets: list[str] = []
     for link in code.filter_wikilinks(recursive=True):
-        target = link_target(str(link.title).strip(), site)
-        anchor = str(link.text) if link.text is not None else str(link.title)
-        if not target:
-            continue
+        title = str(link.title).strip()
+        target = link_target(title, site)
+        # what the page shows: the link's text, else its title without the colon that makes [[:Category:X]] a
+        # link instead of a category (strip_code would keep the colon)
+        anchor = str(link.text) if link.text is not None else title.lstrip(":")
         with contextlib.suppress(ValueError):
-            code.replace(link, f"{_OPEN}{len(targets)}{_NUMBER_END}{anchor}{_CLOSE}")
-            targets.append(target)
+            if target:
+                code.replace(link, f"{_OPEN}{len(targets)}{_NUMBER_END}{anchor}{_CLOSE}")
+                targets.append(target)
+            elif link.text is None and title.startswith(":"):
+                code.replace(link, anchor)
     text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
-    text = re.sub(r"\n{2,}", "\n", text)
     lines = []
     for line in text.splitlines():
         line = line.strip()

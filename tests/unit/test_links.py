@@ -56,6 +56,7 @@ def test_link_targets_are_normalised_titles() -> None:
     assert link_target("new_york_City") == "New york City"
     assert link_target("Star Wars: Episode IV") == "Star Wars: Episode IV"
     assert link_target("Paris#History") == "Paris"
+    assert link_target(":Paris") == link_target(" Paris ") == "Paris"  # [[:Paris]] is a link to the article
     for none in ("#Life", ":Category:Films", "de:Albert Einstein", "wikt:word", "File:X.jpg"):
         assert link_target(none) == ""
 
@@ -327,3 +328,9 @@ def test_a_prediction_with_its_entity_keeps_every_other_field() -> None:
     ref = EntityRef("Pisa", 40)
     assert p.with_entity(ref) == replace(p, entity=ref)
     assert p.with_entity(None) == replace(p, entity=None)
+
+
+def test_a_link_s_span_is_its_shown_text_whatever_spaces_or_colon_it_has() -> None:
+    text, links = wikitext_links("He saw [[Paris| Paris]] and [[:Berlin]], not [[:Category:Cities]].")
+    assert text == "He saw  Paris and Berlin, not Category:Cities."
+    assert [(text[ln.start : ln.end], ln.target) for ln in links] == [("Paris", "Paris"), ("Berlin", "Berlin")]

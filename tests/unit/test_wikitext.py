@@ -10,7 +10,7 @@ import pytest
 
 from bertknn.builder.corpus import CorpusStats, read_corpora
 from bertknn.builder.sentences import SentenceSplitter
-from bertknn.builder.wikitext import sentence_problem, wikitext_to_text
+from bertknn.builder.wikitext import drop_reason, sentence_problem, wikitext_to_text
 
 
 @pytest.mark.parametrize(
@@ -30,6 +30,27 @@ from bertknn.builder.wikitext import sentence_problem, wikitext_to_text
         ("Einstein was a physicist.<ref>{{cite web |url=http://x.org |title=T}}</ref> He won.",
          "Einstein was a physicist. He won."),
         ("Text.{{sfn|Smith|2001|p=4}} More text.", "Text. More text."),
+        # the argument counts and month numbers at each rule's boundary
+        ("It is {{convert|70|mi}} long.", "It is 70 mi long."),
+        ("A range of {{convert|2|to|4|km}} wide.", "A range of 2 to 4 km wide."),
+        ("It is {{convert|5|km|mi|0}} long.", "It is 5 km long."),  # a fourth argument that is no range
+        ("Born on {{birth date|1879|1|5}} in Ulm.", "Born on 5 January 1879 in Ulm."),
+        ("Died {{death date|1955|12|18}} there.", "Died 18 December 1955 there."),
+        ("Born in {{birth date|1879|12}} in Ulm.", "Born in December 1879 in Ulm."),
+        ("Born in {{birth date|1879|1}} in Ulm.", "Born in January 1879 in Ulm."),
+        ("Born in {{birth date|1879}} in Ulm.", "Born in 1879 in Ulm."),
+        ("Born in {{birth date|1879|13|14}} in Ulm.", "Born in 1879 in Ulm."),  # no such month: the year
+        ("Born in {{birth date|1879|13}} in Ulm.", "Born in 1879 in Ulm."),
+        ("Born {{birth date|unknown}} in Ulm.", "Born in Ulm."),
+        ("Built {{circa|1850}} by monks.", "Built c. 1850 by monks."),
+        ("Built {{c.}} 1850 by monks.", "Built c. 1850 by monks."),
+        ("Ben &amp; Jerry&#39;s is a brand.", "Ben & Jerry's is a brand."),  # entities as the characters
+        ("He won.<small><ref>Smith 2001, p. 4.</ref></small> He left.", "He won. He left."),  # a nested reference
+        ("He won.<div>[[File:X.jpg|thumb|A caption here]]</div> He left.", "He won. He left."),
+        ("Text before.\n| stray cell || more\n! stray head\n{ stray\nText after.", "Text before.\nText after."),
+        ("First line.\n Second line after a space.", "First line.\nSecond line after a space."),
+        # a link with a leading colon shows its title without the colon (a category's, an article's)
+        ("See [[:Category:Films]] and [[:Paris]] for more.", "See Category:Films and Paris for more."),
     ],
 )
 def test_templates_that_render_words_keep_them(wikitext: str, text: str) -> None:
@@ -42,13 +63,16 @@ def test_back_matter_sections_are_not_article_text() -> None:
 The history of the topic is long.
 == See also ==
 * [[Other topic]]
-== References ==
+The sister topic is described in another article.
+== Notes and references ==
+The figure is an estimate made in the year 1900.
 {{reflist}}
 == Further reading ==
 * Stora, Benjamin (2001). ''Algeria''. ISBN 0-8014-8916-4.
 == External links ==
 * [http://example.org Official site]
 """
+    # (prose in back matter: list items, templates and headings go whatever their section)
     assert wikitext_to_text(wikitext) == "Lead sentence about the topic.\nThe history of the topic is long."
 
 
@@ -80,10 +104,25 @@ After the table."""
         ("Main article: History of the United States", "hatnote"),
         ("Paris is the capital of France.", None),
         ("Einstein was born in Ulm.", None),
+        # at the rules' boundaries: four words of two letters or more; six letters of a script without spaces
+        ("Einstein won prizes twice.", None),
+        ("Einstein won prizes.", "fragment"),
+        ("東京は首都だ。", None),
+        ("東京は首都。", "fragment"),
+        ("東京は首都 Tokyo", "fragment"),  # half its letters unspaced: counted in words, and two are too few
+        ("Київ — столиця.", "fragment"),  # letters outside ASCII in a spaced script: still words
+        ("Київ — столиця України й місто.", None),
     ],
 )
 def test_sentence_filter(sentence: str, problem: str | None) -> None:
     assert sentence_problem(sentence) == problem
+
+
+def test_a_sentence_under_the_length_is_short_and_at_it_is_judged_by_its_words() -> None:
+    sentence = "Paris is big and old."
+    assert drop_reason(sentence, len(sentence) + 1) == "short"
+    assert drop_reason(sentence, len(sentence)) is None
+    assert drop_reason("See also Lack-of-fit sum of squares.", 10) == "hatnote"
 
 
 def test_real_enwiki_pages_give_clean_sentences(tmp_path: Path) -> None:
