@@ -6,8 +6,9 @@ Rules (docs/building.md, "Article text"):
 - Templates that render words give their words: ``convert``/``cvt`` (``{{convert|70|mi|km}}`` -> "70 mi", ranges
   "2 to 4 km"), ``lang``/``lang-xx``/``transl`` (the text), ``nowrap``, ``nobr``, ``small``, ``big``, ``nobold``,
   ``noitalic``, ``ill``, ``vanchor`` (their first argument), dates (``birth date``, ``death date``, ``start date``,
-  ``end date``, their ``and age`` forms, ``dts``: "14 March 1879"), ``circa`` ("c."). Every other template is
-  dropped (infoboxes, citations, pronunciation: IPA renders symbols, not words).
+  ``end date``, their ``and age`` forms, ``dts``: "14 March 1879"), ``circa`` ("c."), also within one another
+  (``{{nowrap|{{convert|5|km}}}}``). Every other template is dropped (infoboxes, citations, pronunciation: IPA
+  renders symbols, not words), and the templates within it with it.
 - List items (lines starting ``*``, ``#`` or ``;``), references (``<ref>``, ``<references>``), tables,
   galleries, files, categories and headings are dropped; the
   brackets and separators that dropped pronunciations leave behind ("(, ; ; )") are removed.
@@ -28,13 +29,15 @@ from dataclasses import dataclass
 
 import mwparserfromhell
 from mwparserfromhell.nodes import Template, Wikilink
+from mwparserfromhell.wikicode import Wikicode
 
 from bertknn.builder.site import ENGLISH, Site
 from bertknn.core.languages import unspaced_share
 from bertknn.core.titles import normalize_title
 
 # the version of these rules, recorded in a build's state: a resumed build must use the same
-# 3: namespaces, back matter and sentence ends per language; file-link parameters are markup; 4: [[:X]] shows X
+# 3: namespaces, back matter and sentence ends per language; file-link parameters are markup; 4: [[:X]] shows X,
+# templates within kept ones render
 TEXT_RULES = 4
 _INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
 _HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
@@ -125,6 +128,23 @@ def link_target(title: str, site: Site = ENGLISH) -> str:
     return normalize_title(page, site.case)
 
 
+def _render_templates(code: Wikicode) -> None:
+    """Each template replaced by the words it renders (`render_template`), or removed. Outer templates first, so
+    that a dropped one (an infobox) takes its inner ones with it unrendered; the words of a kept one are rendered
+    in turn where they hold templates themselves (``{{nowrap|{{convert|5|km}}}}``)."""
+    for tpl in code.filter_templates(recursive=True):
+        words = render_template(tpl)
+        with contextlib.suppress(ValueError):  # already gone with an enclosing template
+            if words is None:
+                code.remove(tpl)
+            elif "{{" in words:
+                inner = mwparserfromhell.parse(words)
+                _render_templates(inner)
+                code.replace(tpl, inner)
+            else:
+                code.replace(tpl, words)
+
+
 def wikitext_to_text(wikitext: str, site: Site = ENGLISH) -> str:
     """Article text of a page's wikitext (the module docstring lists the rules)."""
     return wikitext_links(wikitext, site)[0]
@@ -138,13 +158,7 @@ def wikitext_links(wikitext: str, site: Site = ENGLISH) -> tuple[str, list[Link]
     for section in code.get_sections(matches=back_matter, include_lead=False, include_headings=True):
         with contextlib.suppress(ValueError):  # (a subsection of one already removed)
             code.remove(section)
-    for tpl in code.filter_templates(recursive=True):
-        words = render_template(tpl)
-        with contextlib.suppress(ValueError):  # already gone with an enclosing template
-            if words is None:
-                code.remove(tpl)
-            else:
-                code.replace(tpl, words)
+    _render_templates(code)
     hidden = [
         *(n for n in code.filter_wikilinks(recursive=True) if _hidden_link(n, site)),
         *(n for n in code.filter_tags(recursive=True) if str(n.tag).lower() in _HIDDEN_TAGS),

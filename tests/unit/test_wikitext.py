@@ -42,6 +42,11 @@ from bertknn.builder.wikitext import drop_reason, sentence_problem, wikitext_to_
         ("Born in {{birth date|1879|13|14}} in Ulm.", "Born in 1879 in Ulm."),  # no such month: the year
         ("Born in {{birth date|1879|13}} in Ulm.", "Born in 1879 in Ulm."),
         ("Born {{birth date|unknown}} in Ulm.", "Born in Ulm."),
+        # templates within kept ones render too; within dropped ones they go with them
+        ("It runs {{nowrap|{{convert|5|km|mi}}}} long.", "It runs 5 km long."),
+        ("Born {{nowrap|{{birth date|1879|3|14}}}} in Ulm.", "Born 14 March 1879 in Ulm."),
+        ("A {{nowrap|x {{cite web|url=u}} y}} b.", "A x y b."),
+        ("{{Infobox person|height={{convert|5|ft}}}}Lead text here.", "Lead text here."),
         ("Built {{circa|1850}} by monks.", "Built c. 1850 by monks."),
         ("Built {{c.}} 1850 by monks.", "Built c. 1850 by monks."),
         ("Ben &amp; Jerry&#39;s is a brand.", "Ben & Jerry's is a brand."),  # entities as the characters
