@@ -198,7 +198,6 @@ def paired_interval(ours: list[list[float]], theirs: list[list[float]], *, round
     return [round(float(x), 3) for x in np.percentile(ratio, [2.5, 97.5])]
 
 
-
 def _level(g: dict[str, float], blocks: int) -> dict[str, Any]:
     """A level's figures from its summed counters (`measure`)."""
     ok = max(1, int(g["ok"]))

@@ -31,8 +31,6 @@ logger = logging.getLogger(__name__)
 CorpusFormat = Literal["jsonl", "mediawiki-xml"]
 
 
-
-
 @dataclass(frozen=True)
 class Article:
     """One article. A dump page keeps its raw wikitext and is converted to text on first use of ``text``: in the

@@ -156,8 +156,6 @@ def _meta(manifest: Manifest, plan: IvfPqPlan) -> dict:
     return {"content_id": manifest.compute_id(), "plan": asdict(plan), "faiss": faiss.__version__}
 
 
-
-
 def build_ivfpq(out: Path, manifest: Manifest, *, plan: IvfPqPlan | None = None) -> dict[str, str]:
     """Build ``index/ivfpq.faiss`` over every row of the datastore at ``out`` (kept if already current).
 

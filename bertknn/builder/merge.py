@@ -67,7 +67,6 @@ _SHARED_BUILD_STATE = (
 )
 
 
-
 def merge_slices(
     slices: list[Path],
     out: Path,

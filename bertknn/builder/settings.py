@@ -136,7 +136,6 @@ class BuildSettings(CodecOptions, BaseSettings):
         return self
 
 
-
 class RecodeSettings(CodecOptions, BaseSettings):
     """``recode``: a compact copy of an fp16 datastore (codes instead of vectors), without the model."""
 

@@ -83,7 +83,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MIN_SENTENCE_CHARS = 10
 
 
-
 @dataclass(frozen=True)
 class UpdateResult:
     manifest: Manifest

@@ -115,8 +115,6 @@ _MARKS = re.compile("[\ue000-\ue002]")
 _MARKED = re.compile("\ue000(\\d+)\ue001([^\ue000-\ue002]*)\ue002")
 
 
-
-
 def link_target(title: str, site: Site = ENGLISH) -> str:
     """The normalised article a wikilink's title points at; '' for a link that names no article: a section of the
     same page (``#History``), another namespace or wiki (``:Category:X``, ``wikt:word``, the site's own localised

@@ -87,8 +87,6 @@ def top_set(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return values, cand.astype(np.int64)
 
 
-
-
 def top_set_torch(log_probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`top_set` of each row of a 2-D tensor, on its device: (values [n, k], ids [n, k]), ids ascending per row.
 

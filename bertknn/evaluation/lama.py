@@ -66,7 +66,6 @@ Split = Literal["all", "dev", "test"]
 DEV_PERCENT = 20
 
 
-
 @dataclass(frozen=True)
 class Relation:
     id: str  # "P19", "place_of_birth", "squad"

@@ -90,7 +90,6 @@ class ContextReader:
         return [ArticleHit(t, float(c), "none") for t, c in sorted(counts.items(), key=lambda x: -x[1])]
 
 
-
 def lambda_for(query: Query, p_mlm: np.ndarray | None, p_knn: np.ndarray | None, nbrs: Neighbours) -> float:
     """The kNN weight of this query: fixed, or the adaptive rule's; 0 when no neighbour was found.
 

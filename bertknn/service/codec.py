@@ -16,7 +16,6 @@ _ENC_MAGIC = b"BKE1"
 _ENC_HEADER = struct.Struct("<4sIII")  # magic, hidden, n_top, vocab
 
 
-
 @dataclass(frozen=True)
 class QueryEncoding:
     """The expensive part of a query: its [MASK] embedding and the head of p_MLM (float16, the top entries).

@@ -113,7 +113,7 @@ class EntityAnswerer:
 
     def fill_names(self, requests: Sequence[tuple[str, Sequence[str]]], deadline: float | None = None) -> list[list[float]]:
         """p_MLM of entity names at the [MASK] of several questions, (question, titles) each, from one fill pass
-        for all of them (`WordAnswerer.one_pass_probs`); a name of one piece or of more than `MAX_NAME_PIECES`
+        for all of them (`WordFill.one_pass_probs`); a name of one piece or of more than `MAX_NAME_PIECES`
         scores 0 here (one piece: the question's own forward pass has it)."""
         asked: list[tuple[str, list[tuple[int, ...]]]] = []
         where: list[list[int]] = []

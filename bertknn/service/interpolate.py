@@ -233,7 +233,6 @@ ConfidenceMeasure = Literal["top1", "margin", "entropy"]
 Interpolation = Literal["fixed", "adaptive"]
 
 
-
 def confidence(p: np.ndarray, measure: ConfidenceMeasure) -> float:
     """How sure a distribution is, in [0, 1].
 

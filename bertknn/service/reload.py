@@ -34,7 +34,6 @@ from bertknn.service.resources import Resources
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class ReloadOutcome:
     status: Literal["reloaded", "unchanged"]

@@ -58,17 +58,14 @@ class WordDistributions(Distributions):
         return None
 
 
-
-
 class WordAnswerer:
     """The whole-word counterpart of `AnswerAssembler.answer` (see the module docstring for the method)."""
 
     def __init__(self, encoder: QueryModel, datastore: Datastore, queries: QueryEncoder, reader: ContextReader):
         self.encoder = encoder
         self.datastore = datastore
-        self.queries = queries  # its cache and key prefix hold the fill scores too
         self.reader = reader
-        self.fill = WordFill(encoder, queries)  # p_MLM of multi-piece words
+        self.fill = WordFill(encoder, queries)  # p_MLM of multi-piece words (the query cache holds their scores too)
         # filled lazily: only the MLM's top tokens are ever asked
         self._token_words: dict[int, Word | None] = {}
 

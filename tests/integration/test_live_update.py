@@ -249,7 +249,6 @@ def test_add_refuses_bad_input_and_changes_nothing(
     assert _snapshot(ds) == before
 
 
-
 def test_an_article_whose_sentences_the_build_drops_is_unchanged_when_added_again(
     live_model: Path, tmp_path: Path
 ) -> None:

@@ -20,11 +20,13 @@ from bertknn.builder.merge import merge_slices
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BuildError, MergeError
 from bertknn.core.format import WORDS, Datastore, read_manifest, validate_datastore
+from bertknn.core.text import is_punctuation
 from bertknn.evaluation.__main__ import main as evaluation_main
 from bertknn.service.main import create_app
 from bertknn.service.pipeline import AnswerPipeline
 from bertknn.service.results import Query
 from bertknn.service.settings import ServiceSettings
+from bertknn.service.words import MLM_CANDIDATES, WordDistributions
 from tests.conftest import TINY_ARTICLES, build_tiny, corpus_words, make_tiny_bert, write_jsonl
 
 WORD_ARTICLES = [
@@ -237,6 +239,26 @@ def test_the_whole_word_vote_is_weighted_by_each_words_p_mlm(whole_ds: Path) -> 
         np.testing.assert_allclose(got.p_knn, want / want.sum(), atol=1e-6)
         np.testing.assert_allclose(got.p, 0.3 * got.p_knn + 0.7 * got.p_mlm, atol=1e-6)
         assert not np.allclose(got.p_knn, plain.p_knn)  # several words voted for, with different p_MLM
+    finally:
+        pipe.close()
+
+
+def test_the_candidates_are_the_neighbours_words_and_the_mlms_most_probable_words(whole_ds: Path) -> None:
+    """The words scored: every neighbour's word, and the MLM's most probable tokens that are words of their own (not
+    an inner piece or punctuation), ``max(top_k, MLM_CANDIDATES)`` of them, whether or not a neighbour carries one."""
+    pipe = AnswerPipeline.open(whole_ds, device="cpu")
+    try:
+        q = Query(QUESTION["text"], subject=QUESTION["subject"])
+        d = pipe.predict(q, with_distributions=True).distributions
+        assert isinstance(d, WordDistributions) and d.token_p_mlm is not None
+        vocab = pipe.encoder.words
+        own = [vocab.token_text(label) for label in (vocab.token_word(int(t)) for t in
+               np.argsort(-d.token_p_mlm, kind="stable")) if label >= 0]  # fmt: skip
+        top = [w for w in own if not is_punctuation(w)][: max(q.top_k, MLM_CANDIDATES)]
+        texts = [w.text for w in d.words]
+        assert set(top) <= set(texts) and len(texts) == len(set(texts))
+        assert not set(top) <= {t for t, p in zip(texts, d.p_knn, strict=True) if p > 0}  # some only from the MLM
+        assert all(d.p_knn[i] > 0 for i, t in enumerate(texts) if t not in top)  # the rest: neighbours' words
     finally:
         pipe.close()
 

@@ -40,7 +40,6 @@ def chromium() -> Iterator[Any]:
         driver.quit()
 
 
-
 def wait(driver: Any, css: str, timeout: float = 30) -> list[Any]:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec

@@ -166,6 +166,7 @@ def test_auto_temperature_falls_back_to_the_paper_without_a_measurement() -> Non
     assert temperature_for(DistanceScale(statistic="some-future-statistic", value=17.5, sample=10, seed=0)).typical == 6.0
     assert fit_temperature([], []) is None
     assert fit_temperature([np.array([1.0, 2.0])], [np.array([False, False])]) is None  # nothing to learn from
+    assert fit_temperature([np.zeros(3)] * 5, [np.array([True, False, False])] * 5) is None  # all at distance 0
 
 
 def test_auto_code_size_keeps_twelve_dimensions_per_byte() -> None:

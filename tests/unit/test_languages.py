@@ -88,7 +88,6 @@ def test_language_codes_are_checked() -> None:
         check_language("Japanese!")
 
 
-
 @pytest.mark.parametrize(("given", "meant"), [("jp", "ja"), ("JPN", "ja"), ("ua", "uk"), ("vn", "vi"), ("cn", "zh")])
 def test_a_country_code_for_a_language_is_refused_with_the_right_one(tmp_path: Path, given: str, meant: str) -> None:
     with pytest.raises(ValidationError, match=rf"'{given}' is not a Wikipedia language code; .* is '{meant}'"):

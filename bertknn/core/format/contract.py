@@ -350,7 +350,6 @@ def read_shard_info(shard_dir: Path) -> ShardInfo | None:
         return None
 
 
-
 def shard_file_names(info: ShardInfo) -> tuple[str, ...]:
     """The files a shard must have: the fixed ones (codes.npy instead of vectors.npy when its SHARD.json lists
     codes), plus the optional ones its SHARD.json lists."""

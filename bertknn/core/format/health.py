@@ -25,11 +25,14 @@ def word_target_share(root: Path, manifest: Manifest) -> float | None:
     """The share of stored contexts whose label is a word (not only an entity link's anchor); None without rows."""
     from bertknn.core.format.reader import Datastore
 
-    shards = Datastore(root, manifest).shards
-    rows = sum(s.info.rows for s in shards)
-    if not rows:
-        return None
-    words = sum(int(np.count_nonzero(np.asarray(s.labels) >= 0)) for s in shards)
+    ds = Datastore(root, manifest)
+    try:
+        rows = ds.total_rows
+        if not rows:
+            return None
+        words = sum(int(np.count_nonzero(np.asarray(shard.labels) >= 0)) for shard in ds.shards)
+    finally:
+        ds.close()
     return words / rows
 
 

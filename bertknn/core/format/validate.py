@@ -59,7 +59,6 @@ def check_shard_files(shard_dir: Path, info: ShardInfo, *, hashes: bool) -> str 
     return None
 
 
-
 def validate_datastore(
     root: Path | str, *, hashes: bool = True, manifest: Manifest | None = None, deep: bool = True
 ) -> list[str]:

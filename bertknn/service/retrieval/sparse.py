@@ -42,7 +42,6 @@ logger = logging.getLogger(__name__)
 _WORD = re.compile(r"\w")
 
 
-
 @runtime_checkable
 class Retriever(Protocol):
     """Ranks the datastore's articles for a cloze question."""
