@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 from bertknn.builder.__main__ import main
 from bertknn.builder.settings import AddSettings
 from bertknn.builder.update import add_articles
+from bertknn.core.calibration import sample_neighbours
 from bertknn.core.errors import BuildError, UpdateError
 from bertknn.core.format import (
     MANIFEST,
@@ -110,6 +111,9 @@ def test_add_embeds_new_and_changed_articles_and_supersedes_old_rows(ds: Path, u
     assert man.counts.superseded_contexts == len(old_rows) > 0
     assert man.counts.contexts + man.counts.superseded_contexts == d.total_rows
     assert sorted(t for t, _ in d.iter_article_texts()) == sorted(d.articles)  # no stale duplicate for the indexes
+    # the temperature statistic (`bert-knn calibrate` after an add) samples live rows only: none of the old rows
+    drawn = sample_neighbours(d, sample=d.total_rows, k=16)
+    assert len(drawn.rows) > len(old_rows) and not set(drawn.rows) & old_rows
     assert all(v.startswith("index/v2/") for v in man.indexes.values()) and set(man.indexes) == {"bm25", "tfidf", "ivfpq"}
 
     pipe = AnswerPipeline.open(ds, device="cpu")
