@@ -21,7 +21,7 @@ from bertknn.builder.build import build
 from bertknn.builder.merge import merge_slices
 from bertknn.builder.recode import recode_datastore
 from bertknn.builder.settings import BuildSettings
-from bertknn.core.calibration import STATISTIC, sample_neighbours
+from bertknn.core.calibration import STATISTIC, neighbour_scale, sample_neighbours
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BuildError, DatastoreError, MergeError
 from bertknn.core.format import (
@@ -129,6 +129,14 @@ def test_the_build_measures_its_distance_scale(pq_store: Path, fp16_store: Path)
     for root in (pq_store, fp16_store):
         scale = read_manifest(root).distance_scale
         assert scale is not None and scale.statistic == STATISTIC and scale.value > 0 and scale.sample > 100
+        # the l of a query without neighbours: the factor at the sample's median neighbour scale
+        ds = Datastore(root)
+        try:
+            drawn = sample_neighbours(ds, seed=scale.seed)
+        finally:
+            ds.close()
+        median = float(np.median([s for s in map(neighbour_scale, drawn.distances) if s > 0]))
+        assert len(drawn.rows) == scale.sample and scale.typical == pytest.approx(scale.value * median, rel=1e-9)
 
 
 def test_the_statistics_sample_is_each_contexts_own_article_searched_exactly(fp16_store: Path) -> None:

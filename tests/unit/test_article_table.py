@@ -3,6 +3,7 @@ article map, read-only opening, and threads."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -101,12 +102,33 @@ def test_superseding_by_a_later_version(tmp_path: Path, table: ArticleTable) -> 
     assert table["Paris"].shard == 0 and table.superseded() == [] and "Rome" not in table
 
 
-def test_a_title_twice_among_live_articles_is_refused(tmp_path: Path) -> None:
+def test_a_title_twice_in_one_write_keeps_the_last_one_live(tmp_path: Path) -> None:
     # within one write, the last occurrence wins (superseding); the unique index guards what remains
     path = tmp_path / "t.sqlite"
     write_article_table(path, [(0, [art("A", (0, 1), (0, 1))]), (1, [art("A", (0, 2), (0, 1))])], [], content_id="x")
     t = ArticleTable(path)
     assert t["A"].shard == 1 and len(t.superseded()) == 1
+    t.close()
+
+
+def test_a_writer_replaces_a_dead_writers_temp_file_and_a_failed_write_leaves_the_table_as_it_was(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.sqlite"
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # a writer of this pid that died half way
+    temp.write_bytes(b"half a table" * 1000)
+    write_article_table(path, SHARDS, REDIRECTS, content_id="abc")
+    assert not temp.exists()
+    before = path.read_bytes()
+
+    def full_disk(shard: int, ranges: list[tuple[int, int]]) -> tuple[dict[str, int], int]:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_article_table(path, SHARDS, REDIRECTS, content_id="def", mentions=full_disk)
+    assert path.read_bytes() == before and not temp.exists()
+    t = ArticleTable(path)
+    assert t.content_id == "abc" and t["Paris"].shard == 0
     t.close()
 
 
