@@ -22,7 +22,6 @@ import numpy as np
 
 from bertknn.core.format import Datastore
 from bertknn.core.query_model import QueryModel
-from bertknn.core.text import is_punctuation
 from bertknn.core.words import WordEntry as Word
 from bertknn.service.answer import ContextReader, knn_offsets, lambda_for
 from bertknn.service.codec import QueryEncoding
@@ -113,7 +112,7 @@ class WordAnswerer:
         want, taken = max(query.top_k, MLM_CANDIDATES), 0
         for token_id in enc.ranked_ids():  # most probable first
             w = self.token_word(int(token_id))
-            if w is None or (not query.any_token and is_punctuation(w.text)):  # a cloze answer is a word
+            if w is None:  # not a word of its own (`token_word` has no punctuation either: a cloze answer is a word)
                 continue
             if w.text not in index:
                 index[w.text] = len(words)

@@ -249,9 +249,13 @@ def test_the_candidates_are_the_neighbours_words_and_the_mlms_most_probable_word
     pipe = AnswerPipeline.open(whole_ds, device="cpu")
     try:
         q = Query(QUESTION["text"], subject=QUESTION["subject"])
-        d = pipe.predict(q, with_distributions=True).distributions
+        got = pipe.predict(q, with_distributions=True)
+        d = got.distributions
         assert isinstance(d, WordDistributions) and d.token_p_mlm is not None
         vocab = pipe.encoder.words
+        # an answer's token id: a one-piece word's own, none (-1) for a word of several pieces
+        assert {p.pieces > 1 for p in got.predictions} == {True, False}
+        assert all(p.token_id == -1 if p.pieces > 1 else vocab.token_text(p.token_id) == p.token for p in got.predictions)
         own = [vocab.token_text(label) for label in (vocab.token_word(int(t)) for t in
                np.argsort(-d.token_p_mlm, kind="stable")) if label >= 0]  # fmt: skip
         top = [w for w in own if not is_punctuation(w)][: max(q.top_k, MLM_CANDIDATES)]

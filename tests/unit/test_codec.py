@@ -85,6 +85,10 @@ def test_training_is_deterministic_for_a_seed_and_uses_a_sample() -> None:
     np.testing.assert_array_equal(encode(a, xb), encode(b, xb))
     other = train_codec(CodecSpec("pq", code_bytes=8, rotation="opq", train_contexts=1000, seed=6), xb)
     assert not np.array_equal(encode(a, xb), encode(other, xb))
+    # the seed also seeds k-means, not only the sample: every vector taken, two seeds, two codecs
+    sub = xb[:1000]
+    whole = [train_codec(CodecSpec("pq", code_bytes=8, train_contexts=len(sub), seed=s), sub) for s in (5, 6)]
+    assert not np.array_equal(encode(whole[0], sub), encode(whole[1], sub))
 
 
 def test_pca_rotation_codes_fewer_dimensions() -> None:

@@ -268,9 +268,7 @@ class ArticleTable(Mapping[str, ArticleEntry]):
         return self._titles.many([(shard, r) for r in rows])
 
     def _titles_of(self, where: list[tuple[int, int]]) -> list[str]:
-        shard, rows = where[0][0], [r for _, r in where]  # (`titles_at`'s keys share their shard)
-        if not rows:
-            return []
+        shard, rows = where[0][0], [r for _, r in where]  # (`titles_at`'s keys share their shard; never none)
         # from the entry that holds the first row (an index seek) to the last row: the scan spans the rows asked,
         # not the shard's entries before them
         spans = self._cons.get().execute(
