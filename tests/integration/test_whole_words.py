@@ -20,7 +20,6 @@ from bertknn.builder.merge import merge_slices
 from bertknn.core.encoder import MaskedLMEncoder
 from bertknn.core.errors import BuildError, MergeError
 from bertknn.core.format import WORDS, Datastore, read_manifest, validate_datastore
-from bertknn.core.text import is_punctuation
 from bertknn.evaluation.__main__ import main as evaluation_main
 from bertknn.service.main import create_app
 from bertknn.service.pipeline import AnswerPipeline
@@ -256,9 +255,8 @@ def test_the_candidates_are_the_neighbours_words_and_the_mlms_most_probable_word
         # an answer's token id: a one-piece word's own, none (-1) for a word of several pieces
         assert {p.pieces > 1 for p in got.predictions} == {True, False}
         assert all(p.token_id == -1 if p.pieces > 1 else vocab.token_text(p.token_id) == p.token for p in got.predictions)
-        own = [vocab.token_text(label) for label in (vocab.token_word(int(t)) for t in
-               np.argsort(-d.token_p_mlm, kind="stable")) if label >= 0]  # fmt: skip
-        top = [w for w in own if not is_punctuation(w)][: max(q.top_k, MLM_CANDIDATES)]
+        labels = [vocab.token_word(int(t)) for t in np.argsort(-d.token_p_mlm, kind="stable")]  # -1: no word
+        top = [vocab.token_text(label) for label in labels if label >= 0][: max(q.top_k, MLM_CANDIDATES)]
         texts = [w.text for w in d.words]
         assert set(top) <= set(texts) and len(texts) == len(set(texts))
         assert not set(top) <= {t for t, p in zip(texts, d.p_knn, strict=True) if p > 0}  # some only from the MLM
