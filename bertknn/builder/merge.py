@@ -98,13 +98,16 @@ def merge_slices(
     if (out / MANIFEST).exists():
         raise MergeError(f"{out / MANIFEST}: {out} already holds a finished datastore; use another --out or delete it")
     _refuse_foreign(out, by_index[0][1])
+    # every check that reads only the slices comes before the first write into ``out``
     shards = _all_shards(by_index)
+    redirects = _merge_redirects(slices)
+    first_dir, codec = by_index[0][0], by_index[0][1].codec
+    if codec is not None:
+        _check_codec_file(first_dir / codec.file, codec.sha256)
     linked, copied = _take_shards(shards, out, verify=verify)
     logger.info("merge: %d shards from %d slices (%d files linked, %d copied)", len(shards), len(slices), linked, copied)
-    first = by_index[0][1]
-    if first.codec is not None:
-        _take_codec(by_index[0][0] / first.codec.file, out / first.codec.file, first.codec.sha256)
-    redirects = _merge_redirects(slices)
+    if codec is not None:
+        _take_codec(first_dir / codec.file, out / codec.file)
     atomic_write_json(out / REDIRECTS, redirects)
     manifest = _merged_manifest(by_index, manifests, [info for _, info in shards])
     _finish(out, manifest, redirects, sparse_indexes=sparse_indexes, ivfpq=ivfpq)
@@ -179,9 +182,6 @@ def _merged_manifest(
     # By articles, every slice reads the whole corpus, so its corpus-wide counts are the same in each slice; by
     # streams, each slice counts what it read.
     own = [m for _, m in by_index] if first.slice is not None and first.slice.unit == "streams" else [first]
-    languages = sorted({m.language for m in manifests})
-    if len(languages) > 1:
-        raise MergeError(f"the slices were built from corpora in different languages ({', '.join(languages)})")
     counts = Counts(
         articles=sum(m.counts.articles for m in manifests),
         sentences=sum(m.counts.sentences for m in manifests),
@@ -217,10 +217,16 @@ def _finish(out: Path, manifest: Manifest, redirects: dict[str, str], *, sparse_
     write_manifest(out, manifest)
 
 
-def _take_codec(src: Path, dst: Path, sha256: str) -> None:
-    """The slices' codec into the merged datastore (hard link, else a copy), checked against its checksum."""
+def _check_codec_file(src: Path, sha256: str) -> None:
+    """The first slice's codec file is there and has its manifest's checksum."""
+    if not src.is_file():
+        raise MergeError(f"{src}: missing (the codec the slice's manifest names); rebuild that slice")
     if sha256_file(src) != sha256:
         raise MergeError(f"{src}: sha256 differs from the slice's manifest (corrupted); rebuild that slice")
+
+
+def _take_codec(src: Path, dst: Path) -> None:
+    """The slices' codec into the merged datastore: a hard link, else a copy."""
     if dst.exists():
         return
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
@@ -240,6 +246,7 @@ _SAME: dict[str, Callable[[Manifest], object]] = {
     "blocks cut by": lambda m: m.slice.unit if m.slice else None,
     "stopwords (sha256)": lambda m: m.stopwords_sha256,
     "targets": lambda m: m.targets,
+    "language": lambda m: m.language,
     "links": lambda m: m.links is not None,
     "num_shards": lambda m: m.slice.count if m.slice else None,
     "corpus sources": lambda m: [s.model_dump() for s in m.sources],

@@ -184,3 +184,8 @@ def test_a_datastore_keeps_a_bounded_number_of_shards_mapped(tiny_datastore: Pat
     assert "vectors" not in shards._shards[0].__dict__  # released: unmapped once nothing refers to it
     assert "vectors" in shards._shards[len(shards) - 1].__dict__
     assert shards[0].labels.shape[0] == shards._shards[0].info.rows  # mapped again on use
+    # a negative position is the same shard, counted once: shards[-1] and shards[n - 1] take one slot, not two
+    n = len(shards)
+    shards[n - 2].labels, shards[-1].labels, shards[n - 1].labels
+    assert shards.mapped == 2 and "labels" not in shards._shards[0].__dict__
+    assert "labels" in shards._shards[n - 2].__dict__ and "labels" in shards._shards[n - 1].__dict__
