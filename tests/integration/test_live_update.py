@@ -253,6 +253,47 @@ def test_add_refuses_bad_input_and_changes_nothing(
     assert _snapshot(ds) == before
 
 
+def test_add_refuses_a_slice_a_damaged_datastore_a_corpus_of_no_article_and_a_second_add(
+    ds: Path, update_corpus: Path, tmp_path: Path
+) -> None:
+    """Each refused with one line that says what to do, and the datastore left as it was."""
+    import fcntl
+
+    from bertknn.core.format.contract import SliceInfo
+    from tests.integration.test_builder import wiki_page
+
+    before = _snapshot(ds)
+    with pytest.raises(UpdateError, match=f"^{ds}: another `add` is updating this datastore; wait for it to finish$"):
+        fd = os.open(ds, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running `add` holds it
+            _add(ds, update_corpus)
+        finally:
+            os.close(fd)
+    redirects_only = tmp_path / "redirects.xml"
+    redirects_only.write_text(
+        '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
+        + wiki_page("Zorb", "#REDIRECT [[Zorblat]]", 90, redirect="Zorblat") + "</mediawiki>\n"
+    )  # fmt: skip
+    with pytest.raises(UpdateError, match=f"^{redirects_only}: no articles found; nothing was added$"):
+        _add(ds, redirects_only)
+    assert _snapshot(ds) == before
+
+    labels = ds / SHARDS_DIR / "shard-00001" / "labels.npy"
+    labels.write_bytes(labels.read_bytes()[:-4])
+    before = _snapshot(ds)
+    with pytest.raises(UpdateError, match=f"^{ds} failed validation, so nothing was added: {labels}: .* bytes, "):
+        _add(ds, update_corpus)
+    assert _snapshot(ds) == before
+
+    sliced = Path(shutil.copytree(ds, tmp_path / "slice"))
+    write_manifest(sliced, read_manifest(sliced).model_copy(update={"slice": SliceInfo(index=0, count=2)}))
+    before = _snapshot(sliced)
+    with pytest.raises(UpdateError, match=f"^{sliced} is slice 0 of 2; merge the slices first, then add to the merge$"):
+        _add(sliced, update_corpus)
+    assert _snapshot(sliced) == before
+
+
 def test_an_article_whose_sentences_the_build_drops_is_unchanged_when_added_again(
     live_model: Path, tmp_path: Path
 ) -> None:

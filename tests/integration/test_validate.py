@@ -267,6 +267,44 @@ def redirects_not_in_table(ds: Path) -> tuple[Path, str]:
     return ds / man.article_table, f"the redirects differ from {REDIRECTS}"
 
 
+def table_path(ds: Path) -> Path:
+    man = read_manifest(ds)
+    assert man.article_table is not None
+    return ds / man.article_table
+
+
+def table_not_sqlite(ds: Path) -> tuple[Path, str]:
+    table_path(ds).write_bytes(b"not an article table\n" * 64)
+    return table_path(ds), "not a readable article table (file is not a database); run `validate`"
+
+
+def table_missing(ds: Path) -> tuple[Path, str]:
+    table_path(ds).unlink()
+    return table_path(ds), "the article table is missing; run `validate`, or rebuild the datastore"
+
+
+def table_of_another_version(ds: Path) -> tuple[Path, str]:
+    path = table_sql(ds, "UPDATE meta SET value = '0' WHERE key = 'version'")
+    return path, "article table 'bertknn-articles' version '0', this code reads 'bertknn-articles' version 1"
+
+
+def table_without_totals(ds: Path) -> tuple[Path, str]:
+    path = table_sql(ds, "DELETE FROM meta WHERE key = 'live_rows'")
+    return path, "meta lacks the live totals ('live_rows'); run `upgrade`"
+
+
+def labels_not_npy(ds: Path) -> tuple[Path, str]:
+    (shard_dir(ds) / LABELS).write_bytes(b"not an array\n" * 8)
+    reseal(ds)
+    return shard_dir(ds) / LABELS, "); run `validate` and rebuild this shard"
+
+
+def words_not_json(ds: Path) -> tuple[Path, str]:
+    (shard_dir(ds) / WORDS).write_text("[[", encoding="utf-8")
+    reseal(ds)
+    return shard_dir(ds) / WORDS, "); run `validate` and rebuild this shard"
+
+
 def unlisted_file(ds: Path) -> tuple[Path, str]:
     reseal(ds, unlist=(LABELS,))
     return shard_dir(ds) / LABELS, f"not listed in {SHARD_MARKER}"
@@ -417,12 +455,13 @@ def vectors_under_a_codec(ds: Path, linked: Path) -> tuple[Path, str]:
 LINKED = [old_format, unknown_format, foreign_id, missing_index, live_counts, superseded_counts, update_from_1,
           update_of_no_shard, shards_out_of_order, unknown_codec, missing_codec, replaced_codec, codec_of_other_width,
           codes_without_codec, no_article_table, table_of_other_shards, table_rows_off, table_titles_swapped,
-          redirects_not_in_table, unlisted_file, labels_int64, label_outside_vocabulary, sentence_id_outside,
+          redirects_not_in_table, table_not_sqlite, table_missing, table_of_another_version, unlisted_file,
+          labels_not_npy, labels_int64, label_outside_vocabulary, sentence_id_outside,
           sentence_offsets_short, article_rows_gap, article_rows_short, marker_counts_articles,
           title_twice_in_a_shard, title_in_two_built_shards, links_not_in_manifest, link_file_unlisted,
           entity_labels_int64, entity_offsets_not_at_0, entity_offsets_short, entity_index_outside,
           row_with_no_label_nor_link, words_on_single_piece]  # fmt: skip
-WHOLE = [no_words_on_whole_word, word_piece_outside, word_twice, label_outside_word_table]
+WHOLE = [no_words_on_whole_word, words_not_json, word_piece_outside, word_twice, label_outside_word_table]
 
 
 def check_first_line(ds: Path, path: Path, what: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -484,7 +523,8 @@ def recorded_totals_off(ds: Path) -> tuple[Path, str]:
 
 
 STARTUP = [missing_labels, truncated_labels, marker_of_another_build, foreign_id, missing_index, recorded_totals_off,
-           table_of_other_shards, no_article_table, shards_out_of_order]  # fmt: skip
+           table_of_other_shards, no_article_table, shards_out_of_order, table_not_sqlite, table_missing,
+           table_of_another_version, table_without_totals]  # fmt: skip
 
 
 @pytest.mark.parametrize("damage", STARTUP, ids=lambda f: f.__name__)

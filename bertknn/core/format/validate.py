@@ -210,43 +210,55 @@ def _check_table(root: Path, manifest: Manifest, *, entries: bool = True) -> lis
     except DatastoreError as exc:
         return [str(exc)]
     try:
-        if table.content_id != manifest.articles_id():
-            return [f"{path}: made for other shards (content id {table.content_id}); rebuild it with `upgrade`"]
-        c = manifest.counts
-        for live, want in ((True, (c.articles, c.sentences, c.contexts)),
-                           (False, (c.superseded_articles, c.superseded_sentences, c.superseded_contexts))):  # fmt: skip
-            got = table.totals(live=live) if entries else table.recorded_totals(live=live)
-            if got != want:
-                what = "live" if live else "superseded"
-                return [f"{path}: {what} articles/sentences/rows {got[0]}/{got[1]}/{got[2]}, the manifest says "
-                        f"{want[0]}/{want[1]}/{want[2]}"]  # fmt: skip
-        if not entries:
-            return []
-        last_seen: dict[str, int] = {}
-        for pos, info in enumerate(manifest.shards):
-            arts = sorted(Shard(root, info).articles(), key=lambda a: (a["row_start"], a["row_end"]))
-            stored = table.shard_entries(pos)
-            if len(stored) != len(arts):
-                return [f"{path}: {len(stored)} articles of {info.name}, its {ARTICLES} has {len(arts)}"]
-            for a, e in zip(arts, stored, strict=True):
-                if (a["title"], a["row_start"], a["row_end"], a["sent_start"], a["sent_end"]) != (
-                    e.title, e.row_start, e.row_end, e.sent_start, e.sent_end
-                ):
-                    return [f"{path}: the entry of {a['title']!r} in {info.name} differs from {ARTICLES}"]
-                last_seen[a["title"]] = pos
-        for title, pos in last_seen.items():
-            entry = table.get(title)
-            if entry is None or entry.shard != pos:
-                return [f"{path}: {title!r} should be live in {manifest.shards[pos].name}"]
-        redirects_path = root / REDIRECTS
-        if redirects_path.is_file():
-            want_redirects = json.loads(redirects_path.read_text(encoding="utf-8"))
-            if len(table.redirects) != len(want_redirects) or any(
-                table.redirects.get(k) != v for k, v in want_redirects.items()
-            ):
-                return [f"{path}: the redirects differ from {REDIRECTS}"]
+        return _check_table_content(root, manifest, table, entries=entries)
+    except DatastoreError as exc:  # a table that opens but cannot be read through (its meta, its rows)
+        return [str(exc)]
     finally:
         table.close()
+
+
+def _check_table_content(root: Path, manifest: Manifest, table: ArticleTable, *, entries: bool) -> list[str]:
+    """The table's content id and totals (as recorded, or with ``entries`` counted, and then every entry)."""
+    path = table.path
+    if table.content_id != manifest.articles_id():
+        return [f"{path}: made for other shards (content id {table.content_id}); rebuild it with `upgrade`"]
+    c = manifest.counts
+    for live, want in ((True, (c.articles, c.sentences, c.contexts)),
+                       (False, (c.superseded_articles, c.superseded_sentences, c.superseded_contexts))):  # fmt: skip
+        got = table.totals(live=live) if entries else table.recorded_totals(live=live)
+        if got != want:
+            what = "live" if live else "superseded"
+            return [f"{path}: {what} articles/sentences/rows {got[0]}/{got[1]}/{got[2]}, the manifest says "
+                    f"{want[0]}/{want[1]}/{want[2]}"]  # fmt: skip
+    return _check_table_entries(root, manifest, table) if entries else []
+
+
+def _check_table_entries(root: Path, manifest: Manifest, table: ArticleTable) -> list[str]:
+    """Each shard's articles as its articles.json has them, the last copy of each title live, the redirects."""
+    path = table.path
+    last_seen: dict[str, int] = {}
+    for pos, info in enumerate(manifest.shards):
+        arts = sorted(Shard(root, info).articles(), key=lambda a: (a["row_start"], a["row_end"]))
+        stored = table.shard_entries(pos)
+        if len(stored) != len(arts):
+            return [f"{path}: {len(stored)} articles of {info.name}, its {ARTICLES} has {len(arts)}"]
+        for a, e in zip(arts, stored, strict=True):
+            if (a["title"], a["row_start"], a["row_end"], a["sent_start"], a["sent_end"]) != (
+                e.title, e.row_start, e.row_end, e.sent_start, e.sent_end
+            ):
+                return [f"{path}: the entry of {a['title']!r} in {info.name} differs from {ARTICLES}"]
+            last_seen[a["title"]] = pos
+    for title, pos in last_seen.items():
+        entry = table.get(title)
+        if entry is None or entry.shard != pos:
+            return [f"{path}: {title!r} should be live in {manifest.shards[pos].name}"]
+    redirects_path = root / REDIRECTS
+    if redirects_path.is_file():
+        want_redirects = json.loads(redirects_path.read_text(encoding="utf-8"))
+        if len(table.redirects) != len(want_redirects) or any(
+            table.redirects.get(k) != v for k, v in want_redirects.items()
+        ):
+            return [f"{path}: the redirects differ from {REDIRECTS}"]
     return []
 
 
