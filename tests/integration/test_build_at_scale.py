@@ -25,7 +25,7 @@ import pytest
 import bertknn.builder.blocks as blocks_module
 from bertknn.builder.blocks import plan_blocks
 from bertknn.builder.build import build
-from bertknn.builder.corpus import read_stream_index
+from bertknn.builder.corpus import CorpusStats, read_stream_index, read_streams
 from bertknn.builder.merge import merge_slices
 from bertknn.core.errors import BuildError, CorpusError, MergeError
 from bertknn.core.format import MANIFEST, REDIRECTS, SHARDS_DIR, Datastore, read_manifest, validate_datastore
@@ -283,6 +283,54 @@ def test_multistream_mistakes_are_refused_before_the_model_loads(
     garbage.write_text("not an index\n")
     assert "not a multistream index line" in attempt([multistream], index=garbage)
     assert read_stream_index(multistream, index).pages
+
+
+def test_a_damaged_multistream_dump_or_index_is_named_with_the_stream_it_fails_at(
+    tmp_path: Path, multistream: Path
+) -> None:
+    """What a partial download, a wrong index or a damaged stream looks like, one line each: the file, the byte
+    offset of the stream, and what to do."""
+    index_path = multistream.with_name("enwiki-20990101-pages-articles-multistream-index.txt.bz2")
+    index = read_stream_index(multistream, index_path)
+
+    def read_all(dump: Path, idx_path: Path) -> str:
+        idx = read_stream_index(dump, idx_path)
+        with pytest.raises(CorpusError) as err:
+            list(read_streams(idx, 0, len(idx.offsets), CorpusStats()))
+        return str(err.value)
+
+    empty = tmp_path / "empty-index.txt"
+    empty.write_text("\n")
+    with pytest.raises(CorpusError, match=f"^{empty}: an empty multistream index; give the index that belongs to "
+                       f"{multistream.name}$"):  # fmt: skip
+        read_stream_index(multistream, empty)
+
+    # an index of another dump whose offsets fall inside this dump's streams
+    shifted = tmp_path / "shifted-index.txt"
+    shifted.write_text("".join(f"{o + 1}:1:X\n" for o in index.offsets))
+    said = read_all(multistream, shifted)
+    assert said.startswith(f"{multistream}: the bz2 stream at byte {index.offsets[0] + 1} cannot be read ("), said
+    assert said.endswith(f"check that {shifted.name} is this dump's index, or download the dump again"), said
+
+    # a download cut inside the last stream: the streams before it are read, the last one is named
+    cut = tmp_path / multistream.name
+    cut.write_bytes(multistream.read_bytes()[: index.offsets[-1] + 20])
+    said = read_all(cut, index_path)
+    assert said.startswith(f"{cut}: the bz2 stream at byte {index.offsets[-1]} cannot be read (the file ends inside a "
+                           "bz2 stream)"), said  # fmt: skip
+
+    # a stream whose XML is broken
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    pages = [("Alpha", "Alpha is a letter.", 1, 0, None), ("Beta", "Beta is a letter.", 2, 0, None)]
+    dump = write_multistream(bad, pages, per_stream=1)
+    data = dump.read_bytes()
+    second = read_stream_index(dump, dump.with_name(index_path.name)).offsets[1]
+    end = data.index(b"BZh", second + 1)  # the next stream (the footer)
+    broken = bz2.compress(bz2.decompress(data[second:end]).replace(b"</title>", b"</titel>"))
+    dump.write_bytes(data[:second] + broken + data[end:])
+    said = read_all(dump, dump.with_name(index_path.name))
+    assert said.startswith(f"{dump}: malformed XML in the stream at byte {second} (mismatched tag"), said
 
 
 def test_slices_cut_by_articles_and_by_streams_do_not_merge(
