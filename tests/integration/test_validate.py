@@ -221,6 +221,22 @@ def replaced_codec(ds: Path) -> tuple[Path, str]:
     return ds / codec.file, "sha256 mismatch (corrupted or replaced)"
 
 
+def codec_not_faiss(ds: Path) -> tuple[Path, str]:
+    """A file that is not a FAISS index, with its checksum in the manifest (written by a broken tool)."""
+    codec = read_manifest(ds).codec
+    assert codec is not None
+    (ds / codec.file).write_bytes(b"not a faiss index\n" * 16)
+    edit_manifest(ds, codec=codec.model_copy(update={"sha256": sha256_file(ds / codec.file)}))
+    return ds / codec.file, "the codec cannot be read ("
+
+
+def codec_of_other_code_size(ds: Path) -> tuple[Path, str]:
+    codec = read_manifest(ds).codec
+    assert codec is not None
+    edit_manifest(ds, codec=codec.model_copy(update={"code_bytes": codec.code_bytes + 1}))
+    return ds / codec.file, f"the codec makes {codec.code_bytes}-byte codes, the manifest says {codec.code_bytes + 1}"
+
+
 def codec_of_other_width(ds: Path) -> tuple[Path, str]:
     man = read_manifest(ds)
     assert man.codec is not None
@@ -453,7 +469,8 @@ def vectors_under_a_codec(ds: Path, linked: Path) -> tuple[Path, str]:
 
 
 LINKED = [old_format, unknown_format, foreign_id, missing_index, live_counts, superseded_counts, update_from_1,
-          update_of_no_shard, shards_out_of_order, unknown_codec, missing_codec, replaced_codec, codec_of_other_width,
+          update_of_no_shard, shards_out_of_order, unknown_codec, missing_codec, replaced_codec, codec_not_faiss,
+          codec_of_other_code_size, codec_of_other_width,
           codes_without_codec, no_article_table, table_of_other_shards, table_rows_off, table_titles_swapped,
           redirects_not_in_table, table_not_sqlite, table_missing, table_of_another_version, unlisted_file,
           labels_not_npy, labels_int64, label_outside_vocabulary, sentence_id_outside,
