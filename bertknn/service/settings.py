@@ -270,10 +270,11 @@ class ServiceSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> ServiceSettings:
-        if self.defaults.top_k > self.limits.max_top_k:
-            raise ValueError("defaults.top_k must not exceed limits.max_top_k")
-        if self.defaults.k > self.limits.max_k:
-            raise ValueError("defaults.k must not exceed limits.max_k")
+        d, lim = self.defaults, self.limits
+        for name, value, limit in (("top_k", d.top_k, lim.max_top_k), ("k", d.k, lim.max_k)):
+            if value > limit:
+                raise ValueError(f"defaults.{name} {value} exceeds limits.max_{name} {limit}: lower the default, or "
+                                 "raise the limit")  # fmt: skip
         if self.model.vote_device == "model" and self.model.knn_device != "model":
             raise ValueError("model.vote_device model votes the questions searched on the device: set "
                              "model.knn_device to model as well, or vote_device to host")

@@ -24,11 +24,31 @@ def test_model_shorthand_nested_and_json(monkeypatch):
     assert "pw" not in repr(s) and "pw" not in str(s.model_dump())  # a secret never shows
 
 
-def test_cross_field_and_range_checks(monkeypatch):
-    monkeypatch.setenv("BERTKNN_DEFAULTS__TOP_K", "500")
-    with pytest.raises(ValidationError, match="top_k"):
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"DEFAULTS__TOP_K": "500"}, "defaults.top_k 500 exceeds limits.max_top_k 100: lower the default, or raise"),
+        ({"DEFAULTS__TOP_K": "40", "LIMITS__MAX_TOP_K": "30"}, "defaults.top_k 40 exceeds limits.max_top_k 30"),
+        ({"DEFAULTS__K": "5000"}, "defaults.k 5000 exceeds limits.max_k 2048: lower the default, or raise the limit"),
+        ({"DEFAULTS__TEMPERATURE": "0"}, "temperature must be > 0, or auto"),
+        ({"MODEL__VOTE_DEVICE": "model"}, "model.vote_device model votes the questions searched on the device: set "
+                                          "model.knn_device to model as well, or vote_device to host"),
+        ({"LAYOUT": "split", "MODEL__KNN_DEVICE": "model"}, "layout split runs the model in a process of its own"),
+        ({"LAYOUT": "split", "BATCHING__ON_EVENT_LOOP": "true"}, "batching.on_event_loop need the model in the "
+                                                                 "serving process (layout full)"),
+    ],
+)  # fmt: skip
+def test_settings_that_do_not_go_together_are_refused_saying_which(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], says: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(f"BERTKNN_{name}", value)
+    with pytest.raises(ValidationError) as exc:
         ServiceSettings()
-    monkeypatch.delenv("BERTKNN_DEFAULTS__TOP_K")
+    assert says in str(exc.value), exc.value
+
+
+def test_cross_field_and_range_checks(monkeypatch):
     monkeypatch.setenv("BERTKNN_CACHE__KEY_PREFIX", "bad prefix with spaces")
     with pytest.raises(ValidationError, match="key_prefix"):
         ServiceSettings()
