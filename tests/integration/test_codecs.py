@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from bertknn.builder.__main__ import main
 from bertknn.builder.build import build
+from bertknn.builder.coding import load_codec_dir, open_coder
 from bertknn.builder.merge import merge_slices
 from bertknn.builder.recode import recode_datastore
 from bertknn.builder.settings import BuildSettings
@@ -31,8 +32,10 @@ from bertknn.core.format import (
     SHARDS_DIR,
     VECTORS,
     Datastore,
+    UpdateInfo,
     read_manifest,
     validate_datastore,
+    write_manifest,
 )
 from bertknn.core.format.codec import CodecSpec
 from bertknn.service.main import create_app
@@ -294,6 +297,44 @@ def test_recode_makes_a_compact_copy_that_answers(tmp_path: Path, fp16_store: Pa
         recode_datastore(out, tmp_path / "again", CodecSpec("pq", code_bytes=8))
     with pytest.raises(BuildError, match="not empty"):
         recode_datastore(fp16_store, out, CodecSpec("int8"))
+
+
+def test_recode_refuses_an_fp16_codec_an_updated_and_a_damaged_datastore(tmp_path: Path, fp16_store: Path) -> None:
+    with pytest.raises(BuildError, match="^recode makes a compact copy: give --codec int8 or --codec pq$"):
+        recode_datastore(fp16_store, tmp_path / "a", CodecSpec("fp16"))
+    updated = Path(shutil.copytree(fp16_store, tmp_path / "updated"))
+    man = read_manifest(updated)
+    write_manifest(updated, man.model_copy(update={"version": 2, "updates": [
+        UpdateInfo(version=2, shards=[man.shards[-1].name], added=1, replaced=0, unchanged=0)]}))  # fmt: skip
+    with pytest.raises(BuildError, match=f"^{updated} was updated by `add` \\(version 2\\); recode a build or a merge$"):
+        recode_datastore(updated, tmp_path / "b", CodecSpec("int8"))
+    damaged = Path(shutil.copytree(fp16_store, tmp_path / "damaged"))
+    labels = damaged / SHARDS_DIR / man.shards[0].name / "labels.npy"
+    labels.write_bytes(labels.read_bytes()[:-4])
+    with pytest.raises(BuildError, match=f"^{damaged} failed validation, so nothing was recoded: {labels}: "):
+        recode_datastore(damaged, tmp_path / "c", CodecSpec("int8"))
+    assert not any((tmp_path / name).exists() for name in ("a", "b", "c"))
+
+
+def test_codec_from_takes_only_an_intact_codec_of_the_models_width(
+    tmp_path: Path, fp16_store: Path, pq_store: Path
+) -> None:
+    with pytest.raises(BuildError, match=f"^{fp16_store}: its datastore stores fp16 vectors, it has no codec to take$"):
+        load_codec_dir(fp16_store)
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(BuildError, match="no trained codec there .*; give a `train-codec` output or a datastore$"):
+        load_codec_dir(tmp_path / "nothing")
+    copy = Path(shutil.copytree(pq_store, tmp_path / "pq"))
+    codec_file = copy / CODEC_FILE
+    codec_file.write_bytes(codec_file.read_bytes()[:-1] + bytes([codec_file.read_bytes()[-1] ^ 1]))
+    with pytest.raises(BuildError, match=f"^{codec_file}: sha256 differs from its description \\(corrupted or "
+                       "replaced\\)$"):  # fmt: skip
+        load_codec_dir(copy)
+    (tmp_path / "out").mkdir()
+    width = read_manifest(pq_store).model.hidden_size
+    with pytest.raises(BuildError, match=f"the codec codes {width}-dimensional vectors, the model makes {width * 2}$"):
+        open_coder(tmp_path / "out", CodecSpec("pq", code_bytes=8), width * 2, codec_from=pq_store)
+    assert not any((tmp_path / "out").iterdir())
 
 
 def test_validate_names_a_damaged_or_unknown_codec(tmp_path: Path, pq_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
