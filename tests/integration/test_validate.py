@@ -77,6 +77,23 @@ def whole(tmp_path_factory: pytest.TempPathFactory, model: Path, corpus: Path) -
     return out
 
 
+@pytest.fixture(scope="module")
+def updated(tmp_path_factory: pytest.TempPathFactory, linked: Path) -> Path:
+    """``linked`` after an `add` that replaced Orvin Tasker with a text of the same shape (the same words in another
+    order: as many sentences and contexts), so that his old rows are superseded and his new ones live."""
+    from bertknn.builder.settings import AddSettings
+    from bertknn.builder.update import add_articles
+
+    out = Path(shutil.copytree(linked, tmp_path_factory.mktemp("validate-updated") / "ds"))
+    changed = {**LINKED_ARTICLES[0], "text": LINKED_ARTICLES[0]["text"].replace("tall ships and harbours",
+                                                                                "tall harbours and ships")}  # fmt: skip
+    corpus = write_jsonl(out.parent / "changed.jsonl", [changed])
+    add_articles(AddSettings(datastore=out, corpus=[corpus], device="cpu", batch_size=16))  # type: ignore[arg-type]
+    man = read_manifest(out)
+    assert man.version == 2 and man.counts.superseded_articles == 1 and validate_datastore(out) == []
+    return out
+
+
 # ---- how a copy is damaged ------------------------------------------------------------------------------------
 
 
@@ -262,6 +279,23 @@ def table_of_other_shards(ds: Path) -> tuple[Path, str]:
 def table_rows_off(ds: Path) -> tuple[Path, str]:
     path = table_sql(ds, "UPDATE entries SET row_end = row_end + 1 WHERE pos = (SELECT min(pos) FROM entries)")
     return path, "live articles/sentences/rows "
+
+
+def table_entry_in_another_shard(ds: Path) -> tuple[Path, str]:
+    path = table_sql(ds, "UPDATE entries SET shard = 1 WHERE pos = (SELECT min(pos) FROM entries)")
+    return path, f"1 articles of {FIRST}, its {ARTICLES} has 2"
+
+
+def table_old_copy_live(ds: Path) -> tuple[Path, str]:
+    """After an `add` replaced a title: its superseded copy marked live and its new copy superseded."""
+    title = LINKED_ARTICLES[0]["title"]
+    path = table_sql(
+        ds,
+        f"UPDATE entries SET live = 2 WHERE title = '{title}' AND live = 1",
+        f"UPDATE entries SET live = 1 WHERE title = '{title}' AND live = 0",
+        f"UPDATE entries SET live = 0 WHERE title = '{title}' AND live = 2",
+    )
+    return path, f"{title!r} should be live in {read_manifest(ds).shards[-1].name}"
 
 
 def table_titles_swapped(ds: Path) -> tuple[Path, str]:
@@ -471,7 +505,7 @@ def vectors_under_a_codec(ds: Path, linked: Path) -> tuple[Path, str]:
 LINKED = [old_format, unknown_format, foreign_id, missing_index, live_counts, superseded_counts, update_from_1,
           update_of_no_shard, shards_out_of_order, unknown_codec, missing_codec, replaced_codec, codec_not_faiss,
           codec_of_other_code_size, codec_of_other_width,
-          codes_without_codec, no_article_table, table_of_other_shards, table_rows_off, table_titles_swapped,
+          codes_without_codec, no_article_table, table_of_other_shards, table_rows_off, table_entry_in_another_shard, table_titles_swapped,
           redirects_not_in_table, table_not_sqlite, table_missing, table_of_another_version, unlisted_file,
           labels_not_npy, labels_int64, label_outside_vocabulary, sentence_id_outside,
           sentence_offsets_short, article_rows_gap, article_rows_short, marker_counts_articles,
@@ -491,7 +525,8 @@ def check_first_line(ds: Path, path: Path, what: str, capsys: pytest.CaptureFixt
 
 
 @pytest.mark.parametrize(
-    ("build", "damage"), [*(("linked", d) for d in LINKED), *(("whole", d) for d in WHOLE)],
+    ("build", "damage"),
+    [*(("linked", d) for d in LINKED), *(("whole", d) for d in WHOLE), ("updated", table_old_copy_live)],
     ids=lambda x: x if isinstance(x, str) else x.__name__,
 )  # fmt: skip
 def test_validate_names_the_damage(
