@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import re
+from pathlib import Path
 
 import pytest
 
 from bertknn.cli import main
+from tests.conftest import REPO
 
+SAMPLE = REPO / "data" / "sample_wiki.jsonl"
 COMMANDS = ["build", "add", "validate", "merge", "serve", "eval", "predict"]
 
 
@@ -103,3 +106,25 @@ def test_predict_refuses_a_bad_flag_in_one_line_per_flag_before_asking(capsys: p
         "error: --top-k: Input should be greater than or equal to 1",
         "error: --mlm-prior: Input should be greater than or equal to 0",
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["build"], 1, "no corpus given: pass --corpus FILE (JSONL or MediaWiki XML dump), repeatable"),
+        (["train-codec", "--corpus", str(SAMPLE)], 1, "train-codec trains a codec: give --codec int8 or --codec pq"),
+        (["build", "--corpus", str(SAMPLE), "--index", "idx.txt.bz2", "--no-multistream"], 1,
+         "--index was given together with --no-multistream; leave one out"),
+        (["build", "--corpus", str(SAMPLE), "--language", "english"], 2,  # a setting's value: a usage error
+         "--language: language 'english': give a Wikipedia language code such as en, de, ja, uk or vi"),
+    ],
+)  # fmt: skip
+def test_the_builder_refuses_a_call_it_cannot_run_before_any_work(
+    tmp_path: Path, argv: list[str], code: int, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bertknn.builder.__main__ import main as builder_main
+
+    out = tmp_path / "out"
+    assert builder_main([*argv, "--out", str(out)]) == code
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {says}"
+    assert not out.exists()
