@@ -620,3 +620,29 @@ def part(index: int, part: int = 0, *, last: bool = True, name: str | None = Non
 def test_shard_parts_come_in_block_and_part_order(shards: list[ShardInfo], what: str | None) -> None:
     problems = validate_parts(Path("m.json"), shards)
     assert problems == ([] if what is None else [f"m.json: {what}"])
+
+
+# ---- the reader refuses the same without `validate` having run (a caller that opens a datastore directly) ------
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (old_format, "format version 3, this code reads 4; convert it: bert-knn upgrade "),
+        (unknown_format, "format version 9, this code reads 4; rebuild the datastore with this version of the builder"),
+        (no_article_table, "names no article table; run `validate`"),
+        (unknown_codec, "codec 'zstd9', this version reads int8, pq (and fp16 vectors); upgrade bert-knn, or rebuild"),
+        (codec_not_faiss, "the codec cannot be read ("),
+        (table_not_sqlite, "not a readable article table (file is not a database); run `validate`"),
+    ],
+    ids=lambda x: x.__name__ if callable(x) else "",
+)  # fmt: skip
+def test_the_reader_refuses_in_one_line(tmp_path: Path, linked: Path, damage: Callable, says: str) -> None:
+    from bertknn.core.errors import DatastoreError
+    from bertknn.core.format import Datastore
+
+    ds = Path(shutil.copytree(linked, tmp_path / "ds"))
+    path, _ = damage(ds)
+    with pytest.raises(DatastoreError) as err:
+        Datastore(ds)
+    assert str(err.value).startswith(f"{path}: ") and says in str(err.value), err.value
