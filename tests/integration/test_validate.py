@@ -132,9 +132,12 @@ def rewrite_array(ds: Path, name: str, change: Callable[[np.ndarray], np.ndarray
     reseal(ds)
 
 
-def set_at(index: int, value: int) -> Callable[[np.ndarray], np.ndarray]:
+def set_at(index: int, value: int, *more: tuple[int, int]) -> Callable[[np.ndarray], np.ndarray]:
+    """A change that sets ``a[index] = value`` (and each further (index, value) pair)."""
+
     def change(a: np.ndarray) -> np.ndarray:
-        a[index] = value
+        for i, v in ((index, value), *more):
+            a[i] = v
         return a
 
     return change
@@ -278,7 +281,9 @@ def table_of_other_shards(ds: Path) -> tuple[Path, str]:
 
 def table_rows_off(ds: Path) -> tuple[Path, str]:
     path = table_sql(ds, "UPDATE entries SET row_end = row_end + 1 WHERE pos = (SELECT min(pos) FROM entries)")
-    return path, "live articles/sentences/rows "
+    c = read_manifest(ds).counts
+    return path, (f"live articles/sentences/rows {c.articles}/{c.sentences}/{c.contexts + 1}, the manifest says "
+                  f"{c.articles}/{c.sentences}/{c.contexts}")  # fmt: skip
 
 
 def table_entry_in_another_shard(ds: Path) -> tuple[Path, str]:
@@ -646,3 +651,15 @@ def test_the_reader_refuses_in_one_line(tmp_path: Path, linked: Path, damage: Ca
     with pytest.raises(DatastoreError) as err:
         Datastore(ds)
     assert str(err.value).startswith(f"{path}: ") and says in str(err.value), err.value
+
+
+def test_the_edges_of_each_range_are_valid(tmp_path: Path, linked: Path) -> None:
+    """What the checks allow at their bounds: word labels 0 and vocab_size - 1, entity index -1 on a row with a
+    word label, and the last entity of the shard's table."""
+    ds = Path(shutil.copytree(linked, tmp_path / "ds"))
+    vocab = read_manifest(ds).model.vocab_size
+    first, second = (int(i) for i in np.flatnonzero(np.load(shard_dir(ds) / LABELS) >= 0)[:2])
+    rewrite_array(ds, LABELS, set_at(first, 0, (second, vocab - 1)))
+    last = len(np.load(shard_dir(ds) / ENTITY_OFFSETS)) - 2
+    rewrite_array(ds, ENTITY_LABELS, set_at(first, -1, (second, last)))
+    assert validate_datastore(ds) == []
