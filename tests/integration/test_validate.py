@@ -115,7 +115,7 @@ def reseal(ds: Path, name: str = FIRST, *, unlist: tuple[str, ...] = (), **chang
     d = shard_dir(ds, name)
     info = read_shard_info(d)
     assert info is not None
-    names = [n for n in {*info.files, *(n for n in (WORDS,) if (d / n).is_file())} if n not in unlist]
+    names = [n for n in {*info.files, *([WORDS] if (d / WORDS).is_file() else [])} if n not in unlist]
     files = {n: FileInfo(bytes=(d / n).stat().st_size, sha256=sha256_file(d / n)) for n in sorted(names)}
     new = info.model_copy(update={"files": files, **changes})
     (d / SHARD_MARKER).write_text(new.model_dump_json(indent=1))
@@ -151,10 +151,14 @@ def rewrite_articles(ds: Path, name: str, change: Callable[[list[dict]], None]) 
     reseal(ds, name)
 
 
-def table_sql(ds: Path, *statements: str) -> Path:
+def table_path(ds: Path) -> Path:
     man = read_manifest(ds)
     assert man.article_table is not None
-    path = ds / man.article_table
+    return ds / man.article_table
+
+
+def table_sql(ds: Path, *statements: str) -> Path:
+    path = table_path(ds)
     con = sqlite3.connect(path)
     try:
         for sql in statements:
@@ -317,15 +321,7 @@ def table_titles_swapped(ds: Path) -> tuple[Path, str]:
 
 def redirects_not_in_table(ds: Path) -> tuple[Path, str]:
     (ds / REDIRECTS).write_text(json.dumps({"Quellport": "New Quellport"}), encoding="utf-8")
-    man = read_manifest(ds)
-    assert man.article_table is not None
-    return ds / man.article_table, f"the redirects differ from {REDIRECTS}"
-
-
-def table_path(ds: Path) -> Path:
-    man = read_manifest(ds)
-    assert man.article_table is not None
-    return ds / man.article_table
+    return table_path(ds), f"the redirects differ from {REDIRECTS}"
 
 
 def table_not_sqlite(ds: Path) -> tuple[Path, str]:
