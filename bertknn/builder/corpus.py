@@ -24,7 +24,6 @@ from bertknn.builder.stages import StageTimes
 from bertknn.builder.wikitext import Link, link_target, wikitext_links
 from bertknn.core.errors import CorpusError, json_line_problem
 from bertknn.core.languages import check_language, rules_for
-from bertknn.core.titles import normalize_title
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +315,7 @@ def read_jsonl(
                     obj.get("text"), str
                 ):
                     raise CorpusError(f'{path}:{lineno}: expected an object with string "title" and "text"')
-                title = normalize_title(obj["title"], site.case)
+                title = site.title(obj["title"])
                 if not title:
                     raise CorpusError(f"{path}:{lineno}: empty title")
                 text: str = obj["text"]
@@ -346,7 +345,7 @@ def _page_article(elem: ET.Element, path: Path, stats: CorpusStats, site: Site) 
     """The article of one finished ``<page>`` element, or None (another namespace, a redirect: recorded in
     ``stats.redirects``, a disambiguation or list page: counted), by the site's rules (`page_kind`)."""
     fields = {_local(c.tag): c for c in elem}
-    title = normalize_title(fields["title"].text or "", site.case) if "title" in fields else ""
+    title = site.title(fields["title"].text or "") if "title" in fields else ""
     ns = fields["ns"].text if "ns" in fields else "0"
     rev = fields.get("revision")
     text_el = None
@@ -363,7 +362,7 @@ def _page_article(elem: ET.Element, path: Path, stats: CorpusStats, site: Site) 
             m = re.search(r"\[\[([^\]|#]+)", wikitext)
             target = m.group(1) if m else None
         if target:
-            stats.redirects[title] = normalize_title(target, site.case)
+            stats.redirects[title] = site.title(target)
         return None
     if kind is not None:
         stats.skipped_pages += 1

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from bertknn.core.languages import LanguageRules, rules_for
+from bertknn.core.titles import normalize_title
 
 # MediaWiki's canonical (English) namespace names, understood by every wiki whatever its language
 CANONICAL_NAMESPACES: dict[int, tuple[str, ...]] = {
@@ -37,6 +38,11 @@ def _key(name: str) -> str:
     return _SPACES.sub(" ", name).strip().casefold()
 
 
+def _fold_dotted(text: str) -> str:
+    """Case-folded, with İ as i (``casefold`` makes it i and a combining dot): ``#YÖNLENDİRME`` = ``#yönlendirme``."""
+    return text.replace("İ", "i").casefold()
+
+
 @dataclass(frozen=True, eq=False)
 class Site:
     """A wiki's language rules, title case rule and namespace names (``namespaces``: key -> localised name)."""
@@ -48,6 +54,10 @@ class Site:
     @property
     def language(self) -> str:
         return self.rules.code
+
+    def title(self, raw: str) -> str:
+        """A title as this wiki stores it (`normalize_title` with the dump's case rule and the language's)."""
+        return normalize_title(raw, self.case, dotted_i=self.rules.dotted_i)
 
     def _names(self, keys: frozenset[int] | None) -> frozenset[str]:
         out: set[str] = set()
@@ -88,7 +98,7 @@ class Site:
 
     @cached_property
     def _redirect_words(self) -> tuple[str, ...]:
-        return tuple({"#redirect", *(w.casefold() for w in self.rules.redirect)})
+        return tuple({"#redirect", *(_fold_dotted(w) for w in self.rules.redirect)})
 
     @cached_property
     def _disambiguation(self) -> re.Pattern[str]:
@@ -98,7 +108,7 @@ class Site:
 
     def is_redirect(self, wikitext: str) -> bool:
         """A page whose text starts with a redirect magic word (``#REDIRECT``, ``#WEITERLEITUNG``, ``#転送``)."""
-        return wikitext.lstrip()[:40].casefold().startswith(self._redirect_words)
+        return _fold_dotted(wikitext.lstrip()[:40]).startswith(self._redirect_words)
 
     def is_disambiguation(self, title: str, wikitext: str) -> bool:
         suffixes = (*ENGLISH_RULES.disambiguation_suffix, *self.rules.disambiguation_suffix)

@@ -175,7 +175,8 @@ def sparse_indexes_current(root: Path, fingerprint: str, index_dir: str = INDEX_
 def language_hasher(language: str, stopwords: frozenset[str] | None = None) -> NgramHasher:
     """The TF-IDF features of a datastore's language: its stopwords (default: the language's list) and terms."""
     words = load_stopwords(None, language) if stopwords is None else stopwords
-    return NgramHasher.for_language(language, words, rules_for(language).fold_accents)
+    rules = rules_for(language)
+    return NgramHasher.for_language(language, words, rules.fold_accents, rules.dotted_i)
 
 
 def build_sparse_indexes(

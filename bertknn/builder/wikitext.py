@@ -33,12 +33,13 @@ from mwparserfromhell.wikicode import Wikicode
 
 from bertknn.builder.site import ENGLISH, Site
 from bertknn.core.languages import unspaced_share
-from bertknn.core.titles import normalize_title
+from bertknn.core.text import unicode_words
 
 # the version of these rules, recorded in a build's state: a resumed build must use the same
 # 3: namespaces, back matter and sentence ends per language; file-link parameters are markup; 4: [[:X]] shows X,
-# templates within kept ones render
-TEXT_RULES = 4
+# templates within kept ones render; 5: a word's characters are Unicode's (marks and joiners), sentences end after
+# them, titles of Turkic wikis upper-case i to İ
+TEXT_RULES = 5
 _INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
 _HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
 # (a pattern string: mwparserfromhell compiles it with re.IGNORECASE itself)
@@ -123,7 +124,7 @@ def link_target(title: str, site: Site = ENGLISH) -> str:
     page = title.split("#", 1)[0].strip()
     if site.is_other_namespace(page) or _INTERLANGUAGE_LINK.match(page):
         return ""
-    return normalize_title(page, site.case)
+    return site.title(page)
 
 
 def _render_templates(code: Wikicode) -> None:
@@ -212,7 +213,7 @@ def _take_links(marked: str, targets: list[str]) -> tuple[str, list[Link]]:
     return "".join(out), links
 
 
-_WORD = re.compile(r"[^\W\d_]{2,}")
+_WORD = unicode_words(r"[^\W\d_]{2,}")  # a letter's marks are in its word (जन्म: one word)
 _RESIDUE = re.compile(
     r"colspan|rowspan|align\s*=|style\s*=|\{\{|\}\}|\[\[|\]\]|<ref|</ref|^\s*[!|*#]|\w\|\w|''"
     r"|\s\|\s[^|]*\s\|\s|\|\s*[\w-]+\s*="  # navigation-box rows ("A | B | C"), template parameters ("|name=")

@@ -93,6 +93,7 @@ class LanguageRules:
     abbreviations: frozenset[str]  # words a "." after which does not end a sentence (the Unicode rule)
     scripts: tuple[str, ...]  # the scripts (`script`) its text is written in; () when not known
     stopwords: frozenset[str]  # added to the language's Stopwords ISO list
+    dotted_i: bool  # I/ı and İ/i are the case pairs (Turkish, Azerbaijani): title case i -> İ, TF-IDF I -> ı
     known: bool  # the data names this language (else: the default rules)
 
     def back_matter_pattern(self) -> str:
@@ -170,6 +171,7 @@ def rules_for(code: str) -> LanguageRules:
         abbreviations=frozenset(merged["abbreviations"]),
         scripts=tuple(merged["scripts"]),
         stopwords=frozenset(merged["stopwords"]),
+        dotted_i=bool(merged["dotted_i"]),
         known=entry is not None,
     )
 

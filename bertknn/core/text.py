@@ -5,10 +5,21 @@ from __future__ import annotations
 import re
 import unicodedata
 
+import regex
+
 # A question's blank: ``[MASK]`` (BERT's spelling) or ``<mask>`` (RoBERTa's), in any case or spacing, whatever the
 # model: a caller need not know which family a datastore was built with
 MASK_RE = re.compile(r"\[\s*mask\s*\]|<\s*mask\s*>", re.IGNORECASE)
 _SPACES = re.compile(r"\s+")
+
+
+def unicode_words(pattern: str) -> regex.Pattern[str]:
+    """``pattern`` compiled so that ``\\w`` is a word character as Unicode defines it (TR #18, the `regex`
+    module's): letters, combining marks, digits, connector punctuation and the zero-width joiners. Python's `re`
+    leaves the marks out, and so cuts a Hindi, Bengali or Tamil word at each vowel sign and virama (``जन्म`` as
+    ``जन``, ``्``, ``म``) and a Persian one at its non-joiner: every rule that counts or cuts words in a language's
+    text uses this."""
+    return regex.compile(pattern)
 
 
 def retrieval_text(text: str) -> str:

@@ -8,17 +8,19 @@ import unicodedata
 _SPACES = re.compile(r"[\s_]+")
 
 
-def normalize_title(title: str, case: str = "first-letter") -> str:
+def normalize_title(title: str, case: str = "first-letter", *, dotted_i: bool = False) -> str:
     """Canonical article key, as Wikipedia stores titles.
 
     Unicode NFC, underscores and runs of whitespace become one space, trimmed, and, on a ``first-letter`` wiki
     (every Wikipedia; a dump's ``<case>``), the first letter is upper-cased (``$wgCapitalLinks``):
-    ``"albert_einstein"`` -> ``"Albert einstein"``. A ``case-sensitive`` wiki (Wiktionary) keeps it.
+    ``"albert_einstein"`` -> ``"Albert einstein"``. A ``case-sensitive`` wiki (Wiktionary) keeps it. Where the
+    language's ``dotted_i`` rule holds (Turkish, Azerbaijani), i upper-cases to İ (``"istanbul"`` ->
+    ``"İstanbul"``), as MediaWiki's ``LanguageTr::ucfirst`` does.
     """
     t = _SPACES.sub(" ", unicodedata.normalize("NFC", title)).strip()
     if not t or case == "case-sensitive":
         return t
-    return t[0].upper() + t[1:]
+    return ("İ" if dotted_i and t[0] == "i" else t[0].upper()) + t[1:]
 
 
 def strip_latin_accents(text: str) -> str:

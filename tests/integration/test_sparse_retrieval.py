@@ -6,6 +6,7 @@ import os
 import shutil
 import unicodedata
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -342,3 +343,13 @@ def test_ivfpq_refuses_an_index_of_other_shards(datastore_dir: Path, tmp_path: P
     with pytest.raises(DatastoreError, match="other shards"):
         IvfPqKnn(Datastore(root))
     assert os.path.exists(root / IVFPQ_FILE)
+
+
+def test_a_subject_is_normalised_as_the_datastore_s_wiki_writes_titles(datastore: Datastore) -> None:
+    """On a Turkish or Azerbaijani datastore a subject's first i upper-cases to İ, as the builder stored the
+    titles and link targets (MediaWiki's LanguageTr); elsewhere to I."""
+    turkish = SimpleNamespace(articles=datastore.articles, redirects=datastore.redirects,
+                              manifest=SimpleNamespace(language="tr"))  # fmt: skip
+    assert SubjectResolver(turkish).normalize("istanbul") == "İstanbul"  # type: ignore[arg-type]
+    assert SubjectResolver(datastore).normalize("istanbul") == "Istanbul"
+    assert SubjectResolver(turkish).resolve("zorblat") == "Zorblat"  # type: ignore[arg-type]

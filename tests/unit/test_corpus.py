@@ -34,9 +34,9 @@ def page(title: str, text: str, *, ns: int = 0, page_id: int = 1, redirect: str 
     )
 
 
-def dump(pages: list[str], *, tail: str = "</mediawiki>\n") -> str:
+def dump(pages: list[str], *, tail: str = "</mediawiki>\n", lang: str = "en") -> str:
     return (
-        f'<mediawiki xmlns="{NS}" version="0.11" xml:lang="en">\n'
+        f'<mediawiki xmlns="{NS}" version="0.11" xml:lang="{lang}">\n'
         "<siteinfo><sitename>Wikipedia</sitename><dbname>enwiki</dbname></siteinfo>\n" + "".join(pages) + tail
     )
 
@@ -183,3 +183,28 @@ def test_sentence_splitter_splits_plain_sentences_and_ignores_blank_lines() -> N
         "Two sentences?",
         "Three!",
     ]
+
+
+TURKISH = [
+    page("İstanbul", "'''İstanbul''', [[Türkiye]]'nin en kalabalık şehridir ve [[ilçe]]leri vardır.\n\n== Kaynakça ==\n"
+         "* Bir kaynak kitabı ve sayfaları burada.", page_id=1),
+    page("Konstantinopolis", "#yönlendirme [[istanbul]]", page_id=2),  # a redirect told by its text alone
+    page("Ankara (anlam ayrımı)", "'''Ankara''' şunlardan biri olabilir.", page_id=3),
+    page("Yüzey", "'''Yüzey''' birden fazla anlama gelir.\n{{Anlam ayrımı}}", page_id=4),
+    page("Türkiye'deki illerin listesi", "Bu liste Türkiye'deki illeri sayar.", page_id=5),
+]
+
+
+def test_a_turkish_dump_upper_cases_i_to_dotted_i_and_reads_its_own_magic_words(tmp_path: Path) -> None:
+    """Turkish writes I/ı and İ/i as case pairs: a link or redirect to ``istanbul`` names the article İstanbul, as
+    MediaWiki's LanguageTr::ucfirst makes it (Python's upper() gives Istanbul, no such page)."""
+    path = tmp_path / "trwiki-test-pages-articles.xml"
+    path.write_text(dump(TURKISH, lang="tr"), encoding="utf-8")
+    stats = CorpusStats()
+    (article,) = read_mediawiki_xml(path, stats)
+    assert article.title == "İstanbul" and article.site.language == "tr"
+    assert stats.redirects == {"Konstantinopolis": "İstanbul"}  # "#yönlendirme", not only "#YÖNLENDİRME"
+    assert stats.skipped_pages == 3  # "(anlam ayrımı)", {{Anlam ayrımı}}, "... listesi"
+    text, links = article.text_links()
+    assert "Kaynakça" not in text and "kaynak kitabı" not in text  # the back matter goes
+    assert [(text[k.start : k.end], k.target) for k in links] == [("Türkiye", "Türkiye"), ("ilçe", "İlçe")]

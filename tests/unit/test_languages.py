@@ -18,12 +18,12 @@ from pydantic import ValidationError
 
 from bertknn.builder.build import build
 from bertknn.builder.corpus import CorpusStats, corpus_language, page_kind, read_corpora, read_siteinfo
-from bertknn.builder.sentences import SentenceSplitter
+from bertknn.builder.sentences import SentenceSplitter, UnicodeSentences
 from bertknn.builder.settings import BuildSettings
 from bertknn.builder.site import ENGLISH, Site
 from bertknn.builder.targets import load_stopwords
 from bertknn.builder.wikitext import link_target, sentence_problem, wikitext_links
-from bertknn.core.errors import BuildError, CorpusError, ModelLoadError
+from bertknn.core.errors import BuildError, CorpusError, ModelLoadError, SparseIndexError
 from bertknn.core.format.sparse import NgramHasher
 from bertknn.core.languages import (
     _BREAKERS,
@@ -288,6 +288,61 @@ def test_tfidf_terms_per_language() -> None:
     vi = NgramHasher.for_language("vi", frozenset(), fold_accents=False)
     assert vi.terms("Hà Nội") == ["hà", "nội"]
     assert NgramHasher(frozenset()).terms("Émile Zola") == ["emile", "zola"]  # English as before
+
+
+# Hindi, Bengali, Tamil and Persian: words whose vowel signs, viramas and non-joiners are combining marks or
+# joiners, which Python's re leaves out of \w
+HINDI = "महात्मा गांधी का जन्म पोरबंदर में हुआ था।"
+TAMIL = "தமிழ் ஒரு திராவிட மொழி ஆகும். இது இந்தியாவில் பேசப்படுகிறது."
+
+
+def test_a_word_keeps_its_combining_marks_and_joiners_in_tfidf_terms() -> None:
+    hi = NgramHasher.for_language("hi", frozenset(), fold_accents=False)
+    assert hi.terms(HINDI) == ["महात्मा", "गांधी", "का", "जन्म", "पोरबंदर", "में", "हुआ", "था", "।"]
+    assert hi.terms("রবীন্দ্রনাথ ঠাকুর") == ["রবীন্দ্রনাথ", "ঠাকুর"]
+    assert hi.terms("می\u200cخواهم") == ["می\u200cخواهم"]  # the zero-width non-joiner is inside the word
+    greek = hi.terms("15 Μαΐου")  # casefold gives ι and two marks: one word, as the lower-case word gives it
+    assert len(greek) == 2 and greek == hi.terms("15 μαΐου")
+    assert NgramHasher.from_params(hi.to_params(), Path("x")) == hi
+
+
+def test_dotted_and_dotless_i_in_tfidf_terms() -> None:
+    de = NgramHasher.for_language("de", frozenset(), fold_accents=False)
+    assert de.terms("İzmir und Izmir") == ["izmir", "und", "izmir"]  # not "i", a lone dot and "zmir"
+    tr = NgramHasher.for_language("tr", frozenset(), rules_for("tr").fold_accents, rules_for("tr").dotted_i)
+    assert tr.terms("İstanbul istanbul Işık ışık") == ["istanbul", "istanbul", "ışık", "ışık"]  # Turkish case pairs
+    assert NgramHasher.from_params(tr.to_params(), Path("x")) == tr
+
+
+def test_an_index_built_with_the_earlier_word_rule_is_read_with_it() -> None:
+    """A non-English index written before marks counted as word characters records the earlier pattern: its
+    queries are cut as its documents were, and an index of neither pattern is refused."""
+    hi = NgramHasher.for_language("hi", frozenset(), fold_accents=False)
+    params = hi.to_params()
+    earlier = params["token_pattern"].rsplit("; words:", 1)[0]
+    tr_fold = NgramHasher.for_language("tr", frozenset(), False, dotted_i=True).fold  # only with the new words
+    old = NgramHasher.from_params({**params, "token_pattern": earlier}, Path("x"))
+    assert old.terms("जन्म İzmir") == ["जन", "्", "म", "i", "\u0307", "zmir"]
+    with pytest.raises(SparseIndexError, match="another tokenisation"):
+        NgramHasher.from_params({**params, "token_pattern": earlier, "fold": tr_fold}, Path("x"))
+    with pytest.raises(SparseIndexError, match="another tokenisation"):
+        NgramHasher.from_params({**params, "token_pattern": earlier + "; words: letters"}, Path("x"))
+
+
+def test_sentences_of_marked_scripts_are_kept_and_end_after_a_marked_word() -> None:
+    assert sentence_problem(HINDI) is None and sentence_problem("தமிழ் ஒரு திராவிட மொழி ஆகும்.") is None
+    assert sentence_problem("का में") == "fragment"
+    ends = UnicodeSentences().segment(TAMIL)
+    assert ends == ["தமிழ் ஒரு திராவிட மொழி ஆகும்.", " இது இந்தியாவில் பேசப்படுகிறது."]
+    assert len(UnicodeSentences().segment("அ. இராமசாமி ஒரு எழுத்தாளர்.")) == 1  # after an initial, no end
+
+
+def test_turkic_titles_upper_case_i_to_dotted_i() -> None:
+    tr, az, de = Site(rules_for("tr")), Site(rules_for("az")), Site(rules_for("de"))
+    titles = (tr.title("istanbul"), az.title("içərişəhər"), de.title("istanbul"))
+    assert titles == ("İstanbul", "İçərişəhər", "Istanbul")
+    assert tr.title("ırmak") == "Irmak" and link_target("ilçe", tr) == "İlçe"
+    assert Site(rules_for("tr"), case="case-sensitive").title("istanbul") == "istanbul"
 
 
 def test_a_question_in_another_script_is_warned() -> None:

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from bertknn.core.errors import SparseIndexError
 from bertknn.core.languages import UNSPACED_CLASS, is_unspaced_char
-from bertknn.core.text import fold_text, is_punctuation
+from bertknn.core.text import fold_text, is_punctuation, unicode_words
 from bertknn.core.titles import strip_latin_accents
 
 if TYPE_CHECKING:
@@ -49,18 +49,38 @@ FOLD = "NFKD, combining marks removed, casefold"
 # of an unspaced script (Japanese, Chinese, Thai) is cut into overlapping character bigrams, as Lucene's CJK analyzer
 FOLD_KEEP = "NFKC, casefold"
 FOLD_LATIN = "NFKC, accents of Latin letters removed, casefold"
+# Turkish and Azerbaijani: I and ı, İ and i are the case pairs (Lucene's TurkishLowerCaseFilter)
+FOLD_TURKIC = "NFKC, I as ı and İ as i, casefold"
 UNSPACED_TOKENS = "character bigrams of unspaced-script runs"
+# A non-English word's characters are Unicode's (`unicode_words`: its marks and joiners stay in it), and İ folds to
+# i, not to i and a lone combining dot. An index built before this rule records `WORDS_RE` and is read with it.
+WORDS_UNICODE = "words: Unicode's word characters (marks and joiners kept), İ folded to i"
+WORDS_RE = "words: Python re's word characters"
 _TOKEN = re.compile(TOKEN_PATTERN)
 _UNSPACED = UNSPACED_CLASS
-_TOKEN_I18N = re.compile(f"[{_UNSPACED}]+|(?:(?![{_UNSPACED}])\\w)+|[^\\w\\s]")
+_I18N_PATTERN = f"[{_UNSPACED}]+|(?:(?![{_UNSPACED}])\\w)+|[^\\w\\s]"
+_TOKEN_I18N = {WORDS_UNICODE: unicode_words(_I18N_PATTERN), WORDS_RE: re.compile(_I18N_PATTERN)}
 
 
-def language_terms(text: str, fold: str) -> list[str]:
+def i18n_token_pattern(words: str) -> str:
+    """What an index records as its non-English tokenisation (``token_pattern``), for `WORDS_UNICODE` or the
+    `WORDS_RE` of indexes built before it."""
+    return f"{_I18N_PATTERN}; {UNSPACED_TOKENS}" + ("" if words == WORDS_RE else f"; {words}")
+
+
+def _fold(text: str, fold: str, words: str) -> str:
+    if fold == FOLD_TURKIC:
+        text = text.replace("I", "ı").replace("İ", "i")
+    elif words == WORDS_UNICODE:
+        text = text.replace("İ", "i")  # casefold's i and a combining dot above
+    return unicodedata.normalize("NFKC", strip_latin_accents(text) if fold == FOLD_LATIN else text).casefold()
+
+
+def language_terms(text: str, fold: str, words: str = WORDS_UNICODE) -> list[str]:
     """A non-English text's terms: folded words, each unspaced-script run as its character bigrams (a lone
     character as itself), punctuation as its own tokens."""
-    folded = unicodedata.normalize("NFKC", strip_latin_accents(text) if fold == FOLD_LATIN else text).casefold()
     out: list[str] = []
-    for tok in _TOKEN_I18N.findall(folded):
+    for tok in _TOKEN_I18N[words].findall(_fold(text, fold, words)):
         if is_unspaced_char(tok[0]):
             out.extend([tok] if len(tok) == 1 else [tok[i : i + 2] for i in range(len(tok) - 1)])
         else:
@@ -71,25 +91,31 @@ def language_terms(text: str, fold: str) -> list[str]:
 @dataclass(frozen=True)
 class NgramHasher:
     """DrQA's n-gram features, hashed into ``n_features`` buckets: the one definition builder and service share.
-    ``language``: English tokenises with `TOKEN_PATTERN` and `FOLD`; any other with `language_terms`."""
+    ``language``: English tokenises with `TOKEN_PATTERN` and `FOLD`; any other with `language_terms`, its words
+    as ``words`` says (`WORDS_UNICODE`; an index built before it, `WORDS_RE`)."""
 
     stopwords: frozenset[str]
     ngram: int = 2
     n_features: int = N_FEATURES
     language: str = "en"
     fold: str = FOLD
+    words: str = WORDS_UNICODE
 
     @staticmethod
-    def for_language(language: str, stopwords: frozenset[str], fold_accents: bool) -> NgramHasher:
+    def for_language(
+        language: str, stopwords: frozenset[str], fold_accents: bool, dotted_i: bool = False
+    ) -> NgramHasher:
+        """A new index's hasher: ``fold_accents`` and ``dotted_i`` as the language's rules say."""
         if language == "en":
             return NgramHasher(stopwords)
-        return NgramHasher(stopwords, language=language, fold=FOLD_LATIN if fold_accents else FOLD_KEEP)
+        fold = FOLD_TURKIC if dotted_i else FOLD_LATIN if fold_accents else FOLD_KEEP
+        return NgramHasher(stopwords, language=language, fold=fold)
 
     def terms(self, text: str) -> list[str]:
         """The text's tokens as TF-IDF (and a pre-tokenised BM25) sees them."""
         if self.language == "en":
             return _TOKEN.findall(fold_text(text))
-        return language_terms(text, self.fold)
+        return language_terms(text, self.fold, self.words)
 
     def ngrams(self, text: str) -> list[str]:
         """Folded unigrams..``ngram``-grams of ``text``, without those made only of stopwords and punctuation."""
@@ -140,7 +166,7 @@ class NgramHasher:
             "n_features": self.n_features,
             "ngram": self.ngram,
             "stopwords": sorted(self.stopwords),
-            "token_pattern": TOKEN_PATTERN if english else f"{_TOKEN_I18N.pattern}; {UNSPACED_TOKENS}",
+            "token_pattern": TOKEN_PATTERN if english else i18n_token_pattern(self.words),
             "fold": self.fold,
             **({} if english else {"language": self.language}),
         }
@@ -149,16 +175,20 @@ class NgramHasher:
     def from_params(cls, params: dict, where: Path) -> NgramHasher:
         """The hasher an index was built with; refuses an index whose text processing this code does not do."""
         language = str(params.get("language", "en"))
-        english = language == "en"
-        pattern = TOKEN_PATTERN if english else f"{_TOKEN_I18N.pattern}; {UNSPACED_TOKENS}"
-        folds = (FOLD,) if english else (FOLD_KEEP, FOLD_LATIN)
-        if params.get("token_pattern") != pattern or params.get("fold") not in folds:
+        # each tokenisation this code reads: (token_pattern, words) -> the folds it may have been built with
+        known = {(TOKEN_PATTERN, WORDS_UNICODE): (FOLD,)} if language == "en" else {
+            (i18n_token_pattern(WORDS_UNICODE), WORDS_UNICODE): (FOLD_KEEP, FOLD_LATIN, FOLD_TURKIC),
+            (i18n_token_pattern(WORDS_RE), WORDS_RE): (FOLD_KEEP, FOLD_LATIN),
+        }
+        found = [w for (pattern, w), folds in known.items()
+                 if params.get("token_pattern") == pattern and params.get("fold") in folds]  # fmt: skip
+        if not found:
             raise SparseIndexError(
                 f"{where}: built with another tokenisation ({params.get('token_pattern')!r}, {params.get('fold')!r}); "
                 "rebuild the datastore's sparse indexes with this version of the builder"
             )
         return cls(frozenset(params["stopwords"]), int(params["ngram"]), int(params["n_features"]), language,
-                   str(params["fold"]))  # fmt: skip
+                   str(params["fold"]), found[0])  # fmt: skip
 
 
 def write_tfidf_arrays(directory: Path, titles: list[str], postings: sp.csr_array) -> None:

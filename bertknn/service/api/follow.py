@@ -9,7 +9,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from bertknn.core.errors import InvalidRequest, QueryError, UnknownSubject
-from bertknn.core.titles import normalize_title
 from bertknn.service.api.admission import admitted, deadline_s, monotonic_deadline
 from bertknn.service.api.deps import AnswererDep, ResourcesDep
 from bertknn.service.api.middleware import note
@@ -56,10 +55,11 @@ def base_query(req: FollowRequest, settings: ServiceSettings) -> Query:
 
 def resolve_subject(pipe: AnswerPipeline, subject: str) -> str:
     """The subject's article title (exact, redirect, folded), else a linked entity's title; UnknownSubject if none."""
-    title = SubjectResolver(pipe.datastore).resolve(subject)
+    resolver = SubjectResolver(pipe.datastore)
+    title = resolver.resolve(subject)
     if title is not None:
         return title
-    ref = pipe.datastore.links.entity(normalize_title(subject))
+    ref = pipe.datastore.links.entity(resolver.normalize(subject))
     if ref is not None:
         return ref.title
     raise UnknownSubject(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bertknn.core.format import Datastore
+from bertknn.core.languages import rules_for
 from bertknn.core.titles import fold_title, normalize_title, pick_among_folded
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,12 @@ class SubjectResolver:
     def __init__(self, datastore: Datastore):
         self.articles = datastore.articles
         self.redirects = datastore.redirects
+        self.dotted_i = rules_for(datastore.manifest.language).dotted_i  # a Turkish subject "istanbul": İstanbul
         logger.info("subject lookup: %d articles, %d redirects", len(self.articles), len(self.redirects))
+
+    def normalize(self, subject: str) -> str:
+        """A subject as this datastore's wiki writes titles (`normalize_title`, with its language's rule)."""
+        return normalize_title(subject, dotted_i=self.dotted_i)
 
     def _follow(self, title: str) -> str | None:
         """The article a redirect title leads to, or None (dangling, a loop, or not in this datastore)."""
@@ -63,7 +69,7 @@ class SubjectResolver:
 
     def resolve_with_rule(self, subject: str) -> Resolution | None:
         """The subject's article and the rule that found it, or None."""
-        norm = normalize_title(subject)
+        norm = self.normalize(subject)
         if not norm:
             return None
         if norm in self.articles:
