@@ -162,7 +162,7 @@ class TargetSelector:
         for start, end, entity in links:
             first, last = starts.get(start), ends.get(end)
             if first is None or last is None or last < first or last - first + 1 > MAX_ANCHOR_PIECES:
-                continue  # the anchor cuts a token (``[[Paris]]ian``), or is too long to be one answer
+                continue  # the anchor cuts a token (``un[[happy]]``), or is too long to be one answer
             word = by_span.get((start, end))
             if word is not None:
                 if word not in taken:

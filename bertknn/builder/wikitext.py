@@ -38,7 +38,7 @@ from bertknn.core.text import unicode_words
 # the version of these rules, recorded in a build's state: a resumed build must use the same
 # 3: namespaces, back matter and sentence ends per language; file-link parameters are markup; 4: [[:X]] shows X,
 # templates within kept ones render; 5: a word's characters are Unicode's (marks and joiners), sentences end after
-# them, titles of Turkic wikis upper-case i to İ
+# them, titles of Turkic wikis upper-case i to İ, a link takes its language's link trail ([[bus]]es)
 TEXT_RULES = 5
 _INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
 _HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
@@ -188,11 +188,12 @@ def wikitext_links(wikitext: str, site: Site = ENGLISH) -> tuple[str, list[Link]
         line = _LEADING_SEPARATOR.sub("(", _EMPTY_BRACKETS.sub("", line))
         line = _SPACE_BEFORE_PUNCT.sub(r"\1", _SPACES.sub(" ", line))
         lines.append(line)
-    return _take_links("\n".join(lines), targets)
+    return _take_links("\n".join(lines), targets, site.rules.link_trail)
 
 
-def _take_links(marked: str, targets: list[str]) -> tuple[str, list[Link]]:
-    """The text without the link marks, and each marked anchor's span in it (anchors left empty are dropped)."""
+def _take_links(marked: str, targets: list[str], trail: re.Pattern[str] | None = None) -> tuple[str, list[Link]]:
+    """The text without the link marks, and each marked anchor's span in it (anchors left empty are dropped); the
+    letters of the language's link trail right after an anchor are part of it (``[[bus]]es``: ``buses``)."""
     out: list[str] = []
     links: list[Link] = []
     pos = 0  # in marked
@@ -205,7 +206,9 @@ def _take_links(marked: str, targets: list[str]) -> tuple[str, list[Link]]:
         lead = len(anchor) - len(anchor.lstrip())
         core = anchor.strip()
         if core:
-            links.append(Link(length + lead, length + lead + len(core), targets[int(m.group(1))]))
+            after = trail.match(marked, m.end()) if trail is not None and core == anchor[lead:] else None
+            end = length + lead + len(core) + (len(after.group()) if after else 0)
+            links.append(Link(length + lead, end, targets[int(m.group(1))]))
         out.append(anchor)
         length += len(anchor)
         pos = m.end()

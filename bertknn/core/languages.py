@@ -94,6 +94,7 @@ class LanguageRules:
     scripts: tuple[str, ...]  # the scripts (`script`) its text is written in; () when not known
     stopwords: frozenset[str]  # added to the language's Stopwords ISO list
     dotted_i: bool  # I/ı and İ/i are the case pairs (Turkish, Azerbaijani): title case i -> İ, TF-IDF I -> ı
+    link_trail: re.Pattern[str] | None  # letters after a link's ]] that its text takes ([[bus]]es); None: none
     known: bool  # the data names this language (else: the default rules)
 
     def back_matter_pattern(self) -> str:
@@ -172,6 +173,7 @@ def rules_for(code: str) -> LanguageRules:
         scripts=tuple(merged["scripts"]),
         stopwords=frozenset(merged["stopwords"]),
         dotted_i=bool(merged["dotted_i"]),
+        link_trail=re.compile(f"[{merged['link_trail']}]+") if merged["link_trail"] else None,
         known=entry is not None,
     )
 

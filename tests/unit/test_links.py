@@ -12,10 +12,12 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from bertknn.builder.corpus import html_anchor_links, read_jsonl
+from bertknn.builder.site import ENGLISH, Site
 from bertknn.builder.targets import MAX_ANCHOR_PIECES, TargetSelector, load_stopwords, masked_ids
 from bertknn.builder.wikitext import link_target, wikitext_links, wikitext_to_text
 from bertknn.core.errors import CorpusError, InvalidRequest
 from bertknn.core.format.table import EntityRef
+from bertknn.core.languages import rules_for
 from bertknn.service.entities import MAX_NAME_PIECES, EntityAnswerer, entity_of_words, surface_form
 from bertknn.service.follow import Hop, HopEntity, check_template, combine, fill, fill_hop, paths, to_fill
 from bertknn.service.interpolate import knn_distribution
@@ -44,12 +46,25 @@ def test_wikitext_links_piped_multiword_and_dropped_ones() -> None:
         ("Pisa", "Pisa"),
         ("Duchy of Florence", "Duchy of Florence"),  # an anchor of several words; its double space collapsed
         ("university", "University of Padua"),  # the section of the target dropped
-        ("moon", "Moon"),  # a trailing "s" outside the link: the anchor is "moon", the target's first letter upper
+        ("moons", "Moon"),  # the link trail "s" is part of the link's text, as MediaWiki shows it; target upper-cased
     ]
     # dropped with what holds them: the infobox, the reference, the file caption, the back matter; and links
     # that name no article: a section of this page, another namespace, another wiki
     for gone in ("Rome", "Oxford University Press", "Justus Sustermans", "Stillman Drake", "Astronomers", "Telescope"):
         assert gone not in {ln.target for ln in links}
+
+
+def test_a_link_takes_the_letters_of_its_language_s_link_trail() -> None:
+    """MediaWiki's $linkTrail: letters right after ]] show as part of the link ([[bus]]es is one link, "buses"),
+    English's a-z unless the language has its own (German adds äöüß; Japanese text after a link is no trail)."""
+    cases = [
+        (ENGLISH, "[[bus]]es, [[Ulm]]'s [[Paris|the city ]]x [[Rome]]2 [[Köln]]ö.", ["buses", "Ulm", "the city", "Rome", "Köln"]),
+        (Site(rules_for("de")), "[[Köln]]ö und [[Bus]]ses.", ["Kölnö", "Busses"]),
+        (Site(rules_for("ja")), "[[東京]]都", ["東京"]),
+    ]
+    for site, wikitext, anchors in cases:
+        text, links = wikitext_links(wikitext, site)
+        assert [text[ln.start : ln.end] for ln in links] == anchors
 
 
 def test_link_targets_are_normalised_titles() -> None:
