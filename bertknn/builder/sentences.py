@@ -15,7 +15,7 @@ import pysbd.languages
 
 from bertknn.core.errors import BuildError
 from bertknn.core.languages import LanguageRules, rules_for
-from bertknn.core.text import unicode_words
+from bertknn.core.text import NOT_WORD, WORD, unicode_words
 
 # sentence terminals that end a sentence wherever they stand: the full-width forms of CJK text, and the marks
 # that end nothing else (Khmer's khan, Burmese's section mark, Ethiopic's full stop)
@@ -27,7 +27,7 @@ _BOUNDARY = re.compile(
     rf"(?P<full>[{_FULL_STOPS}]+[{re.escape(_CLOSERS)}]*)"
     rf"|(?P<stop>[{re.escape(_STOPS)}]+[{re.escape(_CLOSERS)}]*)(?=\s+(?P<next>\S))"
 )
-_LAST_WORD = unicode_words(r"(\w+)\W*$")  # Tamil's ஆகும் is a word, not ஆக and a lone ம
+_LAST_WORD = unicode_words(rf"({WORD}+){NOT_WORD}*$")  # Tamil's ஆகும் is a word, not ஆக and a lone ம
 
 
 class UnicodeSentences:

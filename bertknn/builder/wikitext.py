@@ -216,7 +216,7 @@ def _take_links(marked: str, targets: list[str], trail: re.Pattern[str] | None =
     return "".join(out), links
 
 
-_WORD = unicode_words(r"[^\W\d_]{2,}")  # a letter's marks are in its word (जन्म: one word)
+_WORD = unicode_words(r"(?:[^\W\d_]|\p{No}){2,}")  # a letter's marks are in its word (जन्म: one word)
 _RESIDUE = re.compile(
     r"colspan|rowspan|align\s*=|style\s*=|\{\{|\}\}|\[\[|\]\]|<ref|</ref|^\s*[!|*#]|\w\|\w|''"
     r"|\s\|\s[^|]*\s\|\s|\|\s*[\w-]+\s*="  # navigation-box rows ("A | B | C"), template parameters ("|name=")

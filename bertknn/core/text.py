@@ -1,4 +1,5 @@
-"""Text rules both sides share: the ``[MASK]`` marker in any case or spacing, the retrieval text, punctuation."""
+"""Text rules both sides share: the ``[MASK]`` marker in any case or spacing, the retrieval text, punctuation,
+Unicode's word characters."""
 
 from __future__ import annotations
 
@@ -13,12 +14,18 @@ MASK_RE = re.compile(r"\[\s*mask\s*\]|<\s*mask\s*>", re.IGNORECASE)
 _SPACES = re.compile(r"\s+")
 
 
+# A word character (a `regex` pattern, `unicode_words`): Unicode's (TR #18: letters, combining marks, digits,
+# connector punctuation, the zero-width joiners), and the other numbers (², ½) that Python's re counts too
+WORD = r"[\w\p{No}]"
+NOT_WORD = r"[^\w\p{No}]"
+
+
 def unicode_words(pattern: str) -> regex.Pattern[str]:
     """``pattern`` compiled so that ``\\w`` is a word character as Unicode defines it (TR #18, the `regex`
-    module's): letters, combining marks, digits, connector punctuation and the zero-width joiners. Python's `re`
-    leaves the marks out, and so cuts a Hindi, Bengali or Tamil word at each vowel sign and virama (``जन्म`` as
-    ``जन``, ``्``, ``म``) and a Persian one at its non-joiner: every rule that counts or cuts words in a language's
-    text uses this."""
+    module's): letters, combining marks, digits, connector punctuation and the zero-width joiners (`WORD` adds
+    the other numbers, ``km²``). Python's `re` leaves the marks out, and so cuts a Hindi, Bengali or Tamil word at each vowel sign and virama (``जन्म`` as
+    ``जन``, ``्``, ``म``) and a Persian one at its non-joiner. The fragment and sentence rules and non-English
+    TF-IDF terms use this; English TF-IDF keeps the pattern its indexes record."""
     return regex.compile(pattern)
 
 

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from bertknn.core.errors import SparseIndexError
 from bertknn.core.languages import UNSPACED_CLASS, is_unspaced_char
-from bertknn.core.text import fold_text, is_punctuation, unicode_words
+from bertknn.core.text import WORD, fold_text, is_punctuation, unicode_words
 from bertknn.core.titles import strip_latin_accents
 
 if TYPE_CHECKING:
@@ -58,14 +58,17 @@ WORDS_UNICODE = "words: Unicode's word characters (marks and joiners kept), İ f
 WORDS_RE = "words: Python re's word characters"
 _TOKEN = re.compile(TOKEN_PATTERN)
 _UNSPACED = UNSPACED_CLASS
-_I18N_PATTERN = f"[{_UNSPACED}]+|(?:(?![{_UNSPACED}])\\w)+|[^\\w\\s]"
-_TOKEN_I18N = {WORDS_UNICODE: unicode_words(_I18N_PATTERN), WORDS_RE: re.compile(_I18N_PATTERN)}
+_I18N_PATTERN = f"[{_UNSPACED}]+|(?:(?![{_UNSPACED}]){WORD})+|[^\\w\\p{{No}}\\s]"
+_I18N_PATTERN_RE = f"[{_UNSPACED}]+|(?:(?![{_UNSPACED}])\\w)+|[^\\w\\s]"  # an index's of before `WORDS_UNICODE`
+_TOKEN_I18N = {WORDS_UNICODE: unicode_words(_I18N_PATTERN), WORDS_RE: re.compile(_I18N_PATTERN_RE)}
 
 
 def i18n_token_pattern(words: str) -> str:
     """What an index records as its non-English tokenisation (``token_pattern``), for `WORDS_UNICODE` or the
     `WORDS_RE` of indexes built before it."""
-    return f"{_I18N_PATTERN}; {UNSPACED_TOKENS}" + ("" if words == WORDS_RE else f"; {words}")
+    if words == WORDS_RE:
+        return f"{_I18N_PATTERN_RE}; {UNSPACED_TOKENS}"
+    return f"{_I18N_PATTERN}; {UNSPACED_TOKENS}; {words}"
 
 
 def _fold(text: str, fold: str, words: str) -> str:
