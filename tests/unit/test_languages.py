@@ -337,6 +337,10 @@ def test_sentences_of_marked_scripts_are_kept_and_end_after_a_marked_word() -> N
     ends = UnicodeSentences().segment(TAMIL)
     assert ends == ["தமிழ் ஒரு திராவிட மொழி ஆகும்.", " இது இந்தியாவில் பேசப்படுகிறது."]
     assert len(UnicodeSentences().segment("அ. இராமசாமி ஒரு எழுத்தாளர்.")) == 1  # after an initial, no end
+    # "км" is an abbreviation (no end after "км."), "км²" is not: the superscript is part of the word
+    uk = UnicodeSentences(rules_for("uk").abbreviations)
+    assert len(uk.segment("Площа міста 836 км². Довжина вздовж берега — понад 20 км. Далі.")) == 2
+    assert sentence_problem("Ра́діус (radius — «промінь») —") == "fragment"  # three words, not four pieces
 
 
 def test_turkic_titles_upper_case_i_to_dotted_i() -> None:
