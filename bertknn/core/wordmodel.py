@@ -267,9 +267,23 @@ class WordModel:
             [w for w in words if (ids := self.pieces_of(w)) and not self.special_ids.intersection(ids)]
             for words in (_STAND_INS, _UNSPACED_STAND_INS)
         )
+        if not spaced:  # a tokenizer of a script without Latin letters (one trained on Hindi text alone)
+            spaced = self._vocabulary_stand_ins()
         if not spaced:
             raise ValueError("the tokenizer knows none of the plain words a query's mask is placed with")
         return spaced, unspaced
+
+    def _vocabulary_stand_ins(self, n: int = 3) -> list[str]:
+        """The first ``n`` words of the tokenizer's own vocabulary that are one token of letters in running text:
+        the stand-ins where it knows none of `_STAND_INS`."""
+        out: list[str] = []
+        for token_id in range(self.vocab_size):
+            text = self.token_text(token_id)
+            if self.token_word(token_id) >= 0 and text.isalpha() and self.pieces_of(text) == (token_id,):
+                out.append(text)
+                if len(out) == n:
+                    break
+        return out
 
     # ---- the vocabulary -----------------------------------------------------------------------------------
 
