@@ -2,7 +2,8 @@
 
 A section (a heading and its text, with its parent sections' citations inherited) cites commands
 (`python -m bench.NAME`: every ``bench/results/NAME*.json``) and result files (``bench/results/FILE.json``). A figure
-is a number with a decimal point, a thousands separator or a unit (``x``, ``%``, ``ms``, ``s``, ``/s``, bytes...),
+is a number with a decimal point, a thousands separator or a unit (``x``, ``%``, ``ms``, ``s``, ``/s``, bytes...; in
+``99 / 93 / 95 %`` each number has the last one's unit),
 outside code spans, links and version numbers. It passes when some value in the cited files, as a fraction, a
 percentage or in thousandths, rounds to it; when it is a setting's default (the settings classes); or when it is a
 published figure (``bench/results/published.json``) in a section that names the paper.
@@ -46,6 +47,8 @@ NOT_A_FIGURE = re.compile(
     r"lambda|k|n|l|hop|beam|limit|layer|layers|stage|issue|#)\s*$",
     re.IGNORECASE,
 )
+# the rest of a list of numbers separated by " / " that ends in a unit
+SHARED_UNIT = re.compile(r"(?:\s*/\s*\d[\d,]*(?:\.\d+)?)+\s*(" + UNIT + r")")
 CONTEXT = 40  # characters of text each side kept with an unverified figure
 
 
@@ -141,6 +144,8 @@ def _unit_figures(rel: str, body: str, cited: set[str], unit_id: int) -> Iterato
             continue
         for m in FIGURE.finditer(line):
             number, unit = m.group(1), m.group(2)
+            if not unit and (shared := SHARED_UNIT.match(line, m.end())):
+                unit = shared.group(1)  # "99 / 93 / 95 %": each number of the list carries its unit
             if not any(c in number for c in ".,e") and not unit:
                 continue
             if NOT_A_FIGURE.search(line[: m.start()]) or re.match(r"\d+-\d", line[m.start():]):

@@ -147,6 +147,20 @@ def test_a_figure_in_scientific_notation_is_checked_whole(tmp_path: Path) -> Non
     assert [f.text for f in cf.new_figures(root, listed=[])] == [off]
 
 
+def test_each_number_of_a_list_ending_in_a_unit_is_a_figure(tmp_path: Path) -> None:
+    """``99 / 93 / 95 %``: the unit is written once, after the last; each number is checked, not only that one
+    (the README once said 99 / 93 / 95 where the cited file held 100 / 95 / 96)."""
+    table = json.loads((REPO / "bench/results/languages.json").read_text())["table"]
+    row = next(line for line in table.splitlines() if "BM25 top 3" in line)
+    ja, uk, vi = (float(c.strip(" %")) for c in row.split("|")[2:5])
+    good = f"{ja:.0f} / {uk:.0f} / {vi:.0f} %"
+    root = _doc(tmp_path, f"# T\n\n`python -m bench.languages`: own article in the top 3 {good}.\n")
+    assert cf.new_figures(root, listed=[]) == []
+    bad = f"{ja - 1:.0f} / {uk - 2:.0f} / {vi:.0f} %"
+    root = _doc(tmp_path, f"# T\n\n`python -m bench.languages`: own article in the top 3 {bad}.\n")
+    assert [f.text for f in cf.new_figures(root, listed=[])] == [f"{ja - 1:.0f}", f"{uk - 2:.0f}"]
+
+
 def test_published_figures_pass_only_next_to_the_paper_s_name(tmp_path: Path) -> None:
     root = _doc(tmp_path, "# T\n\nThe paper reports 39.4 P@1.\n\nWe measured 39.4 P@1.\n")
     failing = cf.new_figures(root, listed=[])
