@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from bertknn.core.languages import LanguageRules, rules_for
+from bertknn.core.text import dotted_i_as_i
 from bertknn.core.titles import normalize_title
 
 # MediaWiki's canonical (English) namespace names, understood by every wiki whatever its language
@@ -36,11 +37,6 @@ _SPACES = re.compile(r"[\s_]+")
 
 def _key(name: str) -> str:
     return _SPACES.sub(" ", name).strip().casefold()
-
-
-def _fold_dotted(text: str) -> str:
-    """Case-folded, with İ as i (``casefold`` makes it i and a combining dot): ``#YÖNLENDİRME`` = ``#yönlendirme``."""
-    return text.replace("İ", "i").casefold()
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,7 +94,7 @@ class Site:
 
     @cached_property
     def _redirect_words(self) -> tuple[str, ...]:
-        return tuple({"#redirect", *(_fold_dotted(w) for w in self.rules.redirect)})
+        return tuple({"#redirect", *(dotted_i_as_i(w).casefold() for w in self.rules.redirect)})
 
     @cached_property
     def _disambiguation(self) -> re.Pattern[str]:
@@ -108,7 +104,7 @@ class Site:
 
     def is_redirect(self, wikitext: str) -> bool:
         """A page whose text starts with a redirect magic word (``#REDIRECT``, ``#WEITERLEITUNG``, ``#転送``)."""
-        return _fold_dotted(wikitext.lstrip()[:40]).startswith(self._redirect_words)
+        return dotted_i_as_i(wikitext.lstrip()[:40]).casefold().startswith(self._redirect_words)
 
     def is_disambiguation(self, title: str, wikitext: str) -> bool:
         suffixes = (*ENGLISH_RULES.disambiguation_suffix, *self.rules.disambiguation_suffix)

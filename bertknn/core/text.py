@@ -23,10 +23,16 @@ NOT_WORD = r"[^\w\p{No}]"
 def unicode_words(pattern: str) -> regex.Pattern[str]:
     """``pattern`` compiled so that ``\\w`` is a word character as Unicode defines it (TR #18, the `regex`
     module's): letters, combining marks, digits, connector punctuation and the zero-width joiners (`WORD` adds
-    the other numbers, ``km²``). Python's `re` leaves the marks out, and so cuts a Hindi, Bengali or Tamil word at each vowel sign and virama (``जन्म`` as
-    ``जन``, ``्``, ``म``) and a Persian one at its non-joiner. The fragment and sentence rules and non-English
-    TF-IDF terms use this; English TF-IDF keeps the pattern its indexes record."""
+    the other numbers, ``km²``). Python's `re` leaves the marks out, and so cuts a Hindi, Bengali or Tamil word at
+    each vowel sign and virama (``जन्म`` as ``जन``, ``्``, ``म``) and a Persian one at its non-joiner. The fragment
+    and sentence rules and non-English TF-IDF terms use this; English TF-IDF keeps the pattern its indexes record."""
     return regex.compile(pattern)
+
+
+def dotted_i_as_i(text: str) -> str:
+    """İ as i, before a case fold: ``casefold`` makes it i and a combining dot above, which no word written in
+    lower case has (``#YÖNLENDİRME`` folds as ``#yönlendirme``, ``İzmir`` as ``izmir``)."""
+    return text.replace("İ", "i")
 
 
 def retrieval_text(text: str) -> str:

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from bertknn.core.errors import SparseIndexError
 from bertknn.core.languages import UNSPACED_CLASS, is_unspaced_char
-from bertknn.core.text import WORD, fold_text, is_punctuation, unicode_words
+from bertknn.core.text import WORD, dotted_i_as_i, fold_text, is_punctuation, unicode_words
 from bertknn.core.titles import strip_latin_accents
 
 if TYPE_CHECKING:
@@ -73,9 +73,9 @@ def i18n_token_pattern(words: str) -> str:
 
 def _fold(text: str, fold: str, words: str) -> str:
     if fold == FOLD_TURKIC:
-        text = text.replace("I", "ı").replace("İ", "i")
+        text = dotted_i_as_i(text.replace("I", "ı"))
     elif words == WORDS_UNICODE:
-        text = text.replace("İ", "i")  # casefold's i and a combining dot above
+        text = dotted_i_as_i(text)
     return unicodedata.normalize("NFKC", strip_latin_accents(text) if fold == FOLD_LATIN else text).casefold()
 
 
