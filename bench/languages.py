@@ -12,7 +12,8 @@ Then, per language, measured on the datastore:
 - of the stored sentences: markup residue (``[[``, ``{{``, ``|``, ``<ref``, ``=``-headings, file-link parameters
   such as ``thumb`` or ``300px``), fragments (under 3 words; under 6 letters for unspaced scripts), and the
   sentences dropped against kept;
-- of the stored contexts: the share that are word targets, and word targets with punctuation attached;
+- of the stored contexts: the share that are word targets, and word targets with punctuation attached; the rows
+  labelled with a link's target (``manifest.links``: a link whose anchor cuts a word is none);
 - of the stored sentences' words that could be targets (neither stopwords nor punctuation), the share kept as
   targets by the model's own tokenizer and by each ``--tokenizer`` (bert-base-uncased's by default): what the
   build's warning of a tokenizer that barely knows the language counts;
@@ -140,6 +141,7 @@ def text_checks(out: Path, manifest: Any, others: set[str], tokenizers: dict[str
         "contexts": rows,
         "word_targets": words / max(1, rows),
         "punctuation_attached": glued,
+        "links": None if manifest.links is None else manifest.links.model_dump(),
         "words_kept": {name: word_share(sentences, path, manifest.language) for name, path in tokenizers.items()},
     }
 
@@ -231,6 +233,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     for key, label, _ in TARGETS:
         lines.append(f"| {label} | " + " | ".join(cell(r[key]) for r in rows) + " |")
+    lines.append("| rows with a link's target | "
+                 + " | ".join(cell((r["links"] or {}).get("mentions")) for r in rows) + " |")  # fmt: skip
     lines.append("| self-probe: word at rank 1, kNN alone, subject given | "
                  + " | ".join(cell(r["self_probe"]["knn_top1"]) for r in rows) + " |")  # fmt: skip
     lines.append("| self-probe: own article in BM25 top 3, no subject | "

@@ -39,7 +39,7 @@ from bertknn.core.text import unicode_words
 # 3: namespaces, back matter and sentence ends per language; file-link parameters are markup; 4: [[:X]] shows X,
 # templates within kept ones render; 5: a word's characters are Unicode's (marks and joiners), sentences end after
 # them, titles of Turkic wikis upper-case i to İ, a link takes its language's link trail ([[bus]]es)
-TEXT_RULES = 5
+TEXT_RULES = 6
 _INTERLANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
 _HIDDEN_TAGS = frozenset({"table", "gallery", "ref", "references"})
 # (a pattern string: mwparserfromhell compiles it with re.IGNORECASE itself)

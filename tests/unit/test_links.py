@@ -56,11 +56,19 @@ def test_wikitext_links_piped_multiword_and_dropped_ones() -> None:
 
 def test_a_link_takes_the_letters_of_its_language_s_link_trail() -> None:
     """MediaWiki's $linkTrail: letters right after ]] show as part of the link ([[bus]]es is one link, "buses"),
-    English's a-z unless the language has its own (German adds äöüß; Japanese text after a link is no trail)."""
+    English's a-z unless the language has its own (German adds äöüß; Japanese text after a link is no trail; Chinese
+    has none at all)."""
     cases = [
         (ENGLISH, "[[bus]]es, [[Ulm]]'s [[Paris|the city ]]x [[Rome]]2 [[Köln]]ö.", ["buses", "Ulm", "the city", "Rome", "Köln"]),
         (Site(rules_for("de")), "[[Köln]]ö und [[Bus]]ses.", ["Kölnö", "Busses"]),
         (Site(rules_for("ja")), "[[東京]]都", ["東京"]),
+        # each language's own letters (MessagesXx.php): a Ukrainian case ending, a Polish one, none in Chinese
+        (Site(rules_for("uk")), "у [[Київ]]і, [[Париж|Парижем]]. [[Рим]]Ґ «[[Динамо (Київ)|Динамо]]»", ["Київі", "Парижем", "Рим", "Динамо"]),
+        (Site(rules_for("ru")), "в [[Москва|Москв]]е и [[Київ]]і", ["Москве", "Київ"]),
+        (Site(rules_for("pl")), "w [[Kraków|Krakow]]ie i [[Łódź]]ą", ["Krakowie", "Łódźą"]),
+        (Site(rules_for("pt")), "[[Lisboa]]ã e [[Porto]]ñ", ["Lisboaã", "Porto"]),
+        (Site(rules_for("zh")), "[[北京]]市 [[Linux]]es", ["北京", "Linux"]),
+        (Site(rules_for("az")), "[[Bakı]]ya və [[Şəki]]də", ["Bakıya", "Şəkidə"]),
     ]
     for site, wikitext, anchors in cases:
         text, links = wikitext_links(wikitext, site)
