@@ -175,3 +175,18 @@ def redis_server():
     server = RedisServer(password="test-pw").start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def collector_restored() -> Iterator[None]:
+    """CPython's collector as it was, for a test that settles the heap (`bertknn.service.heap`; a reload does)."""
+    import gc
+
+    from bertknn.service import heap
+
+    before = gc.get_threshold()
+    yield
+    while heap._thresholds:
+        heap.thaw()
+    gc.unfreeze()
+    gc.set_threshold(*before)

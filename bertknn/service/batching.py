@@ -271,6 +271,7 @@ class MicroBatcher(Generic[T, R]):
             work = self._next()
             if work is None or not self._do(work):
                 return
+            del work  # idle, the worker holds nothing of its last batch: its requests, their datastore version
 
     def _next(self) -> Work[T, R] | None:
         """Wait for work: a `call`, else a batch (after waiting up to max_wait for company); None: stop."""
@@ -298,6 +299,7 @@ class MicroBatcher(Generic[T, R]):
             work = await self._next_on_loop()
             if work is None or not self._do(work):
                 return
+            del work  # (as `_work`)
 
     async def _next_on_loop(self) -> Work[T, R] | None:
         """`_next` for the loop's task: first the loop reads what came in during the last batch (each request

@@ -58,13 +58,8 @@ class FairExecutor:
     def _work(self) -> None:
         name_os_thread()
         while (task := self._next()) is not None:
-            fn, fut = task
-            if not fut.set_running_or_notify_cancel():
-                continue  # cancelled while queued
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-                fut.set_exception(exc)
+            _run(*task)
+            del task  # an idle thread holds nothing of its last task: its request, the datastore version it used
 
     def shutdown(self, wait: bool = True) -> None:
         """Finish what is queued, then stop the threads."""
@@ -74,3 +69,12 @@ class FairExecutor:
         if wait:
             for t in self._threads:
                 t.join()
+
+
+def _run(fn: Callable[[], Any], fut: Future[Any]) -> None:
+    if not fut.set_running_or_notify_cancel():
+        return  # cancelled while queued
+    try:
+        fut.set_result(fn())
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+        fut.set_exception(exc)

@@ -101,11 +101,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pipeline, watch = await _start(app, resources, factory)
+        watch = await _start(app, resources, factory)  # (no reference to the pipeline here: a reload retires it)
         try:
             yield
         finally:
-            await _stop(resources, pipeline, watch)
+            await _stop(resources, watch)
             if resources.slot is not None:
                 resources.slot.release()
 
@@ -160,8 +160,9 @@ def _warn_default_retriever(settings: ServiceSettings, pipeline: AnswerPipeline)
 
 async def _start(
     app: FastAPI, resources: Resources, factory: Callable[[ServiceSettings], AnswerPipeline]
-) -> tuple[AnswerPipeline, asyncio.Task[None] | None]:
-    """Load the pipeline on the model's thread, start the answerer and the reload watch; then ready."""
+) -> asyncio.Task[None] | None:
+    """Load the pipeline on the model's thread (``resources.pipeline``), start the answerer and the reload watch;
+    then ready. Returns the watch's task."""
     settings = resources.settings
     model_thread = ThreadPoolExecutor(1, thread_name_prefix="model", initializer=name_os_thread)
     # several processes: the reload generation read before the model loads, so none announced meanwhile is missed
@@ -203,7 +204,7 @@ async def _start(
     resources.ready = True
     resources.metrics.ready.set(1.0)
     logger.info(Event("ready", pipeline.identity()))  # (fields: with --log-format json, keys a log reader reads)
-    return pipeline, watch
+    return watch
 
 
 def _device_knn(settings: ServiceSettings, pipeline: AnswerPipeline) -> DeviceKnn | None:
@@ -245,21 +246,21 @@ async def _sync_metrics(metrics: Metrics, interval_s: float = 1.0) -> None:
         metrics.sync()
 
 
-async def _stop(resources: Resources, pipeline: AnswerPipeline, watch: asyncio.Task[None] | None) -> None:
+async def _stop(resources: Resources, watch: asyncio.Task[None] | None) -> None:
     """Not ready, draining; the reload watch, the reloader and the answerer stopped, then the pipeline closed."""
     resources.ready = False
     resources.draining = True
     resources.metrics.ready.set(0.0)
     if watch is not None:
         watch.cancel()
-    assert resources.reloader is not None and resources.answerer is not None
+    assert resources.reloader is not None and resources.answerer is not None and resources.pipeline is not None
     steps: dict[str, float] = {}
     t = time.perf_counter()
     await resources.reloader.close()
     steps["reloader"], t = time.perf_counter() - t, time.perf_counter()
     await resources.answerer.stop()
     steps["answerer"], t = time.perf_counter() - t, time.perf_counter()
-    (resources.pipeline or pipeline).close()  # the version serving last (a reload may have swapped it)
+    resources.pipeline.close()  # the version serving last (a reload may have swapped it)
     steps["pipeline"] = time.perf_counter() - t
     heap.thaw()  # an app in a longer-lived process (tests, an embedding app) gives its objects back
     logger.info("stopped (%s)", ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()))

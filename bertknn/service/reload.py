@@ -20,6 +20,7 @@ import fcntl
 import json
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -125,8 +126,9 @@ class DatastoreReloader:
             )  # fmt: skip
             return
         await asyncio.to_thread(old.release)
+        retired, version = weakref.ref(old), old.datastore.version
         del old  # this task's reference: the old version's cycles are collectable once the requests let go too
-        await asyncio.to_thread(heap.resettle)
+        await _collect(retired, version)
 
     def _stamp(self) -> tuple[int, int, int] | None:
         try:
@@ -257,6 +259,23 @@ class PeerReloads:
                                    timeout_s, same, live, identity.get("version"))  # fmt: skip
                 return same
             await asyncio.sleep(0.05)
+
+
+RESETTLE_WAITS_S = tuple(0.01 * 2**k for k in range(10))  # growing waits between collections, about 10 s in all
+
+
+async def _collect(retired: weakref.ref[AnswerPipeline], version: int) -> None:
+    """Collect the retired version's cycles and freeze the heap again (`heap.resettle`), again after a short
+    wait while the version is still alive: an executor's thread keeps its work item (a call such as
+    ``old.for_datastore`` and its arguments) a moment after the awaiting coroutine has gone on, and what a
+    collection finds alive is frozen again, out of every later collection until the next reload."""
+    for wait in (*RESETTLE_WAITS_S, None):
+        await asyncio.to_thread(heap.resettle)
+        if retired() is None:
+            return
+        if wait is not None:
+            await asyncio.sleep(wait)
+    logger.warning("datastore version %s is still referenced after its release; its memory is kept", version)
 
 
 def _version(identity: dict[str, object]) -> dict[str, object]:

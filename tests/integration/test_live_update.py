@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -343,6 +344,7 @@ def test_running_service_switches_versions_without_failing_a_request(ds: Path, u
             wrong = c.post("/admin/reload", headers={"Authorization": "Bearer nope"})
             assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "forbidden"
             during = len(results)
+            retired = weakref.ref(c.app.state.resources.pipeline)  # type: ignore[attr-defined]
             r = c.post("/admin/reload", headers={"Authorization": f"Bearer {TOKEN}"})
             assert r.status_code == 200, r.text
             body = r.json()
@@ -367,6 +369,10 @@ def test_running_service_switches_versions_without_failing_a_request(ds: Path, u
         assert ready["datastore"]["version"] == 2 and ready["datastore"]["articles"] == 7
         again = c.post("/admin/reload", headers={"Authorization": f"Bearer {TOKEN}"}).json()
         assert again["status"] == "unchanged" and again["datastore"]["version"] == 2
+        deadline = time.monotonic() + 30
+        while retired() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert retired() is None  # the old version's memory is given back, not frozen with the heap
 
 
 def _settings(path: Path, **kw: object) -> ServiceSettings:

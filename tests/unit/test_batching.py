@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -564,3 +565,31 @@ def test_a_batch_whose_results_do_not_match_its_items_fails_every_waiter_and_the
     assert all(isinstance(g, ValueError) for g in got), got  # zip(strict=True): shorter than the batch
     assert alone == 9
     assert [r.getMessage() for r in caplog.records] == ["on_batch hook failed"] * 2
+
+
+class Request:
+    """Stands for what a batch's items keep alive: a request, the datastore version it holds."""
+
+
+@pytest.mark.parametrize("on_thread", [True, False])
+def test_the_idle_worker_keeps_nothing_of_its_last_batch(on_thread: bool):
+    """Waiting for the next batch, the model's worker (a thread, or a task of the event loop) holds no item of
+    the last one: a retired datastore version its requests used is freed once they are answered."""
+
+    async def main() -> None:
+        executor = ThreadPoolExecutor(1) if on_thread else None
+        b = MicroBatcher(lambda items: [1 for _ in items], executor=executor, max_batch_size=4, max_wait_ms=0,
+                         max_queue=100)  # fmt: skip
+        b.start()
+        request = Request()
+        gone = weakref.ref(request)
+        assert await b.submit(request) == 1
+        del request
+        for _ in range(500):  # the worker is idle: nothing else comes
+            if gone() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert gone() is None
+        await b.stop()
+
+    asyncio.run(main())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 
 import pytest
 
@@ -76,3 +78,24 @@ def test_shutdown_without_waiting_returns_while_a_task_runs() -> None:
     assert running.result(5) is True
     pool._threads[0].join(5)
     assert not pool._threads[0].is_alive()
+
+
+class Request:
+    """Stands for what a task's arguments keep alive: a request, the datastore version it holds."""
+
+
+def test_an_idle_thread_keeps_nothing_of_its_last_task() -> None:
+    """A thread waiting for work holds no reference to the task it ran last: a retired datastore version that
+    a request used is freed once the request is done, not when the thread next gets work."""
+    pool = FairExecutor(2, "t")
+    request = Request()
+    gone = weakref.ref(request)
+    assert pool.submit(lambda r: r, request).result(5) is request
+    del request
+    deadline = time.monotonic() + 5
+    while gone() is not None and time.monotonic() < deadline:  # (the thread lets go right after the result)
+        time.sleep(0.01)
+    try:
+        assert gone() is None
+    finally:
+        pool.shutdown()

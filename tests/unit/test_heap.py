@@ -7,21 +7,12 @@ import gc
 import subprocess
 import sys
 import weakref
-from collections.abc import Iterator
 
 import pytest
 
 from bertknn.service import heap
 
-
-@pytest.fixture(autouse=True)
-def collector_restored() -> Iterator[None]:
-    before = gc.get_threshold()
-    yield
-    while heap._thresholds:
-        heap.thaw()
-    gc.unfreeze()
-    gc.set_threshold(*before)
+pytestmark = pytest.mark.usefixtures("collector_restored")  # (tests/conftest.py)
 
 
 class Node:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures.thread
 import gc
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -122,9 +124,25 @@ def test_drained_waits_for_the_last_lease_and_times_out_while_held():
     asyncio.run(scenario())
 
 
-def test_a_retired_version_is_collected_though_start_up_froze_it(tmp_path: Path):
+pytestmark = pytest.mark.usefixtures("collector_restored")  # (tests/conftest.py)
+
+
+@pytest.mark.parametrize("late_worker", [False, True])
+def test_a_retired_version_is_collected_though_start_up_froze_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, late_worker: bool
+):
     """Start-up freezes the heap (`heap.settle`); a reload thaws it once the old version is released, so the old
-    version's reference cycles are collected rather than kept for the process's life."""
+    version's reference cycles are collected rather than kept for the process's life. ``late_worker``: the
+    executor's thread lets go of its work item (the call and its arguments) only well after the awaiting
+    coroutine has gone on, as a loaded host can schedule it: the old version must not be frozen again meanwhile."""
+    if late_worker:
+        run = concurrent.futures.thread._WorkItem.run
+
+        def run_then_linger(item: object) -> None:
+            run(item)
+            time.sleep(0.3)  # the worker still holds ``item`` (and what it was called with)
+
+        monkeypatch.setattr(concurrent.futures.thread._WorkItem, "run", run_then_linger)
     released: list[str] = []
 
     class CyclicPipeline(FakePipeline):
