@@ -21,6 +21,7 @@ import json
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -196,8 +197,12 @@ class DatastoreReloader:
             await asyncio.sleep(interval_s)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
+        """Cancel the reload's tasks and wait for them: a collection running on a thread ends first, so that
+        nothing settles the heap after the app gives it back (`heap.thaw`)."""
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class PeerReloads:
@@ -270,12 +275,22 @@ async def _collect(retired: weakref.ref[AnswerPipeline], version: int) -> None:
     ``old.for_datastore`` and its arguments) a moment after the awaiting coroutine has gone on, and what a
     collection finds alive is frozen again, out of every later collection until the next reload."""
     for wait in (*RESETTLE_WAITS_S, None):
-        await asyncio.to_thread(heap.resettle)
+        await _to_thread_to_the_end(heap.resettle)
         if retired() is None:
             return
         if wait is not None:
             await asyncio.sleep(wait)
     logger.warning("datastore version %s is still referenced after its release; its memory is kept", version)
+
+
+async def _to_thread_to_the_end(fn: Callable[[], object]) -> None:
+    """``fn`` on a thread, waited for to its end even when this task is cancelled (then cancelled after it)."""
+    run = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        await asyncio.shield(run)
+    except asyncio.CancelledError:
+        await run
+        raise
 
 
 def _version(identity: dict[str, object]) -> dict[str, object]:

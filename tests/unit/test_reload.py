@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures.thread
 import gc
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -171,6 +172,37 @@ def test_a_retired_version_is_collected_though_start_up_froze_it(
         asyncio.run(scenario())
     finally:
         heap.thaw()
+
+
+def test_a_stop_during_the_reload_s_collection_waits_for_it_so_the_heap_stays_given_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The app stops (`reloader.close`, then `heap.thaw`) while the retired version's collection runs on its
+    thread: the close waits for that collection, which therefore cannot freeze the heap after the thaw."""
+    collecting = threading.Event()
+    resettle = heap.resettle
+
+    def slow_resettle() -> int:
+        collecting.set()
+        time.sleep(0.3)
+        return resettle()
+
+    monkeypatch.setattr(heap, "resettle", slow_resettle)
+
+    async def scenario() -> None:
+        old = FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=FakePipeline(tmp_path.resolve(), "b", 2))
+        _, answerer, reloader = _setup(tmp_path, old)
+        _manifest(tmp_path, "b", 2)
+        heap.settle()
+        assert (await reloader.reload()).status == "reloaded"
+        assert await asyncio.to_thread(collecting.wait, 5)
+        await reloader.close()
+        heap.thaw()  # as the app's stop does next
+        await asyncio.sleep(0.5)  # (a collection still running would have settled by now)
+        await answerer.stop()
+
+    asyncio.run(scenario())
+    assert gc.get_freeze_count() == 0 and not heap._thresholds
 
 
 def _peer(root: Path) -> tuple[WorkerSlot, PeerReloads]:
