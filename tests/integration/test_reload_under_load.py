@@ -23,7 +23,13 @@ from bertknn.builder.update import add_articles
 from tests.conftest import write_jsonl
 from tests.integration.test_live_update import BRINDLE, TOKEN, UPDATE, ZORBLAT
 from tests.integration.test_split_layout import SPLIT, api_pids
-from tests.integration.test_workers import ENV, served_versions, spread_connections, wait_for_workers
+from tests.integration.test_workers import (
+    ENV,
+    served_versions,
+    spread_connections,
+    until_each_asked,
+    wait_for_workers,
+)
 from tests.support.processes import ServiceProcess, service_process
 
 CLIENTS = 8
@@ -68,16 +74,9 @@ async def load_through_a_reload(svc: ServiceProcess, pids: list[int], ds: Path, 
             out.append(await ask(c, i, names[asked[i] % 2]))
             asked[i] += 1
 
-    async def until_each_asked(n: int) -> None:
-        for _ in range(6000):
-            if min(asked) >= n:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"a client was not answered {n} times in 60 s: {asked}")
-
     load = asyncio.gather(*(keep_asking(i, c) for i, c in enumerate(conns)))
     try:
-        await until_each_asked(2)
+        await until_each_asked(asked, 2)
         settings = AddSettings(datastore=ds, corpus=[corpus], device="cpu")
         await asyncio.to_thread(add_articles, settings)
         async with httpx.AsyncClient(timeout=180) as admin:
@@ -85,7 +84,7 @@ async def load_through_a_reload(svc: ServiceProcess, pids: list[int], ds: Path, 
         answered = time.monotonic()
         assert r.status_code == 200, r.text
         assert (r.json()["status"], r.json()["datastore"]["version"], r.json()["processes"]) == ("reloaded", 2, 2)
-        await until_each_asked(max(asked) + 3)
+        await until_each_asked(asked, max(asked) + 3)
     finally:
         stop.set()
         await load

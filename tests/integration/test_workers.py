@@ -146,6 +146,15 @@ async def spread_connections(url: str, n: int, pids: list[int]) -> tuple[list[As
     raise AssertionError("20 tries, and every time one process accepted all the connections")
 
 
+async def until_each_asked(asked: list[int], n: int, timeout_s: float = 60) -> None:
+    """Wait until every client's count in ``asked`` (the clients update it) is at least ``n``."""
+    deadline = time.monotonic() + timeout_s
+    while min(asked) < n:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"a client was not answered {n} times in {timeout_s:.0f} s: {asked}")
+        await asyncio.sleep(0.01)
+
+
 def test_a_worker_killed_under_load_fails_only_its_own_in_flight_requests(ds: Path):
     """SIGKILL to one of two busy processes: only requests on the connections it held fail, one each (the one in
     flight, or the next one sent on a connection it had closed), and every client of the other process is answered
@@ -167,17 +176,10 @@ def test_a_worker_killed_under_load_fails_only_its_own_in_flight_requests(ds: Pa
                     out.append(await ask_once(c))
                     asked[i] += 1
 
-            async def until_each_asked(n: int) -> None:
-                for _ in range(3000):
-                    if min(asked) >= n:
-                        return
-                    await asyncio.sleep(0.01)
-                raise AssertionError(f"a client was not answered {n} times in 30 s: {asked}")
-
             load = asyncio.gather(*(keep_asking(i, c) for i, c in enumerate(conns)))
-            await until_each_asked(3)  # requests flowing on both processes
+            await until_each_asked(asked, 3)  # requests flowing on both processes
             os.kill(victim, signal.SIGKILL)
-            await until_each_asked(max(asked) + 5)  # every client asked again after the kill
+            await until_each_asked(asked, max(asked) + 5)  # every client asked again after the kill
             stop.set()
             await load
             return out, owners, victim
