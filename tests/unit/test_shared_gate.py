@@ -4,7 +4,9 @@ directory (each with its own slot, as two workers have) stand for two processes 
 
 from __future__ import annotations
 
+import fcntl
 import itertools
+import threading
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,25 @@ def test_a_dead_workers_rows_are_cleared_by_the_process_that_takes_its_slot(tmp_
     assert c.slot == a.slot and b.held_total() == 0
     with b.admit("ip:1", 10, "q"):
         pass
+
+
+def test_admission_waits_while_another_process_holds_the_table(tmp_path: Path):
+    """Reading the sums and adding a request's rows is one step under the table's file lock: otherwise two processes
+    could both read room for the last rows and both take them. An open file of its own stands for the other process
+    (flock locks belong to an open file, so they exclude each other within one process too)."""
+    (gate,) = _gates(tmp_path, 1)
+    entered = threading.Event()
+
+    def admit() -> None:
+        with gate.admit("ip:1", 4, "q"):
+            entered.set()
+
+    with open(tmp_path / "gate.bin", "rb") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=admit)
+        waiter.start()
+        assert not entered.wait(0.3)  # held back by the other process's lock
+        fcntl.flock(other, fcntl.LOCK_UN)
+    assert entered.wait(10)
+    waiter.join(10)
+    assert gate.held_total() == 0
