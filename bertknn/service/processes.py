@@ -131,13 +131,13 @@ class WorkerSlot:
 
 
 def live_slots(root: Path) -> list[int]:
-    """The slots a live worker holds now (a slot's lock that can be taken is nobody's)."""
+    """The slots a live worker holds now, in order (a slot's lock that can be taken is nobody's)."""
     live = []
-    for path in sorted(root.glob("slot-*.lock")):
+    for path in root.glob("slot-*.lock"):
         with open(path, "ab") as f:
             if not _locked_now(f):
                 live.append(int(path.stem.split("-")[1]))
-    return live
+    return sorted(live)
 
 
 def run_dir_from_env() -> Path | None:

@@ -6,11 +6,15 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from bertknn.service.processes import (
+    MAX_SLOTS,
     OWNER_LOCK,
     RUN_DIR_PREFIX,
     STALE_AFTER_S,
     WorkerSlot,
+    live_slots,
     make_run_dir,
     remove_stale_run_dirs,
 )
@@ -61,3 +65,18 @@ def test_a_link_named_like_a_run_directory_is_never_followed(tmp_path: Path):
     os.utime(link, (past, past), follow_symlinks=False)
     assert remove_stale_run_dirs(tmp_path) == []
     assert sorted(p.name for p in target.iterdir()) == ["data"]  # nothing made or removed through the link
+
+
+def test_slots_are_claimed_in_order_a_released_one_is_taken_again_and_too_many_are_refused(tmp_path: Path):
+    slots = [WorkerSlot.claim(tmp_path) for _ in range(MAX_SLOTS)]
+    assert [s.index for s in slots] == list(range(MAX_SLOTS))
+    assert live_slots(tmp_path) == list(range(MAX_SLOTS))
+    with pytest.raises(RuntimeError, match=f"more than {MAX_SLOTS} server processes"):
+        WorkerSlot.claim(tmp_path)
+    slots[5].release()  # a worker that died: its replacement takes its slot
+    assert 5 not in live_slots(tmp_path)
+    again = WorkerSlot.claim(tmp_path)
+    assert again.index == 5 and 5 in live_slots(tmp_path)
+    for s in (*slots, again):
+        s.release()
+    assert live_slots(tmp_path) == []

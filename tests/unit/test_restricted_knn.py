@@ -61,7 +61,8 @@ def _expected(store: Store, titles: list[str], vectors: dict[str, np.ndarray], q
     x = np.concatenate(rows).astype(np.float64)
     d = ((x - query.astype(np.float64)) ** 2).sum(1)
     order = np.argsort(d, kind="stable")[:k]
-    return d[order], np.concatenate(ids)[order], np.concatenate(labels)[order], np.concatenate(arts)[order]
+    article = None if len(titles) < 2 else np.concatenate(arts)[order]  # one article asked: nothing to weigh
+    return d[order], np.concatenate(ids)[order], np.concatenate(labels)[order], article
 
 
 def _check(got, want, rtol: float = 1e-4) -> None:
@@ -70,7 +71,10 @@ def _check(got, want, rtol: float = 1e-4) -> None:
     np.testing.assert_array_equal(got.labels, labels)
     np.testing.assert_allclose(got.distances, d, rtol=rtol, atol=1e-3)
     assert got.distances.dtype == np.float32 and got.labels.dtype == np.int32 and got.rows.dtype == np.int64
-    if got.article is not None:
+    if arts is None:
+        assert got.article is None
+    else:
+        assert got.article is not None, "several articles asked: each neighbour's article is needed"
         np.testing.assert_array_equal(got.article, arts)
 
 
@@ -146,6 +150,7 @@ def test_articles_without_rows_give_an_empty_search_and_one_article_no_article_c
     store = _store()
     empty = RestrictedKnn(store).prepare(["nowhere", "else"])
     assert len(empty) == 0 and len(empty.search(np.zeros(DIM, np.float32), 5)) == 0
+    assert empty.labels.shape == empty.rows.shape == (0,)
     assert empty.titles == ("nowhere", "else")
     one = RestrictedKnn(store).prepare(["A1"])
     assert one.row_article is None and one.search(np.zeros(DIM, np.float32), 3).article is None
