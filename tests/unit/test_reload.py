@@ -205,6 +205,63 @@ def test_a_stop_during_the_reload_s_collection_waits_for_it_so_the_heap_stays_gi
     assert gc.get_freeze_count() == 0 and not heap._thresholds
 
 
+@pytest.mark.parametrize("held", [False, True])
+def test_the_collection_stops_once_the_retired_version_is_freed_and_names_one_still_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, held: bool
+):
+    """A version nothing holds any more: one collection, no warning. One that something still holds after every
+    wait (``held``): collected again after each, then a warning that names it."""
+    import bertknn.service.reload as reload_module
+
+    monkeypatch.setattr(reload_module, "RESETTLE_WAITS_S", (0.01, 0.02))
+    rounds: list[int] = []
+    resettle = heap.resettle
+    monkeypatch.setattr(heap, "resettle", lambda: rounds.append(1) or resettle())
+    keeper: list[object] = []
+
+    async def scenario() -> None:
+        old = FakePipeline(tmp_path.resolve(), "a", 7, next_pipeline=FakePipeline(tmp_path.resolve(), "b", 8))
+        if held:
+            keeper.append(old)
+        _, answerer, reloader = _setup(tmp_path, old)
+        _manifest(tmp_path, "b", 8)
+        del old
+        assert (await reloader.reload()).status == "reloaded"
+        for _ in range(500):
+            if not reloader._tasks:
+                break
+            await asyncio.sleep(0.01)
+        assert not reloader._tasks
+        await answerer.stop()
+
+    with caplog.at_level("WARNING", logger="bertknn.service.reload"):
+        asyncio.run(scenario())
+    warned = [r.getMessage() for r in caplog.records if "still referenced" in r.getMessage()]
+    if held:
+        assert len(rounds) == 3 and warned == ["datastore version 7 is still referenced after its release; its memory is kept"]
+    else:
+        assert len(rounds) == 1 and not warned
+
+
+def test_close_cancels_a_retirement_that_waits_for_its_requests(tmp_path: Path):
+    """The service stops while a request still holds the retired version: the stop does not wait out the drain
+    timeout, and the version is not released under the request."""
+
+    async def scenario() -> None:
+        old = FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=FakePipeline(tmp_path.resolve(), "b", 2))
+        _, answerer, reloader = _setup(tmp_path, old)  # a drain timeout of 5 s
+        _manifest(tmp_path, "b", 2)
+        with answerer.lease():
+            assert (await reloader.reload()).draining == 1
+            t0 = time.monotonic()
+            await asyncio.wait_for(reloader.close(), 2)
+            assert time.monotonic() - t0 < 1 and not reloader._tasks
+        assert not old.released
+        await answerer.stop()
+
+    asyncio.run(scenario())
+
+
 def _peer(root: Path) -> tuple[WorkerSlot, PeerReloads]:
     """A server process's slot and reload records (two in one test process: each slot is its own lock)."""
     slot = WorkerSlot.claim(root)
