@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures.thread
+import fcntl
 import gc
 import threading
 import time
@@ -243,6 +244,32 @@ def test_the_collection_stops_once_the_retired_version_is_freed_and_names_one_st
         assert len(rounds) == 1 and not warned
 
 
+def test_a_version_still_in_use_after_the_drain_timeout_is_kept_open_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A request that outlasts ``drain_timeout_s`` still reads the retired version's indexes: they stay open."""
+
+    async def scenario() -> None:
+        old = FakePipeline(tmp_path.resolve(), "a", 3, next_pipeline=FakePipeline(tmp_path.resolve(), "b", 4))
+        resources, answerer, _ = _setup(tmp_path, old)
+        reloader = DatastoreReloader(resources, drain_timeout_s=0.05)
+        _manifest(tmp_path, "b", 4)
+        with answerer.lease():
+            assert (await reloader.reload()).draining == 1
+            for _ in range(300):
+                if not reloader._tasks:
+                    break
+                await asyncio.sleep(0.01)
+            assert not reloader._tasks and not old.released
+        await asyncio.sleep(0.05)
+        assert not old.released  # nothing releases it later either
+        await answerer.stop()
+
+    with caplog.at_level("WARNING", logger="bertknn.service.reload"):
+        asyncio.run(scenario())
+    assert any("still hold datastore version 3" in r.getMessage() for r in caplog.records)
+
+
 def test_close_cancels_a_retirement_that_waits_for_its_requests(tmp_path: Path):
     """The service stops while a request still holds the retired version: the stop does not wait out the drain
     timeout, and the version is not released under the request."""
@@ -285,6 +312,26 @@ def test_a_peer_still_starting_is_not_told_to_reload_and_counts_as_not_serving_y
         await answerer.stop()
 
     asyncio.run(scenario())
+
+
+def test_an_announce_waits_for_another_process_s_lock_on_the_generation(tmp_path: Path):
+    """Two processes that announce at once each add one: the read and the write are one step under the file's
+    lock (an open file of its own stands for the other process)."""
+    slot, peers = _peer(tmp_path)
+    done = threading.Event()
+    with open(tmp_path / "reload-generation", "r+") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        announcer = threading.Thread(target=lambda: (peers.announce(), done.set()))
+        announcer.start()
+        assert not done.wait(0.3)  # held back while the other process holds the lock
+        other.seek(0)
+        other.write("41")  # what the other process's announce wrote
+        other.flush()
+        fcntl.flock(other, fcntl.LOCK_UN)
+    assert done.wait(10)
+    announcer.join(10)
+    assert peers.generation() == 42
+    slot.release()
 
 
 def test_a_replacement_drops_its_dead_predecessors_record(tmp_path: Path):
