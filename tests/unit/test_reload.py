@@ -112,6 +112,19 @@ def test_a_refused_version_leaves_the_old_one_serving(tmp_path: Path, failure: E
     asyncio.run(scenario())
 
 
+def test_a_manifest_that_cannot_be_read_leaves_the_old_version_serving(tmp_path: Path):
+    async def scenario() -> None:
+        old = FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=FakePipeline(tmp_path.resolve(), "b", 2))
+        _, answerer, reloader = _setup(tmp_path, old)
+        (tmp_path / "manifest.json").write_text("{ not json")
+        with pytest.raises(ReloadError, match="still serving version 1"):
+            await reloader.reload()
+        assert answerer.pipeline is old and not old.released
+        await answerer.stop()
+
+    asyncio.run(scenario())
+
+
 def test_drained_waits_for_the_last_lease_and_times_out_while_held():
     async def scenario() -> None:
         pipe = FakePipeline(Path("."), "a", 1)
@@ -175,11 +188,13 @@ def test_a_retired_version_is_collected_though_start_up_froze_it(
         heap.thaw()
 
 
+@pytest.mark.parametrize("held", [False, True])
 def test_a_stop_during_the_reload_s_collection_waits_for_it_so_the_heap_stays_given_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
 ):
     """The app stops (`reloader.close`, then `heap.thaw`) while the retired version's collection runs on its
-    thread: the close waits for that collection, which therefore cannot freeze the heap after the thaw."""
+    thread: the close waits for that collection, which therefore cannot freeze the heap after the thaw. ``held``:
+    the version is still referenced, so the collection would go on waiting and collecting: the stop ends it."""
     collecting = threading.Event()
     resettle = heap.resettle
 
@@ -190,14 +205,19 @@ def test_a_stop_during_the_reload_s_collection_waits_for_it_so_the_heap_stays_gi
 
     monkeypatch.setattr(heap, "resettle", slow_resettle)
 
+    keeper: list[object] = []
+
     async def scenario() -> None:
         old = FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=FakePipeline(tmp_path.resolve(), "b", 2))
+        if held:
+            keeper.append(old)
         _, answerer, reloader = _setup(tmp_path, old)
+        del old
         _manifest(tmp_path, "b", 2)
         heap.settle()
         assert (await reloader.reload()).status == "reloaded"
         assert await asyncio.to_thread(collecting.wait, 5)
-        await reloader.close()
+        await asyncio.wait_for(reloader.close(), 2)  # not the collection's whole round of waits
         heap.thaw()  # as the app's stop does next
         await asyncio.sleep(0.5)  # (a collection still running would have settled by now)
         await answerer.stop()
@@ -355,13 +375,17 @@ def test_a_process_that_opened_an_older_version_while_its_peers_moved_on_catches
         reloader.peers = a
         reloader.join_peers({"id": "a", "version": 1})
         assert a.generation() == 2  # b serves another version: told to reload (to what it serves already)
+        reloads = []
+        reload = reloader.reload
+        reloader.reload = lambda: reloads.append(1) or reload()  # type: ignore[method-assign]
         follow = asyncio.create_task(reloader.follow_peers(interval_s=0.01))
         for _ in range(200):
             if answerer.pipeline is new:
                 break
             await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # ten more polls of an unchanged generation
         follow.cancel()
-        assert answerer.pipeline is new
+        assert answerer.pipeline is new and len(reloads) == 1  # one reload per change of the generation
         assert (
             a.generation() == 2
         )  # a reload that follows a peer's announces nothing (no echo between processes)
