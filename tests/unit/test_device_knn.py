@@ -24,7 +24,8 @@ def test_each_query_gets_the_exact_neighbours_of_its_own_rows():
     queries = rng.normal(size=(len(sizes), 64)).astype(np.float32)
     got = batch_knn(torch.from_numpy(queries), rows, k=128)
     for (dist, idx), r, q in zip(got, rows, queries, strict=True):
-        assert len(idx) == min(128, len(r))
+        assert len(idx) == len(dist) == min(128, len(r))
+        assert idx.dtype == np.int64 and dist.dtype == np.float32
         if not len(r):
             continue
         want_d, want_i = fp16_search(r, q, 128)
