@@ -188,6 +188,17 @@ def test_a_retired_version_is_collected_though_start_up_froze_it(
         heap.thaw()
 
 
+def _retiring(tmp_path: Path, version: int, keeper: list[object] | None) -> tuple[AsyncAnswerer, DatastoreReloader]:
+    """A service serving ``version`` (a reference to it kept in ``keeper`` if given, as a leak would keep it) and
+    its reloader; ``version + 1`` is on disk."""
+    old = FakePipeline(tmp_path.resolve(), "a", version, next_pipeline=FakePipeline(tmp_path.resolve(), "b", version + 1))
+    if keeper is not None:
+        keeper.append(old)
+    _, answerer, reloader = _setup(tmp_path, old)
+    _manifest(tmp_path, "b", version + 1)
+    return answerer, reloader
+
+
 @pytest.mark.parametrize("held", [False, True])
 def test_a_stop_during_the_reload_s_collection_waits_for_it_so_the_heap_stays_given_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
@@ -208,12 +219,7 @@ def test_a_stop_during_the_reload_s_collection_waits_for_it_so_the_heap_stays_gi
     keeper: list[object] = []
 
     async def scenario() -> None:
-        old = FakePipeline(tmp_path.resolve(), "a", 1, next_pipeline=FakePipeline(tmp_path.resolve(), "b", 2))
-        if held:
-            keeper.append(old)
-        _, answerer, reloader = _setup(tmp_path, old)
-        del old
-        _manifest(tmp_path, "b", 2)
+        answerer, reloader = _retiring(tmp_path, 1, keeper if held else None)
         heap.settle()
         assert (await reloader.reload()).status == "reloaded"
         assert await asyncio.to_thread(collecting.wait, 5)
@@ -241,12 +247,7 @@ def test_the_collection_stops_once_the_retired_version_is_freed_and_names_one_st
     keeper: list[object] = []
 
     async def scenario() -> None:
-        old = FakePipeline(tmp_path.resolve(), "a", 7, next_pipeline=FakePipeline(tmp_path.resolve(), "b", 8))
-        if held:
-            keeper.append(old)
-        _, answerer, reloader = _setup(tmp_path, old)
-        _manifest(tmp_path, "b", 8)
-        del old
+        answerer, reloader = _retiring(tmp_path, 7, keeper if held else None)
         assert (await reloader.reload()).status == "reloaded"
         for _ in range(500):
             if not reloader._tasks:
